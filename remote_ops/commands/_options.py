@@ -1,0 +1,49 @@
+"""Shared click options: host selection, connection settings, --json.
+
+`host_command` adds the options every host-facing command takes and passes an
+`App` as the first argument, so commands read `def facts(app, host, ...)`.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from ..app import App
+from ..console import Console
+
+
+def app_options(fn):
+    """--inventory, --ssh-config, --host-key-policy, timeouts, --json, --quiet -> `app`."""
+    @click.option("--inventory", "inventory", multiple=True, type=click.Path(path_type=Path),
+                  envvar="REMOTE_OPS_INVENTORY", help="inventory file or directory (default ./inventory) [env REMOTE_OPS_INVENTORY]")
+    @click.option("--ssh-config", "ssh_config", type=click.Path(), default=None,
+                  help="ssh_config file to use (default ~/.ssh/config if present)")
+    @click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict",
+                  show_default=True, help="strict refuses unknown keys; accept-new records first-seen keys. Changed keys are always refused.")
+    @click.option("--connect-timeout", type=float, default=None, help="seconds to connect (default 10)")
+    @click.option("--command-timeout", type=float, default=None, help="default seconds per remote command (default 120)")
+    @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
+    @click.option("-q", "--quiet", is_flag=True, help="no human output on stderr")
+    @functools.wraps(fn)
+    def wrapper(*args, inventory, ssh_config, host_key_policy, connect_timeout, command_timeout,
+                as_json, quiet, **kwargs):
+        app = App(console=Console(json_mode=as_json, quiet=quiet),
+                  inventory_paths=list(inventory) or None, ssh_config_path=ssh_config,
+                  host_key_policy=host_key_policy, connect_timeout=connect_timeout,
+                  command_timeout=command_timeout)
+        click.get_current_context().call_on_close(app.close)
+        return fn(app, *args, **kwargs)
+    return wrapper
+
+
+def host_option(required: bool = True):
+    return click.option("--host", "host", required=required, metavar="HOST",
+                        help="inventory name, group, listed address, or ad-hoc [user@]address[:port] "
+                             "(e.g. gpu-node or 10.1.230.174)")
+
+
+def host_command(fn):
+    """`--host` plus `app_options`."""
+    return host_option()(app_options(fn))

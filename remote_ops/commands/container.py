@@ -1,0 +1,2 @@
+"""Commands: container (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: deploy (being written)."""
+commands: list = []

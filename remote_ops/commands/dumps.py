@@ -1,0 +1,2 @@
+"""Commands: dumps (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: extract (being written)."""
+commands: list = []

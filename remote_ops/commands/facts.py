@@ -1,0 +1,2 @@
+"""Commands: facts (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: health (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: hosts (being written)."""
+commands: list = []

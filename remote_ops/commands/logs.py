@@ -1,0 +1,2 @@
+"""Commands: logs (being written)."""
+commands: list = []

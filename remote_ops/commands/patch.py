@@ -1,0 +1,2 @@
+"""Commands: patch (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: render (being written)."""
+commands: list = []

@@ -1,0 +1,2 @@
+"""Commands: sandbox (being written)."""
+commands: list = []

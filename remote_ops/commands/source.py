@@ -1,0 +1,2 @@
+"""Commands: source (being written)."""
+commands: list = []

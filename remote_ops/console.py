@@ -1,0 +1,122 @@
+"""All output goes through here: human text on stderr (rich), JSON on stdout.
+
+Commands return result objects; the CLI hands them to `Console`.  Nothing else
+prints.  With `--json`, exactly one JSON document is written to stdout so
+scripts can pipe it; progress and logs still go to stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from typing import Any, Iterator
+
+from rich.console import Console as RichConsole
+from rich.markup import escape
+from rich.table import Table
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim", "info": "cyan"}
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, pydantic models, paths and tuples -> plain JSON values."""
+    if hasattr(obj, "to_dict"):
+        return to_jsonable(obj.to_dict())
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(asdict(obj))
+    if hasattr(obj, "model_dump"):
+        return to_jsonable(obj.model_dump(mode="json"))
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+class Console:
+    """Human output on stderr; machine output on stdout when `json_mode`."""
+
+    def __init__(self, json_mode: bool = False, quiet: bool = False, stderr=None, stdout=None) -> None:
+        self.json_mode = json_mode
+        self.quiet = quiet
+        self.err = RichConsole(file=stderr or sys.stderr, highlight=False, soft_wrap=True)
+        self._stdout = stdout or sys.stdout
+
+    # -- human ---------------------------------------------------------------
+    def say(self, text: str = "", style: str | None = None) -> None:
+        """One line for humans (stderr).  Text is escaped: remote output is not markup."""
+        if not self.quiet:
+            self.err.print(escape(text), style=style)
+
+    def step(self, text: str) -> None:
+        self.say(f"==> {text}", style="bold")
+
+    def status(self, status: str, text: str) -> None:
+        """`[ ok ] text` style line, coloured by status."""
+        label = f"[{status:^4}]"
+        if not self.quiet:
+            self.err.print(f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}")
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}", style="yellow")
+
+    def error(self, text: str, hint: str | None = None) -> None:
+        self.err.print(f"[red bold]error:[/] {escape(text)}")
+        if hint:
+            self.err.print(f"[dim]hint: {escape(hint)}[/]")
+
+    def host_line(self, host: str, stream: str, line: str) -> None:
+        """A live line of remote output, prefixed by its host (builds, logs)."""
+        if not self.quiet:
+            style = "dim" if stream == "stderr" else None
+            self.err.print(f"[cyan]{escape(host)}[/] | {escape(line)}", style=style)
+
+    def table(self, columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+        if self.quiet:
+            return
+        t = Table(title=title, show_edge=False, header_style="bold")
+        for c in columns:
+            t.add_column(c)
+        for r in rows:
+            t.add_row(*[escape("" if v is None else str(v)) for v in r])
+        self.err.print(t)
+
+    def text_block(self, text: str) -> None:
+        """Multi-line text exactly as given (diffs, numbered source)."""
+        if not self.quiet:
+            self.err.out(text, highlight=False)
+
+    @contextmanager
+    def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
+        """A rich progress bar on stderr; yields a callable `advance(n, description=None)`."""
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
+        if self.quiet:
+            yield lambda n=0, description=None: None
+            return
+        columns = [TextColumn("{task.description}"), BarColumn()]
+        if total:
+            columns += [DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=self.err, transient=False) as prog:
+            task = prog.add_task(description, total=total)
+
+            def advance(n: float = 0, description: str | None = None) -> None:
+                prog.update(task, advance=n, **({"description": description} if description else {}))
+            yield advance
+
+    # -- machine -------------------------------------------------------------
+    def emit(self, obj: Any) -> None:
+        """Write the command's result as one JSON document on stdout (only in json mode)."""
+        if self.json_mode:
+            json.dump(to_jsonable(obj), self._stdout, indent=2, sort_keys=False)
+            self._stdout.write("\n")
+            self._stdout.flush()
+
+    def out(self, text: str) -> None:
+        """Primary data a user may pipe (e.g. a rendered Dockerfile) -> stdout."""
+        self._stdout.write(text if text.endswith("\n") else text + "\n")
+        self._stdout.flush()

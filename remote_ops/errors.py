@@ -1,0 +1,171 @@
+"""Typed errors, each carrying its data and a stable exit code.
+
+Every expected failure in remote-ops is one of these.  They are raised deep
+inside (the SSH seam, the anchor finder, the inventory loader) and rendered
+exactly once, at the CLI boundary (`remote_ops.cli`), which maps them to the
+exit codes documented in the README.  Unexpected exceptions are bugs and exit
+with code 1 and a traceback.
+
+The exit codes are API: scripts and CI jobs branch on them.  Never renumber.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class ExitCode:
+    """The documented exit codes (README: "Exit codes")."""
+
+    OK = 0
+    INTERNAL = 1          # a bug in remote-ops: traceback printed
+    USAGE = 2             # bad option or argument (click's own code)
+    CONFIG = 3            # inventory / ssh_config / template variables invalid
+    UNREACHABLE = 4       # DNS, refused, no route, connect timeout, host down
+    AUTH = 5              # authentication failed
+    HOST_KEY = 6          # host key unknown or changed
+    COMMAND_FAILED = 7    # a remote command exited non-zero
+    TIMEOUT = 8           # a command or wait ran past its deadline
+    REFUSED = 9           # a pre-check refused to act (anchor, version gate, lock held)
+    VERIFY_FAILED = 10    # post-check failed (patch misplaced, image mismatch, corrupt dump)
+    HEALTH_WARN = 11      # health: worst result was "warn"
+    HEALTH_FAIL = 12      # health: worst result was "fail"
+    NOT_FOUND = 13        # a file, container, image or run that should exist does not
+    INTERRUPTED = 130     # Ctrl-C
+
+
+def tail(text: str | bytes | None, lines: int = 20) -> str:
+    """Return the last `lines` lines of `text` (decoded leniently)."""
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+@dataclass(eq=False)
+class RemoteOpsError(Exception):
+    """Base of every expected failure.  `message` is one human sentence."""
+
+    message: str
+    host: str | None = None
+    hint: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    exit_code: ClassVar[int] = ExitCode.INTERNAL
+    kind: ClassVar[str] = "error"
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        prefix = f"{self.host}: " if self.host else ""
+        return prefix + self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view for `--json` output."""
+        return {"error": self.kind, "exit_code": self.exit_code, "message": self.message,
+                "host": self.host, "hint": self.hint, **self.details}
+
+
+class ConfigError(RemoteOpsError):
+    """Inventory, ssh_config, patch spec or template input is invalid.
+
+    `source` names the file and `field` the offending key, so the message can
+    say exactly where to look."""
+
+    exit_code = ExitCode.CONFIG
+    kind = "config"
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None,
+                 hint: str | None = None) -> None:
+        where = ":".join(x for x in (source, field) if x)
+        super().__init__(f"{where}: {message}" if where else message, hint=hint,
+                         details={"source": source, "field": field})
+
+
+class UsageError(RemoteOpsError):
+    """Bad input given on the command line (range, pattern, option combination)."""
+
+    exit_code = ExitCode.USAGE
+    kind = "usage"
+
+
+class ConnectError(RemoteOpsError):
+    """Base of the errors raised while opening the SSH connection."""
+
+
+class Unreachable(ConnectError):
+    """The host could not be reached: DNS, refused, no route, connect timeout."""
+
+    exit_code = ExitCode.UNREACHABLE
+    kind = "unreachable"
+
+
+class AuthFailed(ConnectError):
+    exit_code = ExitCode.AUTH
+    kind = "auth_failed"
+
+
+class HostKeyError(ConnectError):
+    """Base for host-key refusals; `fingerprint` is the key the server offered."""
+
+    exit_code = ExitCode.HOST_KEY
+
+
+class HostKeyUnknown(HostKeyError):
+    kind = "host_key_unknown"
+
+
+class HostKeyChanged(HostKeyError):
+    kind = "host_key_changed"
+
+
+@dataclass(eq=False)
+class CommandFailed(RemoteOpsError):
+    """A remote command exited non-zero.  Carries the command, code and stderr tail."""
+
+    command: str = ""
+    exit_status: int | None = None
+    stderr_tail: str = ""
+    stdout_tail: str = ""
+
+    exit_code: ClassVar[int] = ExitCode.COMMAND_FAILED
+    kind: ClassVar[str] = "command_failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "command": self.command, "exit_status": self.exit_status,
+                "stderr_tail": self.stderr_tail}
+
+
+@dataclass(eq=False)
+class CommandTimedOut(RemoteOpsError):
+    """A command (or a wait loop) ran past its deadline."""
+
+    command: str = ""
+    timeout: float | None = None
+
+    exit_code: ClassVar[int] = ExitCode.TIMEOUT
+    kind: ClassVar[str] = "timeout"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "command": self.command, "timeout": self.timeout}
+
+
+class Refused(RemoteOpsError):
+    """A pre-check refused to act; nothing was changed.  `reason` is a short code."""
+
+    exit_code = ExitCode.REFUSED
+    kind = "refused"
+
+
+class VerifyFailed(RemoteOpsError):
+    """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
+
+    exit_code = ExitCode.VERIFY_FAILED
+    kind = "verify_failed"
+
+
+class NotFound(RemoteOpsError):
+    exit_code = ExitCode.NOT_FOUND
+    kind = "not_found"

@@ -1,0 +1,103 @@
+"""Build remote command lines: the one place where shell strings are made.
+
+Every value that reaches a remote shell (inventory paths, container names,
+patterns typed by the operator) goes through `quote`/`join` here.  Other
+modules build argv lists and combine them with the helpers below; they never
+format shell strings themselves.  The result is a plain `str` run by
+`/bin/sh -c` on the host (sshd's exec request).
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+
+Argv = Sequence[str]
+
+
+def quote(value: object) -> str:
+    """Quote one value so the remote shell sees it as exactly one word."""
+    return shlex.quote(str(value))
+
+
+def join(argv: Argv) -> str:
+    """Quote each argument and join them: `["ls", "a b"]` -> `ls 'a b'`."""
+    return " ".join(quote(a) for a in argv)
+
+
+def cmd(command: str | Argv) -> str:
+    """Normalise a command: argv lists are quoted, strings were built here already."""
+    return command if isinstance(command, str) else join(command)
+
+
+def and_then(*commands: str | Argv) -> str:
+    """Run commands in order, stopping at the first failure (`a && b`)."""
+    return " && ".join(cmd(c) for c in commands)
+
+
+def seq(*commands: str | Argv) -> str:
+    """Run commands in order regardless of failures (`a; b`)."""
+    return "; ".join(cmd(c) for c in commands)
+
+
+def or_else(command: str | Argv, fallback: str | Argv) -> str:
+    return f"{cmd(command)} || {cmd(fallback)}"
+
+
+def pipe(*commands: str | Argv) -> str:
+    return " | ".join(cmd(c) for c in commands)
+
+
+def subshell(command: str | Argv) -> str:
+    return f"( {cmd(command)} )"
+
+
+def redirect(command: str | Argv, *, stdout: str | None = None, stderr: str | None = None,
+             append: bool = False) -> str:
+    """Redirect a command's output to remote files (paths are quoted)."""
+    out = cmd(command)
+    op = ">>" if append else ">"
+    if stdout is not None:
+        out += f" {op} {quote(stdout)}"
+    if stderr is not None:
+        out += " 2>&1" if stderr == "&1" else f" 2{op} {quote(stderr)}"
+    return out
+
+
+def quiet(command: str | Argv) -> str:
+    """Discard stderr (for probes whose absence is itself the answer)."""
+    return f"{cmd(command)} 2>/dev/null"
+
+
+def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
+    """Run several probes in one round trip, each output framed by a marker line.
+
+    Output looks like `@@remote-ops:NAME:begin`, the probe's stdout, then
+    `@@remote-ops:NAME:end RC`.  `split_sections` parses it back.  One SSH
+    round trip instead of one per probe is what keeps `facts`, `health` and a
+    no-op `deploy` fast.
+    """
+    parts = []
+    for name, command in named:
+        parts.append(f"echo {quote(SECTION + name + ':begin')}; "
+                     f"{{ {cmd(command)} ; }} 2>&1; "
+                     f"echo {quote(SECTION + name + ':end')} $?")
+    return "; ".join(parts)
+
+
+SECTION = "@@remote-ops:"
+
+
+def split_sections(output: str) -> dict[str, tuple[int, str]]:
+    """Parse `sections` output into {name: (exit_status, text)}; pure."""
+    result: dict[str, tuple[int, str]] = {}
+    name, lines = None, []
+    for line in output.splitlines():
+        if line.startswith(SECTION) and line.endswith(":begin"):
+            name, lines = line[len(SECTION):-len(":begin")], []
+        elif name is not None and line.startswith(SECTION + name + ":end"):
+            status = line.rsplit(" ", 1)[-1]
+            result[name] = (int(status) if status.lstrip("-").isdigit() else -1, "\n".join(lines))
+            name = None
+        elif name is not None:
+            lines.append(line)
+    return result

@@ -1,0 +1,130 @@
+"""Resolve how to reach a host: inventory > ssh_config > defaults (pure).
+
+The result is an `SshTarget`: plain data the SSH seam connects with.  Only the
+options that matter for a strict, non-interactive connection are honoured:
+HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile,
+ConnectTimeout, ServerAliveInterval.  Parsing uses paramiko's SSHConfig so
+`Match`/`Host` patterns behave as OpenSSH users expect.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import paramiko
+
+from .errors import ConfigError
+from .inventory import HostSpec
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds.  `command` is the default per-command deadline."""
+
+    connect: float = 10.0
+    banner: float = 15.0
+    auth: float = 20.0
+    command: float = 120.0
+    keepalive: int = 15
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Everything needed to open one SSH connection, already resolved."""
+
+    name: str                      # inventory name (what the user calls it)
+    hostname: str                  # what we connect to
+    port: int = 22
+    user: str = "root"
+    identity_files: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = (DEFAULT_KNOWN_HOSTS,)
+    jump: tuple["SshTarget", ...] = ()
+    host_key_policy: str = "strict"        # strict | accept-new
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    @property
+    def known_hosts_file(self) -> Path:
+        """The file new keys are written to (the first UserKnownHostsFile)."""
+        return Path(os.path.expanduser(self.known_hosts[0]))
+
+    @property
+    def display(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def load_ssh_config(path: str | Path | None) -> paramiko.SSHConfig:
+    """Parse `path`, or ~/.ssh/config when it exists, or nothing."""
+    if path is None:
+        default = Path("~/.ssh/config").expanduser()
+        return paramiko.SSHConfig.from_path(str(default)) if default.exists() else paramiko.SSHConfig()
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError("ssh_config file does not exist", source=str(p))
+    try:
+        return paramiko.SSHConfig.from_path(str(p))
+    except Exception as exc:  # paramiko raises several types for bad files
+        raise ConfigError(f"cannot parse ssh_config: {exc}", source=str(p)) from None
+
+
+def resolve_target(host: HostSpec, config: paramiko.SSHConfig, *, policy: str = "strict",
+                   timeouts: Timeouts | None = None) -> SshTarget:
+    """Combine an inventory host with its ssh_config entry into an `SshTarget`."""
+    entry = config.lookup(host.connect_address)
+    timeouts = timeouts or _timeouts_from(entry)
+    known = _known_hosts(host.known_hosts, entry)
+    jumps = tuple(_jump_target(j, config, policy, timeouts, known)
+                  for j in _split_jumps(host.proxy_jump or entry.get("proxyjump")))
+    identities = (host.identity_file,) if host.identity_file else tuple(entry.get("identityfile", ()))
+    return SshTarget(
+        name=host.name,
+        hostname=entry.get("hostname", host.connect_address) if not host.address else host.address,
+        port=host.port or int(entry.get("port", 22)),
+        user=host.user or entry.get("user") or "root",
+        identity_files=tuple(os.path.expanduser(i) for i in identities),
+        known_hosts=known,
+        jump=jumps,
+        host_key_policy=policy,
+        timeouts=timeouts,
+    )
+
+
+def _jump_target(spec: str, config: paramiko.SSHConfig, policy: str, timeouts: Timeouts,
+                 known: tuple[str, ...]) -> SshTarget:
+    """A ProxyJump hop `[user@]host[:port]`, itself resolved through ssh_config."""
+    user, _, rest = spec.rpartition("@")
+    hostpart, _, port = rest.partition(":")
+    entry = config.lookup(hostpart)
+    return SshTarget(name=hostpart, hostname=entry.get("hostname", hostpart),
+                     port=int(port or entry.get("port", 22)),
+                     user=user or entry.get("user") or "root",
+                     identity_files=tuple(os.path.expanduser(i) for i in entry.get("identityfile", ())),
+                     known_hosts=_known_hosts(None, entry) if "userknownhostsfile" in entry else known,
+                     host_key_policy=policy, timeouts=timeouts)
+
+
+def _split_jumps(value: str | None) -> list[str]:
+    if not value or value.lower() == "none":
+        return []
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _known_hosts(explicit: str | None, entry: dict) -> tuple[str, ...]:
+    if explicit:
+        return (explicit,)
+    files = entry.get("userknownhostsfile")
+    if files:
+        parts = files.split() if isinstance(files, str) else list(files)
+        return tuple(parts)
+    return (DEFAULT_KNOWN_HOSTS,)
+
+
+def _timeouts_from(entry: dict) -> Timeouts:
+    base = Timeouts()
+    if "connecttimeout" in entry:
+        base = replace(base, connect=float(entry["connecttimeout"]))
+    if "serveraliveinterval" in entry:
+        base = replace(base, keepalive=int(entry["serveraliveinterval"]))
+    return base
