@@ -40,6 +40,8 @@ class SglangSpec(_Spec):
     version: str = Field("0.5.9", description="SGLang release the checkout is at")
     base_image: str = Field("lmsysorg/sglang:v0.5.9-cu129",
                             description="image the patched image is built FROM")
+    image_checkout: str = Field("/sgl-workspace/sglang",
+                                description="where the base image has SGLang's checkout")
 
     @property
     def target_file(self) -> str:
@@ -59,6 +61,7 @@ class ContainerSpec(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     runtime: str | None = None
     healthcheck_start_period_s: int = Field(1800, description="model load time allowed")
+    volumes: list[str] = Field(default_factory=list, description="extra -v HOST:CONTAINER[:ro]")
 
 
 class ModelSpec(_Spec):
@@ -86,6 +89,9 @@ class ServerSpec(_Spec):
     chunked_prefill_size: int = Field(32768, gt=0)
     mem_fraction_static: float | None = None
     extra_args: list[str] = Field(default_factory=list)
+    launcher: list[str] = Field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"],
+                                description="argv that starts the server in the container")
+    healthy_timeout_s: int = Field(2400, gt=0, description="deploy waits this long for healthy")
 
 
 class LogsSpec(_Spec):
