@@ -42,7 +42,9 @@ class Console:
     def __init__(self, json_mode: bool = False, quiet: bool = False, stderr=None, stdout=None) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
-        self.err = RichConsole(file=stderr or sys.stderr, highlight=False, soft_wrap=True)
+        file = stderr or sys.stderr
+        wide = None if getattr(file, "isatty", lambda: False)() else 160
+        self.err = RichConsole(file=file, highlight=False, soft_wrap=True, width=wide)
         self._stdout = stdout or sys.stdout
 
     # -- human ---------------------------------------------------------------

@@ -177,7 +177,7 @@ def adhoc_host(ref: str) -> HostSpec:
         port = int(port_text)
     if not address:
         raise ConfigError(f"empty host in '{ref}'", field="--host")
-    return HostSpec(name=address, address=address, user=user or None, port=port,
+    return HostSpec(name=address, address=None, user=user or None, port=port,
                     source="(ad hoc)")
 
 

@@ -72,14 +72,15 @@ def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
     """Run several probes in one round trip, each output framed by a marker line.
 
     Output looks like `@@remote-ops:NAME:begin`, the probe's stdout, then
-    `@@remote-ops:NAME:end RC`.  `split_sections` parses it back.  One SSH
+    `@@remote-ops:NAME:end RC`.  Each probe runs in a subshell, so an `exit`
+    or `cd` in one cannot affect the others.  `split_sections` parses it back.  One SSH
     round trip instead of one per probe is what keeps `facts`, `health` and a
     no-op `deploy` fast.
     """
     parts = []
     for name, command in named:
         parts.append(f"echo {quote(SECTION + name + ':begin')}; "
-                     f"{{ {cmd(command)} ; }} 2>&1; "
+                     f"( {cmd(command)} ) 2>&1; "
                      f"echo {quote(SECTION + name + ':end')} $?")
     return "; ".join(parts)
 

@@ -1,0 +1,201 @@
+"""Host facts: what the host is, gathered in one SSH round trip.
+
+pyinfra-style: `probes(host)` builds the commands (pure), `parse(sections)`
+turns their captured output into a `Facts` record (pure), `gather(remote,
+host)` is the only function that touches the network.  `health` and `deploy`
+reuse the probes and parsers.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+from . import shell
+from .inventory import HostSpec
+from .remote import Remote
+
+GPU_QUERY = ("index,name,memory.total,memory.used,temperature.gpu,"
+             "ecc.errors.uncorrected.volatile.total,compute_cap,driver_version")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    temperature_c: int | None
+    ecc_uncorrected: int | None
+    compute_cap: str | None
+    driver: str | None
+
+
+@dataclass
+class Facts:
+    host: str
+    os: str = ""
+    kernel: str = ""
+    cpu_model: str = ""
+    cpus: int | None = None
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_error: str | None = None          # "no NVIDIA driver" or nvidia-smi's complaint
+    docker: dict = field(default_factory=dict)      # server/client versions, or {"error": ...}
+    docker_runtimes: list[str] = field(default_factory=list)
+    nvidia_runtime: bool = False
+    dump_dir: str = ""
+    dump_dir_free_bytes: int | None = None
+    sglang_version: str | None = None
+    target_file: str = ""
+    target_sha256: str | None = None
+    target_lines: int | None = None
+    target_error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def gpu_query_cmd() -> str:
+    return shell.join(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
+
+
+def existing_parent_df(path: str) -> str:
+    """`df` of `path`, or of its nearest existing parent (the dump dir may not exist yet)."""
+    return (f"d={shell.quote(path)}; while [ ! -e \"$d\" ]; do d=$(dirname \"$d\"); done; "
+            f"df -P -B1 \"$d\"")
+
+
+def probes(host: HostSpec) -> list[tuple[str, str]]:
+    """The commands `facts` runs (one round trip via `shell.sections`)."""
+    target = host.sglang.target_file
+    version_py = host.sglang.checkout.rstrip("/") + "/python/sglang/version.py"
+    return [
+        ("os", "cat /etc/os-release"),
+        ("kernel", "uname -srm"),
+        ("cpu", "nproc; grep -m1 'model name' /proc/cpuinfo"),
+        ("mem", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
+        ("gpus", f"command -v nvidia-smi >/dev/null || {{ echo 'no NVIDIA driver'; exit 127; }}; {gpu_query_cmd()}"),
+        ("docker", "docker version --format '{{json .}}'"),
+        ("runtimes", "docker info --format '{{json .Runtimes}}'"),
+        ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
+        ("disk", existing_parent_df(host.dump.dir)),
+        ("sglang_version", shell.join(["cat", version_py])),
+        ("target", f"{shell.join(['sha256sum', target])} && {shell.join(['wc', '-l', target])}"),
+    ]
+
+
+def gather(remote: Remote, host: HostSpec) -> Facts:
+    """Run all probes in one round trip and parse them."""
+    out = remote.run(shell.sections(probes(host)), check=False, timeout=60).stdout
+    return parse(host, shell.split_sections(out))
+
+
+def parse(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Facts:
+    """Turn probe output into `Facts` (pure; tested from captured text)."""
+    f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=host.sglang.target_file)
+    f.os = parse_os_release(_text(sec, "os"))
+    f.kernel = _text(sec, "kernel").strip()
+    f.cpus, f.cpu_model = parse_cpu(_text(sec, "cpu"))
+    f.mem_total_bytes, f.mem_available_bytes = parse_meminfo(_text(sec, "mem"))
+    f.gpus, f.gpu_error = parse_gpus(*sec.get("gpus", (127, "no NVIDIA driver")))
+    f.docker = parse_docker_version(*sec.get("docker", (127, "")))
+    f.docker_runtimes = parse_runtimes(*sec.get("runtimes", (1, "")))
+    f.nvidia_runtime = "nvidia" in f.docker_runtimes or bool(_text(sec, "nvidia_ctk").strip())
+    f.dump_dir_free_bytes = parse_df_free(_text(sec, "disk"))
+    f.sglang_version = parse_sglang_version(_text(sec, "sglang_version"))
+    f.target_sha256, f.target_lines, f.target_error = parse_target(*sec.get("target", (1, "")))
+    return f
+
+
+def _text(sec: dict[str, tuple[int, str]], name: str) -> str:
+    status, text = sec.get(name, (1, ""))
+    return text if status == 0 else ""
+
+
+def parse_os_release(text: str) -> str:
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return m.group(1) if m else ""
+
+
+def parse_cpu(text: str) -> tuple[int | None, str]:
+    lines = text.splitlines()
+    count = int(lines[0]) if lines and lines[0].strip().isdigit() else None
+    model = lines[1].split(":", 1)[1].strip() if len(lines) > 1 and ":" in lines[1] else ""
+    return count, model
+
+
+def parse_meminfo(text: str) -> tuple[int | None, int | None]:
+    values = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d+) kB", text, re.M)}
+    return values.get("MemTotal"), values.get("MemAvailable")
+
+
+def _num(value: str) -> int | None:
+    value = value.strip()
+    try:
+        return int(float(value))
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def parse_gpus(status: int, text: str) -> tuple[list[Gpu], str | None]:
+    """Parse `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` output."""
+    if status != 0:
+        first = text.strip().splitlines()[0] if text.strip() else f"nvidia-smi exited {status}"
+        return [], "no NVIDIA driver" if status == 127 else first
+    gpus = []
+    for line in text.strip().splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 8 or not cols[0].isdigit():
+            continue
+        gpus.append(Gpu(int(cols[0]), cols[1], _num(cols[2]), _num(cols[3]), _num(cols[4]),
+                        _num(cols[5]), cols[6] if _num(cols[6]) is not None or "." in cols[6] else None,
+                        cols[7] or None))
+    return gpus, None
+
+
+def parse_docker_version(status: int, text: str) -> dict:
+    """`docker version --format '{{json .}}'` -> {"client": "...", "server": "...", "api": ...}."""
+    line = next((l for l in text.splitlines() if l.startswith("{")), "")
+    try:
+        data = json.loads(line) if line else {}
+    except json.JSONDecodeError:
+        data = {}
+    client, server = data.get("Client") or {}, data.get("Server") or {}
+    out = {"client": client.get("Version"), "server": server.get("Version"),
+           "api": server.get("ApiVersion")}
+    if status != 0 or not server:
+        out["error"] = (text.strip().splitlines() or ["docker not available"])[-1]
+    return out
+
+
+def parse_runtimes(status: int, text: str) -> list[str]:
+    try:
+        return sorted(json.loads(text.strip().splitlines()[-1])) if status == 0 and text.strip() else []
+    except (json.JSONDecodeError, IndexError, TypeError):
+        return []
+
+
+def parse_df_free(text: str) -> int | None:
+    """Available bytes from `df -P -B1` (POSIX format: 4th column of line 2)."""
+    lines = text.strip().splitlines()
+    if len(lines) < 2:
+        return None
+    cols = lines[-1].split()
+    return int(cols[3]) if len(cols) >= 4 and cols[3].isdigit() else None
+
+
+def parse_sglang_version(text: str) -> str | None:
+    m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
+    return m.group(1) if m else None
+
+
+def parse_target(status: int, text: str) -> tuple[str | None, int | None, str | None]:
+    """`sha256sum FILE && wc -l FILE` -> (sha, lines, error)."""
+    if status != 0:
+        return None, None, (text.strip().splitlines() or ["cannot read target file"])[-1]
+    lines = text.strip().splitlines()
+    sha = lines[0].split()[0] if lines else None
+    count = int(lines[1].split()[0]) if len(lines) > 1 and lines[1].split()[0].isdigit() else None
+    return sha, count, None

@@ -1,0 +1,23 @@
+"""Quoting and batched probes (pure)."""
+import shlex
+import subprocess
+
+from remote_ops import shell
+
+
+def test_join_quotes_every_argument():
+    argv = ["ls", "-l", "/srv/a dir; rm -rf /", "$(reboot)", "it's"]
+    line = shell.join(argv)
+    assert shlex.split(line) == argv
+
+
+def test_sections_round_trip_through_a_real_shell():
+    script = shell.sections([("a", ["echo", "x; y"]), ("b", "exit 3"), ("c", "echo after")])
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10).stdout
+    sec = shell.split_sections(out)
+    assert sec == {"a": (0, "x; y"), "b": (3, ""), "c": (0, "after")}
+
+
+def test_redirect_and_combinators():
+    assert shell.redirect(["echo", "a b"], stdout="/tmp/x y", append=True) == "echo 'a b' >> '/tmp/x y'"
+    assert shell.and_then(["true"], ["echo", "ok"]) == "true && echo ok"
