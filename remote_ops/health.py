@@ -1,0 +1,382 @@
+"""Tiered, read-only health checks, cheap first, in one SSH round trip.
+
+Each check is a pure evaluator over captured probe output, returning
+`Check(tier, name, status, reason)` with status ok / warn / fail / skip.  The
+probes are built here with `remote_ops.shell` and run together via
+`shell.sections`, so a health run costs one connection and one command (the
+SSH tier is the connection itself).
+
+Why tiers: SGLang 0.5.x's `/health` runs a one-token generation (20 s timeout)
+and piled-up probes have crashed servers, so the HTTP tier polls only cheap
+endpoints (`/model_info`, `/server_info`, `/v1/models`, each with its older
+`/get_*` alias), and a generation probe runs at most once, only with `--deep`.
+Nothing here writes to the host: the dump-growth baseline is kept locally.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import facts, shell
+from .errors import ExitCode
+from .inventory import HostSpec
+
+ORDER = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
+LABEL_PATCH_HASH = "org.remote-ops.patch.hash"
+LABEL_SHA_AFTER = "org.remote-ops.source.sha256.after"
+
+
+@dataclass(frozen=True)
+class Check:
+    tier: str
+    name: str
+    status: str           # ok | warn | fail | skip
+    reason: str
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class HostHealth:
+    host: str
+    checks: list[Check]
+    duration_s: float = 0.0
+    round_trips: int = 0
+
+    @property
+    def worst(self) -> str:
+        return max((c.status for c in self.checks), key=lambda s: ORDER[s], default="ok")
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "worst": self.worst, "duration_s": round(self.duration_s, 3),
+                "round_trips": self.round_trips, "checks": [asdict(c) for c in self.checks]}
+
+
+def exit_code(results: list[HostHealth]) -> int:
+    """0 when all ok, 11 when the worst is warn, 12 when anything failed."""
+    worst = max((ORDER[r.worst] for r in results), default=0)
+    return {0: ExitCode.OK, 1: ExitCode.HEALTH_WARN, 2: ExitCode.HEALTH_FAIL}[worst]
+
+
+# -- probes (command builders, pure) ------------------------------------------
+
+ENDPOINTS = [["/model_info", "/get_model_info"], ["/server_info", "/get_server_info"], ["/v1/models"]]
+
+HTTP_PROBE = r'''
+import json, sys, time, urllib.error, urllib.request
+base, groups, deep = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def call(path, data=None, timeout=5.0):
+    t = time.monotonic()
+    req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            return {"path": path, "status": r.status, "ms": round((time.monotonic() - t) * 1000, 1),
+                    "body": r.read(65536).decode("utf-8", "replace")}
+    except urllib.error.HTTPError as e:
+        return {"path": path, "status": e.code, "ms": round((time.monotonic() - t) * 1000, 1), "body": ""}
+    except Exception as e:
+        return {"path": path, "error": "%s: %s" % (type(e).__name__, e)}
+out = {}
+for group in groups:
+    for path in group:
+        out[group[0]] = res = call(path)
+        if res.get("status") != 404:
+            break
+if deep:
+    body = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
+    out["/generate"] = call("/generate", body, timeout=60.0)
+print(json.dumps(out))
+'''
+
+
+def container_probe(host: HostSpec) -> str:
+    """`docker inspect` of the container, then of the image its config names."""
+    name = shell.quote(host.container.name)
+    return (f"docker inspect --type container {name} && "
+            f"docker image inspect \"$(docker inspect --type container -f '{{{{.Config.Image}}}}' {name})\"")
+
+
+def gpu_process_probe(host: HostSpec) -> str:
+    """GPU compute processes, each marked `ours` when its cgroup names our container."""
+    name = shell.quote(host.container.name)
+    return ("command -v nvidia-smi >/dev/null || exit 127; "
+            f"cid=$(docker inspect --type container -f '{{{{.Id}}}}' {name} 2>/dev/null); "
+            "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | "
+            "while IFS=', ' read -r pid mem; do [ -n \"$pid\" ] || continue; "
+            "if [ -n \"$cid\" ] && grep -q \"$cid\" /proc/$pid/cgroup 2>/dev/null; "
+            "then echo \"$pid $mem ours\"; else echo \"$pid $mem stray\"; fi; done")
+
+
+def patch_probe(host: HostSpec) -> str:
+    """sha256 + marker count of the deepseek_v2.py the container's Python would import."""
+    locate = ("import importlib.util,sys; s=importlib.util.find_spec('sglang'); "
+              "print(s.submodule_search_locations[0] + '/srt/models/deepseek_v2.py')")
+    inner = (f"f=$(python3 -c {shell.quote(locate)}) && sha256sum \"$f\" && "
+             "grep -c '>>> remote-ops' \"$f\"")
+    return shell.join(["docker", "exec", host.container.name, "sh", "-c", inner])
+
+
+def dump_probe(host: HostSpec) -> str:
+    """File count and bytes of finished dump files (temp files excluded), then free space."""
+    d = shell.quote(host.dump.dir)
+    return (f"if [ -d {d} ]; then find {d} -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
+            "| awk '{n++; s+=$1} END {print n+0, s+0}'; else echo 'absent'; fi; "
+            + facts.existing_parent_df(host.dump.dir))
+
+
+def http_probe(host: HostSpec, deep: bool) -> str:
+    base = f"http://127.0.0.1:{host.server.port}"
+    return shell.join(["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0"])
+
+
+def probes(host: HostSpec, deep: bool = False) -> list[tuple[str, str]]:
+    return [("docker", "docker version --format '{{json .}}'"),
+            ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
+            ("gpu_procs", gpu_process_probe(host)),
+            ("container", container_probe(host)),
+            ("patch", patch_probe(host)),
+            ("http", http_probe(host, deep)),
+            ("dumps", dump_probe(host))]
+
+
+# -- evaluators (pure) ----------------------------------------------------------
+
+def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image: str | None = None,
+             last_dumps: dict | None = None, now: float | None = None) -> list[Check]:
+    """All checks after the SSH tier, from captured probe output."""
+    inspect = _json_docs(sec.get("container", (1, ""))[1])
+    container = inspect[0] if inspect else None
+    image = inspect[1] if len(inspect) > 1 else None
+    checks = [check_engine(sec.get("docker", (1, "")))]
+    checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
+    checks += check_container(host, container, image, expected_image)
+    checks.append(check_patch(sec.get("patch", (1, "")), container, image))
+    checks += check_http(host, sec.get("http", (1, "")), container)
+    checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time())
+    return checks
+
+
+def _json_docs(text: str) -> list[dict]:
+    """`docker inspect` prints JSON arrays; return their first elements in order."""
+    docs, decoder, i = [], json.JSONDecoder(), 0
+    text = text.strip()
+    while i < len(text):
+        if text[i] != "[":
+            i += 1
+            continue
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if isinstance(value, list) and value:
+            docs.append(value[0])
+    return docs
+
+
+def check_engine(probe: tuple[int, str]) -> Check:
+    info = facts.parse_docker_version(*probe)
+    if info.get("server"):
+        return Check("engine", "docker", "ok", f"docker engine {info['server']} (API {info['api']})")
+    return Check("engine", "docker", "fail", f"docker engine not reachable: {info.get('error')}")
+
+
+def check_gpus(host: HostSpec, probe: tuple[int, str], procs: tuple[int, str]) -> list[Check]:
+    gpus, err = facts.parse_gpus(*probe)
+    want = host.gpus.count
+    if err:
+        status = "fail" if want else "skip"
+        return [Check("gpus", "count", status, f"{err} (inventory expects {want} GPUs)")]
+    checks = [Check("gpus", "count", "ok" if len(gpus) == want or not want else "fail",
+                    f"{len(gpus)} GPUs visible, inventory expects {want}")]
+    bad_ecc = [g.index for g in gpus if g.ecc_uncorrected]
+    checks.append(Check("gpus", "ecc", "fail" if bad_ecc else "ok",
+                        f"uncorrected ECC errors on GPU {bad_ecc}" if bad_ecc else "no uncorrected ECC errors"))
+    hot = [f"GPU{g.index} {g.temperature_c}C" for g in gpus
+           if g.temperature_c is not None and g.temperature_c > host.gpus.max_temperature_c]
+    checks.append(Check("gpus", "temperature", "warn" if hot else "ok",
+                        f"above {host.gpus.max_temperature_c}C: {', '.join(hot)}" if hot
+                        else f"max {max((g.temperature_c or 0) for g in gpus)}C"))
+    checks.append(check_gpu_processes(procs))
+    return checks
+
+
+def check_gpu_processes(probe: tuple[int, str]) -> Check:
+    status, text = probe
+    if status != 0:
+        return Check("gpus", "processes", "skip", "cannot list GPU processes")
+    stray = [line.split() for line in text.splitlines() if line.endswith(" stray")]
+    if stray:
+        desc = ", ".join(f"pid {p} ({m} MiB)" for p, m, _ in stray)
+        return Check("gpus", "processes", "warn", f"processes outside the container hold GPU memory: {desc}")
+    return Check("gpus", "processes", "ok", "no stray processes hold GPU memory")
+
+
+def check_container(host: HostSpec, c: dict | None, image: dict | None,
+                    expected_image: str | None) -> list[Check]:
+    name = host.container.name
+    if c is None:
+        return [Check("container", "state", "fail", f"container {name} does not exist")]
+    state = c.get("State", {})
+    health = (state.get("Health") or {}).get("Status")
+    if not state.get("Running"):
+        run = Check("container", "state", "fail",
+                    f"container {name} is {state.get('Status')} (exit code {state.get('ExitCode')})")
+    elif health in ("unhealthy",):
+        run = Check("container", "state", "fail", f"container {name} is running but unhealthy")
+    elif health == "starting":
+        run = Check("container", "state", "warn", f"container {name} is running, health check still starting")
+    else:
+        run = Check("container", "state", "ok", f"container {name} running" + (f", {health}" if health else ""))
+    restarts = c.get("RestartCount", 0)
+    checks = [run,
+              Check("container", "restarts", "warn" if restarts else "ok", f"restart count {restarts}"),
+              Check("container", "oom", "fail" if state.get("OOMKilled") else "ok",
+                    "OOM-killed" if state.get("OOMKilled") else "not OOM-killed")]
+    checks.append(check_image(c, image, expected_image))
+    return checks
+
+
+def check_image(c: dict, image: dict | None, expected_image: str | None) -> Check:
+    """The container runs the image deploy built: same ref, and that ref still points at it."""
+    ref = c.get("Config", {}).get("Image", "")
+    if expected_image and ref != expected_image:
+        return Check("container", "image", "fail", f"container runs {ref}, deployed image is {expected_image}")
+    if image is None:
+        return Check("container", "image", "warn", f"image {ref} is no longer present")
+    if image.get("Id") != c.get("Image"):
+        return Check("container", "image", "warn", f"{ref} was rebuilt since the container started; restart to use it")
+    if LABEL_PATCH_HASH not in ((image.get("Config") or {}).get("Labels") or {}):
+        return Check("container", "image", "fail", f"image {ref} was not built by remote-ops (no patch labels)")
+    return Check("container", "image", "ok", f"running {ref} ({c.get('Image', '')[:19]})")
+
+
+def check_patch(probe: tuple[int, str], c: dict | None, image: dict | None) -> Check:
+    """The container's importable deepseek_v2.py is the verified patched file of its image."""
+    status, text = probe
+    if c is None or not (c.get("State") or {}).get("Running"):
+        return Check("patch", "in_container", "skip", "container not running")
+    lines = text.strip().splitlines()
+    if status != 0 or len(lines) < 2:
+        return Check("patch", "in_container", "fail", f"patch markers not found in the container ({_last(text)})")
+    sha, markers = lines[0].split()[0], lines[-1].strip()
+    want = ((image or {}).get("Config", {}).get("Labels") or {}).get(LABEL_SHA_AFTER)
+    if want and sha != want:
+        return Check("patch", "in_container", "fail", f"deepseek_v2.py sha {sha[:12]} != image label {want[:12]}")
+    return Check("patch", "in_container", "ok", f"{markers} patch blocks present, sha {sha[:12]}", {"sha256": sha})
+
+
+def _last(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
+def check_http(host: HostSpec, probe: tuple[int, str], c: dict | None) -> list[Check]:
+    status, text = probe
+    try:
+        res = json.loads(text.strip().splitlines()[-1]) if status == 0 else None
+    except (json.JSONDecodeError, IndexError):
+        res = None
+    if res is None:
+        return [Check("sglang", "endpoints", "fail", f"HTTP probe did not run: {_last(text)}")]
+    checks = [_endpoint_check(res[g[0]], g[0].strip("/").replace("/", "_")) for g in ENDPOINTS if g[0] in res]
+    checks.append(_version_check(host, res.get("/server_info", {})))
+    if "/generate" in res:
+        checks.append(_endpoint_check(res["/generate"], "generate", tier="generation"))
+    return checks
+
+
+def _endpoint_check(r: dict, name: str, tier: str = "sglang") -> Check:
+    if "error" in r:
+        return Check(tier, name, "fail", f"{r['path']}: {r['error']}")
+    ok = 200 <= r.get("status", 0) < 300
+    return Check(tier, name, "ok" if ok else "fail", f"{r['path']} -> HTTP {r.get('status')} in {r.get('ms')} ms")
+
+
+def _version_check(host: HostSpec, r: dict) -> Check:
+    try:
+        version = json.loads(r.get("body") or "{}").get("version")
+    except json.JSONDecodeError:
+        version = None
+    if version is None:
+        return Check("sglang", "version", "fail", "server_info has no version")
+    want = host.sglang.version
+    return Check("sglang", "version", "ok" if version == want else "fail",
+                 f"server reports SGLang {version}" + ("" if version == want else f", patched tree is {want}"))
+
+
+def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: float) -> list[Check]:
+    status, text = probe
+    lines = text.strip().splitlines()
+    free = facts.parse_df_free("\n".join(lines[1:]))
+    need = host.dump.min_free_gb * 1e9
+    disk = Check("dumps", "free_disk", "skip", "cannot read free space")
+    if free is not None:
+        level = "fail" if free < need else "warn" if free < 2 * need else "ok"
+        disk = Check("dumps", "free_disk", level, f"{free / 1e9:,.1f} GB free on {host.dump.dir} "
+                     f"(minimum {host.dump.min_free_gb:g} GB)", {"free_bytes": free})
+    return [_growth(host, lines[0] if lines else "", last, now), disk]
+
+
+def _growth(host: HostSpec, first: str, last: dict | None, now: float) -> Check:
+    parts = first.split()
+    if first == "absent" or len(parts) != 2:
+        return Check("dumps", "growth", "skip", f"dump dir {host.dump.dir} does not exist yet")
+    files, size = int(parts[0]), int(parts[1])
+    data = {"files": files, "bytes": size, "time": now}
+    if not last:
+        return Check("dumps", "growth", "ok", f"{files} files, {size / 1e9:,.2f} GB (baseline recorded)", data)
+    grew, dt = size - last["bytes"], now - last["time"]
+    if grew > 0:
+        return Check("dumps", "growth", "ok", f"+{files - last['files']} files, +{grew / 1e6:,.1f} MB "
+                     f"in {dt:,.0f}s ({grew / max(dt, 1e-9) / 1e6:,.1f} MB/s)", data)
+    return Check("dumps", "growth", "warn" if files else "ok",
+                 f"not growing: {files} files, {size / 1e9:,.2f} GB, unchanged for {dt:,.0f}s", data)
+
+
+# -- the edge ----------------------------------------------------------------
+
+def baseline_file(state_dir: Path) -> Path:
+    return state_dir / "health-dumps.json"
+
+
+def load_baseline(state_dir: Path) -> dict | None:
+    try:
+        return json.loads(baseline_file(state_dir).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def save_baseline(state_dir: Path, checks: list[Check]) -> None:
+    growth = next((c for c in checks if c.name == "growth" and c.data), None)
+    if growth:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        baseline_file(state_dir).write_text(json.dumps(growth.data))
+
+
+def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: str | None = None,
+               state_dir: Path | None = None) -> HostHealth:
+    """Run every tier for one host.  `connect(host)` returns a Remote or raises.
+
+    Connection failures become the failing SSH check instead of an exception,
+    so `--all` reports every host.
+    """
+    from .errors import RemoteOpsError
+
+    start = time.monotonic()
+    try:
+        remote = connect(host)
+    except RemoteOpsError as exc:
+        return HostHealth(host.name, [Check("ssh", "connect", "fail", exc.message)], time.monotonic() - start)
+    ssh = Check("ssh", "connect", "ok", f"{remote.target.display}, host key {remote.host_key_fingerprint}")
+    before = remote.round_trips
+    try:
+        out = remote.run(shell.sections(probes(host, deep)), check=False, timeout=90).stdout
+    except RemoteOpsError as exc:
+        return HostHealth(host.name, [ssh, Check("ssh", "command", "fail", str(exc))], time.monotonic() - start)
+    last = load_baseline(state_dir) if state_dir else None
+    checks = [ssh, *evaluate(host, shell.split_sections(out), expected_image=expected_image, last_dumps=last)]
+    if state_dir:
+        save_baseline(state_dir, checks)
+    return HostHealth(host.name, checks, time.monotonic() - start, remote.round_trips - before)
