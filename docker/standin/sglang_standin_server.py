@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""SGLang STAND-IN server: speaks SGLang's HTTP API, runs no model, needs no GPU.
+
+This is NOT SGLang.  It exists so the sandbox and the tests can run remote-ops'
+real code path (build, start, health, dumps, logs) on a machine without GPUs.
+Every answer carries `"standin": true`.  Standard library only.
+
+It accepts SGLang's `launch_server` arguments (unknown ones are ignored) and serves:
+- GET  /health, /health_generate        200 (cheap here; in SGLang 0.5.x /health generates)
+- GET  /model_info, /get_model_info     model path, architectures, hidden size
+- GET  /server_info, /get_server_info   `version` = the SGLang version of the installed tree
+- GET  /v1/models                       the served model name
+- POST /generate                        `input_ids` (list or list of lists) or `text`,
+                                        `sampling_params.max_new_tokens`
+With SGLANG_HS_DUMP_DIR set, each request writes a dump file in the format of
+the dump contract (remote_ops_dump.format), with deterministic pseudo-random
+bf16 "hidden states" of a small hidden size (model config.json's hidden_size,
+default 64), so the logs/dumps tooling can be exercised end to end.
+
+Environment: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
+STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes).
+"""
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STANDIN = "sglang-standin"
+
+
+# -- facts about the installed SGLang tree (never imported: it needs torch) ---------------------
+def sglang_dir():
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def sglang_version(tree):
+    """The version in sglang/_version.py (or version.py), read as text."""
+    for name in ("_version.py", "version.py"):
+        path = os.path.join(tree or "", name)
+        if tree and os.path.isfile(path):
+            with open(path) as fh:
+                m = re.search(r"""__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?["']([^"']+)["']""", fh.read())
+            if m:
+                return m.group(1)
+    return "unknown"
+
+
+def patch_marker(tree):
+    """True when the installed deepseek_v2.py mentions the dumper (a cheap patched signal)."""
+    path = os.path.join(tree or "", "srt", "models", "deepseek_v2.py")
+    if not tree or not os.path.isfile(path):
+        return False
+    with open(path) as fh:
+        return "remote_ops_dump" in fh.read()
+
+
+def verify_patch_or_exit():
+    """With STANDIN_REQUIRE_PATCH=1, refuse to start unless the image's verifier passes."""
+    tool = os.path.join(os.environ.get("REMOTE_OPS_TOOL_DIR", "/opt/remote-ops"), "verify_patch.py")
+    if os.environ.get("STANDIN_REQUIRE_PATCH") != "1":
+        return
+    proc = subprocess.run([sys.executable, tool], stdout=subprocess.PIPE, universal_newlines=True, timeout=120)
+    if proc.returncode != 0:
+        sys.stderr.write("%s: patch verification failed, refusing to start: %s\n" % (STANDIN, proc.stdout.strip()))
+        sys.exit(3)
+
+
+def model_config(model_path):
+    """hidden_size / num_hidden_layers / architectures from the model's config.json, if any."""
+    cfg = {"hidden_size": 64, "num_hidden_layers": 8, "architectures": ["DeepseekV3ForCausalLM"],
+           "model_type": "deepseek_v3"}
+    path = os.path.join(model_path or "", "config.json")
+    if model_path and os.path.isfile(path):
+        with open(path) as fh:
+            loaded = json.load(fh)
+        cfg.update({k: loaded[k] for k in cfg if k in loaded})
+    return cfg
+
+
+# -- fake hidden states and dumps -----------------------------------------------------------------
+def pseudo_bf16(seed, count):
+    """`count` deterministic bf16 values (finite, |x| < 2) as bytes, from a sha256 stream."""
+    out = bytearray()
+    counter = 0
+    while len(out) < 2 * count:
+        block = hashlib.sha256(b"%s:%d" % (seed.encode(), counter)).digest()
+        for i in range(0, len(block), 2):
+            hi = 0x3F if block[i] & 1 else 0xBF         # sign, exponent near 1.0
+            out += bytes((block[i + 1] & 0x7F, hi))
+        counter += 1
+    return bytes(out[:2 * count])
+
+
+def capture_layers(num_layers):
+    env = os.environ.get("SGLANG_HS_DUMP_LAYERS", "")
+    if env.strip():
+        return [int(x) for x in env.split(",") if x.strip()]
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class Dumper:
+    """Writes one dump file per request under $SGLANG_HS_DUMP_DIR via remote_ops_dump.format."""
+
+    def __init__(self, directory, hidden_size, num_layers, tp, version="unknown", arch="DeepseekV3ForCausalLM"):
+        import remote_ops_dump.format as fmt  # the dumper's stdlib-only format module (dump contract)
+
+        self.fmt, self.dir, self.hidden, self.tp = fmt, directory, hidden_size, tp
+        self.version, self.arch = version, arch
+        self.layers = capture_layers(num_layers)
+        all_ranks = os.environ.get("SGLANG_HS_DUMP_ALL_RANKS") == "1"
+        self.ranks = list(range(tp)) if all_ranks else [0]
+        self.lock = threading.Lock()
+        self.num_layers = num_layers
+
+    def dump(self, ids):
+        """One span per request (prefill only, prefix 0), on rank 0 or on every rank."""
+        fmt, n = self.fmt, len(ids)
+        ids_le = fmt.token_ids_bytes(ids)
+        key = fmt.dump_key(ids_le, 0)
+        hidden = pseudo_bf16(key + ":final", n * self.hidden)
+        aux = pseudo_bf16(key + ":aux", n * 3 * self.hidden)
+        positions = fmt.token_ids_bytes(range(n))
+        for rank in self.ranks:
+            with self.lock:
+                fmt.write_span(self.dir, rank, ids_le, positions, hidden, aux, self.hidden,
+                               metadata=self.metadata(), fsync=False)
+
+    def metadata(self):
+        """Run-wide file metadata (dump contract), marked as stand-in data."""
+        return {"standin": "true", "sglang_version": self.version, "hidden_size": str(self.hidden),
+                "num_hidden_layers": str(self.num_layers), "dtype": "bfloat16",
+                "layers_to_capture": json.dumps(self.layers),
+                "eagle_aux_hidden_state_layer_ids": json.dumps([l - 1 for l in self.layers]),
+                "hidden_states_norm": "post-norm", "aux_hidden_states_norm": "pre-norm",
+                "allreduce_fusion": "n/a (standin)", "tp_size": str(self.tp),
+                "model_arch": self.arch}
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+class State:
+    def __init__(self, args):
+        self.args = args
+        self.tree = sglang_dir()
+        self.version = sglang_version(self.tree)
+        self.config = model_config(args.model_path)
+        self.started = time.time()
+        self.requests = 0
+        d = os.environ.get("SGLANG_HS_DUMP_DIR")
+        self.dumper = Dumper(d, int(self.config["hidden_size"]), int(self.config["num_hidden_layers"]),
+                             args.tp, self.version, self.config["architectures"][0]) if d else None
+
+    def model_info(self):
+        return {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "architectures": self.config["architectures"], "model_type": self.config["model_type"],
+                "hidden_size": self.config["hidden_size"], "num_hidden_layers": self.config["num_hidden_layers"],
+                "standin": True}
+
+    def server_info(self):
+        a = self.args
+        return {"version": self.version, "standin": True, "server": STANDIN, "model_path": a.model_path,
+                "served_model_name": a.served_model_name, "tp_size": a.tp, "port": a.port,
+                "disable_radix_cache": a.disable_radix_cache, "chunked_prefill_size": a.chunked_prefill_size,
+                "patched": patch_marker(self.tree), "dump_dir": os.environ.get("SGLANG_HS_DUMP_DIR"),
+                "uptime_s": round(time.time() - self.started, 3), "requests": self.requests,
+                "internal_states": [{"standin": True}]}
+
+    def generate_one(self, ids, max_new):
+        self.requests += 1
+        if self.dumper is not None and ids:
+            self.dumper.dump(ids)
+        out_ids = [(sum(ids) + i) % 32000 for i in range(max_new)]
+        return {"text": " standin" * max_new, "output_ids": out_ids,
+                "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": max_new,
+                              "finish_reason": {"type": "length", "length": max_new}, "standin": True}}
+
+
+def _prompts(body):
+    """[(token ids)] and whether the request was a batch, from `input_ids` or `text`."""
+    if body.get("input_ids") is not None:
+        ids = body["input_ids"]
+        batch = bool(ids) and isinstance(ids[0], list)
+        return ([list(map(int, x)) for x in ids] if batch else [list(map(int, ids))]), batch
+    text = body.get("text")
+    if text is None:
+        raise ValueError("need input_ids or text")
+    batch = isinstance(text, list)
+    return [list(t.encode("utf-8")) for t in (text if batch else [text])], batch
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = STANDIN
+    state = None  # set in main
+
+    def _send(self, code, doc):
+        body = (json.dumps(doc) if not isinstance(doc, str) else doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if not isinstance(doc, str) else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        st = self.state
+        routes = {"/health": lambda: "", "/health_generate": lambda: "",
+                  "/model_info": st.model_info, "/get_model_info": st.model_info,
+                  "/server_info": st.server_info, "/get_server_info": st.server_info,
+                  "/v1/models": lambda: {"object": "list", "data": [{
+                      "id": st.args.served_model_name or st.args.model_path, "object": "model",
+                      "owned_by": "sglang", "root": st.args.model_path, "standin": True}]}}
+        if path not in routes:
+            return self._send(404, {"error": "not found", "standin": True})
+        self._send(200, routes[path]())
+
+    def do_POST(self):
+        if self.path.split("?", 1)[0] != "/generate":
+            return self._send(404, {"error": "not found", "standin": True})
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            prompts, batch = _prompts(body)
+            max_new = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
+        except (ValueError, TypeError, KeyError) as exc:
+            return self._send(400, {"error": str(exc), "standin": True})
+        results = [self.state.generate_one(ids, max_new) for ids in prompts]
+        self._send(200, results if batch else results[0])
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("%s %s - %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), STANDIN, fmt % args))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog=STANDIN, description="SGLang stand-in (no model, no GPU)")
+    ap.add_argument("--model-path", default="/models/standin")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1)
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--chunked-prefill-size", type=int, default=8192)
+    ap.add_argument("--disable-radix-cache", action="store_true")
+    args, unknown = ap.parse_known_args(argv)
+    args.ignored = unknown
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    verify_patch_or_exit()
+    Handler.state = State(args)
+    print("%s: NOT SGLang; stand-in for sglang %s, model %s, tp %d, ignoring %s" % (
+        STANDIN, Handler.state.version, args.model_path, args.tp, args.ignored), flush=True)
+    time.sleep(float(os.environ.get("STANDIN_LOAD_SECONDS", "1")))  # a "model load"
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print("%s: listening on %s:%d" % (STANDIN, args.host, args.port), flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
