@@ -1,0 +1,214 @@
+"""Base images without a registry: rootfs tarballs imported into the lab dockerd.
+
+- `busybox_image`: a ~2 MB image from Debian's busybox-static (sh, httpd, wget…),
+  built in about a second.
+- `base_python_image`: a Debian bookworm minbase rootfs with python3 and
+  ca-certificates made by debootstrap (~45 s on 2 cores), built once and cached
+  as a tarball under `cache_dir()/rootfs/`, then `docker import`ed as
+  `remote-ops/base-python:bookworm`.  It stands in for the SGLang base image's
+  userland (python3, a shell, coreutils) in tests and the sandbox.
+- `import_tar`: import any rootfs tarball as an image.
+
+Nothing here pulls from a registry.
+"""
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..paths import cache_dir
+from ._proc import LabError, run
+
+BUSYBOX_TAG = "remote-ops/busybox:lab"
+BASE_PYTHON_TAG = "remote-ops/base-python:bookworm"
+SUITE = "bookworm"
+PACKAGES = ("python3", "ca-certificates")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def rootfs_cache() -> Path:
+    """Where built rootfs tarballs are kept between runs."""
+    return cache_dir() / "rootfs"
+
+
+def docker_client() -> str:
+    """The docker CLI the lab uses locally: Debian's 20.10 (matches dockerd, BuildKit works)."""
+    for candidate in ("/usr/bin/docker", shutil.which("docker")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise LabError("no docker client found (apt-get install docker.io)")
+
+
+def docker(socket_path: str | Path, *args: str, timeout: float = 120.0, input: bytes | None = None,
+           check: bool = True) -> subprocess.CompletedProcess:
+    """Run the docker CLI against the lab daemon at `socket_path`."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
+           "DOCKER_HOST": f"unix://{socket_path}"}
+    return run([docker_client(), *args], timeout=timeout, input=input, check=check, env=env)
+
+
+def import_tar(socket_path: str | Path, tarball: str | Path | bytes, tag: str,
+               timeout: float = 300.0) -> str:
+    """`docker import` a rootfs tarball (path or bytes) as `tag`; return the image id."""
+    if isinstance(tarball, bytes):
+        out = docker(socket_path, "import", "-", tag, input=tarball, timeout=timeout)
+    else:
+        out = docker(socket_path, "import", str(tarball), tag, timeout=timeout)
+    return out.stdout.decode().strip()
+
+
+def image_exists(socket_path: str | Path, tag: str) -> bool:
+    return docker(socket_path, "image", "inspect", tag, check=False, timeout=30).returncode == 0
+
+
+# -- busybox ---------------------------------------------------------------
+def busybox_binary() -> Path:
+    """A static busybox: the installed busybox-static's, else one fetched with apt-get download."""
+    installed = Path("/bin/busybox")
+    if installed.exists() and _is_static(installed):
+        return installed
+    cached = rootfs_cache() / "busybox"
+    if not cached.exists():
+        _download_busybox(cached)
+    return cached
+
+
+def _is_static(path: Path) -> bool:
+    proc = run(["file", "-L", str(path)], check=False, timeout=10) if shutil.which("file") else None
+    return proc is None or b"statically linked" in proc.stdout
+
+
+def _download_busybox(dest: Path) -> None:
+    """`apt-get download busybox-static` + `dpkg -x`, keeping only the binary."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["apt-get", "download", "busybox-static"], cwd=tmp, check=True,
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        deb = next(Path(tmp).glob("busybox-static_*.deb"))
+        run(["dpkg", "-x", str(deb), f"{tmp}/x"])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f"{tmp}/x/bin/busybox", dest)
+
+
+def busybox_rootfs_tar() -> bytes:
+    """A tarball: /bin/busybox plus a symlink per applet, /tmp, /etc/passwd."""
+    binary = busybox_binary()
+    applets = run([str(binary), "--list-full"]).stdout.decode().split()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in ("bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "tmp", "root", "proc", "sys", "dev", "var",
+                  "var/www"):
+            _tar_dir(tar, d, 0o1777 if d == "tmp" else 0o755)
+        tar.add(str(binary), "bin/busybox")
+        for applet in applets:
+            if applet != "bin/busybox":
+                _tar_link(tar, applet, "/bin/busybox")
+        _tar_file(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+        _tar_file(tar, "etc/group", b"root:x:0:\n")
+    return buf.getvalue()
+
+
+def _tar_dir(tar: tarfile.TarFile, name: str, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, mode
+    tar.addfile(info)
+
+
+def _tar_link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    tar.addfile(info)
+
+
+def _tar_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def busybox_image(socket_path: str | Path, tag: str = BUSYBOX_TAG) -> str:
+    """Import the busybox rootfs as `tag` (once per daemon); return the tag."""
+    if not image_exists(socket_path, tag):
+        import_tar(socket_path, busybox_rootfs_tar(), tag)
+    return tag
+
+
+# -- debootstrap python ----------------------------------------------------
+def base_python_tarball(mirror: str | None = None, timeout: float = 900.0) -> Path:
+    """The cached bookworm+python3 rootfs tarball, built with debootstrap on first use.
+
+    A file lock makes concurrent runs build it once; the tarball is written
+    under a temporary name and renamed, so a half-built file is never used.
+    """
+    tarball = rootfs_cache() / f"{SUITE}-minbase-python3.tar"
+    if tarball.exists():
+        return tarball
+    rootfs_cache().mkdir(parents=True, exist_ok=True)
+    with _file_lock(rootfs_cache() / ".build.lock", timeout):
+        if not tarball.exists():
+            _build_python_rootfs(tarball, mirror or apt_mirror(), timeout)
+    return tarball
+
+
+def apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (deb822 or one-line sources)."""
+    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        if not path.is_file() or path.suffix not in ("", ".list", ".sources"):
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            words = line.split()
+            if line.startswith("URIs:") and len(words) > 1 and "security" not in words[1]:
+                return words[1]
+            if words[:1] == ["deb"] and "security" not in line:
+                return next(w for w in words[1:] if "://" in w)
+    return DEFAULT_MIRROR
+
+
+def _build_python_rootfs(tarball: Path, mirror: str, timeout: float) -> None:
+    """debootstrap into a temp dir next to the cache, trim apt caches, tar it."""
+    if not shutil.which("debootstrap"):
+        raise LabError("debootstrap is not installed (apt-get install debootstrap)")
+    with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=".build-") as tmp:
+        root = Path(tmp) / "root"
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
+            timeout=timeout)
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for f in (root / junk).glob("*"):
+                if f.is_file():
+                    f.unlink()
+        partial = tarball.with_suffix(".tar.partial")
+        run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], timeout=timeout)
+        os.replace(partial, tarball)
+
+
+@contextmanager
+def _file_lock(path: Path, timeout: float):
+    """An exclusive flock with a deadline (another run may be building)."""
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"{path} is held by another build for over {timeout:g}s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def base_python_image(socket_path: str | Path, tag: str = BASE_PYTHON_TAG) -> str:
+    """Import the bookworm+python3 rootfs as `tag` (building the tarball if needed)."""
+    if not image_exists(socket_path, tag):
+        import_tar(socket_path, base_python_tarball(), tag)
+    return tag
