@@ -1,0 +1,207 @@
+"""The dumper object stored as `model._remote_ops_dump`; `capture` runs inside `forward`.
+
+`capture` does only CPU-side bookkeeping plus asynchronous copies: it reads the
+Python-list lengths of the ForwardBatch (no GPU sync), takes a host buffer from
+the bounded pool, queues the copies and hands the spans to the writer threads.
+It blocks only when every buffer is still waiting for the disk (backpressure),
+or never (drop policy).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from typing import Any, List, Mapping, Optional, Sequence
+
+import torch
+
+from . import format as fmt
+from .config import DumpConfig
+from .staging import ST_DTYPES, BufferPool, Stager
+from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, write_span_file
+
+log = logging.getLogger("remote_ops_dump")
+DEFAULT_BUFFER_TOKENS = 8192
+CLOSE_TIMEOUT_S = 60.0
+
+
+def forward_mode_name(forward_batch: Any) -> str:
+    """'EXTEND', 'DECODE', ... from ForwardBatch.forward_mode (an IntEnum in SGLang)."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    return str(getattr(mode, "name", mode)).upper()
+
+
+def split_spans(forward_batch: Any) -> List[Span]:
+    """Per-request row spans from the CPU-side lengths (extend_seq_lens_cpu, extend_prefix_lens_cpu)."""
+    lens = [int(n) for n in forward_batch.extend_seq_lens_cpu]
+    prefixes = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    prefixes = [int(p) for p in prefixes] if prefixes is not None else [0] * len(lens)
+    spans, start = [], 0
+    for tokens, prefix in zip(lens, prefixes):
+        if tokens > 0:
+            spans.append(Span(start, tokens, prefix))
+        start += tokens
+    return spans
+
+
+def graph_capturing() -> bool:
+    """True while a CUDA graph is being captured on the current stream (never copy then)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class Dumper:
+    """Captures plain-EXTEND batches and writes one file per request span (writer ranks only)."""
+
+    def __init__(self, config: DumpConfig, rank: int, writer: bool, layers: Sequence[int],
+                 hidden_size: int, metadata: Mapping[str, str], buffer_tokens: Optional[int] = None):
+        self.config, self.rank, self.writer = config, rank, writer
+        self.layers, self.hidden_size = list(layers), hidden_size
+        self.metadata = dict(metadata)
+        self.buffer_tokens = buffer_tokens or config.buffer_tokens or DEFAULT_BUFFER_TOKENS
+        self.dir = ensure_rank_dir(config.root, rank) if writer else None
+        self.stats = DumpStats(os.path.join(self.dir, fmt.STATS_NAME) if writer else None, self._static())
+        self.pool: Optional[BufferPool] = None
+        self.stager = Stager()
+        self.writers: Optional[SpanWriters] = None
+        self.warned: set = set()
+        self.closed = False
+        self.lock = threading.Lock()
+        if writer:
+            self.writers = SpanWriters(config.writers, self._write_one, self.stats)
+            self.stats.maybe_write(force=True)
+            atexit.register(self.close)
+
+    def _static(self) -> dict:
+        c = self.config
+        return {"rank": self.rank, "writer": self.writer, "policy": c.policy, "buffers": c.buffers,
+                "writers": c.writers, "buffer_tokens": self.buffer_tokens, "hidden_size": self.hidden_size,
+                "layers_to_capture": self.layers, "metadata": self.metadata, "pid": os.getpid()}
+
+    # ------------------------------------------------------------------ forward hook
+
+    def capture(self, forward_batch: Any, hidden_states: torch.Tensor,
+                aux_hidden_states: Optional[Sequence[torch.Tensor]]) -> None:
+        """Called from DeepseekV2ForCausalLM.forward after the aux unpack; never raises."""
+        if not self.writer or self.closed:
+            return
+        try:
+            self._capture(forward_batch, hidden_states, aux_hidden_states)
+        except Exception as exc:
+            self.stats.add(errors=1)
+            self._warn_once("capture-error", "capture failed, batch not dumped: %r" % (exc,))
+
+    def _capture(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> None:
+        reason = self._skip_reason(fb, hidden, aux)
+        if reason:
+            self.stats.skip(reason)
+            return
+        spans = split_spans(fb)
+        rows = sum(s.tokens for s in spans)
+        if not spans or not self._shapes_ok(fb, hidden, aux, rows):
+            return
+        buf = self._acquire(rows, hidden, spans)
+        if buf is None:
+            return
+        try:
+            if fb.positions is None:
+                buf.positions[:rows].copy_(_positions_from_spans(spans))
+            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows)
+        except BaseException:
+            self.pool.release(buf)
+            raise
+        self.stats.add(batches=1)
+        self.writers.submit(BatchJob(staged, spans, self.pool))
+
+    def _skip_reason(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> Optional[str]:
+        """Why this batch is not dumped (None = dump it); cheap, CPU-only checks."""
+        if graph_capturing():
+            return "graph_capture"
+        mode = forward_mode_name(fb)
+        if mode != "EXTEND":
+            return mode.lower()
+        if getattr(fb, "can_run_tbo", False):
+            return self._warned_reason("two_batch_overlap", "two-batch-overlap batch skipped")
+        if aux is None or len(aux) != len(self.layers):
+            return self._warned_reason("no_aux", "forward returned %s aux states, want %d: is capture on?"
+                                       % (None if aux is None else len(aux), len(self.layers)))
+        if getattr(fb, "extend_seq_lens_cpu", None) is None or getattr(fb, "input_ids", None) is None:
+            return self._warned_reason("no_lengths", "EXTEND batch without extend_seq_lens_cpu/input_ids")
+        return None
+
+    def _shapes_ok(self, fb: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int) -> bool:
+        """Rows cover every span and the width is H; otherwise count an error and skip."""
+        tensors = [hidden, *aux]
+        bad = [tuple(t.shape) for t in tensors if t.dim() != 2 or t.shape[0] < rows or t.shape[1] != self.hidden_size]
+        if bad or fb.input_ids.shape[0] < rows or hidden.dtype not in ST_DTYPES:
+            self.stats.add(errors=1)
+            self._warn_once("shape", "batch of %d rows skipped: shapes %s, dtype %s, H=%d"
+                            % (rows, bad, hidden.dtype, self.hidden_size))
+            return False
+        return True
+
+    def _acquire(self, rows: int, hidden: torch.Tensor, spans: List[Span]):
+        """A host buffer for the batch: wait (backpressure) or count the drop."""
+        pool = self._pool_for(hidden)
+        block = self.config.policy == "backpressure" and self.writers.alive()
+        started = time.monotonic()
+        buf = pool.acquire(rows, self.hidden_size, hidden.dtype, block, self.config.wait_s)
+        waited = time.monotonic() - started
+        self.stats.queue_high_water = pool.high_water
+        if block and waited > 0.001:
+            self.stats.add(backpressure_waits=1, backpressure_wait_s=waited)
+        if buf is None:
+            timeout = {"backpressure_timeouts": 1} if block else {}
+            self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows, **timeout)
+        return buf
+
+    def _pool_for(self, hidden: torch.Tensor) -> BufferPool:
+        """Create the pool at the first captured batch (pinned when the tensors live on a GPU)."""
+        with self.lock:
+            if self.pool is None:
+                self.pool = BufferPool(self.config.buffers, self.buffer_tokens, pin=hidden.is_cuda)
+                self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
+            return self.pool
+
+    # ------------------------------------------------------------------ writer side
+
+    def _write_one(self, job: BatchJob, span: Span) -> None:
+        """Writer-thread body for one span: the file, its manifest line, the counters."""
+        dtype = ST_DTYPES[job.staged.buffer.dtype]
+        record = write_span_file(self.config.root, self.rank, job, span, self.hidden_size, dtype,
+                                 self.metadata, self.config.fsync)
+        self.stats.add(files=1, spans=1, tokens=span.tokens, bytes=record["bytes"])
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop capturing, let the writers finish what is queued (bounded), write final stats."""
+        if self.closed or not self.writer:
+            self.closed = True
+            return
+        self.closed = True
+        drained = self.writers.drain(timeout)
+        self.writers.stop(min(5.0, timeout))
+        if self.pool is not None:
+            self.pool.close()
+        self.stats.state = "closed" if drained else "closed-with-pending"
+        self.stats.maybe_write(force=True)
+
+    def flush(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Wait until everything captured so far is on disk (tests, benchmarks, shutdown hooks)."""
+        ok = self.writers.drain(timeout) if self.writers else True
+        self.stats.maybe_write(force=True)
+        return ok
+
+    def _warned_reason(self, reason: str, message: str) -> str:
+        self._warn_once(reason, message)
+        return reason
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            log.error("[hs-dump] %s", message)
+
+
+def _positions_from_spans(spans: Sequence[Span]) -> torch.Tensor:
+    """Positions when the batch carries none: prefix_len + 0..n-1 per span."""
+    return torch.cat([torch.arange(s.prefix_len, s.prefix_len + s.tokens, dtype=torch.int32) for s in spans])
