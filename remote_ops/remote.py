@@ -216,6 +216,9 @@ class FabricRemote:
         if status is None:
             raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
                                   command=line, timeout=deadline_s)
+        if status == -1 and _connection_lost(chan):
+            raise Unreachable(f"connection to {self.target.display} was lost while running a command",
+                              host=self.name, details={"reason": "connection_lost", "command": line})
         result = RunResult(line, status, out.decode("utf-8", "replace"),
                            err.decode("utf-8", "replace"), time.monotonic() - start)
         if check and status != 0:
@@ -302,6 +305,21 @@ def _pump(chan, deadline: float, on_line: LineSink | None) -> tuple[bytes | None
         if rest and on_line:
             on_line(stream, rest.decode("utf-8", "replace"))
     return bytes(out), bytes(err)
+
+
+def _connection_lost(chan, grace: float = 1.0) -> bool:
+    """True if a channel that closed without an exit status (paramiko's -1) lost its connection.
+
+    -1 alone would read as a failed command (exit 7); it is also what a command
+    killed by a signal gives, with the connection still up.  The transport
+    thread closes channels just before it marks itself inactive, so allow it
+    `grace` seconds to do so.
+    """
+    transport = chan.get_transport()
+    deadline = time.monotonic() + grace
+    while transport.is_active() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not transport.is_active()
 
 
 def _take(stream: str, data: bytes, buf: bytearray, pending: dict, on_line: LineSink | None) -> None:
