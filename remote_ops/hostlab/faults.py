@@ -56,7 +56,7 @@ def _block(lab: "HostLab", host: "LabHost", *target: str) -> None:
     if _ipt("-nL", chain, check=False).returncode != 0:
         _ipt("-N", chain)
     _ipt("-F", chain)
-    _ipt("-A", chain, "-j", *target)
+    _ipt("-A", chain, "-p", "tcp", "-j", *target)
     if _ipt("-C", *_hook(host, chain), check=False).returncode != 0:
         _ipt("-I", *_hook(host, chain))
 
