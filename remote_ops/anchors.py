@@ -254,7 +254,11 @@ def decode(data):
 
 
 def parse_source(data, name="<file>"):
-    """Decode and parse; a syntax error is a refusal naming line and message."""
+    """Decode and parse; a syntax error is a refusal naming line and message.
+
+    Given a `Source` already, returns it (callers parse a file once)."""
+    if isinstance(data, Source):
+        return data
     text = decode(data)
     try:
         tree = ast.parse(text, filename=name)
@@ -658,7 +662,7 @@ def plan(data, spec):
     _refuse_foreign_capture(pristine, spec)
     anchors = [find_anchor(pristine, b) for b in spec.blocks]
     new_text = insert_blocks(pristine, spec, anchors)
-    state = verify(src.text, spec).status if regions else NOT_APPLIED
+    state = verify(src, spec).status if regions else NOT_APPLIED
     return Plan(pristine.text, new_text, anchors, regions, APPLIED if new_text == src.text else state)
 
 
@@ -729,8 +733,8 @@ def verify(data, spec):
     Also reports hand edits (body hash != marker hash), outdated content
     (marker hash != spec hash), unmarked copies and capture code before the
     reset.  A file that cannot be parsed gives status "modified" with the refusal."""
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    sha = hashlib.sha256(raw).hexdigest()
+    raw = data.text if isinstance(data, Source) else data
+    sha = hashlib.sha256(raw.encode("utf-8") if isinstance(raw, str) else raw).hexdigest()
     try:
         src = parse_source(data)
         regions = find_regions(src, spec)
