@@ -164,6 +164,11 @@ class Dumper:
                 self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
             return self.pool
 
+    def preallocate(self, hidden: torch.Tensor, rows: Optional[int] = None) -> None:
+        """Create the pool and all its host buffers now, sized like `hidden` (optional warm-up)."""
+        if self.writer:
+            self._pool_for(hidden).preallocate(rows or self.buffer_tokens, self.hidden_size, hidden.dtype)
+
     # ------------------------------------------------------------------ writer side
 
     def _write_one(self, job: BatchJob, span: Span) -> None:

@@ -81,6 +81,13 @@ class BufferPool:
                 raise
         return slot
 
+    def preallocate(self, rows: int, hidden_size: int, dtype: torch.dtype) -> None:
+        """Allocate every free slot now (pinned allocation is slow: keep it out of timed loops)."""
+        with self.cond:
+            for i, buf in enumerate(self.free):
+                if buf is None or not buf.fits(rows, hidden_size, dtype):
+                    self.free[i] = HostBuffer(max(rows, self.min_tokens), hidden_size, dtype, self.pin)
+
     def _take_slot(self, block: bool, timeout: float):
         """Pop a slot under the lock (False when none becomes free in time)."""
         deadline = time.monotonic() + timeout
