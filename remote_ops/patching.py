@@ -220,7 +220,8 @@ class CheckReport:
     def raise_if_refused(self) -> None:
         if self.refusal:
             raise Refused(self.refusal["message"], host=self.host, hint=_hint(self.refusal["reason"]),
-                          details={"reason": self.refusal["reason"], "lines": self.refusal.get("lines", [])})
+                          details={"reason": self.refusal["reason"], "lines": self.refusal.get("lines", []),
+                                   "check": self.to_dict()})
 
     def to_dict(self) -> dict:
         return {"host": self.host, "path": self.path, "sha256": self.sha256, "sglang_version": self.sglang_version,
@@ -323,7 +324,7 @@ class VerifyResult:
             if self.compile_ok is False:
                 why = f"py_compile failed: {tail(self.compile_output, 3)}"
             raise VerifyFailed(f"patch {self.status}: {why}{restored}", host=self.host,
-                               details={"status": self.status, "findings": self.report.to_dict()["findings"]})
+                               details={"status": self.status, "verify": self.to_dict()})
 
     def to_dict(self) -> dict:
         return {"host": self.host, "path": self.path, "sha256": self.sha256, "status": self.status, "ok": self.ok,

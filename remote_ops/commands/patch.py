@@ -1,2 +1,183 @@
-"""Commands: patch (being written)."""
-commands: list = []
+"""`remote-ops patch check|apply|verify|revert|status|drift`: the anchored SGLang patch."""
+from __future__ import annotations
+
+import click
+
+from .. import anchors, patching
+from ..errors import ExitCode, UsageError
+from ._options import app_options
+from .source import target_options, where
+
+
+@click.group("patch")
+def patch_group() -> None:
+    """Anchored patch of deepseek_v2.py (EAGLE-3 hidden-state dump hooks).
+
+    \b
+    Anchors are found in the syntax tree (class -> method -> statement):
+      init block    right after `self.capture_aux_hidden_states = False`
+                    in DeepseekV2ForCausalLM.__init__
+      forward hook  right after `if self.capture_aux_hidden_states:` unpack
+                    in DeepseekV2ForCausalLM.forward
+    0 or >1 matches, a wrong scope, a syntax error or an unvalidated SGLang
+    version refuse (exit 9); a misplaced block fails verify (exit 10).
+    """
+
+
+# ----------------------------------------------------------------- rendering
+def _listings(console, listings) -> None:
+    for listing in listings:
+        console.text_block(listing.render())
+
+
+def render_check(console, report: patching.CheckReport) -> None:
+    console.step(f"patch check {report.host}:{report.path}")
+    version = report.sglang_version or "unknown"
+    gate = "validated" if report.version_validated else ("NOT validated, --force given" if report.forced
+                                                          else "NOT validated")
+    console.say(f"sha256 {report.sha256}  SGLang {version} ({report.version_source}; {gate})  "
+                f"patch state: {report.state}")
+    _listings(console, report.evidence)
+    for a in report.anchors:
+        console.status("ok", f"anchor {a.block}: line {a.line} `{a.text}` in {a.scope}; "
+                             f"before it line {a.prev_line or '-'}, after it line {a.next_line or 'end of method'}")
+    if report.refusal:
+        console.status("fail", f"refused ({report.refusal['reason']}): {report.refusal['message']}")
+    else:
+        console.status("ok", "the patch can be applied" if report.state != anchors.APPLIED else "already applied")
+
+
+def render_verify(console, result: patching.VerifyResult) -> None:
+    compiled = {True: "py_compile ok", False: "py_compile FAILED", None: "py_compile not run"}[result.compile_ok]
+    console.say(f"sha256 {result.sha256}  {compiled}")
+    _listings(console, result.evidence)
+    for b in result.report.blocks:
+        where_ = f"lines {b.region.begin}-{b.region.end}" if b.region else "not present"
+        anchor = f"anchor line {b.anchor.line}" if b.anchor else "anchor not found"
+        console.status("ok" if b.state == anchors.APPLIED else "fail", f"block {b.name}: {b.state}, {where_}, {anchor}")
+    for f in result.report.findings:
+        console.status("fail", f.message)
+
+
+def _diff(console, diff: str) -> None:
+    console.text_block(diff or "(no changes)")
+
+
+# ------------------------------------------------------------------ commands
+@patch_group.command("check")
+@target_options
+@click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
+@app_options
+def check_cmd(app, host, path, local_file, force) -> None:
+    """Pre-check: find both anchors, show grep -n / sed -n evidence; change nothing."""
+    remote, target = where(app, host, path, local_file)
+    report = patching.check(remote, target, force=force)
+    render_check(app.console, report)
+    report.raise_if_refused()
+    app.console.emit(report)
+
+
+@patch_group.command("apply")
+@target_options
+@click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
+@click.option("--dry-run", is_flag=True, help="print the unified diff and change nothing")
+@click.option("--diff", "show_diff", is_flag=True, help="also print the diff when applying")
+@click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")
+@app_options
+def apply_cmd(app, host, path, local_file, force, dry_run, show_diff, no_lock) -> None:
+    """Insert the marked blocks atomically (backup kept), then verify; restore the backup if verify fails."""
+    remote, target = where(app, host, path, local_file)
+    result = patching.apply(remote, target, force=force, dry_run=dry_run, lock=not no_lock)
+    console = app.console
+    render_check(console, result.check)
+    if dry_run or show_diff:
+        _diff(console, result.diff if result.action != "noop" else "")
+    if result.action in ("applied", "replaced"):
+        console.step(f"verify {result.host}:{result.path}")
+        render_verify(console, result.verify)
+        console.status("ok", f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]}; backup "
+                             f"{result.backup_path} (sha256 {str(result.backup_sha256)[:16]}); "
+                             f"{result.round_trips} round trips, {result.duration_s:.2f}s")
+    elif result.action == "noop":
+        console.status("ok", f"already applied with this content (sha256 {result.sha_before[:16]}); nothing written")
+    else:
+        console.status("info", "dry run: nothing changed")
+    app.console.emit(result)
+
+
+@patch_group.command("verify")
+@target_options
+@app_options
+def verify_cmd(app, host, path, local_file) -> None:
+    """Post-check: py_compile on the host, each block right after its anchor, after every flag reset."""
+    remote, target = where(app, host, path, local_file)
+    result = patching.verify(remote, target)
+    app.console.step(f"verify {result.host}:{result.path}")
+    render_verify(app.console, result)
+    result.raise_if_failed()
+    app.console.status("ok", "patch verified")
+    app.console.emit(result)
+
+
+@patch_group.command("revert")
+@target_options
+@click.option("--dry-run", is_flag=True, help="print the diff and change nothing")
+@click.option("--from-backup", is_flag=True, help="restore the backup copy instead of removing the blocks")
+@click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")
+@app_options
+def revert_cmd(app, host, path, local_file, dry_run, from_backup, no_lock) -> None:
+    """Remove the blocks; the file must hash to the original (byte-identical)."""
+    remote, target = where(app, host, path, local_file)
+    result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
+    console = app.console
+    console.step(f"patch revert {result.host}:{result.path}")
+    if dry_run:
+        _diff(console, result.diff)
+    ident = {True: "byte-identical to the original", False: "NOT identical to the original", None: ""}[result.identical]
+    console.status("ok" if result.identical is not False else "fail",
+                   f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]} "
+                   f"(original {str(result.original_sha256)[:16]}) {ident}")
+    app.console.emit(result)
+    return ExitCode.VERIFY_FAILED if result.identical is False else ExitCode.OK
+
+
+@patch_group.command("status")
+@target_options
+@app_options
+def status_cmd(app, host, path, local_file) -> int:
+    """applied / not_applied / outdated / partial / misplaced / modified, with shas (exit 10 if misplaced/modified)."""
+    remote, target = where(app, host, path, local_file)
+    result = patching.status(remote, target)
+    console = app.console
+    console.step(f"patch status {result.host}:{result.path}: {result.status}")
+    console.say(f"sha256 {result.sha256}  pristine {result.pristine_sha256}  backup {result.backup_sha256 or '-'}  "
+                f"SGLang {result.sglang_version or 'unknown'}  spec {result.spec_hash}")
+    rows = [[b.name, b.state, b.spec_hash, b.region.marker_hash if b.region else "-",
+             f"{b.region.begin}-{b.region.end}" if b.region else "-", b.anchor.line if b.anchor else "-"]
+            for b in result.report.blocks]
+    console.table(["block", "state", "spec hash", "marker hash", "lines", "anchor"], rows)
+    for f in result.report.findings:
+        console.status("fail", f.message)
+    app.console.emit(result)
+    return ExitCode.VERIFY_FAILED if result.status in (anchors.MISPLACED, anchors.MODIFIED) else ExitCode.OK
+
+
+@patch_group.command("drift")
+@click.option("--versions", required=True, metavar="V1,V2,...",
+              help="SGLang releases to compare, e.g. 0.5.5,0.5.8,0.5.9,0.5.14")
+@click.option("--base", default="0.5.9", show_default=True, help="release the text hunk is generated for")
+@app_options
+def drift_cmd(app, versions, base) -> None:
+    """Per release (wheels from PyPI, cached): the anchor's line and neighbours, and three
+    verdicts side by side: tree anchor, `git apply --check`, GNU `patch --dry-run`."""
+    from .. import drift
+
+    wanted = [v.strip() for v in versions.split(",") if v.strip()]
+    if not wanted:
+        raise UsageError("no versions given")
+    report = drift.drift(wanted, base=base)
+    drift.render(app.console, report)
+    app.console.emit(report)
+
+
+commands = [patch_group]

@@ -1,2 +1,63 @@
-"""Commands: source (being written)."""
-commands: list = []
+"""`remote-ops inspect-source`: numbered, scope-annotated lines of the host's deepseek_v2.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import patching
+from .. import source as srcview
+from ..errors import UsageError
+from ._options import app_options, host_option
+
+
+def where(app, host: str | None, path: str | None, local_file: Path | None):
+    """(remote, PatchTarget) for `--host H [--file PATH]` or `--local-file PATH` (exactly one)."""
+    if bool(host) == bool(local_file):
+        raise UsageError("give exactly one of --host HOST or --local-file PATH")
+    if local_file is not None:
+        if path:
+            raise UsageError("--file goes with --host; use --local-file PATH alone")
+        return patching.LocalRemote(), patching.PatchTarget.local(local_file)
+    spec = app.host(host)
+    return app.remote(spec), patching.PatchTarget.for_host(spec, path)
+
+
+def target_options(fn):
+    """--host / --file / --local-file, shared by inspect-source and patch."""
+    fn = click.option("--local-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                      help="work on a file on this machine instead (no SSH)")(fn)
+    fn = click.option("--file", "path", default=None, metavar="PATH",
+                      help="file on the host (default: the inventory's sglang checkout deepseek_v2.py)")(fn)
+    return host_option(required=False)(fn)
+
+
+@click.command("inspect-source")
+@target_options
+@click.option("--lines", default=None, metavar="A:B", help="show lines A..B, like sed -n 'A,Bp' (e.g. 2830:2845)")
+@click.option("--grep", default=None, metavar="PATTERN", help="lines matching a Python regex, like grep -n")
+@click.option("--symbol", default=None, metavar="Class.method", help="the whole definition, decorators included")
+@app_options
+def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
+    """Show numbered lines of the SGLang file, each with its enclosing Class.method.
+
+    \b
+    Examples:
+      remote-ops inspect-source --host gpu-node --lines 2830:2845
+      remote-ops inspect-source --host gpu-node --grep capture_aux_hidden_states
+      remote-ops inspect-source --local-file deepseek_v2.py --symbol DeepseekV2ForCausalLM.forward
+
+    Read-only: one SSH round trip, nothing is changed.  Bad ranges exit 2,
+    a missing file 13.
+    """
+    if sum(x is not None for x in (lines, grep, symbol)) != 1:
+        raise UsageError("give exactly one of --lines A:B, --grep PATTERN, --symbol Class.method")
+    remote, target = where(app, host, path, local_file)
+    tf = patching.read_target(remote, target)
+    view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
+                           version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
+    app.console.text_block(view.render())
+    app.console.emit(view)
+
+
+commands = [inspect_source]
