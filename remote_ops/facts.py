@@ -70,7 +70,7 @@ def existing_parent_df(path: str) -> str:
 def probes(host: HostSpec) -> list[tuple[str, str]]:
     """The commands `facts` runs (one round trip via `shell.sections`)."""
     target = host.sglang.target_file
-    version_py = host.sglang.checkout.rstrip("/") + "/python/sglang/version.py"
+    pkg = host.sglang.checkout.rstrip("/") + "/python/sglang/"
     return [
         ("os", "cat /etc/os-release"),
         ("kernel", "uname -srm"),
@@ -81,7 +81,8 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
         ("runtimes", "docker info --format '{{json .Runtimes}}'"),
         ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
         ("disk", existing_parent_df(host.dump.dir)),
-        ("sglang_version", shell.join(["cat", version_py])),
+        ("sglang_version", shell.seq(shell.quiet(["cat", pkg + "version.py"]),
+                                     shell.quiet(["cat", pkg + "_version.py"]))),
         ("target", f"{shell.join(['sha256sum', target])} && {shell.join(['wc', '-l', target])}"),
     ]
 
@@ -104,7 +105,7 @@ def parse(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Facts:
     f.docker_runtimes = parse_runtimes(*sec.get("runtimes", (1, "")))
     f.nvidia_runtime = "nvidia" in f.docker_runtimes or bool(_text(sec, "nvidia_ctk").strip())
     f.dump_dir_free_bytes = parse_df_free(_text(sec, "disk"))
-    f.sglang_version = parse_sglang_version(_text(sec, "sglang_version"))
+    f.sglang_version = parse_sglang_version(sec.get("sglang_version", (1, ""))[1])
     f.target_sha256, f.target_lines, f.target_error = parse_target(*sec.get("target", (1, "")))
     return f
 
@@ -187,7 +188,12 @@ def parse_df_free(text: str) -> int | None:
 
 
 def parse_sglang_version(text: str) -> str | None:
-    m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
+    """A top-level `__version__ = "X"` (version.py of old releases, or _version.py of 0.5.x).
+
+    Only column-0 assignments count: 0.5.x's version.py has an indented
+    fallback `__version__ = "0.0.0.dev0"` that is not the release.
+    """
+    m = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", text, re.M)
     return m.group(1) if m else None
 
 

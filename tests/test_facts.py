@@ -38,3 +38,12 @@ def test_parse_full_sections():
     assert f.docker["server"] == "27.1.1" and f.nvidia_runtime and f.docker_runtimes == ["nvidia", "runc"]
     assert f.dump_dir_free_bytes == 4000000000000
     assert (f.sglang_version, f.target_sha256, f.target_lines) == ("0.5.9", "abc123", 2986)
+
+
+def test_sglang_version_ignores_indented_fallback():
+    version_py = ('try:\n    from sglang._version import __version__\nexcept ImportError:\n'
+                  '    __version__ = "0.0.0.dev0"\n')
+    scm = "__version__ = version = '0.5.9'\n__version_tuple__ = (0, 5, 9)\n"
+    assert facts.parse_sglang_version(version_py + scm) == "0.5.9"
+    assert facts.parse_sglang_version(version_py) is None
+    assert facts.parse_sglang_version('__version__ = "0.4.6.post1"\n') == "0.4.6.post1"
