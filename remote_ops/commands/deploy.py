@@ -1,2 +1,86 @@
-"""Commands: deploy (being written)."""
-commands: list = []
+"""`remote-ops deploy --host H [--dry-run] [--diff] [--yes]`: the whole job, idempotent."""
+from __future__ import annotations
+
+import click
+
+from .. import deploy as deploy_mod
+from ..errors import Refused
+from ._options import host_command
+
+STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "skip", "failed": "fail"}
+
+
+class ConsoleEvents(deploy_mod.Events):
+    """Live step lines and build output (prefixed with the host name) on stderr."""
+
+    def __init__(self, console, host: str) -> None:
+        self.console, self.host = console, host
+
+    def step(self, s: deploy_mod.StepResult) -> None:
+        took = f" ({s.duration_s:.2f}s)" if s.duration_s >= 0.01 else ""
+        self.console.status(STATUS.get(s.status, "info"), f"{s.name:<9} {s.status}: {s.detail}{took}")
+
+    def line(self, stream: str, text: str) -> None:
+        self.console.host_line(self.host, stream, text)
+
+    def progress(self, text: str) -> None:
+        self.console.say(f"  {self.host}: {text}", style="dim")
+
+
+@click.command("deploy")
+@click.option("--dry-run", is_flag=True, help="print the plan and every diff; change nothing")
+@click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
+@click.option("--yes", "-y", is_flag=True, help="do not ask before changing the host")
+@click.option("--why", default="deploy", show_default=True, help="reason stored in the lock and audit log")
+@click.option("--healthy-timeout", type=float, default=None,
+              help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)")
+@host_command
+def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: str,
+               healthy_timeout: float | None) -> None:
+    """Preflight, lock, check, push, patch, verify, build, start, wait, record, unlock.
+
+    \b
+    Only what is out of date is done: a re-run with nothing changed reports
+    "up to date" without rebuilding or restarting.  Example:
+      remote-ops deploy --host 10.1.230.174 --dry-run
+    """
+    spec = app.host(host)
+    remote = app.remote(spec)
+    events = ConsoleEvents(app.console, spec.name)
+    app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
+    if not dry_run and not yes:
+        preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
+        if not preview.up_to_date:
+            _confirm(app, spec, preview)
+    result = deploy_mod.deploy(remote, spec, dry_run=dry_run, events=events, why=why,
+                               healthy_timeout_s=healthy_timeout)
+    if dry_run or show_diff:
+        for name, text in result.diffs.items():
+            app.console.step(f"diff: {name}")
+            app.console.text_block(text)
+    _summary(app, result)
+    app.console.emit(result)
+
+
+def _confirm(app, spec, preview) -> None:
+    """Ask before changing a host (stdin must be a terminal); --yes skips."""
+    import sys
+
+    todo = ", ".join(f"{k} ({v})" for k, v in preview.plan.get("reasons", {}).items())
+    if not sys.stdin.isatty():
+        raise Refused(f"deploy would change {spec.name}: {todo}; re-run with --yes (or --dry-run to see the diff)",
+                      host=spec.name)
+    if not click.confirm(f"{spec.name}: {todo}. Proceed?", default=False, err=True):
+        raise click.exceptions.Abort()
+
+
+def _summary(app, r: deploy_mod.DeployResult) -> None:
+    if r.dry_run:
+        word = "up to date (nothing to do)" if r.up_to_date else "dry run: nothing was changed"
+    else:
+        word = "up to date" if r.up_to_date else "deployed"
+    app.console.step(f"{r.host}: {word} - {r.image} in {r.wall_s:.2f}s, {r.round_trips} round trips"
+                     + (f"; record {r.record}" if r.record else ""))
+
+
+commands = [deploy_cmd]
