@@ -446,7 +446,7 @@ class Deploy:
         self._preflight(p, t)
         plan = make_plan(self.host, self.patch, p, self.ref)
         self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
-        self.result.up_to_date = plan.up_to_date and not plan.wait
+        self.result.up_to_date = plan.up_to_date
         if self.dry_run:
             return self._dry_run(p, plan)
         failure: RemoteOpsError | None = None
@@ -581,11 +581,13 @@ class Deploy:
         self.result.wall_s = round(time.monotonic() - self.t0, 3)
 
     def _record(self, failure: RemoteOpsError | None) -> dict:
-        self._step("record", "ok", "")
+        """The local JSON run record (host, key fingerprint, versions, shas, image, timings, steps)."""
+        self.result.steps.append(StepResult("record", "ok", ""))
         doc = {**self.result.to_dict(), "time": time.time(), "ok": failure is None,
                "error": failure.to_dict() if failure else None}
-        self.result.steps[-1].detail = str(write_record(self.host.name, doc))
-        self.result.record = self.result.steps[-1].detail
+        self.result.record = str(write_record(self.host.name, doc))
+        self.result.steps[-1].detail = self.result.record
+        self.events.step(self.result.steps[-1])
         return doc
 
     def _dry_run(self, p: Probe, plan: Plan) -> DeployResult:

@@ -1,2 +1,52 @@
-"""Commands: sandbox (being written)."""
-commands: list = []
+"""`remote-ops sandbox up|down|status`: a local host (sshd + dockerd + SGLang stand-in) to try the flow."""
+from __future__ import annotations
+
+import click
+
+from .. import sandbox as sandbox_mod
+from ._options import app_options
+
+
+def _show(app, st: sandbox_mod.SandboxStatus) -> None:
+    if st.running:
+        h = st.host
+        app.console.status("ok", f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
+                                 f"server port {h.get('server_port')}, base image {st.base_image}")
+        app.console.say(f"  inventory entry `sandbox`: {st.inventory}")
+        app.console.say("  next: remote-ops deploy --host sandbox --yes && remote-ops health --host sandbox")
+    else:
+        app.console.status("info", f"sandbox not running (state dir {st.dir})")
+    app.console.emit(st)
+
+
+@click.group("sandbox")
+def sandbox_group() -> None:
+    """A local stand-in GPU host on loopback: real sshd + dockerd, real SGLang tree, stand-in server."""
+
+
+@sandbox_group.command("up")
+@click.option("--sglang-version", default="0.5.9", show_default=True)
+@app_options
+def up_cmd(app, sglang_version: str) -> None:
+    """Start the sandbox (needs root and scripts/setup's packages; idempotent)."""
+    st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"))
+    _show(app, st)
+
+
+@sandbox_group.command("down")
+@app_options
+def down_cmd(app) -> None:
+    """Stop the sandbox's daemons (by PID) and remove its inventory entry."""
+    _show(app, sandbox_mod.down())
+
+
+@sandbox_group.command("status")
+@app_options
+def status_cmd(app) -> int:
+    """Is the sandbox running (exit 0), or not (exit 13)."""
+    st = sandbox_mod.status()
+    _show(app, st)
+    return 0 if st.running else 13
+
+
+commands = [sandbox_group]
