@@ -1,0 +1,212 @@
+"""The extraction run: start, watch and stop `extract_client.py` on a host.
+
+The client (stdlib-only, `remote_ops/extract_client.py`) runs beside the
+container with the host's `python3` and talks to the server's published port
+(`127.0.0.1:<server.port>`).  Everything it needs lives in one work dir on the
+host, `<logs.dir>/extract/`: the client script, the dataset, its manifest
+(sample id -> dump key), `missing.jsonl`, `client.pid`, `client.out`.  Its
+progress log is the inventory's `logs.extraction`, which `logs pull/summary`
+read.
+
+It is started detached in its own session (`setsid`), its PID recorded, and
+stopped by that PID (after checking the PID still belongs to the client);
+every wait here has a deadline.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+
+from . import shell
+from .errors import CommandTimedOut, NotFound, Refused
+from .logs import ExtractionSummary, parse_extraction
+
+CLIENT_NAME = "extract_client.py"
+
+
+@dataclass(frozen=True)
+class ExtractPaths:
+    """Where the run lives on the host."""
+
+    workdir: str
+    log: str
+    dump_dir: str
+
+    @property
+    def client(self) -> str:
+        return str(PurePosixPath(self.workdir) / CLIENT_NAME)
+
+    @property
+    def dataset(self) -> str:
+        return str(PurePosixPath(self.workdir) / "dataset.jsonl")
+
+    def file(self, name: str) -> str:
+        return str(PurePosixPath(self.workdir) / name)
+
+
+def paths_for(host) -> ExtractPaths:
+    return ExtractPaths(str(PurePosixPath(host.logs.dir) / "extract"), host.logs.extraction, host.dump.dir)
+
+
+def client_source() -> bytes:
+    return (Path(__file__).resolve().parent / CLIENT_NAME).read_bytes()
+
+
+# --------------------------------------------------------------------------- commands (pure)
+
+def alive_check(p: ExtractPaths) -> str:
+    """Shell test: the recorded PID is alive and still runs our client (not a reused PID)."""
+    pidfile = shell.quote(p.file("client.pid"))
+    return (f"pid=$(cat {pidfile} 2>/dev/null) && [ -n \"$pid\" ] && "
+            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(CLIENT_NAME)}")
+
+
+def launch_command(p: ExtractPaths, server_url: str, concurrency: int, retries: int,
+                   dataset: str, limit: int | None = None) -> str:
+    """Start the client detached in its own session; print its PID."""
+    argv = ["python3", p.client, "--dataset", dataset, "--server", server_url, "--workdir", p.workdir,
+            "--log", p.log, "--dump-dir", p.dump_dir, "--concurrency", str(concurrency),
+            "--retries", str(retries)]
+    if limit:
+        argv += ["--limit", str(limit)]
+    out = shell.quote(p.file("client.out"))
+    return (f"cd {shell.quote(p.workdir)} && setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
+            f"echo $!")
+
+
+def status_command(p: ExtractPaths, log_lines: int = 400) -> str:
+    return shell.sections([
+        ("alive", alive_check(p)),
+        ("pid", f"cat {shell.quote(p.file('client.pid'))}"),
+        ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}"),
+        ("manifest", f"grep -c '\"status\": \"ok\"' {shell.quote(p.file('manifest.jsonl'))}"),
+        ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}"),
+        ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
+    ])
+
+
+# --------------------------------------------------------------------------- status (pure parse)
+
+@dataclass
+class ExtractStatus:
+    host: str
+    running: bool
+    pid: int | None
+    summary: ExtractionSummary
+    manifest_ok: int
+    missing: list[dict]
+    client_out: str
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["summary"] = self.summary.to_dict()
+        return d
+
+
+def parse_status(host: str, output: str) -> ExtractStatus:
+    import json
+
+    parts = shell.split_sections(output)
+    pid_text = parts.get("pid", (1, ""))[1].strip()
+    missing = []
+    for line in parts.get("missing", (1, ""))[1].splitlines():
+        try:
+            missing.append(json.loads(line))
+        except ValueError:
+            pass
+    ok = parts.get("manifest", (1, "0"))[1].strip()
+    return ExtractStatus(host, parts.get("alive", (1, ""))[0] == 0,
+                         int(pid_text) if pid_text.isdigit() else None,
+                         parse_extraction(parts.get("log", (1, ""))[1]),
+                         int(ok) if ok.isdigit() else 0, missing, parts.get("out", (1, ""))[1])
+
+
+# --------------------------------------------------------------------------- edges
+
+def status(remote, host) -> ExtractStatus:
+    """One round trip: is the client alive, the log's tail, manifest and missing counts."""
+    return parse_status(host.name, remote.run(status_command(paths_for(host))).stdout)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool:
+    """Upload unless the host already has the same bytes (checked by sha256, one round trip)."""
+    have = remote.run(f"sha256sum {shell.quote(path)} 2>/dev/null | cut -c1-64", check=False).stdout.strip()
+    if have == _sha256(data):
+        return False
+    remote.put(data, path, mode=mode)
+    return True
+
+
+def start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
+          server_url: str | None = None, limit: int | None = None, wait_s: float = 30.0,
+          local_dataset: bool | None = None) -> ExtractStatus:
+    """Ship client (+ dataset when it is a local file), refuse if one is running, launch, await `started`."""
+    p = paths_for(host)
+    remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
+    if remote.run(alive_check(p), check=False).exit_status == 0:
+        raise Refused("an extraction client is already running on this host", host=host.name,
+                      hint=f"remote-ops extract status --host {host.name}  (or extract stop)")
+    upload_if_changed(remote, client_source(), p.client, 0o755)
+    remote_dataset = _place_dataset(remote, p, dataset, local_dataset)
+    url = server_url or f"http://127.0.0.1:{host.server.port}"
+    before = _log_size(remote, p)
+    remote.run(launch_command(p, url, concurrency, retries, remote_dataset, limit))
+    _await_started(remote, host, p, before, wait_s)
+    return status(remote, host)
+
+
+def _place_dataset(remote, p: ExtractPaths, dataset: str, local: bool | None) -> str:
+    """A local dataset file is uploaded into the work dir; otherwise it must exist on the host."""
+    path = Path(dataset).expanduser()
+    if local is True or (local is None and path.is_file()):
+        upload_if_changed(remote, path.read_bytes(), p.dataset)
+        return p.dataset
+    if remote.run(["test", "-f", dataset], check=False).exit_status != 0:
+        raise NotFound(f"dataset {dataset} is neither a local file nor a file on the host", host=remote.name)
+    return dataset
+
+
+def _log_size(remote, p: ExtractPaths) -> int:
+    out = remote.run(f"stat -c %s {shell.quote(p.log)} 2>/dev/null || echo 0", check=False).stdout.strip()
+    return int(out) if out.isdigit() else 0
+
+
+def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float) -> None:
+    """Wait (bounded) for the client's `started` line; a client that died shows its output."""
+    deadline = time.monotonic() + wait_s
+    probe = shell.sections([("log", f"tail -c +{log_offset + 1} {shell.quote(p.log)}"),
+                            ("alive", alive_check(p)),
+                            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}")])
+    while time.monotonic() < deadline:
+        parts = shell.split_sections(remote.run(probe, check=False).stdout)
+        if " started " in parts.get("log", (1, ""))[1]:
+            return
+        if parts.get("alive", (1, ""))[0] != 0 and time.monotonic() > deadline - wait_s + 2:
+            raise Refused("the extraction client exited at start", host=host.name,
+                          details={"client_out": parts.get("out", (1, ""))[1]},
+                          hint=parts.get("out", (1, ""))[1][-300:] or None)
+        time.sleep(0.3)
+    raise CommandTimedOut(f"extraction client did not log `started` within {wait_s:g}s", host=host.name,
+                          command="extract start", timeout=wait_s)
+
+
+def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
+    """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline."""
+    p = paths_for(host)
+    if remote.run(alive_check(p), check=False).exit_status != 0:
+        return status(remote, host)
+    pidfile = shell.quote(p.file("client.pid"))
+    remote.run(f"kill -TERM $(cat {pidfile})", check=False)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if remote.run(alive_check(p), check=False).exit_status != 0:
+            return status(remote, host)
+        time.sleep(0.3)
+    remote.run(f"{alive_check(p)} && kill -KILL $(cat {pidfile})", check=False)
+    return status(remote, host)

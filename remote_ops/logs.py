@@ -1,0 +1,514 @@
+"""Logs: parse extraction and training logs, and pull them incrementally.
+
+Three kinds of log live on a host:
+
+- `server`: the SGLang container's output (`docker logs`), container name from
+  the inventory (`container.name`);
+- `extraction`: the log of `remote_ops/extract_client.py` (inventory `logs.extraction`);
+- `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
+
+Parsing is pure (text in, summaries out).  Pulling is a pure *plan* (what to
+fetch, from which byte, given what we pulled before) plus one remote command
+per pull, so every file is fetched in a single round trip and only its new
+bytes travel.
+
+Training log format: SpecForge (sgl-project/SpecForge, `scripts/train_eagle3*.py`),
+the most used open EAGLE-3 trainer.  Two of its outputs are understood:
+
+- the per-position summary lines its online/offline trainers print once per
+  epoch (or per step when it evaluates by step):
+  `Train Epoch [1/10], position 0,  Acc: 0.45` and `... position 0, pLoss: 1.23`,
+  likewise `Eval Epoch [...]` and `Train Step [N], position i, ...`;
+- the tqdm bar of the unified `train_eagle3.py`, whose postfix carries the
+  step's mean loss and accuracy: `Training Epoch 0:  12%|...| 120/1000 [.., loss=1.23, acc=0.45, time=0.50s]`.
+  Position 0 accuracy ("step-0 accuracy") is what predicts the acceptance rate.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import shell
+from .errors import CommandFailed, NotFound, UsageError
+
+KINDS = ("server", "extraction", "training")
+
+# --------------------------------------------------------------------------- extraction log
+
+#: `extract_client.py` writes `<iso time> progress done=.. total=.. tokens=.. errors=.. elapsed=..`.
+_KV = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass
+class ExtractionSummary:
+    """Where an extraction run stands, read from its log."""
+
+    done: int = 0
+    total: int | None = None
+    tokens: int = 0
+    errors: int = 0
+    failed: int = 0
+    missing_dumps: int | None = None
+    rate_samples_s: float | None = None
+    rate_tokens_s: float | None = None
+    eta_s: float | None = None
+    state: str = "unknown"          # running | finished | stopped | unknown
+    last_time: str | None = None
+    error_lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(_KV.findall(line))
+
+
+def _num(value: str | None, cast=float):
+    try:
+        return cast(value) if value not in (None, "", "-") else None
+    except ValueError:
+        return None
+
+
+def parse_extraction(text: str) -> ExtractionSummary:
+    """Summarise an extraction log: the last progress line wins; errors are counted."""
+    s, session = ExtractionSummary(), {}
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        event = parts[1] if len(parts) > 1 else ""
+        if event in ("progress", "finished", "stopped", "started"):
+            session = _apply_progress(s, line, event)
+        elif event in ("error", "failed"):
+            s.error_lines = (s.error_lines + [line])[-20:]
+    _derive_rates(s, session)
+    return s
+
+
+def _apply_progress(s: ExtractionSummary, line: str, event: str) -> dict:
+    """Fold one progress line into `s`; return its per-session counters (for the rates)."""
+    kv = _fields(line)
+    s.last_time = line.split(" ", 1)[0]
+    for name in ("done", "total", "tokens", "errors", "failed", "missing_dumps"):
+        if name in kv and _num(kv[name], int) is not None:
+            setattr(s, name, _num(kv[name], int))
+    s.state = {"finished": "finished", "stopped": "stopped"}.get(event, "running")
+    return {"elapsed": _num(kv.get("elapsed")), "done": _num(kv.get("session_done"), int),
+            "tokens": _num(kv.get("session_tokens"), int)}
+
+
+def _derive_rates(s: ExtractionSummary, session: dict) -> None:
+    """Rates over the current session (a resumed run starts a new one), ETA from them."""
+    elapsed = session.get("elapsed")
+    if not elapsed or elapsed <= 0:
+        return
+    done = session.get("done") if session.get("done") is not None else s.done
+    toks = session.get("tokens") if session.get("tokens") is not None else s.tokens
+    s.rate_samples_s = round(done / elapsed, 3)
+    s.rate_tokens_s = round(toks / elapsed, 1)
+    if s.state == "finished":
+        s.eta_s = 0.0
+    elif s.total and s.rate_samples_s:
+        s.eta_s = round(max(s.total - s.done, 0) / s.rate_samples_s, 1)
+
+
+# --------------------------------------------------------------------------- training log (SpecForge)
+
+_POSITION = re.compile(
+    r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d+)(?:/(?P<total>\d+))?\],\s*"
+    r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)")
+_TQDM = re.compile(r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
+                   r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)")
+
+
+@dataclass
+class TrainRecord:
+    """Per-position accuracy and loss of one epoch (or step), for train or eval."""
+
+    phase: str                   # train | eval
+    unit: str                    # epoch | step
+    index: int
+    total: int | None = None
+    acc: dict[int, float] = field(default_factory=dict)
+    ploss: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def step0_acc(self) -> float | None:
+        return self.acc.get(0)
+
+    @property
+    def loss(self) -> float | None:
+        """SpecForge's training objective: position losses weighted 0.8**i."""
+        if not self.ploss:
+            return None
+        return round(sum(0.8 ** i * v for i, v in self.ploss.items()), 4)
+
+
+@dataclass
+class StepPoint:
+    """One tqdm update of `train_eagle3.py`: mean loss/accuracy over positions at a step."""
+
+    epoch: int
+    step: int
+    total: int
+    loss: float
+    acc: float
+
+
+@dataclass
+class TrainingSummary:
+    records: list[TrainRecord] = field(default_factory=list)
+    steps: list[StepPoint] = field(default_factory=list)
+
+    def latest(self, phase: str = "train") -> TrainRecord | None:
+        rows = [r for r in self.records if r.phase == phase]
+        return rows[-1] if rows else None
+
+    def to_dict(self) -> dict:
+        return {"format": "specforge",
+                "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss} for r in self.records],
+                "steps": [asdict(p) for p in self.steps]}
+
+
+def parse_training(text: str) -> TrainingSummary:
+    """Parse a SpecForge training log (both formats above; tqdm's \\r updates included)."""
+    out = TrainingSummary()
+    index: dict[tuple, TrainRecord] = {}
+    for piece in re.split(r"[\r\n]+", text):
+        m = _POSITION.search(piece)
+        if m:
+            _add_position(out, index, m)
+            continue
+        t = _TQDM.search(piece)
+        if t:
+            _add_step(out, t)
+    return out
+
+
+def _add_position(out: TrainingSummary, index: dict, m: re.Match) -> None:
+    key = (m["phase"].lower(), m["unit"].lower(), int(m["index"]))
+    rec = index.get(key)
+    if rec is None:
+        rec = index[key] = TrainRecord(*key, total=_num(m["total"], int))
+        out.records.append(rec)
+    value = _num(m["value"])
+    if value is not None:
+        (rec.acc if m["metric"] == "Acc" else rec.ploss)[int(m["pos"])] = value
+
+
+def _add_step(out: TrainingSummary, t: re.Match) -> None:
+    point = StepPoint(int(t["epoch"]), int(t["n"]), int(t["total"]), float(t["loss"]), float(t["acc"]))
+    if out.steps and (out.steps[-1].epoch, out.steps[-1].step) == (point.epoch, point.step):
+        out.steps[-1] = point   # tqdm repaints the same step
+    else:
+        out.steps.append(point)
+
+
+# --------------------------------------------------------------------------- incremental pull: plan
+
+@dataclass
+class FileCursor:
+    """What we already pulled of one remote file: its identity and how many bytes."""
+
+    inode: str = ""
+    offset: int = 0
+    generation: int = 0          # bumped each time the remote file was rotated/truncated
+    head: str = ""               # sha256 of the file's first min(offset, HEAD_BYTES) bytes
+
+
+@dataclass
+class ServerCursor:
+    """What we already pulled of a container's log: the container id and last timestamp."""
+
+    container_id: str = ""
+    last_ts: str = ""
+    lines_at_last_ts: int = 0
+    generation: int = 0
+
+
+@dataclass
+class PullState:
+    """Per-host pull cursors, saved as JSON beside the pulled logs."""
+
+    files: dict[str, FileCursor] = field(default_factory=dict)
+    server: ServerCursor = field(default_factory=ServerCursor)
+
+    @classmethod
+    def load(cls, path: Path) -> "PullState":
+        if not path.exists():
+            return cls()
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            return cls()    # a torn state file: start over (re-fetch, never skip)
+        return cls(files={k: FileCursor(**v) for k, v in data.get("files", {}).items()},
+                   server=ServerCursor(**data.get("server", {})))
+
+    def save(self, path: Path) -> None:
+        """Write atomically: the state never claims bytes the local file does not hold."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """What one pull fetched of a file: the remote identity, where the bytes start, the bytes."""
+
+    inode: str
+    size: int
+    start: int
+    data: bytes
+
+
+def reset_needed(cursor: FileCursor, inode: str, size: int) -> str | None:
+    """Why the remote file must be re-read from byte 0, or None to continue (pure)."""
+    if cursor.inode and inode != cursor.inode:
+        return "rotated"
+    if size < cursor.offset:
+        return "truncated"
+    return None
+
+
+HEAD_BYTES = 4096
+
+
+def file_fetch_command(path: str, cursor: FileCursor, max_bytes: int) -> str:
+    """One round trip: print `inode size start count`, then the new bytes, gzip+base64 (byte-exact).
+
+    The host decides where to start from the cursor: same inode, size >= offset
+    and the same first bytes (a copytruncate'd file that regrew differs here):
+    continue at the offset; otherwise start at 0.  So the bytes always match the
+    identity printed with them.  At most `max_bytes` are sent per call.
+    """
+    q = shell.quote(path)
+    known = shell.quote(cursor.inode or "-")
+    k = min(cursor.offset, HEAD_BYTES)
+    return (f"f={q}; [ -f \"$f\" ] || {{ echo missing; exit 0; }}; "
+            f"set -- $(stat -Lc '%i %s' \"$f\"); s=0; "
+            f"if [ \"$1\" = {known} ] && [ \"$2\" -ge {int(cursor.offset)} ] && "
+            f"[ \"$(head -c {k} \"$f\" | sha256sum | cut -c1-64)\" = {shell.quote(cursor.head or '-')} ]; "
+            f"then s={int(cursor.offset)}; fi; "
+            f"n=$(( $2 - s )); [ $n -le {int(max_bytes)} ] || n={int(max_bytes)}; "
+            f"echo \"$1 $2 $s $n\"; tail -c +$((s + 1)) \"$f\" | head -c $n | gzip -1c | base64 -w0")
+
+
+def parse_file_fetch(output: str) -> FileChunk | None:
+    """Parse `file_fetch_command` output (pure); None when the remote file does not exist."""
+    head, _, payload = output.partition("\n")
+    if head.strip() == "missing":
+        return None
+    inode, size, start, count = head.split()
+    data = zlib.decompress(base64.b64decode(payload.strip()), 31) if payload.strip() else b""
+    if len(data) != int(count):
+        raise ValueError(f"expected {count} bytes, got {len(data)}")
+    return FileChunk(inode, int(size), int(start), data)
+
+
+def apply_chunk(local: Path, cursor: FileCursor, chunk: FileChunk) -> tuple[FileCursor, str | None]:
+    """Append a fetched chunk to the local copy; on rotation keep the old copy as `<name>.<gen>`.
+
+    Returns the new cursor and the reset reason (None when the pull simply continued).
+    The cursor is only advanced after the bytes are on disk (caller saves it last),
+    so an interrupted pull re-fetches at most one chunk and never skips bytes.
+    """
+    reason = (reset_needed(cursor, chunk.inode, chunk.size) or "rewritten") \
+        if chunk.start == 0 and cursor.offset else None
+    gen = cursor.generation
+    if reason:
+        gen += 1
+        if local.exists():
+            local.replace(local.with_name(f"{local.name}.{gen}"))
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with open(local, "r+b" if local.exists() else "wb") as fh:
+        fh.truncate(chunk.start)         # drop bytes a crash wrote after the last saved cursor
+        fh.seek(chunk.start)
+        fh.write(chunk.data)
+    offset = chunk.start + len(chunk.data)
+    return FileCursor(chunk.inode, offset, gen, _head_digest(local, offset)), reason
+
+
+def _head_digest(local: Path, offset: int) -> str:
+    """sha256 of the first min(offset, HEAD_BYTES) bytes of our copy (what the host compares)."""
+    import hashlib
+
+    with open(local, "rb") as fh:
+        return hashlib.sha256(fh.read(min(offset, HEAD_BYTES))).hexdigest()
+
+
+# --------------------------------------------------------------------------- server log (docker logs)
+
+def server_fetch_command(container: str, cursor: ServerCursor, since: str | None) -> str:
+    """Container id, then `docker logs --timestamps` from the last timestamp we hold (or `since`)."""
+    c = shell.quote(container)
+    start = since or cursor.last_ts or "0"
+    return (f"docker inspect --format '{{{{.Id}}}}' {c} || exit 3; "
+            f"docker logs --timestamps --since {shell.quote(start)} {c} 2>&1")
+
+
+def split_server_fetch(output: str) -> tuple[str, list[str]]:
+    head, _, rest = output.partition("\n")
+    return head.strip(), [l for l in rest.splitlines() if l]
+
+
+def new_server_lines(cursor: ServerCursor, container_id: str, lines: list[str],
+                     since: str | None) -> tuple[list[str], ServerCursor]:
+    """Drop lines already pulled (same timestamp as the cursor's last, counted), advance (pure).
+
+    docker's `--since` is inclusive at the second's resolution it is given, so the
+    lines at exactly the last timestamp we hold come back again; we skip as many
+    as we already have.  A new container id starts over.
+    """
+    if container_id != cursor.container_id:
+        cursor = ServerCursor(container_id, "", 0, cursor.generation + (1 if cursor.container_id else 0))
+    skip = cursor.lines_at_last_ts if not since else 0
+    fresh, last_ts, at_last = [], cursor.last_ts, cursor.lines_at_last_ts
+    for line in lines:
+        ts = line.split(" ", 1)[0]
+        if cursor.last_ts and ts < cursor.last_ts and not since:
+            continue
+        if ts == cursor.last_ts and skip > 0:
+            skip -= 1
+            continue
+        fresh.append(line)
+        at_last = at_last + 1 if ts == last_ts else 1
+        last_ts = ts
+    return fresh, ServerCursor(container_id, last_ts, at_last, cursor.generation)
+
+
+# --------------------------------------------------------------------------- pull (edge)
+
+@dataclass
+class PulledLog:
+    """What one pull did for one log."""
+
+    kind: str
+    remote: str
+    local: str
+    new_bytes: int = 0
+    total_bytes: int = 0
+    reset: str | None = None
+    missing: bool = False
+
+
+def local_log_dir(host_name: str) -> Path:
+    from .paths import host_dir
+
+    return host_dir(host_name) / "logs"
+
+
+def log_sources(host, kinds: tuple[str, ...]) -> dict[str, str]:
+    """kind -> remote source (file path, or container name for `server`) from the inventory."""
+    table = {"server": host.container.name, "extraction": host.logs.extraction,
+             "training": host.logs.training}
+    unknown = [k for k in kinds if k not in table]
+    if unknown:
+        raise UsageError(f"unknown log kind(s) {unknown}; use {', '.join(KINDS)} or all")
+    return {k: table[k] for k in kinds}
+
+
+def pull_file(remote, kind: str, path: str, local_dir: Path, state: PullState,
+              state_path: Path, max_bytes: int = 64 << 20) -> PulledLog:
+    """Fetch the new bytes of one remote log file, chunk by chunk, saving the cursor after each."""
+    local = local_dir / f"{kind}.log"
+    result = PulledLog(kind, path, str(local))
+    while True:
+        cursor = state.files.get(kind, FileCursor())
+        out = remote.run(file_fetch_command(path, cursor, max_bytes), timeout=None).stdout
+        chunk = parse_file_fetch(out)
+        if chunk is None:
+            result.missing = True
+            return result
+        state.files[kind], reason = apply_chunk(local, cursor, chunk)
+        state.save(state_path)
+        result.new_bytes += len(chunk.data)
+        result.reset = result.reset or reason
+        if state.files[kind].offset >= chunk.size or not chunk.data:
+            result.total_bytes = state.files[kind].offset
+            return result
+
+
+def pull_server(remote, container: str, local_dir: Path, state: PullState, state_path: Path,
+                since: str | None = None) -> PulledLog:
+    """Append the container's new log lines (with docker's timestamps) to `server.log`."""
+    local = local_dir / "server.log"
+    result = PulledLog("server", f"docker logs {container}", str(local))
+    run = remote.run(server_fetch_command(container, state.server, since), check=False)
+    if run.exit_status == 3 or not run.stdout.strip():
+        result.missing = True
+        return result
+    cid, lines = split_server_fetch(run.stdout)
+    fresh, cursor = new_server_lines(state.server, cid, lines, since)
+    if cursor.generation != state.server.generation and local.exists():
+        local.replace(local.with_name(f"server.log.{cursor.generation}"))
+        result.reset = "new container"
+    data = "".join(l + "\n" for l in fresh).encode()
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with open(local, "ab") as fh:
+        fh.write(data)
+    state.server = cursor
+    state.save(state_path)
+    result.new_bytes, result.total_bytes = len(data), local.stat().st_size
+    return result
+
+
+def pull_logs(remote, host, kinds: tuple[str, ...], local_dir: Path | None = None,
+              since: str | None = None) -> list[PulledLog]:
+    """Pull the given kinds of log of `host` into its local run directory, incrementally."""
+    local_dir = local_dir or local_log_dir(host.name)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    state_path = local_dir / ".pull-state.json"
+    state = PullState.load(state_path)
+    results = []
+    for kind, source in log_sources(host, kinds).items():
+        if kind == "server":
+            results.append(pull_server(remote, source, local_dir, state, state_path, since))
+        else:
+            results.append(pull_file(remote, kind, source, local_dir, state, state_path))
+    return results
+
+
+# --------------------------------------------------------------------------- follow (edge)
+
+def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20) -> str:
+    """One remote command streaming every chosen log, each line tagged `<kind>|`."""
+    parts = []
+    for kind, source in log_sources(host, kinds).items():
+        if kind == "server":
+            src = f"docker logs -f --since {shell.quote(since)} {shell.quote(source)} 2>&1" if since else \
+                  f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
+        else:
+            src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
+        parts.append(f"{{ {src} | sed -u 's/^/{kind}|/' & }}")
+    return " ".join(parts) + " wait"
+
+
+def split_tagged(line: str) -> tuple[str, str]:
+    """`kind|text` -> (kind, text); untagged lines come from the shell itself."""
+    kind, sep, text = line.partition("|")
+    return (kind, text) if sep and kind in KINDS else ("remote", line)
+
+
+def read_local(host_name: str, kind: str, local_dir: Path | None = None) -> str:
+    """The pulled copy of one log (raises NotFound when nothing was pulled yet)."""
+    path = (local_dir or local_log_dir(host_name)) / f"{kind}.log"
+    if not path.exists():
+        raise NotFound(f"no pulled {kind} log at {path}", host=host_name,
+                       hint=f"run: remote-ops logs pull --host {host_name} --what {kind}")
+    return path.read_text(errors="replace")
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+__all__ = ["ExtractionSummary", "TrainingSummary", "TrainRecord", "StepPoint", "PullState",
+           "FileCursor", "ServerCursor", "FileChunk", "PulledLog", "parse_extraction",
+           "parse_training", "reset_needed", "file_fetch_command", "parse_file_fetch",
+           "apply_chunk", "server_fetch_command", "new_server_lines", "pull_logs",
+           "follow_command", "split_tagged", "read_local", "CommandFailed"]

@@ -1,0 +1,456 @@
+"""Bulk pull of files from a host: resumable, verified, parallel, over the system ssh.
+
+Why this design (measured, see bench/README.md "Bulk pull"):
+
+- The system `ssh` with AES-GCM moves bytes faster than paramiko/Fabric SFTP
+  (215-280 MB/s here) and than rsync, which runs its own protocol, a whole-file
+  checksum pass and the default cipher.  A plain `cat`/`tail -c +N` stream is
+  the cheapest thing sshd can send.
+- Large files (dumps are ~95 MiB each) stream one per ssh process; each
+  resumes at the size of its local `.part` file (`tail -c +N`, reading only the
+  missing bytes - not `rsync --partial`, which re-reads the whole partial file).
+- Small files go in batches through one `tar` stream per ssh process, so
+  2,000 files cost a handful of connections, not 2,000 round trips.
+- `jobs` ssh processes run at once (across files; a single file is one stream,
+  so its sha256 can be computed while it arrives - no second read pass).
+- Every file is written to `<name>.part`, checked against the manifest's size and
+  sha256 while it arrives, and renamed only when it matches.  A final name
+  therefore always holds a verified file; an interrupted pull leaves `.part`
+  files that the next pull continues.
+
+Host keys: the ssh command line carries the same policy as the seam
+(`remote_ops.remote`): StrictHostKeyChecking=yes (or accept-new), the
+target's known_hosts files, BatchMode, explicit identity/port/user, `-F
+/dev/null` unless an ssh_config was given, connect timeout and keepalives.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import select
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CommandFailed, CommandTimedOut, VerifyFailed
+from .sshconfig import SshTarget
+
+#: Preferred ciphers: AES-GCM is 1.2-1.6x faster than the default chacha20 on AES-NI hosts.
+CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+SMALL_FILE = 8 << 20          # below this, files travel in tar batches
+BATCH_BYTES = 256 << 20       # bytes per tar batch
+BUF = 4 << 20                 # receive buffer
+PIPE_SIZE = 1 << 20           # F_SETPIPE_SZ on ssh's stdout (fewer wakeups)
+F_SETPIPE_SZ = 1031
+
+Advance = Callable[[int], None]
+
+
+# --------------------------------------------------------------------------- ssh command line
+
+def ssh_argv(target: SshTarget, *, ssh_config: str | None = None, ciphers: str | None = CIPHERS) -> list[str]:
+    """`ssh` argv (without the remote command) holding the seam's host-key policy."""
+    t = target
+    argv = ["ssh", "-F", ssh_config or "/dev/null",
+            "-o", "BatchMode=yes",
+            "-o", f"StrictHostKeyChecking={'accept-new' if t.host_key_policy == 'accept-new' else 'yes'}",
+            "-o", "UserKnownHostsFile=" + " ".join(_ssh_word(os.path.expanduser(k)) for k in t.known_hosts),
+            "-o", f"ConnectTimeout={int(max(1, t.timeouts.connect))}",
+            "-o", f"ServerAliveInterval={int(max(1, t.timeouts.keepalive))}",
+            "-o", "ServerAliveCountMax=3",
+            "-p", str(t.port), "-l", t.user]
+    if ciphers:
+        argv += ["-c", ciphers]
+    for identity in t.identity_files:
+        argv += ["-i", identity, "-o", "IdentitiesOnly=yes"]
+    if t.jump:
+        argv += ["-o", "ProxyCommand=" + _proxy_command(t.jump, ssh_config)]
+    return argv + ["--", t.hostname]
+
+
+def _ssh_word(value: str) -> str:
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def _proxy_command(hops: tuple[SshTarget, ...], ssh_config: str | None) -> str:
+    """ProxyJump as a ProxyCommand whose hop ssh has the same strict options (last hop last)."""
+    *before, last = hops
+    hop = last if not before else _with_jump(last, tuple(before))
+    argv = ssh_argv(hop, ssh_config=ssh_config, ciphers=None)
+    return shlex.join(argv[:-2] + ["-W", "%h:%p", "--", hop.hostname])
+
+
+def _with_jump(target: SshTarget, jump: tuple[SshTarget, ...]) -> SshTarget:
+    from dataclasses import replace
+
+    return replace(target, jump=jump)
+
+
+# --------------------------------------------------------------------------- items and report
+
+@dataclass(frozen=True)
+class PullItem:
+    """One remote file to fetch, with what the manifest promises about it."""
+
+    remote: str                 # path on the host, relative to the pull's root
+    local: Path                 # final local path
+    size: int
+    sha256: str | None = None
+
+    @property
+    def part(self) -> Path:
+        return self.local.with_name(self.local.name + ".part")
+
+
+@dataclass
+class PullReport:
+    """What a pull did: counts, bytes moved, and every file that failed verification."""
+
+    files: int = 0
+    fetched: int = 0
+    skipped: int = 0
+    resumed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return round(self.bytes / 1e6 / self.seconds, 1) if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "fetched": self.fetched, "skipped": self.skipped,
+                "resumed": self.resumed, "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                "mb_per_s": self.mb_per_s, "failed": [{"file": f, "reason": r} for f, r in self.failed]}
+
+
+def is_complete(item: PullItem) -> bool:
+    """A final name is only ever written after verification: its size is enough here."""
+    try:
+        return item.local.stat().st_size == item.size
+    except FileNotFoundError:
+        return False
+
+
+def plan_jobs(items: Iterable[PullItem], small_file: int = SMALL_FILE,
+              batch_bytes: int = BATCH_BYTES) -> list[list[PullItem]]:
+    """Group pending items into jobs: one per large file, tar batches of small ones (pure).
+
+    Largest jobs first so `jobs` workers finish together.
+    """
+    large, batches, current, current_bytes = [], [], [], 0
+    for item in items:
+        if item.size >= small_file:
+            large.append([item])
+            continue
+        current.append(item)
+        current_bytes += item.size
+        if current_bytes >= batch_bytes:
+            batches.append(current)
+            current, current_bytes = [], 0
+    if current:
+        batches.append(current)
+    return sorted(large + batches, key=lambda job: -sum(i.size for i in job))
+
+
+# --------------------------------------------------------------------------- the pull
+
+class Puller:
+    """Runs the jobs of one pull over `jobs` concurrent ssh processes."""
+
+    def __init__(self, target: SshTarget, root: str, *, ssh_config: str | None = None,
+                 jobs: int = 2, stall_timeout: float = 60.0, advance: Advance | None = None) -> None:
+        self.argv = ssh_argv(target, ssh_config=ssh_config)
+        self.host = target.name
+        self.root = root
+        self.jobs = max(1, jobs)
+        self.stall_timeout = stall_timeout
+        self.advance = advance or (lambda n: None)
+        self.report = PullReport()
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self._stop = threading.Event()
+
+    def pull(self, items: list[PullItem]) -> PullReport:
+        """Fetch every item not already complete; verify; rename. Interrupt-safe."""
+        start = time.monotonic()
+        pending = [i for i in items if not is_complete(i)]
+        self.report.files, self.report.skipped = len(items), len(items) - len(pending)
+        self.advance(sum(i.size for i in items if i not in pending))
+        pool = ThreadPoolExecutor(self.jobs)
+        try:
+            for future in [pool.submit(self._run_job, job) for job in plan_jobs(pending)]:
+                future.result()
+        except BaseException:
+            self._stop.set()          # workers stop at their next block
+            self._kill_all()          # and their ssh processes end now
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.report.seconds = time.monotonic() - start
+        return self.report
+
+    def _run_job(self, job: list[PullItem]) -> None:
+        if self._stop.is_set():
+            return
+        if len(job) == 1 and job[0].size >= SMALL_FILE:
+            self._stream_with_retry(job[0])
+        else:
+            self._tar_batch(job)
+
+    # -- one large file ------------------------------------------------------
+    def _stream_with_retry(self, item: PullItem) -> None:
+        """Stream one file; if it fails verification after a resume, fetch it once from 0."""
+        problem = self._stream(item)
+        if problem and problem != "missing on the host" and item.part.exists():
+            item.part.unlink()
+            problem = self._stream(item)
+        if problem:
+            self._fail(item, problem)
+
+    def _stream(self, item: PullItem) -> str | None:
+        """`tail -c +N` from the size of the local .part; hash prefix + new bytes; verify."""
+        item.local.parent.mkdir(parents=True, exist_ok=True)
+        offset = item.part.stat().st_size if item.part.exists() else 0
+        if offset > item.size:
+            item.part.unlink()
+            offset = 0
+        digest = _hash_prefix(item.part, offset)
+        if offset:
+            with self._lock:
+                self.report.resumed += 1
+            self.advance(offset)
+        remote = _remote_path(self.root, item.remote)
+        cmd = f"tail -c +{offset + 1} {shlex.quote(remote)}" if offset else f"cat {shlex.quote(remote)}"
+        proc = self._spawn(cmd, stdin=subprocess.DEVNULL)
+        with open(item.part, "ab") as out:
+            got = self._copy(proc, proc.stdout, out, digest, item.size - offset)
+        rc, err = self._reap(proc)
+        if rc != 0:
+            return "missing on the host" if "No such file" in err else f"ssh exited {rc}: {err.strip()[-200:]}"
+        return self._finish(item, offset + got, digest)
+
+    # -- a batch of small files ---------------------------------------------
+    def _tar_batch(self, job: list[PullItem]) -> None:
+        """One `tar` stream for many files: each member is hashed, verified and renamed."""
+        by_name = {i.remote: i for i in job}
+        names = b"".join(i.remote.encode() + b"\0" for i in job)
+        proc = self._spawn(f"tar -C {shlex.quote(self.root)} -cf - --null -T - --ignore-failed-read")
+        proc.stdin.write(names)
+        proc.stdin.close()
+        seen = set()
+        reader = _StallReader(proc, self.stall_timeout, self.host)
+        for name, size in _tar_members(reader):
+            item = by_name.get(name)
+            if item is None:
+                _skip(reader, size)
+            else:
+                seen.add(name)
+                self._member(item, size, reader)
+            _skip(reader, -size % 512)
+        rc, err = self._reap(proc)
+        for item in job:
+            if item.remote not in seen:
+                reason = "missing on the host" if "No such file" in err else f"tar/ssh exited {rc}: {err.strip()[-200:]}"
+                self._fail(item, reason)
+
+    def _member(self, item: PullItem, size: int, reader: "_StallReader") -> None:
+        item.local.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with open(item.part, "wb") as out:
+            got = self._copy_from(reader, out, digest, size)
+        problem = None if got == size else f"short read ({got} of {size})"
+        if problem:
+            self._fail(item, problem)
+            return
+        self._finish(item, got, digest, report_failure=True)
+
+    # -- shared --------------------------------------------------------------
+    def _finish(self, item: PullItem, size: int, digest, report_failure: bool = False) -> str | None:
+        """Compare size and sha256 with the manifest; rename on success."""
+        problem = None
+        if size != item.size:
+            problem = f"size {size}, manifest says {item.size}"
+        elif item.sha256 and digest.hexdigest() != item.sha256:
+            problem = "sha256 differs from the manifest"
+        if problem:
+            item.part.unlink(missing_ok=True)
+            if report_failure:
+                self._fail(item, problem)
+            return problem
+        os.replace(item.part, item.local)
+        with self._lock:
+            self.report.fetched += 1
+        return None
+
+    def _fail(self, item: PullItem, reason: str) -> None:
+        with self._lock:
+            self.report.failed.append((item.remote, reason))
+
+    def _spawn(self, command: str, stdin=subprocess.PIPE) -> subprocess.Popen:
+        """Start one ssh (own session: Ctrl-C reaches us, we stop it by its handle)."""
+        if self._stop.is_set():
+            raise KeyboardInterrupt
+        proc = subprocess.Popen(self.argv + [command], stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        try:
+            fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass
+        with self._lock:
+            self._procs.add(proc)
+        return proc
+
+    def _copy(self, proc, stream, out, digest, limit: int) -> int:
+        """Copy at most `limit` bytes from an ssh stdout to `out`, hashing as they pass."""
+        return self._copy_from(_StallReader(proc, self.stall_timeout, self.host), out, digest, limit,
+                               eof_ok=True)
+
+    def _copy_from(self, reader: "_StallReader", out, digest, limit: int, eof_ok: bool = False) -> int:
+        buf = bytearray(BUF)
+        view = memoryview(buf)
+        total = 0
+        while total < limit or eof_ok:
+            n = reader.readinto(view[:min(BUF, limit - total)] if not eof_ok else view)
+            if not n:
+                break
+            chunk = view[:n]
+            digest.update(chunk)
+            out.write(chunk)
+            total += n
+            self.advance(n)
+            with self._lock:
+                self.report.bytes += n
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+        return total
+
+    def _reap(self, proc: subprocess.Popen) -> tuple[int, str]:
+        proc.stdout.close()
+        try:
+            err = proc.stderr.read().decode("utf-8", "replace")
+            rc = proc.wait(timeout=self.stall_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc, err = proc.wait(), "ssh did not exit"
+        with self._lock:
+            self._procs.discard(proc)
+        return rc, err
+
+    def _kill_all(self) -> None:
+        """Stop our own ssh processes (by their Popen handle), leaving .part files to resume."""
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _remote_path(root: str, rel: str) -> str:
+    return rel if rel.startswith("/") else f"{root.rstrip('/')}/{rel}"
+
+
+def _hash_prefix(part: Path, offset: int):
+    """sha256 of the bytes already on disk (resume), read once in big blocks."""
+    digest = hashlib.sha256()
+    if offset:
+        with open(part, "rb") as fh:
+            while block := fh.read(BUF):
+                digest.update(block)
+    return digest
+
+
+class _StallReader:
+    """Reads an ssh stdout with a no-progress deadline: a stalled link becomes a typed error."""
+
+    def __init__(self, proc: subprocess.Popen, stall_timeout: float, host: str) -> None:
+        self.proc, self.fd, self.stall, self.host = proc, proc.stdout.fileno(), stall_timeout, host
+        self.pending = b""
+
+    def readinto(self, view: memoryview) -> int:
+        ready, _, _ = select.select([self.fd], [], [], self.stall)
+        if not ready:
+            self.proc.kill()
+            raise CommandTimedOut(f"no data for {self.stall:g}s; pull stopped (resume by re-running)",
+                                  host=self.host, command="ssh pull", timeout=self.stall)
+        return self.proc.stdout.readinto(view)
+
+    def read_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self.readinto(view[got:])
+            if not k:
+                break
+            got += k
+        return bytes(buf[:got])
+
+
+def _skip(reader: _StallReader, n: int) -> None:
+    while n > 0:
+        got = len(reader.read_exact(min(n, BUF)))
+        if not got:
+            return
+        n -= got
+
+
+def _tar_members(reader: _StallReader):
+    """Yield (name, size) of each regular file in a tar stream, leaving the reader at its data.
+
+    Handles ustar names (prefix + name), GNU long names ('L') and base-256 sizes.
+    The caller must consume `size` bytes plus padding before the next iteration.
+    """
+    long_name = None
+    while True:
+        block = reader.read_exact(512)
+        if len(block) < 512 or block == b"\0" * 512:
+            return
+        size = _tar_size(block[124:136])
+        kind = block[156:157]
+        if kind == b"L":
+            long_name = reader.read_exact(size).rstrip(b"\0").decode()
+            _skip(reader, -size % 512)
+            continue
+        name = long_name or _tar_name(block)
+        long_name = None
+        if kind in (b"0", b"\0", b"7"):
+            yield name, size
+        else:
+            _skip(reader, size + (-size % 512))
+
+
+def _tar_size(field: bytes) -> int:
+    if field[0] & 0x80:                 # base-256 (GNU, files >= 8 GiB)
+        return int.from_bytes(field[1:], "big")
+    return int(field.strip(b"\0 ") or b"0", 8)
+
+
+def _tar_name(block: bytes) -> str:
+    name = block[0:100].split(b"\0", 1)[0].decode()
+    prefix = block[345:500].split(b"\0", 1)[0].decode() if block[257:262] == b"ustar" else ""
+    return f"{prefix}/{name}" if prefix else name
+
+
+def pull(target: SshTarget, root: str, items: list[PullItem], *, ssh_config: str | None = None,
+         jobs: int = 2, stall_timeout: float = 60.0, advance: Advance | None = None,
+         strict: bool = True) -> PullReport:
+    """Pull `items` (paths relative to `root` on the host); raise VerifyFailed if any failed."""
+    report = Puller(target, root, ssh_config=ssh_config, jobs=jobs, stall_timeout=stall_timeout,
+                    advance=advance).pull(items)
+    if strict and report.failed:
+        first = "; ".join(f"{f}: {r}" for f, r in report.failed[:3])
+        raise VerifyFailed(f"{len(report.failed)} file(s) failed: {first}", host=target.name,
+                           hint="re-run the pull: verified files are kept, the rest are fetched again",
+                           details=report.to_dict())
+    return report
+
+
+__all__ = ["CIPHERS", "PullItem", "PullReport", "Puller", "plan_jobs", "pull", "ssh_argv",
+           "is_complete", "CommandFailed"]
