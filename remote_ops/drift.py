@@ -126,7 +126,7 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
         return Verdict(None, "GNU patch not installed (apt-get install -y patch)")
     with tempfile.TemporaryDirectory(prefix="remote-ops-drift-") as tmp:
         target = _tree(data, spec, spec.target, Path(tmp))
-        argv = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-i", str(hunk)]
+        argv = ["patch", "-p1", "--batch", "--forward", "--verbose", "--no-backup-if-mismatch", "-i", str(hunk)]
         dry = _run(argv + ["--dry-run"], Path(tmp))
         hunks = [_hunk(m) for m in HUNK_RE.finditer(dry.stdout)]
         if dry.returncode != 0:
@@ -134,7 +134,8 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
                            dry.stdout + dry.stderr, hunks)
         _run(argv, Path(tmp))
         landed = anchors.verify(target.read_bytes(), spec).status
-    summary = _hunk_summary(hunks) or "succeeded exactly"
+    exact = hunks and all(h["offset"] == 0 and h["fuzz"] == 0 for h in hunks)
+    summary = "all hunks exact" if exact else _hunk_summary(hunks)
     return Verdict(True, f"{summary}; tree says {landed}", dry.stdout + dry.stderr, hunks, landed)
 
 

@@ -500,8 +500,22 @@ def _abs(path: str) -> str:
 
 
 def apply(remote: Remote, target, force: bool = False, dry_run: bool = False, lock: bool = True) -> ApplyResult:
-    """Check, insert the marked blocks atomically, verify; restore the backup if verify fails."""
-    target, start, trips = _as_target(target), time.monotonic(), _trips(remote)
+    """Check, insert the marked blocks atomically, verify; restore the backup if verify fails.
+
+    If another apply changed the file between our read and our write (we waited
+    for its lock), decide again once from a fresh read: usually a no-op."""
+    start, trips = time.monotonic(), _trips(remote)
+    try:
+        result = _apply_once(remote, _as_target(target), force, dry_run, lock)
+    except Refused as exc:
+        if exc.details.get("reason") != "changed_since_read":
+            raise
+        result = _apply_once(remote, _as_target(target), force, dry_run, lock)
+    return _finish(result, remote, trips, start)
+
+
+def _apply_once(remote: Remote, target: PatchTarget, force: bool, dry_run: bool, lock: bool) -> ApplyResult:
+    start, trips = time.monotonic(), _trips(remote)
     spec = target.spec()
     tf = read_target(remote, target)
     report = check_file(tf, spec, force)
