@@ -107,3 +107,24 @@ def test_separate_lab_teardown_is_clean():
     lab.stop()  # idempotent
     assert not alive(pid)
     assert not lab.dir.exists()
+
+
+def test_kept_lab_is_stopped_from_its_record(tmp_path):
+    """`keep=True` (the sandbox's mode) survives its object; `HostLab.attach(dir).stop()` ends it by PID."""
+    if lab_unavailable():
+        pytest.skip(lab_unavailable())
+    lab = HostLab(tmp_path / "kept", hosts=2, keep=True).start()
+    try:
+        pids = [h.sshd.pid for h in lab.hosts] + [lab.dockerd.pid]
+        recorded = HostLab.attach(lab.dir)
+        assert recorded.running()
+        assert {h["name"] for h in recorded.state["hosts"]} == {"lab1", "lab2"}
+        recorded.stop()
+        for h in lab.hosts:
+            h.sshd.proc.poll()
+        lab.dockerd.proc.poll()
+        assert not any(alive(p) for p in pids)
+        assert not recorded.running()
+        assert lab.dockerd.bridge not in open("/proc/net/dev").read()
+    finally:
+        lab.stop()

@@ -21,6 +21,7 @@ Isolation and safety choices, and why:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -47,8 +48,19 @@ class Dockerd:
     proxy_port: int = 0
 
     @property
+    def run_dir(self) -> Path:
+        """Socket + exec-root home: `dir`, or a short /tmp path when `dir` is long.
+
+        Unix socket paths must fit in 108 bytes, and containerd's lives at
+        `<exec-root>/containerd/containerd.sock`.
+        """
+        if len(str(self.dir)) <= 60:
+            return self.dir
+        return Path("/tmp") / f"ro-dk-{hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]}"
+
+    @property
     def socket(self) -> Path:
-        return self.dir / "docker.sock"
+        return self.run_dir / "docker.sock"
 
     @property
     def host(self) -> str:
@@ -57,7 +69,7 @@ class Dockerd:
 
     @property
     def exec_root(self) -> Path:
-        return self.dir / "x"  # short: containerd's socket path must stay < 108 bytes
+        return self.run_dir / "x"  # short: containerd's socket path must stay < 108 bytes
 
     @property
     def log_file(self) -> Path:
@@ -82,15 +94,24 @@ class Dockerd:
         if self.running:
             return self
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_hook()
         setup_bridge(self.bridge, self.subnet)
         (self.dir / "daemon.json").write_text("{}\n")
         self.proxy_port = free_port()
         self.proc = spawn(self.argv(), self.log_file, env=self.env())
-        wait_for(lambda: self.socket.exists() and self.docker("version", timeout=10, check=False).returncode == 0,
-                 timeout, f"dockerd (log: {self.log_file})", interval=0.1,
+        wait_for(self._answers, timeout, f"dockerd (log: {self.log_file})", interval=0.1,
                  alive=lambda: self.proc.poll() is None)
         return self
+
+    def _answers(self) -> bool:
+        """True once `docker version` gets the server's answer on our socket."""
+        if not self.socket.exists():
+            return False
+        try:
+            return self.docker("version", timeout=10, check=False).returncode == 0
+        except LabError:
+            return False
 
     def argv(self) -> list[str]:
         runc = shutil.which("runc") or "/usr/sbin/runc"
@@ -126,6 +147,9 @@ class Dockerd:
         for pid in leftovers:
             kill_tree(pid, timeout=5)
         unmount_under(self.dir)
+        if self.run_dir != self.dir:
+            unmount_under(self.run_dir)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         teardown_bridge(self.bridge, self.subnet)
 
 
