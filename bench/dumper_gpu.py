@@ -283,6 +283,32 @@ def fresh(path):
     return path
 
 
+def sustained(step, lens, base, args, writers):
+    """Many steps through a small pool under backpressure: the dumper's sustained file write rate."""
+    folder = fresh(os.path.join(base, "sustained"))
+    dumper = make_dumper(folder, step, args.buffers, writers)
+    per_step, total = loop_dumper(step, lens, args.sustained_steps, dumper, 2000)
+    nbytes = written_bytes(folder)
+    out = {"buffers": args.buffers, "writers": writers, "steps": args.sustained_steps, "step_s": per_step,
+           "seconds": round(total, 3), "file_bytes": nbytes, "GBps": round(nbytes / total / GB, 3),
+           "stats": dumper.stats.snapshot()}
+    dumper.close()
+    shutil.rmtree(folder)
+    return out
+
+
+def sha256_rate(nbytes=1 << 30):
+    """hashlib sha256 over 1 GiB on one thread: the CPU cost of the manifest digest."""
+    import hashlib
+
+    data = os.urandom(64 << 20)
+    t0 = time.perf_counter()
+    h = hashlib.sha256()
+    for _ in range(nbytes // len(data)):
+        h.update(data)
+    return round(nbytes / (time.perf_counter() - t0) / GB, 3)
+
+
 def run(args):
     dev = torch.device(args.device)
     base = fresh(args.dir)
@@ -294,7 +320,10 @@ def run(args):
     res["requests_per_step"] = lens
     res["raw_disk_single"] = raw_disk_single(fresh(os.path.join(base, "raw")), args.raw_bytes)
     span_bytes = int(sum(lens) / len(lens)) * (4 * args.hidden * 2 + 8)
-    res["raw_disk_files"] = raw_disk_files(fresh(os.path.join(base, "raw")), args.writers, span_bytes, args.raw_bytes)
+    res["raw_disk_files_runs"] = [raw_disk_files(fresh(os.path.join(base, "raw")), w, span_bytes, args.raw_bytes)
+                                  for w in args.sustained_writers]
+    res["raw_disk_files"] = max(res["raw_disk_files_runs"], key=lambda r: r["GBps"])
+    res["sha256_GBps_one_thread"] = sha256_rate()
     res["safetensors"] = safetensors_throughput(fresh(os.path.join(base, "st")))
     step = Step(args.tokens, args.hidden, dev, args.target_ms)
     res["matmuls_per_step"] = step.n_mm
@@ -310,15 +339,8 @@ def run(args):
     res["dumper_roomy"] = {"buffers": args.steps + 2, "drain_total_s": round(total, 3), "stats": dumper.stats.snapshot()}
     dumper.close()
     shutil.rmtree(os.path.join(base, "roomy"))
-    folder = fresh(os.path.join(base, "sustained"))
-    dumper = make_dumper(folder, step, args.buffers, args.writers)
-    per_step, total = loop_dumper(step, lens, args.sustained_steps, dumper, 2000)
-    nbytes = written_bytes(folder)
-    res["sustained"] = {"buffers": args.buffers, "steps": args.sustained_steps, "step_s": per_step,
-                        "seconds": round(total, 3), "file_bytes": nbytes, "GBps": round(nbytes / total / GB, 3),
-                        "stats": dumper.stats.snapshot()}
-    dumper.close()
-    shutil.rmtree(folder)
+    res["sustained_runs"] = [sustained(step, lens, base, args, w) for w in args.sustained_writers]
+    res["sustained"] = max(res["sustained_runs"], key=lambda r: r["GBps"])
     res["bit_exact"] = bit_exact_after_reuse(step, lens, fresh(os.path.join(base, "exact")), args.exact_samples)
     return summarize(res)
 
@@ -353,7 +375,9 @@ def parse(argv=None):
     p.add_argument("--naive-steps", type=int, default=4)
     p.add_argument("--sustained-steps", type=int, default=24)
     p.add_argument("--buffers", type=int, default=4, help="pool size of the sustained run")
-    p.add_argument("--writers", type=int, default=4)
+    p.add_argument("--writers", type=int, default=4, help="writer threads of the loop-overhead run")
+    p.add_argument("--sustained-writers", type=lambda v: [int(x) for x in v.split(",")], default=[4, 8],
+                   help="writer-thread counts to try in the sustained run (and the raw per-file run)")
     p.add_argument("--exact-samples", type=int, default=4)
     p.add_argument("--raw-bytes", type=int, default=4 << 30)
     p.add_argument("--dir", default=os.path.abspath(".bench-dump"))

@@ -35,7 +35,7 @@ class DumpConfig:
     all_ranks: bool = False
     policy: str = "backpressure"
     buffers: int = 4
-    writers: int = 4
+    writers: int = 8
     fusion: str = "disable"
     buffer_tokens: Optional[int] = None  # None = chunked_prefill_size, else 8192
     wait_s: float = 600.0  # longest backpressure wait before a batch is dropped
@@ -85,7 +85,7 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         all_ranks=env.get(ENV_ALL_RANKS, "").strip().lower() in ("1", "true", "yes", "on"),
         policy=_choice(env, ENV_POLICY, POLICIES),
         buffers=_int(env, ENV_BUFFERS, 4),
-        writers=_int(env, ENV_WRITERS, 4),
+        writers=_int(env, ENV_WRITERS, 8),
         fusion=_choice(env, ENV_FUSION, FUSION_MODES),
         buffer_tokens=_int(env, ENV_BUFFER_TOKENS, 0, 0) or None,
         wait_s=float(_int(env, ENV_WAIT_S, 600)),

@@ -43,7 +43,7 @@ DTYPE_SIZES = {
     "I64": 8, "U64": 8, "F64": 8,
 }
 FLOAT_DTYPES = ("BF16", "F16", "F32")
-WRITE_CHUNK = 64 << 20  # bytes per write() call: bounded syscalls, GIL released
+WRITE_CHUNK = 16 << 20  # bytes per write() call: bounded syscalls, writeback started per chunk
 
 # A tensor to write: (safetensors dtype string, shape, bytes-like of exactly that size).
 TensorBytes = Tuple[str, Sequence[int], object]
@@ -168,7 +168,7 @@ class WrittenFile:
     path: str
     bytes: int
     sha256: str
-    payload_sha256: str
+    payload_sha256: Optional[str] = None  # only with write_dump_file(..., payload_digest=True)
 
 
 def _check_tensor_sizes(tensors: Mapping[str, TensorBytes]) -> None:
@@ -182,15 +182,40 @@ def _check_tensor_sizes(tensors: Mapping[str, TensorBytes]) -> None:
             raise ValueError("tensor %s: %d bytes for %s%s (want %d)" % (name, got, dtype, list(shape), want))
 
 
-def _write_all(fd: int, data: object, hashers: Sequence) -> None:
-    """Write a bytes-like fully, in bounded chunks, feeding the running digests."""
+def _write_all(fd: int, data: object, hashers: Sequence, offset: int = 0) -> int:
+    """Write a bytes-like fully, in bounded chunks, feeding the running digests; returns the new offset.
+
+    After each chunk the kernel is asked to start writing it back (see
+    `start_writeback`), so the disk works while this thread hashes the next one.
+    """
     view = memoryview(data).cast("B")
     for pos in range(0, view.nbytes, WRITE_CHUNK):
         chunk = view[pos:pos + WRITE_CHUNK]
         for h in hashers:
             h.update(chunk)
+        size = chunk.nbytes
         while chunk.nbytes:
             chunk = chunk[os.write(fd, chunk):]
+        start_writeback(fd, offset, size)
+        offset += size
+    return offset
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start asynchronous writeback of a just-written range (Linux: fadvise DONTNEED does that).
+
+    Without it nothing reaches the disk before fsync (dirty limits are GBs on
+    big hosts) and the disk idles while writer threads hash; it also keeps the
+    dump out of the page cache once written.  No-op where unsupported.
+    """
+    if _FADVISE is not None:
+        try:
+            _FADVISE(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+_FADVISE = getattr(os, "posix_fadvise", None) if sys.platform.startswith("linux") else None
 
 
 def fsync_dir(path: str) -> None:
@@ -208,23 +233,27 @@ def fsync_dir(path: str) -> None:
 
 
 def write_dump_file(path: str, tensors: Mapping[str, TensorBytes], metadata: Mapping[str, str],
-                    fsync: bool = True) -> WrittenFile:
+                    fsync: bool = True, payload_digest: bool = False) -> WrittenFile:
     """Write one safetensors file crash-safely: hidden temp name, fsync, rename, dir fsync.
 
     `tensors` maps name -> (dtype string e.g. "BF16", shape, bytes-like); the data
     section follows TENSOR_ORDER.  Nobody ever sees a partial file under `path`.
+    The whole-file sha256 is computed while writing; a second digest of the data
+    section alone costs another pass of the CPU and is off unless asked for.
     """
     _check_tensor_sizes(tensors)
     header = build_header(tensors, metadata, TENSOR_ORDER)
     order = [n for n in TENSOR_ORDER if n in tensors] + [n for n in tensors if n not in TENSOR_ORDER]
     folder, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, "%s%s.%d.%d" % (TMP_PREFIX, base, os.getpid(), threading.get_ident()))
-    whole, payload = hashlib.sha256(), hashlib.sha256()
+    whole = hashlib.sha256()
+    payload = hashlib.sha256() if payload_digest else None
+    data_hashers = [whole, payload] if payload is not None else [whole]
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, header, [whole])
+        offset = _write_all(fd, header, [whole])
         for name in order:
-            _write_all(fd, tensors[name][2], [whole, payload])
+            offset = _write_all(fd, tensors[name][2], data_hashers, offset)
         if fsync:
             os.fsync(fd)
         size = os.fstat(fd).st_size
@@ -236,7 +265,7 @@ def write_dump_file(path: str, tensors: Mapping[str, TensorBytes], metadata: Map
     os.replace(tmp, path)
     if fsync:
         fsync_dir(folder)
-    return WrittenFile(path, size, whole.hexdigest(), payload.hexdigest())
+    return WrittenFile(path, size, whole.hexdigest(), payload.hexdigest() if payload is not None else None)
 
 
 def _unlink_quietly(path: str) -> None:
@@ -319,7 +348,7 @@ def manifest_record(root: str, written: WrittenFile, key: str, tokens: int, pref
     """The manifest line for one written span file."""
     return {"key": key, "file": os.path.relpath(written.path, root).replace(os.sep, "/"),
             "tokens": int(tokens), "bytes": written.bytes, "sha256": written.sha256,
-            "payload_sha256": written.payload_sha256, "prefix_len": int(prefix_len),
+            "prefix_len": int(prefix_len),
             "partial": prefix_len > 0, "rank": int(rank), "hidden_size": int(hidden_size),
             "dtype": dtype, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
             "time": round(time.time(), 3)}
@@ -535,18 +564,31 @@ def verify_dir(root: str, hidden_size: Optional[int] = None, check_sha: bool = T
     return report
 
 
+def payload_sha256(path: str) -> str:
+    """sha256 of a file's data section (everything after the header): equal across TP ranks."""
+    header = read_header(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fh.seek(header.data_start)
+        for chunk in iter(lambda: fh.read(WRITE_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def compare_ranks(root: str) -> dict:
-    """For keys written by several ranks (SGLANG_HS_DUMP_ALL_RANKS=1), compare data-section digests.
+    """For keys written by several ranks (SGLANG_HS_DUMP_ALL_RANKS=1), compare the data sections.
 
     TP ranks must produce bit-identical tensors; a difference points at the
     all-reduce-fusion hazard (per-rank partial sums) or another broken capture.
+    Only keys present on two or more ranks are read.
     """
     by_key: Dict[str, Dict[str, str]] = {}
     for name in rank_dirs(root):
         for key, rec in read_manifest(os.path.join(root, name, MANIFEST_NAME)).latest_by_key().items():
-            by_key.setdefault(key, {})[name] = str(rec.get("payload_sha256"))
+            by_key.setdefault(key, {})[name] = os.path.join(root, str(rec.get("file")))
     shared = {k: v for k, v in by_key.items() if len(v) > 1}
-    differing = sorted(k for k, v in shared.items() if len(set(v.values())) > 1)
+    differing = sorted(k for k, files in shared.items()
+                       if len({payload_sha256(p) for p in files.values()}) > 1)
     return {"root": root, "keys": len(by_key), "compared": len(shared),
             "identical": len(shared) - len(differing), "differing": differing,
             "ok": bool(shared) and not differing}
