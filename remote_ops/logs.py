@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import shell
-from .errors import CommandFailed, NotFound, UsageError
+from .errors import NotFound, UsageError
 
 KINDS = ("server", "extraction", "training")
 
@@ -507,8 +507,23 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-__all__ = ["ExtractionSummary", "TrainingSummary", "TrainRecord", "StepPoint", "PullState",
-           "FileCursor", "ServerCursor", "FileChunk", "PulledLog", "parse_extraction",
-           "parse_training", "reset_needed", "file_fetch_command", "parse_file_fetch",
-           "apply_chunk", "server_fetch_command", "new_server_lines", "pull_logs",
-           "follow_command", "split_tagged", "read_local", "CommandFailed"]
+
+
+
+def extraction_points(text: str) -> list[tuple[float, int, int]]:
+    """(seconds since the first line, samples done, tokens) per progress line, for plotting."""
+    import calendar
+
+    points, first = [], None
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) < 3 or parts[1] not in ("progress", "finished", "stopped", "started"):
+            continue
+        try:
+            t = calendar.timegm(time.strptime(parts[0], "%Y-%m-%dT%H:%M:%SZ"))
+        except ValueError:
+            continue
+        first = t if first is None else first
+        kv = _fields(line)
+        points.append((float(t - first), _num(kv.get("done"), int) or 0, _num(kv.get("tokens"), int) or 0))
+    return points

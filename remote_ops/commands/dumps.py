@@ -1,2 +1,150 @@
-"""Commands: dumps (being written)."""
-commands: list = []
+"""`remote-ops dumps status|verify|pull`: the hidden-state dumps on a host."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import dumps as dumps_mod
+from .. import transfer
+from ..errors import VerifyFailed
+from ._options import host_command
+
+
+@click.group("dumps")
+def dumps_group() -> None:
+    """Reconcile, check and pull the hidden-state dumps of a host.
+
+    \b
+    Examples:
+      remote-ops dumps status --host gpu-node --samples 10000
+      remote-ops dumps verify --host gpu-node            # headers on the host, no torch
+      remote-ops dumps pull --host gpu-node --jobs 4
+    """
+
+
+def _gb(n) -> str:
+    return "-" if n is None else f"{n / 1e9:,.2f} GB"
+
+
+def _render_recon(console, r: dumps_mod.Reconciliation) -> None:
+    rows = [["manifest rows (keys)", r.manifest_rows], ["files present", r.files_present],
+            ["tokens", f"{r.tokens:,}"], ["bytes", f"{r.bytes:,} ({_gb(r.bytes)})"],
+            ["hidden size", r.hidden_size or "-"],
+            ["float bytes/token (4*H*2)", f"{r.float_bytes_per_token:,}" if r.float_bytes_per_token else "-"],
+            ["file bytes/token (observed)", r.file_bytes_per_token or "-"],
+            ["partial spans", r.partial_rows], ["torn manifest lines", r.torn_lines]]
+    console.table(["dumps", ""], rows, title=f"Dumps in {r.dump_dir}")
+    _list(console, "fail", "manifest rows with no file", r.missing_files)
+    _list(console, "fail", "size differs from the manifest", [f"{m['file']} ({m['size']} vs {m['manifest']})"
+                                                              for m in r.size_mismatches])
+    _list(console, "warn", "files missing from the manifest", r.unlisted_files)
+    _list(console, "warn", "temp files (interrupted writes)", r.temp_files)
+
+
+def _list(console, status: str, label: str, items: list[str], limit: int = 10) -> None:
+    if not items:
+        return
+    console.status(status, f"{label}: {len(items)}")
+    for item in items[:limit]:
+        console.say(f"    {item}", style="dim")
+    if len(items) > limit:
+        console.say(f"    ... {len(items) - limit} more", style="dim")
+
+
+def _render_projection(console, p: dumps_mod.Projection) -> None:
+    status = lambda ok: "info" if ok is None else ("ok" if ok else "fail")  # noqa: E731
+    console.status(status(p.host_ok), f"host: {_gb(p.remaining_bytes)} still to write "
+                   f"({p.samples_done}/{p.samples_total or '?'} samples, {_gb(p.bytes_per_sample)}/sample, "
+                   f"{p.basis}), {_gb(p.host_free)} free")
+    console.status(status(p.local_ok), f"local: {_gb(p.local_needed)} to pull, {_gb(p.local_free)} free")
+
+
+def _reconcile(app, spec):
+    probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
+    return probe, dumps_mod.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+
+
+@dumps_group.command("status")
+@click.option("--samples", type=int, default=None,
+              help="samples the run will have in total (default: from the pulled extraction log)")
+@host_command
+def status_cmd(app, host, samples) -> int:
+    """Manifest vs files (counts, tokens, bytes, bytes/token) and disk projection. One round trip."""
+    spec = app.host(host)
+    probe, recon = _reconcile(app, spec)
+    total = samples or _total_from_log(spec.name)
+    local_root = dumps_mod.local_dump_dir(spec.name)
+    proj = dumps_mod.project(recon, total, probe.free_bytes, dumps_mod.local_free_bytes(local_root),
+                             dumps_mod.local_bytes(local_root), hidden_size=spec.model.hidden_size)
+    _render_recon(app.console, recon)
+    _render_projection(app.console, proj)
+    app.console.emit({"host": spec.name, "reconciliation": recon, "projection": proj})
+    return 0 if recon.ok else VerifyFailed.exit_code
+
+
+def _total_from_log(host_name: str) -> int | None:
+    from .. import logs as logs_mod
+
+    path = logs_mod.local_log_dir(host_name) / "extraction.log"
+    return logs_mod.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
+
+
+@dumps_group.command("verify")
+@click.option("--sha/--no-sha", default=False, show_default=True,
+              help="also recompute every file's sha256 on the host (reads all bytes)")
+@host_command
+def verify_cmd(app, host, sha) -> int:
+    """Reconcile, then check every file's header on the host with format.py (no torch)."""
+    spec = app.host(host)
+    _, recon = _reconcile(app, spec)
+    _render_recon(app.console, recon)
+    report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
+    errors = dumps_mod.errors_of(report)
+    app.console.status("ok" if report.get("ok") else "fail",
+                       f"host check ({'headers + sha256' if sha else 'headers'}): {report.get('files')} files, "
+                       f"{len(errors)} error(s)")
+    _list(app.console, "fail", "problems", [f"{p['where']}: {p['message']}" for p in errors])
+    app.console.emit({"host": spec.name, "reconciliation": recon, "host_check": report})
+    if errors or not recon.ok:
+        raise VerifyFailed(f"{len(errors)} dump file(s) failed the host check, "
+                           f"{len(recon.missing_files)} manifest row(s) have no file", host=spec.name)
+    return 0
+
+
+@dumps_group.command("pull")
+@click.option("--jobs", type=int, default=2, show_default=True, help="concurrent ssh streams")
+@click.option("--dest", type=click.Path(path_type=Path), default=None,
+              help="local dump dir (default <state>/hosts/<host>/dumps)")
+@click.option("--stall-timeout", type=float, default=60.0, show_default=True,
+              help="abort a stream that delivers no byte for this many seconds")
+@host_command
+def pull_cmd(app, host, jobs, dest, stall_timeout) -> int:
+    """Pull every manifest-listed file: resumable, sha256-verified, parallel, with progress.
+
+    Uses the system ssh (AES-GCM) with the same host-key policy as every other
+    command.  Verified files are kept; re-running continues partial files.
+    """
+    spec = app.host(host)
+    _, recon = _reconcile(app, spec)
+    local_root = dest or dumps_mod.local_dump_dir(spec.name)
+    items = dumps_mod.pull_items(recon, local_root)
+    total = sum(i.size for i in items)
+    with app.console.progress(f"{spec.name}: dumps", total=total) as advance:
+        report = transfer.pull(app.target(spec), spec.dump.dir, items, ssh_config=app.ssh_config_path,
+                               jobs=jobs, stall_timeout=stall_timeout, advance=advance, strict=False)
+    written = dumps_mod.write_local_manifests(recon, local_root)
+    app.console.status("ok" if not report.failed else "fail",
+                       f"{report.fetched} fetched, {report.skipped} already here, {report.resumed} resumed, "
+                       f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
+                       f"({written} in local manifests)")
+    _list(app.console, "fail", "failed", [f"{f}: {r}" for f, r in report.failed])
+    app.console.emit({"host": spec.name, "dest": str(local_root), "pull": report,
+                      "missing_on_host": recon.missing_files})
+    if report.failed:
+        raise VerifyFailed(f"{len(report.failed)} file(s) failed to pull or verify", host=spec.name,
+                           hint="re-run: verified files are kept, partial ones resume")
+    return 0
+
+
+commands = [dumps_group]

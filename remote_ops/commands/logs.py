@@ -1,2 +1,155 @@
-"""Commands: logs (being written)."""
-commands: list = []
+"""`remote-ops logs pull|follow|summary`: server, extraction and training logs."""
+from __future__ import annotations
+
+import time
+
+import click
+
+from .. import logs as logs_mod
+from ..errors import CommandTimedOut
+from ._options import host_command
+
+WHAT = click.Choice(["server", "extraction", "training", "all"])
+
+
+def _kinds(what: str) -> tuple[str, ...]:
+    return logs_mod.KINDS if what == "all" else (what,)
+
+
+@click.group("logs")
+def logs_group() -> None:
+    """Pull, follow and summarise a host's logs (server container, extraction, training).
+
+    \b
+    Examples:
+      remote-ops logs pull --host gpu-node                 # everything, only new bytes
+      remote-ops logs follow --host gpu-node --what extraction
+      remote-ops logs summary --host gpu-node --plot
+    """
+
+
+@logs_group.command("pull")
+@click.option("--what", type=WHAT, default="all", show_default=True)
+@click.option("--since", default=None, metavar="WHEN",
+              help="server log only: start at docker's --since value (e.g. 30m, 2026-01-01T00:00:00) "
+                   "instead of where the last pull stopped")
+@host_command
+def pull_cmd(app, host, what, since) -> int:
+    """Fetch new log bytes into the local run dir (<state>/hosts/<host>/logs/).
+
+    Incremental: per-file byte offsets (and the file's inode and first bytes)
+    are kept, so only new bytes travel; a rotated or truncated file is noticed
+    and the old local copy kept as <name>.<n>.  Safe to interrupt: the offset is
+    saved only after the bytes are on disk.
+    """
+    spec = app.host(host)
+    results = logs_mod.pull_logs(app.remote(spec), spec, _kinds(what), since=since)
+    for r in results:
+        if r.missing:
+            app.console.status("skip", f"{r.kind}: {r.remote} not found on the host")
+        else:
+            note = f" (remote {r.reset}; old copy kept)" if r.reset else ""
+            app.console.status("ok", f"{r.kind}: +{r.new_bytes} bytes -> {r.local} ({r.total_bytes} bytes){note}")
+    app.console.emit({"host": spec.name, "logs": results})
+    return 0
+
+
+@logs_group.command("follow")
+@click.option("--what", type=WHAT, default="all", show_default=True)
+@click.option("--since", default=None, metavar="WHEN", help="server log: docker's --since")
+@click.option("--lines", type=int, default=20, show_default=True, help="lines of history first")
+@click.option("--duration", type=float, default=3600.0, show_default=True,
+              help="stop following after this many seconds (every wait has a deadline)")
+@host_command
+def follow_cmd(app, host, what, since, lines, duration) -> int:
+    """Stream logs live, each line prefixed with the host (and the log kind)."""
+    spec = app.host(host)
+
+    def on_line(stream: str, line: str) -> None:
+        kind, text = logs_mod.split_tagged(line)
+        app.console.host_line(spec.name, stream, f"[{kind}] {text}")
+
+    try:
+        app.remote(spec).run(logs_mod.follow_command(spec, _kinds(what), since, lines),
+                             timeout=duration, on_line=on_line, check=False)
+    except CommandTimedOut:
+        app.console.say(f"followed for {duration:g}s; stopping", style="dim")
+    return 0
+
+
+@logs_group.command("summary")
+@click.option("--pull/--no-pull", "do_pull", default=True, show_default=True,
+              help="pull extraction and training logs first")
+@click.option("--plot", is_flag=True, help="also write PNG plots next to the pulled logs")
+@host_command
+def summary_cmd(app, host, do_pull, plot) -> int:
+    """Extraction progress (done/total, tokens, rate, errors, ETA) and training metrics.
+
+    Training logs are read in SpecForge's format (per-position `Acc`/`pLoss`
+    lines per epoch or step, and train_eagle3.py's progress bar).
+    """
+    spec = app.host(host)
+    if do_pull:
+        logs_mod.pull_logs(app.remote(spec), spec, ("extraction", "training"))
+    local = logs_mod.local_log_dir(spec.name)
+    ext_text, train_text = _read(local / "extraction.log"), _read(local / "training.log")
+    extraction = logs_mod.parse_extraction(ext_text)
+    training = logs_mod.parse_training(train_text)
+    _render_extraction(app.console, extraction)
+    _render_training(app.console, training)
+    plots = _plots(local, spec.name, ext_text, training) if plot else []
+    for p in plots:
+        app.console.status("ok", f"plot: {p}")
+    app.console.emit({"host": spec.name, "extraction": extraction, "training": training.to_dict(),
+                      "plots": [str(p) for p in plots]})
+    return 0
+
+
+def _read(path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _plots(local, name, ext_text, training):
+    from .. import plots
+
+    out = local / "plots"
+    written = plots.plot_training(training, out, title=name)
+    ext = plots.plot_extraction(logs_mod.extraction_points(ext_text), out, title=name)
+    return written + ([ext] if ext else [])
+
+
+def _fmt_eta(seconds) -> str:
+    if seconds is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"
+
+
+def _render_extraction(console, s) -> None:
+    total = s.total if s.total is not None else "?"
+    rows = [["state", s.state], ["samples", f"{s.done} / {total}"], ["tokens", f"{s.tokens:,}"],
+            ["rate", f"{s.rate_samples_s or 0:.2f} samples/s, {s.rate_tokens_s or 0:,.0f} tokens/s"],
+            ["errors (retried) / failed", f"{s.errors} / {s.failed}"],
+            ["missing dumps", "-" if s.missing_dumps is None else s.missing_dumps],
+            ["ETA", _fmt_eta(s.eta_s)], ["last update", s.last_time or "-"]]
+    console.table(["extraction", ""], rows, title="Extraction")
+
+
+def _render_training(console, t) -> None:
+    if not t.records and not t.steps:
+        console.say("training: no SpecForge metrics found in the log", style="dim")
+        return
+    positions = sorted({p for r in t.records for p in r.acc})
+    cols = ["phase", "unit", "#", "loss", "step-0 acc"] + [f"acc@{p}" for p in positions]
+    rows = [[r.phase, r.unit, r.index if r.total is None else f"{r.index}/{r.total}",
+             "-" if r.loss is None else f"{r.loss:.3f}",
+             "-" if r.step0_acc is None else f"{r.step0_acc:.2f}"] +
+            [f"{r.acc[p]:.2f}" if p in r.acc else "" for p in positions] for r in t.records]
+    if rows:
+        console.table(cols, rows, title="Training (SpecForge)")
+    if t.steps:
+        last = t.steps[-1]
+        console.say(f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, "
+                    f"acc {last.acc:.3f}")
+
+
+commands = [logs_group]
