@@ -130,7 +130,8 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
         dry = _run(argv + ["--dry-run"], Path(tmp))
         hunks = [_hunk(m) for m in HUNK_RE.finditer(dry.stdout)]
         if dry.returncode != 0:
-            return Verdict(False, f"fails: {_hunk_summary(hunks) or dry.stdout.strip().splitlines()[-1:]}",
+            last = (dry.stdout.strip().splitlines() or ["no output"])[-1]
+            return Verdict(False, f"fails: {_hunk_summary(hunks) or last}",
                            dry.stdout + dry.stderr, hunks)
         _run(argv, Path(tmp))
         landed = anchors.verify(target.read_bytes(), spec).status

@@ -25,7 +25,9 @@ Round trips (each is one `remote.run`):
   atomically, printing the new sha256.  Verification is then done locally from
   the bytes known to be there.  A failed verification restores the backup (a
   third round trip) and raises VerifyFailed saying so.  A re-apply with the same
-  content is 1 round trip (no write).
+  content is 1 round trip (no write).  If a concurrent apply changed the file
+  while we waited for the lock, apply re-reads and decides once more.
+- `lock=False` is for callers that already hold the host lock (deploy).
 - revert: 2 (read, write).
 
 The decisions (anchors, evidence, diffs, version gate) are pure functions of
