@@ -56,8 +56,10 @@ def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
     tf = patching.read_target(remote, target)
     view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
                            version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
-    app.console.text_block(view.render())
-    app.console.emit(view)
+    if app.console.json_mode:
+        app.console.emit(view)
+    else:
+        app.console.out(view.render())  # the listing is the command's data: stdout, like sed -n
 
 
 commands = [inspect_source]
