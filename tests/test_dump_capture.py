@@ -1,0 +1,355 @@
+"""The dumper on CPU torch: ForwardBatch-shaped batches in, verified files out.
+
+The batches are stand-ins with SGLang 0.5.9's ForwardBatch field names
+(forward_mode, input_ids, positions, extend_seq_lens_cpu, extend_prefix_lens_cpu,
+can_run_tbo); the CPU path of the staging replaces pinned memory, the side
+stream and the event, everything else (pool, writer threads, files) is real.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from types import SimpleNamespace
+from typing import List, Optional
+
+import pytest
+
+torch = pytest.importorskip("torch")
+st_torch = pytest.importorskip("safetensors.torch")
+
+from remote_ops.dump import attach, dumper as dumper_mod, format as fmt  # noqa: E402
+from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+H = 32
+
+
+class StandinForwardMode(IntEnum):
+    """Names as in sglang.srt.model_executor.forward_batch_info.ForwardMode."""
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+    IDLE = 4
+    TARGET_VERIFY = 5
+
+
+@dataclass
+class StandinForwardBatch:
+    """The ForwardBatch fields the dumper reads, with SGLang's names and types."""
+    forward_mode: StandinForwardMode
+    batch_size: int
+    input_ids: torch.Tensor
+    positions: Optional[torch.Tensor]
+    extend_seq_lens_cpu: Optional[List[int]]
+    extend_prefix_lens_cpu: Optional[List[int]]
+    can_run_tbo: bool = False
+    seq_lens_cpu: Optional[torch.Tensor] = None
+
+
+@dataclass
+class Batch:
+    """A batch plus the tensors the forward produced, for comparison with the files."""
+    fb: StandinForwardBatch
+    hidden: torch.Tensor
+    aux: List[torch.Tensor]
+    lens: List[int] = field(default_factory=list)
+    prefixes: List[int] = field(default_factory=list)
+
+
+def make_batch(lens, prefixes=None, seed=0, mode=StandinForwardMode.EXTEND, hidden=H):
+    g = torch.Generator().manual_seed(seed)
+    prefixes = prefixes or [0] * len(lens)
+    total = sum(lens)
+    ids = torch.randint(0, 163840, (total,), generator=g)  # int64, as SGLang holds them
+    positions = torch.cat([torch.arange(p, p + n) for n, p in zip(lens, prefixes)])
+    fb = StandinForwardBatch(mode, len(lens), ids, positions, list(lens), list(prefixes),
+                             seq_lens_cpu=torch.tensor([n + p for n, p in zip(lens, prefixes)]))
+    hid = torch.randn(total, hidden, generator=g).bfloat16()
+    aux = [torch.randn(total, hidden, generator=g).bfloat16() for _ in range(3)]
+    return Batch(fb, hid, aux, list(lens), list(prefixes))
+
+
+def standin_model(layers=61, hidden=H):
+    cfg = SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden, architectures=["DeepseekV3ForCausalLM"])
+    return SimpleNamespace(config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]),
+                           capture_aux_hidden_states=False)
+
+
+def runtime(rank=0, version="0.5.9", tp=8, **args):
+    return Runtime(version, rank, tp, ServerArgsView(dict(tp_size=tp, **args)), "test")
+
+
+def make_dumper(root, rank=0, **env):
+    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2"}
+    full.update({k if k.startswith("SGLANG") else "SGLANG_HS_DUMP_" + k.upper(): str(v) for k, v in env.items()})
+    model = standin_model()
+    d = attach(model, env=full, runtime=runtime(rank))
+    return d
+
+
+@pytest.fixture
+def dumpers():
+    made = []
+    yield made
+    for d in made:
+        if d is not None:
+            d.close(timeout=10)
+
+
+def span_files(batch: Batch, root: Path, rank=0):
+    """Expected (path, span tensors) for every request of a batch."""
+    out, start = [], 0
+    for n, p in zip(batch.lens, batch.prefixes):
+        ids = batch.fb.input_ids[start:start + n].to(torch.int32)
+        key = fmt.dump_key(ids.numpy().tobytes(), p)
+        want = {"hidden_states": batch.hidden[start:start + n],
+                "aux_hidden_states": torch.cat([a[start:start + n] for a in batch.aux], 1),
+                "input_ids": ids, "positions": batch.fb.positions[start:start + n].to(torch.int32)}
+        out.append((root / f"rank{rank}" / f"{key}.safetensors", want, p))
+        start += n
+    return out
+
+
+def test_split_spans_uses_the_cpu_lengths():
+    fb = make_batch([3, 0, 5, 2], [0, 4, 7, 0]).fb
+    spans = dumper_mod.split_spans(fb)
+    assert [(s.start, s.tokens, s.prefix_len) for s in spans] == [(0, 3, 0), (3, 5, 7), (8, 2, 0)]
+
+
+def test_several_requests_random_lengths_and_partial_spans_round_trip_bit_exact(tmp_path, dumpers):
+    d = make_dumper(tmp_path)
+    dumpers.append(d)
+    import random
+
+    rng = random.Random(7)
+    batches = []
+    for seed in range(5):
+        lens = [rng.randint(1, 300) for _ in range(rng.randint(1, 6))]
+        prefixes = [rng.choice([0, 0, rng.randint(1, 500)]) for _ in lens]
+        batches.append(make_batch(lens, prefixes, seed=seed))
+        d.capture(batches[-1].fb, batches[-1].hidden, batches[-1].aux)
+    assert d.flush(30)
+    for batch in batches:
+        for path, want, prefix in span_files(batch, tmp_path):
+            got = st_torch.load_file(str(path))
+            for name, tensor in want.items():
+                assert torch.equal(got[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), (path, name)
+            meta = fmt.read_header(str(path)).metadata
+            assert meta["partial"] == ("true" if prefix else "false") and meta["prefix_len"] == str(prefix)
+            assert meta["layers_to_capture"] == "[2, 30, 58]" and meta["eagle_aux_hidden_state_layer_ids"] == "[1, 29, 57]"
+            assert meta["sglang_version"] == "0.5.9" and meta["dtype"] == "bfloat16" and meta["rank"] == "0"
+            assert meta["hidden_states_norm"] == "post-norm"
+    report = fmt.verify_dir(str(tmp_path), hidden_size=H)
+    total_spans = sum(len(b.lens) for b in batches)
+    assert report.ok and report.files == total_spans, report.problems
+    stats = json.loads((tmp_path / "rank0" / "stats.json").read_text())
+    assert stats["files"] == total_spans and stats["errors"] == 0 and stats["dropped_spans"] == 0
+    assert stats["tokens"] == sum(sum(b.lens) for b in batches)
+
+
+def test_only_plain_extend_batches_are_captured(tmp_path, dumpers, monkeypatch):
+    d = make_dumper(tmp_path)
+    dumpers.append(d)
+    for mode in (StandinForwardMode.DECODE, StandinForwardMode.MIXED, StandinForwardMode.TARGET_VERIFY):
+        b = make_batch([4, 4], mode=mode)
+        d.capture(b.fb, b.hidden, b.aux)
+    tbo = make_batch([3])
+    tbo.fb.can_run_tbo = True
+    d.capture(tbo.fb, tbo.hidden, tbo.aux)
+    monkeypatch.setattr(dumper_mod, "graph_capturing", lambda: True)
+    b = make_batch([5])
+    d.capture(b.fb, b.hidden, b.aux)
+    d.flush(10)
+    assert not list((tmp_path / "rank0").glob("*.safetensors"))
+    assert d.stats.snapshot()["skipped"] == {"decode": 1, "mixed": 1, "target_verify": 1,
+                                             "two_batch_overlap": 1, "graph_capture": 1}
+
+
+def test_bad_shapes_and_missing_aux_are_counted_not_raised(tmp_path, dumpers):
+    d = make_dumper(tmp_path)
+    dumpers.append(d)
+    b = make_batch([4, 4])
+    d.capture(b.fb, b.hidden[:5], b.aux)  # fewer rows than the lengths say
+    d.capture(b.fb, b.hidden, None)  # capture switched off underneath
+    d.flush(10)
+    snap = d.stats.snapshot()
+    assert snap["errors"] == 1 and snap["skipped"] == {"no_aux": 1} and snap["files"] == 0
+
+
+def gate_writers(d):
+    """Hold every writer thread until the returned event is set."""
+    gate = threading.Event()
+    real = d._write_one
+
+    def gated(job, span):
+        assert gate.wait(30)
+        real(job, span)
+
+    d._write_one = gated
+    d.writers.write_one = gated
+    return gate
+
+
+def test_backpressure_blocks_forward_only_when_the_pool_is_full(tmp_path, dumpers):
+    d = make_dumper(tmp_path, buffers=1)
+    dumpers.append(d)
+    gate = gate_writers(d)
+    first, second = make_batch([5, 6], seed=1), make_batch([7], seed=2)
+    t0 = time.monotonic()
+    d.capture(first.fb, first.hidden, first.aux)
+    assert time.monotonic() - t0 < 5  # the pool had room: no wait for the disk
+    blocked = threading.Thread(target=d.capture, args=(second.fb, second.hidden, second.aux))
+    blocked.start()
+    blocked.join(0.5)
+    assert blocked.is_alive()  # waiting for a buffer
+    gate.set()
+    blocked.join(10)
+    assert not blocked.is_alive()
+    d.flush(10)
+    snap = d.stats.snapshot()
+    assert snap["files"] == 3 and snap["dropped_batches"] == 0
+    assert snap["backpressure_waits"] == 1 and snap["backpressure_wait_s"] >= 0.4
+    assert snap["queue_high_water"] == 1
+
+
+def test_drop_policy_counts_and_never_waits(tmp_path, dumpers):
+    d = make_dumper(tmp_path, buffers=1, policy="drop")
+    dumpers.append(d)
+    gate = gate_writers(d)
+    kept, dropped = make_batch([5, 6], seed=1), make_batch([7, 8, 9], seed=2)
+    d.capture(kept.fb, kept.hidden, kept.aux)
+    t0 = time.monotonic()
+    d.capture(dropped.fb, dropped.hidden, dropped.aux)
+    assert time.monotonic() - t0 < 0.2
+    gate.set()
+    d.flush(10)
+    snap = d.stats.snapshot()
+    assert (snap["files"], snap["dropped_batches"], snap["dropped_spans"], snap["dropped_tokens"]) == (2, 1, 3, 24)
+    assert fmt.verify_dir(str(tmp_path)).ok
+
+
+def test_backpressure_wait_has_a_deadline(tmp_path, dumpers):
+    d = make_dumper(tmp_path, buffers=1, wait_s=1)
+    dumpers.append(d)
+    gate = gate_writers(d)
+    a, b = make_batch([3], seed=1), make_batch([4], seed=2)
+    d.capture(a.fb, a.hidden, a.aux)
+    d.capture(b.fb, b.hidden, b.aux)
+    gate.set()
+    d.flush(10)
+    snap = d.stats.snapshot()
+    assert snap["backpressure_timeouts"] == 1 and snap["dropped_tokens"] == 4 and snap["files"] == 1
+
+
+def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers, monkeypatch):
+    d = make_dumper(tmp_path, buffers=1)
+    dumpers.append(d)
+    calls = {"n": 0}
+    real = fmt.write_span
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(5, "I/O error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fmt, "write_span", flaky)
+    for seed in range(3):
+        b = make_batch([4], seed=seed)
+        d.capture(b.fb, b.hidden, b.aux)
+    d.flush(10)
+    snap = d.stats.snapshot()
+    assert snap["errors"] == 1 and snap["files"] == 2
+
+
+def test_rank_gating_and_all_ranks_validation(tmp_path, dumpers):
+    b = make_batch([6, 3], [0, 2], seed=5)
+    silent = make_dumper(tmp_path / "gated", rank=1)
+    dumpers.append(silent)
+    assert silent.writer is False
+    silent.capture(b.fb, b.hidden, b.aux)
+    assert not (tmp_path / "gated" / "rank1").exists()
+    for rank in (0, 1, 2):
+        d = make_dumper(tmp_path / "all", rank=rank, all_ranks=1)
+        dumpers.append(d)
+        d.capture(b.fb, b.hidden, b.aux)
+        d.flush(10)
+    result = fmt.compare_ranks(str(tmp_path / "all"))
+    assert result["ok"] and result["compared"] == 2 and result["identical"] == 2
+    assert fmt.verify_dir(str(tmp_path / "all")).ok
+
+
+def test_positions_are_derived_when_the_batch_has_none(tmp_path, dumpers):
+    d = make_dumper(tmp_path)
+    dumpers.append(d)
+    b = make_batch([4, 3], [0, 9])
+    expected = span_files(b, tmp_path)
+    b.fb.positions = None
+    d.capture(b.fb, b.hidden, b.aux)
+    d.flush(10)
+    got = [st_torch.load_file(str(p))["positions"].tolist() for p, _, _ in expected]
+    assert got == [[0, 1, 2, 3], [9, 10, 11]]
+
+
+KILL_CHILD = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, sys.argv[2])
+    from types import SimpleNamespace as NS
+    from enum import IntEnum
+    from remote_ops.dump import attach
+    from remote_ops.dump.runtime import Runtime, ServerArgsView
+    class ForwardMode(IntEnum):
+        EXTEND = 1
+    H = 1024
+    model = NS(config=NS(num_hidden_layers=61, hidden_size=H), model=NS(layers_to_capture=[], layers=[]))
+    env = {"SGLANG_HS_DUMP_DIR": sys.argv[1], "SGLANG_HS_DUMP_BUFFERS": "3", "SGLANG_HS_DUMP_WRITERS": "3"}
+    d = attach(model, env=env, runtime=Runtime("0.5.9", 0, 1, ServerArgsView({})))
+    seed = 0
+    while True:  # until SIGKILL
+        g = torch.Generator().manual_seed(seed)
+        lens = [1500, 2500, 1000]
+        T = sum(lens)
+        fb = NS(forward_mode=ForwardMode.EXTEND, input_ids=torch.randint(0, 99999, (T,), generator=g),
+                positions=torch.arange(T), extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=[0, 0, 0])
+        d.capture(fb, torch.randn(T, H, generator=g).bfloat16(), [torch.randn(T, H, generator=g).bfloat16() for _ in range(3)])
+        seed += 1
+""")
+
+
+def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
+    """Kill the writing process while a temp file is open: every visible file verifies."""
+    root = tmp_path / "dumps"
+    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(root), str(REPO)], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        folder = root / "rank0"
+        while time.monotonic() < deadline:
+            names = os.listdir(folder) if folder.exists() else []
+            listed = len(fmt.read_manifest(str(folder / fmt.MANIFEST_NAME)).records)
+            if listed >= 2 and any(n.startswith(".tmp-") and ".safetensors" in n for n in names):
+                break
+            time.sleep(0.002)
+        else:
+            pytest.fail("the child never had a temp file open: %s" % child.stderr.read1(2000) if child.poll() else "")
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+    report = fmt.verify_dir(str(root))
+    assert report.ok, [p for p in report.problems if p.level == "error"]
+    visible = [p for p in (root / "rank0").iterdir() if p.suffix == ".safetensors" and not p.name.startswith(".tmp-")]
+    for path in visible:  # listed or not, nothing visible is partial
+        header = fmt.read_header(str(path))
+        assert header.data_start + header.data_len == path.stat().st_size
+    assert report.files >= 2
