@@ -29,9 +29,13 @@ def require(reason: str | None) -> None:
 
 @pytest.fixture(scope="session")
 def lab():
-    """3 sshd hosts (lab1..lab3) + one dockerd, up for the whole session (~1 s)."""
+    """3 sshd hosts (lab1..lab3) + one dockerd, up for the whole session (~1 s).
+
+    Port 22 on random 127.x addresses; REMOTE_OPS_LAB_PORT=N forces another port.
+    """
     require(lab_unavailable())
-    with HostLab(hosts=LAB_HOSTS) as the_lab:
+    port = int(os.environ.get("REMOTE_OPS_LAB_PORT", "0")) or None
+    with HostLab(hosts=LAB_HOSTS, port=port) as the_lab:
         yield the_lab
 
 

@@ -71,7 +71,7 @@ def test_awkward_path_is_one_argument(remote, host, tmp_path):
     """Spaces, `;`, `$()` and quotes reach the remote as one argv element, for run and put/get."""
     target = host.paths.root / AWKWARD
     remote.run(["mkdir", "-p", str(target)])
-    out = remote.run([sys.executable if False else "python3", "-c", "import sys; print(len(sys.argv) - 1); print(sys.argv[1])",
+    out = remote.run(["python3", "-c", "import sys; print(len(sys.argv) - 1); print(sys.argv[1])",
                       str(target)]).stdout.splitlines()
     assert out == ["1", str(target)]
     assert target.is_dir()  # the hosts share this filesystem
@@ -95,7 +95,8 @@ def test_unknown_host_key_is_refused(lab, host, tmp_path):
 def test_changed_host_key_is_refused_clearly(lab, host, tmp_path):
     other = make_key(tmp_path / "other_host_key").public_line().split()
     bad = tmp_path / "known_hosts"
-    bad.write_text(f"{host.address} {other[0]} {other[1]}\n")
+    name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    bad.write_text(f"{name} {other[0]} {other[1]}\n")
     for policy in ("strict", "accept-new"):
         with pytest.raises(HostKeyChanged) as info:
             FabricRemote(lab.target(host.name, known_hosts=str(bad), policy=policy)).connect()
@@ -108,7 +109,8 @@ def test_accept_new_records_key_then_strict_works(lab, host, tmp_path):
     with FabricRemote(lab.target(host.name, known_hosts=str(kh), policy="accept-new")) as r:
         r.run("true")
     recorded = kh.read_text().split()
-    assert recorded[0] == host.address and recorded[1] == "ssh-ed25519"
+    expected_name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    assert recorded[0] == expected_name and recorded[1] == "ssh-ed25519"
     with FabricRemote(lab.target(host.name, known_hosts=str(kh))) as r:
         assert r.run("echo ok").stdout == "ok\n"
 

@@ -140,6 +140,21 @@ def random_loopback(port: int = 22, taken: set[str] = frozenset(), tries: int = 
     raise LabError(f"no free loopback address with port {port} after {tries} tries")
 
 
+def pick_endpoint(port: int | None, taken: set[str]) -> tuple[str, int]:
+    """A free loopback address and port: port 22 (or `port`) when possible.
+
+    If something listens on 0.0.0.0:22 (a system sshd), no 127.x address can
+    take port 22, so a free port is used instead.
+    """
+    try:
+        return random_loopback(port or 22, taken, tries=200 if port else 20), port or 22
+    except LabError:
+        if port:
+            raise
+    address = random_loopback(0, taken)
+    return address, free_port(address)
+
+
 class HostLab:
     """N sshd hosts + one dockerd + client files in one directory (see module doc)."""
 
@@ -228,8 +243,7 @@ class HostLab:
     def _start_hosts(self) -> None:
         taken: set[str] = set()
         for name in self.names:
-            port = self.port or 22
-            address = random_loopback(port, taken)
+            address, port = pick_endpoint(self.port, taken)
             taken.add(address)
             sshd = SshdHost(name, address, port, self.dir / "hosts" / name / "sshd", self.client_key,
                             env=self.session_env())
