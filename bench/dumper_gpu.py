@@ -375,7 +375,7 @@ def parse(argv=None):
     p.add_argument("--naive-steps", type=int, default=4)
     p.add_argument("--sustained-steps", type=int, default=24)
     p.add_argument("--buffers", type=int, default=4, help="pool size of the sustained run")
-    p.add_argument("--writers", type=int, default=4, help="writer threads of the loop-overhead run")
+    p.add_argument("--writers", type=int, default=8, help="writer threads of the loop-overhead run (the default)")
     p.add_argument("--sustained-writers", type=lambda v: [int(x) for x in v.split(",")], default=[4, 8],
                    help="writer-thread counts to try in the sustained run (and the raw per-file run)")
     p.add_argument("--exact-samples", type=int, default=4)
