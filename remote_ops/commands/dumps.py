@@ -105,10 +105,12 @@ def verify_cmd(app, host, sha) -> int:
                        f"host check ({'headers + sha256' if sha else 'headers'}): {report.get('files')} files, "
                        f"{len(errors)} error(s)")
     _list(app.console, "fail", "problems", [f"{p['where']}: {p['message']}" for p in errors])
-    app.console.emit({"host": spec.name, "reconciliation": recon, "host_check": report})
-    if errors or not recon.ok:
+    result = {"host": spec.name, "reconciliation": recon.to_dict(), "host_check": report}
+    if errors or not recon.ok:        # the error document (--json) carries the whole result
         raise VerifyFailed(f"{len(errors)} dump file(s) failed the host check, "
-                           f"{len(recon.missing_files)} manifest row(s) have no file", host=spec.name)
+                           f"{len(recon.missing_files)} manifest row(s) have no file", host=spec.name,
+                           details=result)
+    app.console.emit(result)
     return 0
 
 
@@ -139,11 +141,12 @@ def pull_cmd(app, host, jobs, dest, stall_timeout) -> int:
                        f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
                        f"({written} in local manifests)")
     _list(app.console, "fail", "failed", [f"{f}: {r}" for f, r in report.failed])
-    app.console.emit({"host": spec.name, "dest": str(local_root), "pull": report,
-                      "missing_on_host": recon.missing_files})
+    result = {"host": spec.name, "dest": str(local_root), "pull": report.to_dict(),
+              "missing_on_host": recon.missing_files}
     if report.failed:
         raise VerifyFailed(f"{len(report.failed)} file(s) failed to pull or verify", host=spec.name,
-                           hint="re-run: verified files are kept, partial ones resume")
+                           hint="re-run: verified files are kept, partial ones resume", details=result)
+    app.console.emit(result)
     return 0
 
 
