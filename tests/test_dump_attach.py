@@ -225,3 +225,21 @@ def test_rank_falls_back_to_the_tp_rank_when_dp_attention_helpers_are_missing(mo
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     assert rt.attention_tp_rank() == (5, "distributed.get_tensor_model_parallel_rank")
+
+
+def test_package_works_as_the_top_level_copy_in_the_image(tmp_path):
+    """The image holds a copy named `remote_ops_dump`: relative imports only, attach() works."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    src = Path(rt.__file__).parent
+    shutil.copytree(src, tmp_path / "remote_ops_dump", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; from types import SimpleNamespace as NS; import remote_ops_dump; "
+            "m = NS(config=NS(num_hidden_layers=61, hidden_size=8), model=NS(layers_to_capture=[], layers=[])); "
+            "d = remote_ops_dump.attach(m, env={'SGLANG_HS_DUMP_DIR': sys.argv[1]}); "
+            "assert m.model.layers_to_capture == [2, 30, 58] and m._remote_ops_dump is d and d.writer; "
+            "assert 'remote_ops' not in sys.modules; d.close(5); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dumps")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
