@@ -64,25 +64,26 @@ def alive_check(p: ExtractPaths) -> str:
 
 
 def launch_command(p: ExtractPaths, server_url: str, concurrency: int, retries: int,
-                   dataset: str, limit: int | None = None) -> str:
+                   dataset: str, limit: int | None = None, dump_grace: float = 30.0) -> str:
     """Start the client detached in its own session; print its PID."""
     argv = ["python3", p.client, "--dataset", dataset, "--server", server_url, "--workdir", p.workdir,
             "--log", p.log, "--dump-dir", p.dump_dir, "--concurrency", str(concurrency),
-            "--retries", str(retries)]
+            "--retries", str(retries), "--dump-grace", f"{dump_grace:g}"]
     if limit:
         argv += ["--limit", str(limit)]
     out = shell.quote(p.file("client.out"))
-    return (f"cd {shell.quote(p.workdir)} && setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
+    # `cd || exit; cmd &` - not `cd && cmd &`, which backgrounds a subshell holding the channel open
+    return (f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
             f"echo $!")
 
 
 def status_command(p: ExtractPaths, log_lines: int = 400) -> str:
     return shell.sections([
         ("alive", alive_check(p)),
-        ("pid", f"cat {shell.quote(p.file('client.pid'))}"),
-        ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}"),
+        ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
+        ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
         ("manifest", f"grep -c '\"status\": \"ok\"' {shell.quote(p.file('manifest.jsonl'))}"),
-        ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}"),
+        ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
         ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
     ])
 
@@ -145,7 +146,7 @@ def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool
 
 def start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
           server_url: str | None = None, limit: int | None = None, wait_s: float = 30.0,
-          local_dataset: bool | None = None) -> ExtractStatus:
+          local_dataset: bool | None = None, dump_grace: float = 30.0) -> ExtractStatus:
     """Ship client (+ dataset when it is a local file), refuse if one is running, launch, await `started`."""
     p = paths_for(host)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
@@ -156,7 +157,7 @@ def start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
     remote_dataset = _place_dataset(remote, p, dataset, local_dataset)
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     before = _log_size(remote, p)
-    remote.run(launch_command(p, url, concurrency, retries, remote_dataset, limit))
+    remote.run(launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace))
     _await_started(remote, host, p, before, wait_s)
     return status(remote, host)
 

@@ -263,7 +263,7 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "client.pid"), "w") as fh:
-        fh.write(str(os.getpid()))
+        fh.write("%d\n" % os.getpid())
     samples = read_dataset(args.dataset)[:args.limit]
     run = Run(args, samples, read_manifest(os.path.join(args.workdir, "manifest.jsonl")))
     signal.signal(signal.SIGTERM, lambda *_: run.stop.set())
