@@ -26,12 +26,26 @@ class LabError(RemoteOpsError):
 
 
 def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> subprocess.Popen:
-    """Start a daemon in its own session, output appended to `log`, stdin closed."""
+          cwd: Path | None = None, subreaper: bool = False) -> subprocess.Popen:
+    """Start a daemon in its own session, output appended to `log`, stdin closed.
+
+    `subreaper=True` makes the daemon a child subreaper (kept across exec), so
+    processes orphaned below it (a remote `sleep` whose SSH session timed out,
+    a `nohup … &`) are reparented to it rather than to init: they stay in its
+    tree and die with it at teardown.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True, close_fds=True)
+                                env=env, cwd=cwd, start_new_session=True, close_fds=True,
+                                preexec_fn=_become_subreaper if subreaper else None)
+
+
+def _become_subreaper() -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER, 1) in the child before exec (Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 
 
 def run(argv: list[str], *, timeout: float = 60.0, check: bool = True, input: bytes | None = None,

@@ -111,7 +111,7 @@ class SshdHost:
             return self
         if not self.config_file.exists():
             self.prepare()
-        self.proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file)
+        self.proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
         wait_for(lambda: port_open(self.address, self.port), timeout,
                  f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
                  alive=lambda: self.proc.poll() is None)
