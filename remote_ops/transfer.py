@@ -139,11 +139,15 @@ def is_complete(item: PullItem) -> bool:
 
 
 def plan_jobs(items: Iterable[PullItem], small_file: int = SMALL_FILE,
-              batch_bytes: int = BATCH_BYTES) -> list[list[PullItem]]:
+              batch_bytes: int = BATCH_BYTES, jobs: int = 1) -> list[list[PullItem]]:
     """Group pending items into jobs: one per large file, tar batches of small ones (pure).
 
-    Largest jobs first so `jobs` workers finish together.
+    Small files are split into at least `jobs` batches so every stream has work;
+    largest jobs first so the workers finish together.
     """
+    items = list(items)
+    small_total = sum(i.size for i in items if i.size < small_file)
+    batch_bytes = max(1 << 20, min(batch_bytes, -(-small_total // max(jobs, 1))))
     large, batches, current, current_bytes = [], [], [], 0
     for item in items:
         if item.size >= small_file:
@@ -176,6 +180,7 @@ class Puller:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self._stop = threading.Event()
+        self._local = threading.local()       # one receive buffer per worker thread
 
     def pull(self, items: list[PullItem]) -> PullReport:
         """Fetch every item not already complete; verify; rename. Interrupt-safe."""
@@ -185,7 +190,7 @@ class Puller:
         self.advance(sum(i.size for i in items if i not in pending))
         pool = ThreadPoolExecutor(self.jobs)
         try:
-            for future in [pool.submit(self._run_job, job) for job in plan_jobs(pending)]:
+            for future in [pool.submit(self._run_job, job) for job in plan_jobs(pending, jobs=self.jobs)]:
                 future.result()
         except BaseException:
             self._stop.set()          # workers stop at their next block
@@ -241,7 +246,8 @@ class Puller:
         """One `tar` stream for many files: each member is hashed, verified and renamed."""
         by_name = {i.remote: i for i in job}
         names = b"".join(i.remote.encode() + b"\0" for i in job)
-        proc = self._spawn(f"tar -C {shlex.quote(self.root)} -cf - --null -T - --ignore-failed-read")
+        # -b 512: 256 KiB records, so sshd gets big writes instead of tar's default 10 KiB
+        proc = self._spawn(f"tar -C {shlex.quote(self.root)} -b 512 -cf - --null -T - --ignore-failed-read")
         proc.stdin.write(names)
         proc.stdin.close()
         seen = set()
@@ -254,6 +260,7 @@ class Puller:
                 seen.add(name)
                 self._member(item, size, reader)
             _skip(reader, -size % 512)
+        _skip(reader, 1 << 62)                # the record padding after the end marker
         rc, err = self._reap(proc)
         for item in job:
             if item.remote not in seen:
@@ -312,9 +319,14 @@ class Puller:
         return self._copy_from(_StallReader(proc, self.stall_timeout, self.host), out, digest, limit,
                                eof_ok=True)
 
+    def _buffer(self) -> memoryview:
+        if not hasattr(self._local, "view"):
+            self._local.view = memoryview(bytearray(BUF))
+        return self._local.view
+
     def _copy_from(self, reader: "_StallReader", out, digest, limit: int, eof_ok: bool = False) -> int:
-        buf = bytearray(BUF)
-        view = memoryview(buf)
+        """Copy `limit` bytes (or to EOF) from the reader to `out`, hashing and counting them."""
+        view = self._buffer()
         total = 0
         while total < limit or eof_ok:
             n = reader.readinto(view[:min(BUF, limit - total)] if not eof_ok else view)

@@ -50,10 +50,12 @@ def test_proxy_jump_becomes_a_proxy_command_with_the_same_policy():
 
 
 def test_plan_jobs_streams_large_files_alone_and_batches_small_ones():
-    items = [transfer.PullItem(f"f{i}", Path(f"/x/f{i}"), s) for i, s in enumerate([100 << 20, 1, 2, 3, 20 << 20])]
-    jobs = transfer.plan_jobs(items, small_file=8 << 20, batch_bytes=4)
+    sizes = [100 << 20, 1 << 20, 2 << 20, 3 << 20, 20 << 20]
+    items = [transfer.PullItem(f"f{i}", Path(f"/x/f{i}"), s) for i, s in enumerate(sizes)]
+    jobs = transfer.plan_jobs(items, small_file=8 << 20)
     assert [[i.remote for i in j] for j in jobs] == [["f0"], ["f4"], ["f1", "f2", "f3"]]
-    assert len(transfer.plan_jobs(items, batch_bytes=2)) == 4
+    two = transfer.plan_jobs(items, small_file=8 << 20, jobs=2)            # small files split over 2 streams
+    assert [[i.remote for i in j] for j in two] == [["f0"], ["f4"], ["f3"], ["f1", "f2"]]
 
 
 class _Bytes:
