@@ -184,8 +184,10 @@ def context_hash(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
 
 
 def staging_dir(host: HostSpec) -> str:
-    """Where the build context is assembled on the host (per container name)."""
-    return f"/var/tmp/remote-ops/{host.container.name}/context"
+    """Where the build context is assembled on the host: per container name and checkout,
+    so two inventories sharing one machine (test labs) never share a context."""
+    key = hashlib.sha256(f"{host.container.name}\0{host.sglang.checkout}".encode()).hexdigest()[:10]
+    return f"/var/tmp/remote-ops/build-{host.container.name}-{key}"
 
 
 # -- probe (one round trip) ---------------------------------------------------------------------
@@ -199,30 +201,56 @@ class Probe:
     container: container.ContainerInfo | None
     lock: dict | None
     raw: dict[str, tuple[int, str]] = field(default_factory=dict)
+    took_lock: bool = False
 
 
-def probe_commands(host: HostSpec, ref: str) -> list[tuple[str, str]]:
-    """facts' probes plus buildx, image, container and lock (pure)."""
-    return [*facts.probes(host),
-            ("buildx", container.buildx_cmd()),
-            ("image", shell.join(container.image_inspect_cmd(ref))),
-            ("container", shell.join(container.container_inspect_cmd(host.container.name))),
-            ("lock", shell.join(["cat", f"{host.lock_dir}/info"]))]
+#: facts probes a deploy does not need to decide anything (reported by `facts` and `health`).
+SKIPPED_FACTS = {"runtimes", "nvidia_ctk"}
 
 
-def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Probe:
-    """Turn the probe's sections into a `Probe` (pure)."""
+def probe_commands(host: HostSpec, ref: str, lock_why: str | None = None) -> list[tuple[str, str]]:
+    """Preflight facts, the lock, then the state under the lock: target sha, container + image (pure).
+
+    One `docker inspect NAME REF` answers for both objects (each docker CLI call
+    costs ~0.1-0.25 s on the host).  With `lock_why`, a section takes the lock
+    (atomic mkdir) before the state is read, so a no-op deploy needs no separate
+    lock round trip; otherwise (dry run) it only reads the lock's info.
+    """
+    lock = lock_cmd(host, lock_why) if lock_why else shell.join(["cat", f"{host.lock_dir}/info"])
+    found = [(n, c) for n, c in facts.probes(host) if n not in SKIPPED_FACTS]
+    preflight = [(n, c) for n, c in found if n != "target"]
+    return [*preflight, ("lock", lock), ("lock_info", shell.join(["cat", f"{host.lock_dir}/info"])),
+            *[(n, c) for n, c in found if n == "target"],
+            ("objects", shell.join(["docker", "inspect", host.container.name, ref]))]
+
+
+def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]], locking: bool = False) -> Probe:
+    """Turn the probe's sections into a `Probe` (pure).
+
+    When `locking`, `lock` is None if this probe took the lock, else the holder's info."""
     f = facts.parse(host, sec)
-    version_doc = container.parse_docker_version(sec.get("docker", (1, ""))[1])
-    lock = parse_lock(*sec.get("lock", (1, "")))
-    return Probe(f, container.choose_builder(sec.get("buildx", (1, ""))[0], version_doc),
-                 container.parse_image_inspect(*sec.get("image", (1, ""))),
-                 container.parse_container_inspect(*sec.get("container", (1, ""))), lock, sec)
+    image, ctr = split_inspect(sec.get("objects", (1, ""))[1])
+    lock_status = sec.get("lock", (1, ""))[0]
+    if locking:
+        lock = None if lock_status == 0 else (parse_lock(*sec.get("lock_info", (1, ""))) or {"info": "none"})
+    else:
+        lock = parse_lock(*sec.get("lock", (1, "")))
+    return Probe(f, "", image, ctr, lock, sec, took_lock=locking and lock_status == 0)
 
 
-def probe(remote: Remote, host: HostSpec, ref: str) -> Probe:
-    out = remote.run(shell.sections(probe_commands(host, ref)), check=False, timeout=90).stdout
-    return parse_probe(host, shell.split_sections(out))
+def split_inspect(text: str) -> tuple[container.ImageInfo | None, container.ContainerInfo | None]:
+    """`docker inspect CONTAINER IMAGE` -> (image, container); either may be absent (pure)."""
+    items = container._json_array(text)
+    ctr = next((i for i in items if "State" in i), None)
+    img = next((i for i in items if "RepoTags" in i), None)
+    return (container.parse_image_inspect(0, json.dumps([img])) if img else None,
+            container.parse_container_inspect(0, json.dumps([ctr])) if ctr else None)
+
+
+def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None) -> Probe:
+    """One round trip: facts, container + image, and (unless a dry run) the lock."""
+    out = remote.run(shell.sections(probe_commands(host, ref, lock_why)), check=False, timeout=90).stdout
+    return parse_probe(host, shell.split_sections(out), locking=lock_why is not None)
 
 
 # -- preflight and plan (pure) ------------------------------------------------------------------
@@ -439,46 +467,46 @@ class Deploy:
         return s
 
     def run(self) -> DeployResult:
-        """Probe, plan, then act on what is out of date; the lock is always released."""
+        """Probe (taking the lock), plan, act on what is out of date; always record and unlock."""
         t = time.monotonic()
-        p = probe(self.remote, self.host, self.ref)
-        self.result.fingerprint = self.remote.host_key_fingerprint
-        self._preflight(p, t)
-        plan = make_plan(self.host, self.patch, p, self.ref)
-        self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
-        self.result.up_to_date = plan.up_to_date
-        if self.dry_run:
-            return self._dry_run(p, plan)
+        p = probe(self.remote, self.host, self.ref, None if self.dry_run else self.why)
+        self._locked = p.took_lock
         failure: RemoteOpsError | None = None
-        self._lock(p)
         try:
+            self.result.fingerprint = self.remote.host_key_fingerprint
+            self._preflight(p, t)
+            plan = make_plan(self.host, self.patch, p, self.ref)
+            self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
+            self.result.up_to_date = plan.up_to_date
+            if self.dry_run:
+                return self._dry_run(p, plan)
+            self._lock(p)
             self._act(p, plan)
         except RemoteOpsError as exc:
             failure = exc
             raise
         finally:
-            self._finish(failure)
+            if not self.dry_run:
+                self._finish(failure)
         return self.result
 
     def _preflight(self, p: Probe, t: float) -> None:
-        self.result.versions = {"remote_ops": __version__, "docker": p.facts.docker, "builder": p.builder,
+        self.result.versions = {"remote_ops": __version__, "docker": p.facts.docker,
                                 "sglang": self.host.sglang.version, "patch": f"{self.patch.id}@{self.patch.hash}"}
         problems = preflight_problems(self.host, p)
         if problems:
             self._step("preflight", "failed", "; ".join(problems), t)
             raise Refused("preflight: " + "; ".join(problems), host=self.host.name)
         self._step("preflight", "ok", f"docker {p.facts.docker.get('server')}, {len(p.facts.gpus)} GPUs, "
-                   f"builder {p.builder}", t)
+                   f"{(p.facts.dump_dir_free_bytes or 0) / 1e9:.0f} GB free for dumps", t)
 
     def _lock(self, p: Probe) -> None:
-        t = time.monotonic()
-        if p.lock is not None:
+        """The probe's last section took the lock (atomic mkdir) unless someone holds it."""
+        if not p.took_lock:
             raise Refused(f"lock: {self.host.lock_dir} is held: {json.dumps(p.lock)}", host=self.host.name,
                           hint=f"wait for that run, or remove {self.host.lock_dir} if it is stale",
                           details={"lock": p.lock})
-        take_lock(self.remote, self.host, self.why)
-        self._locked = True
-        self._step("lock", "ok", self.host.lock_dir, t)
+        self._step("lock", "ok", f"{self.host.lock_dir} (taken in the probe)")
 
     def _act(self, p: Probe, plan: Plan) -> None:
         """check -> push -> patch -> verify -> build -> start -> wait, skipping what is current."""
@@ -522,7 +550,9 @@ class Deploy:
         if not plan.build or current:
             self._step("build", "ok", f"{self.ref} up to date ({p.image.id[:19]})")
             return p.image.id
-        image_id = build_image(self.remote, self.host, self.patch, stage, self.ref, p.builder, shas, self.events)
+        builder = container.detect_builder(self.remote)
+        self.result.versions["builder"] = builder
+        image_id = build_image(self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events)
         verification = container.require_ok(container.verify_patch(
             self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name)
         self.result.image_id = image_id

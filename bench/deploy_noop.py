@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""No-op re-deploy on a real lab host: remote-ops vs Ansible vs OpenSSH + ControlMaster.
+
+Setup (not timed): one HostLab host (real sshd on 127.x + an offline dockerd),
+the SGLang 0.5.9 stand-in base image, the real 0.5.9 tree in the checkout, and
+one full `deploy`.  Then, with nothing changed, each contender does the checks
+a no-op deploy needs and the same host-side bookkeeping:
+
+- remote-ops: `remote-ops deploy --host bench --yes --json` (a new process per run:
+  Python start-up, inventory, connect, one batched probe, lock, audit + unlock),
+  and the same in-process (connect + `deploy.deploy`).
+- OpenSSH + ControlMaster: the very same three command strings remote-ops sends
+  (probe, lock, audit+unlock) over `ssh -S` (cold: incl. the master's connect; warm).
+- Ansible (ansible-core in its own venv, strict host keys, same key/known_hosts):
+  a playbook doing the same checks as tasks (facts, nvidia-smi, docker version/info,
+  df, sha256 of the target, SGLang version, buildx, image/container inspect, lock,
+  up-to-date assertion, audit line, unlock); default settings and with pipelining.
+
+Usage (root; scripts/setup done):  .venv/bin/python bench/deploy_noop.py [--runs 5] [--ansible PATH]
+Ansible: `python3 -m venv /tmp/ansible-venv && /tmp/ansible-venv/bin/pip install ansible-core`.
+Everything stays on 127.0.0.0/8; no registry is contacted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from remote_ops import container, deploy, sandbox  # noqa: E402
+from remote_ops.hostlab import HostLab, base_python_image  # noqa: E402
+from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
+from remote_ops.remote import FabricRemote  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "bench"
+
+
+def setup(tmp: Path):
+    """Lab host + stand-in image + real tree + inventory + a first full deploy."""
+    lab = HostLab(tmp / "lab", names=[NAME]).start()
+    base = base_python_image(lab.dockerd.socket)
+    standin = sandbox.build_standin_base(lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout),
+                                         "0.5.9", base)
+    lab.install_sglang(NAME)
+    sandbox.write_model_config(lab.host(NAME).paths.model_dir)
+    entry = sandbox.standin_overrides(lab.host(NAME).inventory_entry(lab, standin), standin)
+    inv = tmp / "inventory"
+    inv.mkdir()
+    (inv / f"{NAME}.yaml").write_text(yaml.safe_dump({"hosts": {NAME: entry}}))
+    os.environ.update(REMOTE_OPS_INVENTORY=str(inv), REMOTE_OPS_STATE_DIR=str(tmp / "state"))
+    spec = _spec(inv)
+    with FabricRemote(lab.target(NAME)).connect() as remote:
+        first = deploy.deploy(remote, spec)
+        _wait_docker_healthy(remote, spec, 90)
+    return lab, spec, first
+
+
+def _spec(inv: Path):
+    from remote_ops.inventory import load_inventory
+
+    return load_inventory([inv]).one(NAME)
+
+
+def _wait_docker_healthy(remote, spec, timeout: float) -> None:
+    """Docker's first HEALTHCHECK runs one interval after start; wait for it (deadline)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = container.inspect_container(remote, spec.container.name)
+        if info and info.health == "healthy":
+            return
+        time.sleep(1)
+    raise SystemExit("container did not become healthy in time")
+
+
+def bench_cli(runs: int) -> list[dict]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.run([str(REPO / ".venv/bin/remote-ops"), "deploy", "--host", NAME, "--yes", "--json", "-q"],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t
+        doc = json.loads(p.stdout)
+        assert p.returncode == 0 and doc["up_to_date"], (p.returncode, p.stderr[-500:])
+        out.append({"wall_s": wall, "round_trips": doc["round_trips"], "inner_s": doc["wall_s"]})
+    return out
+
+
+def bench_inprocess(lab, spec, runs: int) -> list[dict]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        with FabricRemote(lab.target(NAME)).connect() as remote:
+            r = deploy.deploy(remote, spec)
+            trips = remote.round_trips
+        assert r.up_to_date
+        out.append({"wall_s": time.perf_counter() - t, "round_trips": trips})
+    return out
+
+
+def noop_commands(spec) -> list[str]:
+    """The exact command strings a no-op deploy sends (probe, lock, audit+unlock)."""
+    ref = deploy.image_tag(spec, deploy.load_patch())
+    from remote_ops import shell
+
+    audit = {"time": time.time(), "action": "deploy", "ok": True, "up_to_date": True, "tool": "bench-openssh"}
+    return [shell.sections(deploy.probe_commands(spec, ref)), deploy.lock_cmd(spec, "bench"),
+            deploy.unlock_and_audit_cmd(spec, audit)]
+
+
+def bench_openssh(lab, spec, runs: int, tmp: Path) -> dict:
+    ctl = tmp / "ctl"
+    base = ["ssh", "-F", str(lab.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={ctl}",
+            "-o", "ControlPersist=60"]
+    cmds = noop_commands(spec)
+    cold, warm = [], []
+    for i in range(runs + 1):
+        t = time.perf_counter()
+        for c in cmds:
+            subprocess.run([*base, NAME, c], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        (cold if i == 0 else warm).append(time.perf_counter() - t)
+    subprocess.run([*base, "-O", "exit", NAME], capture_output=True, timeout=30)
+    return {"cold_s": cold[0], "warm_s": statistics.median(warm), "round_trips": len(cmds)}
+
+
+PLAYBOOK = """
+- hosts: {name}
+  gather_facts: true
+  gather_subset: [min, hardware]
+  vars:
+    target: "{target}"
+    ref: "{ref}"
+  tasks:
+    - name: GPUs
+      command: nvidia-smi --query-gpu=index,name --format=csv,noheader
+      register: gpus
+      failed_when: false
+      changed_when: false
+    - name: docker version
+      command: docker version --format '{{% raw %}}{{{{json .}}}}{{% endraw %}}'
+      register: dv
+      changed_when: false
+    - name: docker runtimes
+      command: docker info --format '{{% raw %}}{{{{json .Runtimes}}}}{{% endraw %}}'
+      changed_when: false
+    - name: disk
+      command: df -P -B1 {dump_parent}
+      changed_when: false
+    - name: target sha256
+      stat: {{path: "{{{{ target }}}}", checksum_algorithm: sha256}}
+      register: tf
+    - name: SGLang version
+      slurp: {{src: "{version_py}"}}
+    - name: buildx
+      command: docker buildx version
+      failed_when: false
+      changed_when: false
+    - name: image labels
+      command: docker image inspect {{{{ ref }}}}
+      register: img
+      changed_when: false
+    - name: container
+      command: docker container inspect {container}
+      register: ctr
+      changed_when: false
+    - name: lock
+      command: mkdir {lock}
+    - name: up to date?
+      assert:
+        that:
+          - (img.stdout | from_json)[0].Config.Labels['org.remote-ops.source.sha256.after'] == tf.stat.checksum
+          - (ctr.stdout | from_json)[0].Image == (img.stdout | from_json)[0].Id
+          - (ctr.stdout | from_json)[0].State.Running
+    - name: audit
+      lineinfile: {{path: "{audit}", line: '{{"action": "deploy", "tool": "ansible"}}', create: true, insertafter: EOF}}
+    - name: unlock
+      file: {{path: "{lock}", state: absent}}
+"""
+
+
+def bench_ansible(ansible: str, lab, spec, runs: int, tmp: Path, pipelining: bool) -> dict:
+    t = lab.target(NAME)
+    inv = tmp / "ansible-inventory.ini"
+    inv.write_text(f"{NAME} ansible_host={t.hostname} ansible_port={t.port} ansible_user={t.user} "
+                   f"ansible_ssh_private_key_file={t.identity_files[0]} ansible_python_interpreter=/usr/bin/python3\n")
+    play = tmp / "noop.yml"
+    play.write_text(PLAYBOOK.format(name=NAME, target=spec.sglang.target_file, ref=deploy.image_tag(spec, deploy.load_patch()),
+                                    dump_parent=str(Path(spec.dump.dir)), container=spec.container.name,
+                                    version_py=spec.sglang.checkout + "/python/sglang/_version.py",
+                                    lock=spec.lock_dir, audit=spec.audit_log))
+    env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": str(pipelining),
+           "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
+                               "-o ControlMaster=auto -o ControlPersist=60s",
+           "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"), "ANSIBLE_NOCOLOR": "1"}
+    times = []
+    for _ in range(runs):
+        s = time.perf_counter()
+        p = subprocess.run([ansible, "-i", str(inv), str(play)], capture_output=True, text=True, env=env,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        times.append(time.perf_counter() - s)
+        if p.returncode != 0:
+            raise SystemExit(f"ansible failed:\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}")
+    return {"median_s": statistics.median(times), "min_s": min(times), "tasks": PLAYBOOK.count("- name:") + 1}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ro-bench-noop-") as d:
+        tmp = Path(d)
+        lab, spec, first = setup(tmp)
+        try:
+            res = {"first_deploy_s": first.wall_s, "first_deploy_round_trips": first.round_trips,
+                   "cli": bench_cli(args.runs), "inprocess": bench_inprocess(lab, spec, args.runs),
+                   "openssh": bench_openssh(lab, spec, args.runs, tmp)}
+            if os.path.exists(args.ansible):
+                res["ansible"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, False)
+                res["ansible_pipelining"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, True)
+        finally:
+            lab.stop()
+    report(res)
+
+
+def report(res: dict) -> None:
+    cli = statistics.median(r["wall_s"] for r in res["cli"])
+    inproc = statistics.median(r["wall_s"] for r in res["inprocess"])
+    rows = [("remote-ops deploy (CLI, new process)", cli, res["cli"][0]["round_trips"]),
+            ("remote-ops deploy (in-process: connect + deploy)", inproc, res["inprocess"][0]["round_trips"]),
+            ("OpenSSH ControlMaster, same 3 commands, cold", res["openssh"]["cold_s"], 3),
+            ("OpenSSH ControlMaster, same 3 commands, warm", res["openssh"]["warm_s"], 3)]
+    for key, label in (("ansible", "Ansible playbook (defaults)"), ("ansible_pipelining", "Ansible playbook (pipelining)")):
+        if key in res:
+            rows.append((f"{label}, {res[key]['tasks']} tasks", res[key]["median_s"], None))
+    print(f"first full deploy: {res['first_deploy_s']:.2f}s, {res['first_deploy_round_trips']} round trips")
+    print("| contender | median wall (s) | round trips | vs remote-ops CLI |")
+    print("|---|---|---|---|")
+    for label, wall, trips in rows:
+        print(f"| {label} | {wall:.3f} | {trips if trips is not None else '-'} | {wall / cli:.1f}x |")
+    print(json.dumps(res, indent=1, default=str), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

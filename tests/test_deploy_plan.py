@@ -1,0 +1,76 @@
+"""deploy's pure parts: the plan from one probe, the lock file, preflight refusals."""
+from __future__ import annotations
+
+from remote_ops import container, deploy, facts
+from remote_ops.inventory import parse_inventory_data
+
+AFTER, BEFORE = "a" * 64, "b" * 64
+
+
+def host(**over):
+    return parse_inventory_data({"hosts": {"gpu-node": {"address": "10.1.230.174", **over}}}, "t.yaml")[0]
+
+
+def probe(h, *, image=True, running=True, target=AFTER, ctx=None, run_config=None, image_id="sha256:i"):
+    patch = deploy.load_patch()
+    ref = deploy.image_tag(h, patch)
+    labels = {deploy.LABELS["sha_after"]: AFTER, deploy.LABELS["sha_before"]: BEFORE,
+              deploy.LABELS["patch_hash"]: patch.hash,
+              deploy.LABELS["context"]: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
+    img = container.ImageInfo(image_id, (ref,), labels) if image else None
+    ctr = container.ContainerInfo("c1", h.container.name, "sha256:i", ref, "running" if running else "exited",
+                                  "healthy", labels={container.RUN_CONFIG_LABEL:
+                                                     run_config or container.expected_run_config(h, ref)})
+    f = facts.Facts(host=h.name, target_sha256=target, docker={"server": "28.0"})
+    return deploy.Probe(f, "buildkit", img, ctr, None), patch, ref
+
+
+def test_nothing_changed_is_up_to_date():
+    h = host()
+    p, patch, ref = probe(h)
+    plan = deploy.make_plan(h, patch, p, ref)
+    assert plan.up_to_date and not plan.wait
+
+
+def test_unpatched_file_plans_patch_and_build():
+    h = host()
+    p, patch, ref = probe(h, target="c" * 64)
+    plan = deploy.make_plan(h, patch, p, ref)
+    assert plan.patch and plan.build and plan.start
+
+
+def test_changed_build_inputs_rebuild():
+    h = host()
+    p, patch, ref = probe(h, ctx="old")
+    plan = deploy.make_plan(h, patch, p, ref)
+    assert not plan.patch and plan.build and plan.reasons["build"] == "build inputs changed"
+
+
+def test_stopped_container_or_new_settings_restart_without_rebuild():
+    h = host()
+    p, patch, ref = probe(h, running=False)
+    plan = deploy.make_plan(h, patch, p, ref)
+    assert plan.start and not plan.build and "exited" in plan.reasons["start"]
+    p, patch, ref = probe(h, run_config="other")
+    assert deploy.make_plan(h, patch, p, ref).reasons["start"] == "run settings changed"
+
+
+def test_other_image_id_restarts():
+    h = host()
+    p, patch, ref = probe(h, image_id="sha256:new")
+    assert deploy.make_plan(h, patch, p, ref).reasons["start"] == "container runs another image"
+
+
+def test_preflight_refuses_wrong_gpu_count_and_no_engine():
+    h = host(gpus={"count": 8})
+    p, _, _ = probe(h)
+    p.facts.docker = {"error": "Cannot connect to the Docker daemon"}
+    problems = deploy.preflight_problems(h, p)
+    assert any("8 GPUs" in x for x in problems) and any("docker engine" in x for x in problems)
+
+
+def test_lock_info_has_no_pid_and_parses_back():
+    text = deploy.lock_info("test run")
+    assert "\npid=" not in "\n" + text
+    info = deploy.parse_lock(0, text)
+    assert info["what"] == "deploy: test run" and deploy.parse_lock(1, "") is None
