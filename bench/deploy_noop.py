@@ -9,8 +9,8 @@ a no-op deploy needs and the same host-side bookkeeping:
 - remote-ops: `remote-ops deploy --host bench --yes --json` (a new process per run:
   Python start-up, inventory, connect, one batched probe, lock, audit + unlock),
   and the same in-process (connect + `deploy.deploy`).
-- OpenSSH + ControlMaster: the very same three command strings remote-ops sends
-  (probe, lock, audit+unlock) over `ssh -S` (cold: incl. the master's connect; warm).
+- OpenSSH + ControlMaster: the very same two command strings remote-ops sends
+  (probe that takes the lock, audit+unlock) over `ssh -S` (cold: incl. the master's connect; warm).
 - Ansible (ansible-core in its own venv, strict host keys, same key/known_hosts):
   a playbook doing the same checks as tasks (facts, nvidia-smi, docker version/info,
   df, sha256 of the target, SGLang version, buildx, image/container inspect, lock,
@@ -108,13 +108,12 @@ def bench_inprocess(lab, spec, runs: int) -> list[dict]:
 
 
 def noop_commands(spec) -> list[str]:
-    """The exact command strings a no-op deploy sends (probe, lock, audit+unlock)."""
+    """The exact command strings a no-op deploy sends (probe taking the lock, audit+unlock)."""
     ref = deploy.image_tag(spec, deploy.load_patch())
     from remote_ops import shell
 
     audit = {"time": time.time(), "action": "deploy", "ok": True, "up_to_date": True, "tool": "bench-openssh"}
-    return [shell.sections(deploy.probe_commands(spec, ref)), deploy.lock_cmd(spec, "bench"),
-            deploy.unlock_and_audit_cmd(spec, audit)]
+    return [shell.sections(deploy.probe_commands(spec, ref, "bench")), deploy.unlock_and_audit_cmd(spec, audit)]
 
 
 def bench_openssh(lab, spec, runs: int, tmp: Path) -> dict:
@@ -237,8 +236,8 @@ def report(res: dict) -> None:
     inproc = statistics.median(r["wall_s"] for r in res["inprocess"])
     rows = [("remote-ops deploy (CLI, new process)", cli, res["cli"][0]["round_trips"]),
             ("remote-ops deploy (in-process: connect + deploy)", inproc, res["inprocess"][0]["round_trips"]),
-            ("OpenSSH ControlMaster, same 3 commands, cold", res["openssh"]["cold_s"], 3),
-            ("OpenSSH ControlMaster, same 3 commands, warm", res["openssh"]["warm_s"], 3)]
+            ("OpenSSH ControlMaster, same 2 commands, cold (incl. master connect)", res["openssh"]["cold_s"], 2),
+            ("OpenSSH ControlMaster, same 2 commands, warm", res["openssh"]["warm_s"], 2)]
     for key, label in (("ansible", "Ansible playbook (defaults)"), ("ansible_pipelining", "Ansible playbook (pipelining)")):
         if key in res:
             rows.append((f"{label}, {res[key]['tasks']} tasks", res[key]["median_s"], None))

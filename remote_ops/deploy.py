@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, container, facts, shell, templates
+from . import __version__, container, facts, shell
 from .errors import (CommandFailed, CommandTimedOut, ConfigError, Refused, RemoteOpsError,
                      VerifyFailed)
 from .inventory import HostSpec
@@ -155,6 +155,8 @@ def dockerfile_variables(host: HostSpec, patch, sha_before: str, sha_after: str,
 
 def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
     """The Dockerfile as it will be built, with its context-hash label."""
+    from . import templates
+
     return templates.render(templates.DOCKERFILE,
                             dockerfile_variables(host, patch, sha_before, sha_after, context_hash(host, patch, sha_before, sha_after)))
 
@@ -175,9 +177,12 @@ def context_files(patch) -> dict[str, bytes]:
 
 
 def context_hash(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
-    """Hash of every build input: Dockerfile (without this label), shipped files, patched file sha."""
-    h = hashlib.sha256(templates.render(templates.DOCKERFILE, dockerfile_variables(
-        host, patch, sha_before, sha_after, None)).encode())
+    """Hash of every build input: the template's text and its variables (without this label),
+    the shipped files, the patched file's sha.  Hashing the inputs instead of the rendered
+    text keeps Jinja2 out of a no-op deploy (its import alone is ~40 ms)."""
+    variables = dockerfile_variables(host, patch, sha_before, sha_after, None)
+    h = hashlib.sha256(json.dumps(variables, sort_keys=True).encode())
+    h.update(hashlib.sha256((repo_resource("templates", "Dockerfile.j2")).read_bytes()).digest())
     for name, data in sorted(context_files(patch).items()):
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return h.hexdigest()[:24]
