@@ -55,7 +55,7 @@ def test_plan_jobs_streams_large_files_alone_and_batches_small_ones():
     jobs = transfer.plan_jobs(items, small_file=8 << 20)
     assert [[i.remote for i in j] for j in jobs] == [["f0"], ["f4"], ["f1", "f2", "f3"]]
     two = transfer.plan_jobs(items, small_file=8 << 20, jobs=2)            # small files split over 2 streams
-    assert [[i.remote for i in j] for j in two] == [["f0"], ["f4"], ["f3"], ["f1", "f2"]]
+    assert [[i.remote for i in j] for j in two] == [["f0"], ["f4"], ["f1", "f2"], ["f3"]]
 
 
 class _Bytes:
@@ -66,6 +66,9 @@ class _Bytes:
 
     def read_exact(self, n):
         return self.buf.read(n)
+
+    def readinto(self, view):
+        return self.buf.readinto(view)
 
 
 def test_tar_reader_handles_long_names_prefixes_and_padding():
