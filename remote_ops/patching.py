@@ -542,13 +542,17 @@ def _apply_once(remote: Remote, target: PatchTarget, force: bool, dry_run: bool,
     result.backup_path = tf.backup_path
     result.verify = verify_bytes(tf.host, tf.path, new, spec, outcome.compile_rc, outcome.compile_output)
     if outcome.sha256 != _sha(new) or not result.verify.ok:
-        _restore_after_failed_verify(remote, target, result, outcome.sha256)
+        _restore_after_failed_verify(remote, target, result, outcome.sha256, lock)
     return _finish(result, remote, trips, start)
 
 
-def _restore_after_failed_verify(remote: Remote, target: PatchTarget, result: ApplyResult, sha_now: str) -> None:
-    """Put the backup back (the file as it was before the first apply) and raise saying so."""
-    _write(remote, target, sha_now, None, backup="keep", lock=True, what="patch apply: restore backup",
+def _restore_after_failed_verify(remote: Remote, target: PatchTarget, result: ApplyResult, sha_now: str,
+                                 lock: bool) -> None:
+    """Put the backup back (the file as it was before the first apply) and raise saying so.
+
+    `lock` is the caller's: a deploy already holds the host lock, so the
+    restore must not wait for it."""
+    _write(remote, target, sha_now, None, backup="keep", lock=lock, what="patch apply: restore backup",
            new_sha=result.backup_sha256 or result.sha_before)
     result.action = "restored"
     result.verify.raise_if_failed(restored=f"; the backup {result.backup_path} was restored "
