@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import io
+import tarfile
 import json
 import os
 import socket
@@ -350,15 +352,25 @@ def unlock_and_audit_cmd(host: HostSpec, audit: dict) -> str:
 
 
 def push(remote: Remote, host: HostSpec, patch, events: Events) -> str:
-    """Stage the build context on the host: shipped files via put, the sglang tree copied there."""
+    """Stage the build context on the host in one round trip: a tar of the shipped files on stdin."""
     stage = staging_dir(host)
     files = context_files(patch)
-    dirs = sorted({str(Path(stage, n).parent) for n in files})
-    remote.run(shell.and_then(["rm", "-rf", stage], ["mkdir", "-p", *dirs]), timeout=60)
-    for name, data in files.items():
-        remote.put(data, f"{stage}/{name}", mode=0o755 if name.endswith((".sh", "verify_patch.py")) else 0o644)
+    remote.run(shell.and_then(["rm", "-rf", stage], ["mkdir", "-p", stage], ["tar", "-x", "-f", "-", "-C", stage]),
+               input=context_tar(files), timeout=120)
     events.progress(f"staged {len(files)} files in {stage}")
     return stage
+
+
+def context_tar(files: dict[str, bytes]) -> bytes:
+    """An uncompressed tar of the context files (executables get mode 755)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            info.mode = 0o755 if name.endswith((".sh", "verify_patch.py")) else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def copy_tree_cmd(host: HostSpec, stage: str) -> str:
