@@ -33,28 +33,6 @@ class Recorder(deploy.Events):
         self.progress_lines.append(text)
 
 
-@pytest.fixture(scope="session")
-def standin_base(lab, base_image):
-    """The SGLang 0.5.9 stand-in base image, built locally in the lab dockerd (never pulled)."""
-    from remote_ops.hostlab.images import docker
-
-    return sandbox.build_standin_base(lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout),
-                                      "0.5.9", base_image)
-
-
-@pytest.fixture
-def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
-    """lab2's inventory entry pointed at the stand-in base image; local state in tmp."""
-    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
-    sandbox.write_model_config(sglang_host.paths.model_dir)
-    s = lab.spec(sglang_host.name)
-    return s.model_copy(update={
-        "sglang": s.sglang.model_copy(update={"base_image": standin_base}),
-        "server": s.server.model_copy(update={"launcher": sandbox.STANDIN_LAUNCHER, "healthy_timeout_s": 60}),
-        "container": s.container.model_copy(update={"env": {"STANDIN_LOAD_SECONDS": "0.5",
-                                                            "STANDIN_REQUIRE_PATCH": "1"}})})
-
-
 def _ctr(remote, spec):
     return container.inspect_container(remote, spec.container.name)
 
