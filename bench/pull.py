@@ -14,6 +14,12 @@ times (median reported; the machine is shared, so single runs are noisy):
 Every method's output is checked (size; remote-ops also checks sha256 while it
 receives).  Source files stay in the page cache for every method alike.
 
+The 2,000 small copies of every run are kept until the end of the bench (~1.6 GB
+per method and rep): deleting them right away made the *next* method pay for
+ext4's inode allocator skipping thousands of recently deleted inodes
+(`recently_deleted`/`find_inode_bit` were ~20 % of all CPU samples in `perf`),
+which measured the order of the methods rather than the methods.
+
     .venv/bin/python bench/pull.py [--reps 3] [--big-mib 2048] [--small 2000] [--json out.json]
 """
 from __future__ import annotations
@@ -125,6 +131,7 @@ def main() -> int:
     ap.add_argument("--small", type=int, default=2000)
     ap.add_argument("--methods", default="rsync,rsync-gcm,tar-ssh,fabric,remote-ops")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dest-dir", default=None, help="where the pulled copies go (default: /tmp)")
     args = ap.parse_args()
     methods = {"rsync": run_rsync, "rsync-gcm": lambda *a: run_rsync(*a, ciphers=transfer.CIPHERS),
                "tar-ssh": run_tar, "fabric": run_fabric, "remote-ops": run_remote_ops}
@@ -137,14 +144,13 @@ def main() -> int:
         sets = make_data(root, args.big_mib, args.small)
         print(f"data ready in {time.monotonic() - t0:.1f}s on {host.name} ({target.display}); "
               f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
-        scratch = Path(tempfile.mkdtemp(prefix="ro-bench-pull-"))
+        scratch = Path(tempfile.mkdtemp(prefix="ro-bench-pull-", dir=args.dest_dir))
         try:
             for rep in range(args.reps):
                 for set_name, files in sets.items():
                     total = sum(s for _, s, _ in files)
                     for method in chosen:
-                        dest = scratch / method
-                        shutil.rmtree(dest, ignore_errors=True)
+                        dest = scratch / f"{method}-{rep}"
                         (dest / set_name).mkdir(parents=True)
                         subprocess.run(["sync"], timeout=120)
                         start = time.perf_counter()
@@ -155,7 +161,8 @@ def main() -> int:
                         results.setdefault(set_name, {}).setdefault(method, []).append(mbps)
                         print(f"rep {rep + 1} {set_name:5s} {method:10s} {mbps:8.1f} MB/s ({elapsed:.2f}s)",
                               flush=True)
-                        shutil.rmtree(dest, ignore_errors=True)
+                        if set_name == "big":       # small outputs stay until the end, see below
+                            shutil.rmtree(dest, ignore_errors=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     summary = report(results)

@@ -475,8 +475,14 @@ def pull_logs(remote, host, kinds: tuple[str, ...], local_dir: Path | None = Non
 
 # --------------------------------------------------------------------------- follow (edge)
 
-def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20) -> str:
-    """One remote command streaming every chosen log, each line tagged `<kind>|`."""
+def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20,
+                   duration: float = 3600.0) -> str:
+    """One remote command streaming every chosen log, each line tagged `<kind>|`.
+
+    The whole thing runs under `timeout` on the host too: when the local
+    deadline closes the channel, nothing (no `tail -F`, no `docker logs -f`)
+    is left running there.
+    """
     parts = []
     for kind, source in log_sources(host, kinds).items():
         if kind == "server":
@@ -484,8 +490,9 @@ def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int =
                   f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
         else:
             src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
-        parts.append(f"{{ {src} | sed -u 's/^/{kind}|/' & }}")
-    return " ".join(parts) + " wait"
+        parts.append(f"{src} | sed -u 's/^/{kind}|/'")
+    script = " & ".join(parts) + " & wait"
+    return shell.join(["timeout", "-k", "2", f"{max(duration, 1):g}", "sh", "-c", script])
 
 
 def split_tagged(line: str) -> tuple[str, str]:

@@ -100,3 +100,39 @@ def test_server_log_pull_from_the_container_has_every_line_once(remote, spec, do
         assert texts == [f"line{i}" for i in range(40)]
     finally:
         dockerd.docker("rm", "-f", name, check=False)
+
+
+def test_follow_streams_new_lines_tagged_with_their_log(remote, spec, host):
+    import threading
+
+    path = _remote_log(host)
+    path.write_text("old line\n")
+    got: list[tuple[str, str]] = []
+
+    def writer():
+        time.sleep(1.0)
+        with open(path, "a") as fh:
+            for i in range(3):
+                fh.write(f"new line {i}\n")
+                fh.flush()
+                time.sleep(0.1)
+    t = threading.Thread(target=writer)
+    t.start()
+    result = remote.run(logs.follow_command(spec, ("extraction",), None, 5, duration=3), timeout=10,
+                        check=False, on_line=lambda stream, line: got.append(logs.split_tagged(line)))
+    assert result.exit_status == 124 and result.duration_s < 8          # `timeout` ended it on the host
+    t.join()
+    assert got == [("extraction", "old line")] + [("extraction", f"new line {i}") for i in range(3)]
+
+
+def test_cli_logs_follow_prefixes_each_line_with_the_host(lab_env, host):
+    import subprocess
+    import sys
+
+    path = _remote_log(host)
+    path.write_text("hello from the host\n")
+    proc = subprocess.run([sys.executable, "-m", "remote_ops", "logs", "follow", "--host", host.name,
+                           "--what", "extraction", "--duration", "2"], capture_output=True, text=True,
+                          timeout=60, env={**lab_env, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert f"{host.name} | [extraction] hello from the host" in proc.stderr

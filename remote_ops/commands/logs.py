@@ -70,8 +70,8 @@ def follow_cmd(app, host, what, since, lines, duration) -> int:
         app.console.host_line(spec.name, stream, f"[{kind}] {text}")
 
     try:
-        app.remote(spec).run(logs_mod.follow_command(spec, _kinds(what), since, lines),
-                             timeout=duration, on_line=on_line, check=False)
+        app.remote(spec).run(logs_mod.follow_command(spec, _kinds(what), since, lines, duration),
+                             timeout=duration + 5, on_line=on_line, check=False)
     except CommandTimedOut:
         app.console.say(f"followed for {duration:g}s; stopping", style="dim")
     return 0
