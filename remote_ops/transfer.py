@@ -212,10 +212,15 @@ class Puller:
 
     # -- one large file ------------------------------------------------------
     def _stream_with_retry(self, item: PullItem) -> None:
-        """Stream one file; if it fails verification after a resume, fetch it once from 0."""
+        """Stream one file; if a *resumed* file fails verification, fetch it once from byte 0.
+
+        (A stale partial file from an older version of the dump is the one case
+        where resuming cannot work.)  A broken link keeps the partial file for
+        the next pull.
+        """
+        resumed = item.part.exists() and item.part.stat().st_size > 0
         problem = self._stream(item)
-        if problem and problem != "missing on the host" and item.part.exists():
-            item.part.unlink()
+        if problem and resumed and problem.startswith(("size", "sha256")):
             problem = self._stream(item)
         if problem:
             self._fail(item, problem)

@@ -3,6 +3,7 @@ and pulls of many small files over a real lab host."""
 from __future__ import annotations
 
 import hashlib
+import os
 import io
 import tarfile
 from pathlib import Path
@@ -117,3 +118,15 @@ def test_unknown_host_key_is_refused_by_the_bulk_path_too(lab, host, tmp_path):
         [transfer.PullItem("one", tmp_path / "one", 10)])
     assert report.fetched == 0 and "Host key verification failed" in report.failed[0][1]
     assert not (tmp_path / "one").exists()
+
+
+def test_a_stale_partial_file_is_fetched_again_from_byte_zero(lab, host, tmp_path):
+    root = host.paths.dump_dir / "stale"
+    root.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(10 << 20)                                  # above SMALL_FILE: streamed
+    (root / "big").write_bytes(data)
+    item = transfer.PullItem("big", tmp_path / "big", len(data), hashlib.sha256(data).hexdigest())
+    item.part.write_bytes(b"\0" * (3 << 20))                     # left by an older version of the file
+    report = transfer.Puller(lab.target(host.name), str(root)).pull([item])
+    assert report.resumed == 1 and report.fetched == 1 and not report.failed
+    assert item.local.read_bytes() == data and not item.part.exists()
