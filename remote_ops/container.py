@@ -332,30 +332,52 @@ def run(remote: Remote, host: HostSpec, image: str) -> str:
     return remote.run(run_argv(host, image), timeout=120).stdout.strip()
 
 
+def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None,
+                   grace_s: int = 30) -> list[str | list[str]]:
+    """The commands `start`/`stop`/`restart` need from the container's current state (pure).
+
+    An empty plan is a no-op (start of a running container, stop of a stopped
+    one), so re-runs change nothing; `--dry-run` prints the plan instead.
+    """
+    name = host.container.name
+    if action == "start" and info is None:
+        if not image:
+            raise NotFound(f"no container {name} and no image to run", host=host.name,
+                           hint="run `remote-ops deploy` first")
+        return [remove_cmd(name), run_argv(host, image)]
+    if info is None:
+        raise NotFound(f"container {name} does not exist", host=host.name, hint="run `remote-ops deploy` first")
+    if action == "start":
+        return [] if info.running else [start_cmd(name)]
+    if action == "stop":
+        return [stop_cmd(name, grace_s)] if info.running else []
+    return [["docker", "restart", "-t", str(grace_s), name]]
+
+
+def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None = None, grace_s: int = 30,
+              dry_run: bool = False) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
+    """Check -> act -> verify for start/stop/restart: (commands, state before, state after)."""
+    before = inspect_container(remote, host.container.name)
+    plan = lifecycle_plan(action, host, before, image, grace_s)
+    if dry_run:
+        return [shell.cmd(c) for c in plan], before, before
+    for command in plan:
+        remote.run(command, timeout=grace_s + 120)
+    return [shell.cmd(c) for c in plan], before, _must_inspect(remote, host)
+
+
 def start(remote: Remote, host: HostSpec, image: str | None) -> ContainerInfo:
     """Start the existing container, or run a new one from `image` when there is none."""
-    info = inspect_container(remote, host.container.name)
-    if info is None:
-        if not image:
-            raise NotFound(f"no container {host.container.name} and no image to run", host=host.name,
-                           hint="run `remote-ops deploy` first")
-        run(remote, host, image)
-    elif not info.running:
-        remote.run(start_cmd(host.container.name), timeout=120)
-    return _must_inspect(remote, host)
+    return lifecycle(remote, host, "start", image=image)[2]
 
 
 def stop(remote: Remote, host: HostSpec, grace_s: int = 30) -> ContainerInfo:
     """Stop the container (it keeps its configuration; `start` resumes it)."""
-    _must_inspect(remote, host)
-    remote.run(stop_cmd(host.container.name, grace_s), timeout=grace_s + 60)
-    return _must_inspect(remote, host)
+    return lifecycle(remote, host, "stop", grace_s=grace_s)[2]
 
 
 def restart(remote: Remote, host: HostSpec, grace_s: int = 30) -> ContainerInfo:
-    _must_inspect(remote, host)
-    remote.run(["docker", "restart", "-t", str(grace_s), host.container.name], timeout=grace_s + 120)
-    return _must_inspect(remote, host)
+    return lifecycle(remote, host, "restart", grace_s=grace_s)[2]
 
 
 def status(remote: Remote, host: HostSpec) -> ContainerInfo | None:

@@ -168,10 +168,20 @@ def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
                                                             "STANDIN_REQUIRE_PATCH": "1"}})})
 
 
+@pytest.fixture
+def deployed(sglang_remote, spec):
+    """`spec` after a real deploy (stand-in server running); the container is removed afterwards."""
+    from remote_ops import deploy
+
+    deploy.deploy(sglang_remote, spec, why="test")
+    yield spec
+    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that use a lab fixture get the `hosts` marker (select with -m hosts / -m 'not hosts')."""
     lab_fixtures = {"lab", "host", "remote", "spare_host", "sglang_host", "sglang_remote", "base_image",
-                    "busybox_image", "faults", "dockerd", "lab_env", "standin_base", "spec"}
+                    "busybox_image", "faults", "dockerd", "lab_env", "standin_base", "spec", "deployed"}
     for item in items:
         if lab_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.hosts)

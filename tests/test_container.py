@@ -85,3 +85,39 @@ def test_parse_patch_verification():
     assert not bad.ok and bad.reason == "sha differs"
     garbage = container.parse_patch_verification("image x", 127, "python3: not found", None)
     assert not garbage.ok and "not found" in garbage.reason
+
+
+# -- lifecycle plans (pure): check -> act, no-op re-runs -------------------------------------------
+from remote_ops.container import lifecycle_plan  # noqa: E402
+
+
+def _info(running: bool):
+    from remote_ops.container import parse_container_inspect
+    import json as _json
+
+    doc = [{"Id": "c1", "Name": "/x", "Image": "sha256:i", "RestartCount": 0, "Config": {"Image": "r", "Labels": {}},
+            "State": {"Running": running, "Status": "running" if running else "exited", "OOMKilled": False}}]
+    return parse_container_inspect(0, _json.dumps(doc))
+
+
+def test_lifecycle_plans_are_noops_when_state_matches():
+    from remote_ops.inventory import HostSpec
+
+    h = HostSpec(name="h")
+    assert lifecycle_plan("start", h, _info(True), "img") == []
+    assert lifecycle_plan("stop", h, _info(False), None) == []
+    assert lifecycle_plan("stop", h, _info(True), None, 5) == [["docker", "stop", "-t", "5", "sglang-eagle3"]]
+    assert lifecycle_plan("start", h, _info(False), "img") == [["docker", "start", "sglang-eagle3"]]
+    fresh = lifecycle_plan("start", h, None, "img:tag")
+    assert "--pull=never" in fresh[1] and "img:tag" in fresh[1]
+
+
+def test_lifecycle_without_container_or_image_is_not_found():
+    import pytest
+    from remote_ops.errors import NotFound
+    from remote_ops.inventory import HostSpec
+
+    with pytest.raises(NotFound):
+        lifecycle_plan("stop", HostSpec(name="h"), None, None)
+    with pytest.raises(NotFound):
+        lifecycle_plan("start", HostSpec(name="h"), None, None)

@@ -18,13 +18,6 @@ def checks(remote, spec, **kw) -> dict[str, health.Check]:
     return {f"{c.tier}/{c.name}": c for c in result.checks}
 
 
-@pytest.fixture
-def deployed(sglang_remote, spec):
-    deploy.deploy(sglang_remote, spec, why="health test")
-    yield spec
-    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
-
-
 def test_deployed_host_is_healthy_in_one_round_trip(sglang_remote, deployed, tmp_path):
     result = health.check_host(lambda _h: sglang_remote, deployed, expected_image=deploy.image_ref(deployed),
                                state_dir=tmp_path)

@@ -26,31 +26,57 @@ def container_group() -> None:
     """Start, stop, restart or show the SGLang container (built by `deploy`)."""
 
 
-@container_group.command("start")
-@host_command
-def start_cmd(app, host: str) -> None:
-    """Start the container; if it does not exist, run it from the deployed image."""
+def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: bool) -> None:
+    """Run (or, with --dry-run, show) start/stop/restart; --diff shows the state change."""
     spec = app.host(host)
-    remote = app.remote(spec)
-    _show(app, spec, ctr.start(remote, spec, deploy.image_ref(spec)))
+    image = deploy.image_ref(spec) if action == "start" else None
+    commands, before, after = ctr.lifecycle(app.remote(spec), spec, action, image=image, grace_s=grace,
+                                            dry_run=dry_run)
+    if not commands:
+        app.console.status("ok", f"{spec.name}: nothing to do ({action}: container already in that state)")
+    for c in commands:
+        app.console.say(f"{'would run' if dry_run else 'ran'}: {c}")
+    if diff:
+        was = f"{before.status} ({before.image_id[:19]})" if before else "absent"
+        app.console.say(f"--- container {spec.container.name}: {was}\n+++ after {action}: "
+                        + (f"{after.status} ({after.image_id[:19]})" if after and not dry_run
+                           else "(not run)" if dry_run else "absent"))
+    if dry_run:
+        app.console.emit({"host": spec.name, "dry_run": True, "commands": commands,
+                          "container": before.to_dict() if before else None})
+    else:
+        _show(app, spec, after)
+
+
+def lifecycle_options(fn):
+    fn = click.option("--diff", is_flag=True, help="show the container's state before and after")(fn)
+    return click.option("--dry-run", is_flag=True, help="print the docker commands; change nothing")(fn)
+
+
+@container_group.command("start")
+@lifecycle_options
+@host_command
+def start_cmd(app, host: str, dry_run: bool, diff: bool) -> None:
+    """Start the container; if it does not exist, run it from the deployed image."""
+    _lifecycle(app, host, "start", 30, dry_run, diff)
 
 
 @container_group.command("stop")
 @click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
+@lifecycle_options
 @host_command
-def stop_cmd(app, host: str, grace: int) -> None:
-    """Stop the container (it keeps its settings; `start` resumes it)."""
-    spec = app.host(host)
-    _show(app, spec, ctr.stop(app.remote(spec), spec, grace))
+def stop_cmd(app, host: str, grace: int, dry_run: bool, diff: bool) -> None:
+    """Stop the container (it keeps its settings; `start` resumes it).  Stopped already: no-op."""
+    _lifecycle(app, host, "stop", grace, dry_run, diff)
 
 
 @container_group.command("restart")
 @click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
+@lifecycle_options
 @host_command
-def restart_cmd(app, host: str, grace: int) -> None:
+def restart_cmd(app, host: str, grace: int, dry_run: bool, diff: bool) -> None:
     """Restart the container in place."""
-    spec = app.host(host)
-    _show(app, spec, ctr.restart(app.remote(spec), spec, grace))
+    _lifecycle(app, host, "restart", grace, dry_run, diff)
 
 
 @container_group.command("status")
