@@ -122,16 +122,17 @@ def verify_cmd(app, host, path, local_file) -> None:
 @patch_group.command("revert")
 @target_options
 @click.option("--dry-run", is_flag=True, help="print the diff and change nothing")
+@click.option("--diff", "show_diff", is_flag=True, help="also print the diff when reverting")
 @click.option("--from-backup", is_flag=True, help="restore the backup copy instead of removing the blocks")
 @click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")
 @app_options
-def revert_cmd(app, host, path, local_file, dry_run, from_backup, no_lock) -> None:
+def revert_cmd(app, host, path, local_file, dry_run, show_diff, from_backup, no_lock) -> None:
     """Remove the blocks; the file must hash to the original (byte-identical)."""
     remote, target = where(app, host, path, local_file)
     result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
     console = app.console
     console.step(f"patch revert {result.host}:{result.path}")
-    if dry_run:
+    if dry_run or show_diff:
         _diff(console, result.diff)
     ident = {True: "byte-identical to the original", False: "NOT identical to the original", None: ""}[result.identical]
     console.status("ok" if result.identical is not False else "fail",
