@@ -182,6 +182,7 @@ class Puller:
         self._stop = threading.Event()
         self._local = threading.local()       # one receive buffer per worker thread
         self._dirs: set[Path] = set()
+        self._files_pool = ThreadPoolExecutor(1, thread_name_prefix="ro-pull-files")
 
     def pull(self, items: list[PullItem]) -> PullReport:
         """Fetch every item not already complete; verify; rename. Interrupt-safe."""
@@ -199,6 +200,7 @@ class Puller:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            self._files_pool.shutdown(wait=True)
             self.report.seconds = time.monotonic() - start
         return self.report
 
@@ -265,7 +267,7 @@ class Puller:
         proc.stdin.write(names)
         proc.stdin.close()
         reader = _StallReader(proc, self.stall_timeout, self.host)
-        lane = _FileLane(job, self._mkdir)
+        lane = _FileLane(job, self._mkdir, self._files_pool)
         try:
             for name, size in _tar_members(reader):
                 opened = lane.take(name)
@@ -395,16 +397,18 @@ class Puller:
 class _FileLane:
     """Creates `.part` files ahead of a tar stream and renames verified ones behind it.
 
-    One helper thread (file creation in one directory serialises anyway); the
-    stream thread takes the open fd of each member as it arrives.  Members the
+    The helper thread is shared by all streams of a pull: creating files in one
+    directory serialises in the kernel anyway, and one creator avoids the
+    streams spinning on the directory lock.  The stream thread takes the open
+    fd of each member as it arrives.  Members the
     host did not send (missing files) are found as gaps in the order and their
     empty `.part` files removed.
     """
 
     AHEAD = 32
 
-    def __init__(self, items: list[PullItem], mkdir: Callable[[Path], None]) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ro-pull-files")
+    def __init__(self, items: list[PullItem], mkdir: Callable[[Path], None], pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
         self.mkdir = mkdir
         self.queue = list(reversed(items))
         self.names = {i.remote for i in items}
@@ -455,7 +459,6 @@ class _FileLane:
         self.queue.clear()
         for future in self.renames:
             future.result()
-        self.pool.shutdown(wait=True)
         return self.unseen
 
 
