@@ -50,13 +50,18 @@ def test_proxy_jump_becomes_a_proxy_command_with_the_same_policy():
     assert "known hosts" in proxy                      # quoted for the shell that runs it
 
 
-def test_plan_jobs_streams_large_files_alone_and_batches_small_ones():
-    sizes = [100 << 20, 1 << 20, 2 << 20, 3 << 20, 20 << 20]
-    items = [transfer.PullItem(f"f{i}", Path(f"/x/f{i}"), s) for i, s in enumerate(sizes)]
-    jobs = transfer.plan_jobs(items, small_file=8 << 20)
-    assert [[i.remote for i in j] for j in jobs] == [["f0"], ["f4"], ["f1", "f2", "f3"]]
-    two = transfer.plan_jobs(items, small_file=8 << 20, jobs=2)            # small files split over 2 streams
-    assert [[i.remote for i in j] for j in two] == [["f0"], ["f4"], ["f1", "f2"], ["f3"]]
+def test_plan_jobs_batches_files_resumes_partials_alone_and_streams_huge_ones(tmp_path):
+    mib = 1 << 20
+    sizes = [100 * mib, 1 * mib, 2 * mib, 3 * mib, 20 * mib, 30 * mib]
+    items = [transfer.PullItem(f"f{i}", tmp_path / f"f{i}", s) for i, s in enumerate(sizes)]
+    items[5].part.write_bytes(b"x" * 10)                                 # an interrupted earlier pull
+
+    def names(jobs):
+        return [[i.remote for i in j] for j in jobs]
+    assert names(transfer.plan_jobs(items)) == [["f0", "f1", "f2", "f3", "f4"], ["f5"]]
+    assert names(transfer.plan_jobs(items, jobs=2)) == [["f0"], ["f5"], ["f1", "f2", "f3", "f4"]]
+    assert names(transfer.plan_jobs(items, batch_bytes=4 * mib)) == [
+        ["f0"], ["f5"], ["f4"], ["f1", "f2", "f3"]]
 
 
 class _Bytes:
@@ -130,3 +135,28 @@ def test_a_stale_partial_file_is_fetched_again_from_byte_zero(lab, host, tmp_pat
     report = transfer.Puller(lab.target(host.name), str(root)).pull([item])
     assert report.resumed == 1 and report.fetched == 1 and not report.failed
     assert item.local.read_bytes() == data and not item.part.exists()
+
+
+def test_an_interrupted_tar_batch_keeps_verified_files_and_resumes_the_partial_one(lab, host, tmp_path):
+    root = host.paths.dump_dir / "batch"
+    root.mkdir(parents=True, exist_ok=True)
+    items = []
+    for i in range(4):
+        data = os.urandom(10 << 20)
+        (root / f"d{i}").write_bytes(data)
+        items.append(transfer.PullItem(f"d{i}", tmp_path / f"d{i}", len(data), hashlib.sha256(data).hexdigest()))
+    seen = {"n": 0}
+
+    def ctrl_c_at_15_mib(n):
+        seen["n"] += n
+        if seen["n"] > 15 << 20:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        transfer.Puller(lab.target(host.name), str(root), jobs=1, advance=ctrl_c_at_15_mib).pull(items)
+    assert items[0].local.exists() and items[1].part.stat().st_size > 0
+    assert not any(i.part.exists() for i in items[2:])           # created ahead, removed on the way out
+    report = transfer.Puller(lab.target(host.name), str(root), jobs=1).pull(items)
+    assert (report.skipped, report.resumed, report.fetched) == (1, 1, 3) and not report.failed
+    assert report.bytes < 30 << 20
+    for item in items:
+        assert hashlib.sha256(item.local.read_bytes()).hexdigest() == item.sha256
