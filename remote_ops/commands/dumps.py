@@ -24,7 +24,10 @@ def dumps_group() -> None:
 
 
 def _gb(n) -> str:
-    return "-" if n is None else f"{n / 1e9:,.2f} GB"
+    """Bytes for humans: GB from 1 GB up, else MB."""
+    if n is None:
+        return "-"
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _render_recon(console, r: dumps_mod.Reconciliation) -> None:
