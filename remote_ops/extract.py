@@ -197,6 +197,41 @@ def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float
                           command="extract start", timeout=wait_s)
 
 
+def plan_start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
+               server_url: str | None = None, limit: int | None = None, dump_grace: float = 30.0) -> dict:
+    """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff)."""
+    p = paths_for(host)
+    local = Path(dataset).expanduser()
+    remote_dataset = p.dataset if local.is_file() else dataset
+    probe = shell.sections([("alive", alive_check(p)),
+                            ("client", f"sha256sum {shell.quote(p.client)} | cut -c1-64"),
+                            ("dataset", f"sha256sum {shell.quote(remote_dataset)} | cut -c1-64")])
+    sec = shell.split_sections(remote.run(probe, check=False).stdout)
+    have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
+    url = server_url or f"http://127.0.0.1:{host.server.port}"
+    return {"already_running": sec.get("alive", (1, ""))[0] == 0,
+            "upload_client": have["client"] != _sha256(client_source()),
+            "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
+            "dataset_on_host": remote_dataset,
+            "command": launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace)}
+
+
+def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: float = 2.0) -> ExtractStatus:
+    """Poll (one round trip each) until the client has exited; CommandTimedOut at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = status(remote, host)
+        if on_status:
+            on_status(st)
+        if not st.running:
+            return st
+        if time.monotonic() + interval_s > deadline:
+            raise CommandTimedOut(f"extraction still running after {timeout_s:g}s (it goes on; "
+                                  f"`extract status` follows it)", host=host.name,
+                                  command="extract start --wait", timeout=timeout_s)
+        time.sleep(interval_s)
+
+
 def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
     """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline."""
     p = paths_for(host)

@@ -190,3 +190,21 @@ def test_cli_extract_status_and_log_summary(lab, host, lab_env, standin, fresh_r
     summary = cli("logs", "summary", "--plot")
     assert summary["extraction"]["done"] == 5 and summary["extraction"]["total"] == 5
     assert any(p.endswith("extraction.png") for p in summary["plots"])
+
+
+def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(lab, host, lab_env, standin, fresh_run,
+                                                                           remote, tmp_path):
+    _dataset(tmp_path / "ds.jsonl", 4, 8)
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
+                              capture_output=True, text=True, timeout=120, env=lab_env)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    plan = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--dry-run")
+    assert plan["dry_run"] and plan["upload_client"] and plan["upload_dataset"] and not plan["already_running"]
+    p = extract.paths_for(lab.spec(host.name))
+    assert remote.run(["test", "-e", p.client], check=False).exit_status != 0, "dry run uploaded nothing"
+    done = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--wait", "90")
+    assert not done["running"] and done["summary"]["done"] == 4 and done["missing"] == []
+    assert cli("extract", "stop", "--dry-run")["running"] is False
