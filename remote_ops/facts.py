@@ -88,8 +88,8 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
 
 
 def gather(remote: Remote, host: HostSpec) -> Facts:
-    """Run all probes in one round trip and parse them."""
-    out = remote.run(shell.sections(probes(host)), check=False, timeout=60).stdout
+    """Run all probes concurrently in one round trip and parse them."""
+    out = remote.run(shell.parallel_sections(probes(host)), check=False, timeout=60).stdout
     return parse(host, shell.split_sections(out))
 
 

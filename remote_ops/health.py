@@ -2,9 +2,11 @@
 
 Each check is a pure evaluator over captured probe output, returning
 `Check(tier, name, status, reason)` with status ok / warn / fail / skip.  The
-probes are built here with `remote_ops.shell` and run together via
-`shell.sections`, so a health run costs one connection and one command (the
-SSH tier is the connection itself).
+probes are built here with `remote_ops.shell` and run concurrently on the host
+via `shell.parallel_sections`, so a health run costs one connection and one
+command (the SSH tier is the connection itself), and its wall time is the
+slowest probe's, not the sum.  The only thing written on the host is that
+command's private temp dir, removed when it exits.
 
 Why tiers: SGLang 0.5.x's `/health` runs a one-token generation (20 s timeout)
 and piled-up probes have crashed servers, so the HTTP tier polls only cheap
@@ -91,9 +93,12 @@ print(json.dumps(out))
 '''
 
 
-def container_probe(host: HostSpec) -> str:
-    """`docker inspect` of the container, then of the image its config names."""
+def container_probe(host: HostSpec, expected_image: str | None = None) -> str:
+    """`docker inspect` of the container and of the deployed image: one CLI call when the
+    image ref is known (each docker CLI call costs 0.1-0.25 s on a busy host)."""
     name = shell.quote(host.container.name)
+    if expected_image:
+        return shell.join(["docker", "inspect", host.container.name, expected_image])
     return (f"docker inspect --type container {name} && "
             f"docker image inspect \"$(docker inspect --type container -f '{{{{.Config.Image}}}}' {name})\"")
 
@@ -131,11 +136,11 @@ def http_probe(host: HostSpec, deep: bool) -> str:
     return shell.join(["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0"])
 
 
-def probes(host: HostSpec, deep: bool = False) -> list[tuple[str, str]]:
+def probes(host: HostSpec, deep: bool = False, expected_image: str | None = None) -> list[tuple[str, str]]:
     return [("docker", "docker version --format '{{json .}}'"),
             ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
             ("gpu_procs", gpu_process_probe(host)),
-            ("container", container_probe(host)),
+            ("container", container_probe(host, expected_image)),
             ("patch", patch_probe(host)),
             ("http", http_probe(host, deep)),
             ("dumps", dump_probe(host))]
@@ -147,8 +152,8 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
              last_dumps: dict | None = None, now: float | None = None) -> list[Check]:
     """All checks after the SSH tier, from captured probe output."""
     inspect = _json_docs(sec.get("container", (1, ""))[1])
-    container = inspect[0] if inspect else None
-    image = inspect[1] if len(inspect) > 1 else None
+    container = next((d for d in inspect if "State" in d), None)
+    image = next((d for d in inspect if "State" not in d), None)
     checks = [check_engine(sec.get("docker", (1, "")))]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
     checks += check_container(host, container, image, expected_image)
@@ -159,7 +164,7 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
 
 
 def _json_docs(text: str) -> list[dict]:
-    """`docker inspect` prints JSON arrays; return their first elements in order."""
+    """`docker inspect` prints JSON arrays (one, or one per call); return all their objects."""
     docs, decoder, i = [], json.JSONDecoder(), 0
     text = text.strip()
     while i < len(text):
@@ -170,8 +175,8 @@ def _json_docs(text: str) -> list[dict]:
             value, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
             break
-        if isinstance(value, list) and value:
-            docs.append(value[0])
+        if isinstance(value, list):
+            docs += [v for v in value if isinstance(v, dict)]
     return docs
 
 
@@ -372,7 +377,8 @@ def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: s
     ssh = Check("ssh", "connect", "ok", f"{remote.target.display}, host key {remote.host_key_fingerprint}")
     before = remote.round_trips
     try:
-        out = remote.run(shell.sections(probes(host, deep)), check=False, timeout=90).stdout
+        script = shell.parallel_sections(probes(host, deep, expected_image))
+        out = remote.run(script, check=False, timeout=90).stdout
     except RemoteOpsError as exc:
         return HostHealth(host.name, [ssh, Check("ssh", "command", "fail", str(exc))], time.monotonic() - start)
     last = load_baseline(state_dir) if state_dir else None
