@@ -174,14 +174,20 @@ def test_unreachable_server_is_retried_then_the_sample_fails(lab, host, remote, 
     assert any(" failed " in l for l in final.summary.error_lines)
 
 
+def _cli(host, env):
+    """The real CLI in a subprocess against `host`, with --json; asserts exit 0, returns the document."""
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    return cli
+
+
 def test_cli_extract_status_and_log_summary(lab, host, lab_env, standin, fresh_run, tmp_path):
     _dataset(tmp_path / "ds.jsonl", 5, 10)
 
-    def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
-                              capture_output=True, text=True, timeout=120, env=lab_env)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+    cli = _cli(host, lab_env)
     cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"))
     deadline = time.monotonic() + 60
     while cli("extract", "status")["summary"]["state"] != "finished":
@@ -196,11 +202,7 @@ def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(lab, h
                                                                            remote, tmp_path):
     _dataset(tmp_path / "ds.jsonl", 4, 8)
 
-    def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
-                              capture_output=True, text=True, timeout=120, env=lab_env)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+    cli = _cli(host, lab_env)
     plan = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--dry-run")
     assert plan["dry_run"] and plan["upload_client"] and plan["upload_dataset"] and not plan["already_running"]
     p = extract.paths_for(lab.spec(host.name))
