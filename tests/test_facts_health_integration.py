@@ -74,3 +74,35 @@ def test_unknown_host_key_exit_code(lab, host, lab_env, tmp_path):
     rc, _, _ = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "facts", "--host", "x",
                    "--host-key-policy", "accept-new")
     assert rc == 0 and spec.address in empty.read_text()
+
+
+def test_inventory_paths_with_spaces_and_semicolons_stay_one_argument(lab, host, lab_env, tmp_path):
+    """Inventory values reach the remote shell quoted: a checkout and dump dir named with spaces and `;`."""
+    import shutil
+
+    import yaml
+
+    from remote_ops.wheels import sglang_source
+
+    checkout = host.paths.root / "sg lang; touch /tmp/remote-ops-INJECTED $(id)"
+    target = checkout / "python/sglang/srt/models/deepseek_v2.py"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(sglang_source("0.5.9"))
+    (checkout / "python/sglang/_version.py").write_text("__version__ = version = '0.5.9'\n")
+    spec = lab.spec(host.name).model_dump(mode="json", exclude={"name", "source", "groups"})
+    spec["sglang"]["checkout"] = str(checkout)
+    spec["dump"]["dir"] = str(host.paths.root / "dumps; echo pwned")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"awkward": spec}}))
+    try:
+        rc, out, err = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "facts", "--host", "awkward", "--json")
+        assert rc == 0, err
+        data = json.loads(out)
+        assert data["target_lines"] == 2986 and data["sglang_version"] == "0.5.9"
+        assert data["dump_dir_free_bytes"] > 0
+        rc, out, _ = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "inspect-source", "--host", "awkward",
+                         "--lines", "2837:2837")
+        assert rc == 0 and "self.capture_aux_hidden_states = False" in out
+        assert not __import__("os").path.exists("/tmp/remote-ops-INJECTED")
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
