@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, container, facts, shell
-from .errors import (CommandFailed, CommandTimedOut, ConfigError, Refused, RemoteOpsError,
-                     VerifyFailed)
+from .errors import CommandFailed, CommandTimedOut, Refused, RemoteOpsError, VerifyFailed
 from .inventory import HostSpec
 from .paths import host_dir, repo_resource
 from .remote import Remote
@@ -655,8 +654,6 @@ class Deploy:
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
     """The exact changes: patch diff of deepseek_v2.py (computed locally), Dockerfile, run argv."""
-    import difflib
-
     from . import anchors
 
     from . import patching

@@ -103,7 +103,6 @@ class FabricRemote:
         if self._gateway is None and self.target.jump:
             self._gateway = _chain(self.target.jump)
         from fabric import Config, Connection
-        import paramiko
 
         t = self.target
         conn = Connection(t.hostname, user=t.user, port=t.port,

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from remote_ops import container, deploy, sandbox
-from remote_ops.errors import CommandFailed, Refused, RemoteOpsError
+from remote_ops import container, deploy
+from remote_ops.errors import CommandFailed, Refused
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

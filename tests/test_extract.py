@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract, extract_client, logs
+from remote_ops import extract, extract_client
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"

@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from remote_ops import facts, health
+from remote_ops import facts
 from remote_ops.cli import main
 from remote_ops.errors import ExitCode
 

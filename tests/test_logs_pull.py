@@ -126,7 +126,6 @@ def test_follow_streams_new_lines_tagged_with_their_log(remote, spec, host):
 
 
 def test_cli_logs_follow_prefixes_each_line_with_the_host(lab_env, host):
-    import subprocess
     import sys
 
     path = _remote_log(host)

@@ -6,7 +6,6 @@ import hashlib
 import os
 import io
 import tarfile
-from pathlib import Path
 
 import pytest
 
