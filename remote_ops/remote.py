@@ -136,35 +136,26 @@ class FabricRemote:
         return kwargs
 
     def _translate_connect_error(self, exc: Exception, conn) -> RemoteOpsError:
+        """Map what paramiko/socket raised while connecting to one typed error (exit 4, 5 or 6)."""
         import paramiko
 
-        host = self.name
-        where = self.target.display
         if isinstance(exc, RemoteOpsError):
             return exc
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostKeyChanged(
-                f"host key for {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
-                f"server offered {fingerprint(exc.key)}; refusing (possible man-in-the-middle)",
-                host=host, hint=f"if the host was reinstalled, remove its line from {self.target.known_hosts_file}",
-                details={"offered": fingerprint(exc.key), "expected": fingerprint(exc.expected_key)})
+            return self._host_key_changed(exc)
         if isinstance(exc, paramiko.AuthenticationException):
-            return AuthFailed(f"authentication failed for {where}: {exc}", host=host,
+            return AuthFailed(f"authentication failed for {self.target.display}: {exc}", host=self.name,
                               hint="check User and IdentityFile (inventory or ssh_config)")
-        if isinstance(exc, (socket.timeout, TimeoutError)):
-            return Unreachable(f"connect to {where} timed out after {self.target.timeouts.connect:g}s",
-                               host=host, details={"reason": "connect_timeout"})
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(exc, ConnectionRefusedError):
-            return Unreachable(f"connection to {where} refused", host=host, details={"reason": "refused"})
-        if isinstance(exc, socket.gaierror):
-            return Unreachable(f"cannot resolve {self.target.hostname}: {exc}", host=host,
-                               details={"reason": "dns"})
-        if isinstance(exc, OSError):
-            return Unreachable(f"cannot reach {where}: {exc}", host=host, details={"reason": "os_error"})
-        if isinstance(exc, (paramiko.SSHException, EOFError)):
-            return Unreachable(f"SSH handshake with {where} failed: {exc or type(exc).__name__}", host=host,
-                               details={"reason": "handshake"})
-        return Unreachable(f"cannot connect to {where}: {type(exc).__name__}: {exc}", host=host)
+        reason, text = _unreachable_reason(exc, self.target)
+        return Unreachable(text, host=self.name, details={"reason": reason})
+
+    def _host_key_changed(self, exc) -> HostKeyChanged:
+        offered, expected = fingerprint(exc.key), fingerprint(exc.expected_key)
+        return HostKeyChanged(
+            f"host key for {self.target.display} CHANGED: known_hosts has {expected}, server offered "
+            f"{offered}; refusing (possible man-in-the-middle)", host=self.name,
+            hint=f"if the host was reinstalled, remove its line from {self.target.known_hosts_file}",
+            details={"offered": offered, "expected": expected})
 
     @property
     def host_key_fingerprint(self) -> str:
@@ -195,23 +186,11 @@ class FabricRemote:
     # -- commands -----------------------------------------------------------
     def run(self, command: str | shell.Argv, *, timeout: float | None = None, check: bool = True,
             input: bytes | None = None, on_line: LineSink | None = None) -> RunResult:
-        """Run one command; raise CommandFailed/CommandTimedOut as typed errors."""
+        """Run one command; raise CommandFailed/CommandTimedOut/Unreachable as typed errors."""
         line = shell.cmd(command)
         deadline_s = self.target.timeouts.command if timeout is None else timeout
-        chan = self._open_channel()
         start = time.monotonic()
-        self._round_trips += 1
-        try:
-            chan.exec_command(line)
-            if input:
-                chan.sendall(input)
-            chan.shutdown_write()
-            out, err = _pump(chan, start + deadline_s, on_line)
-            status = chan.recv_exit_status() if out is not None else None
-        except socket.timeout:
-            status = None
-        finally:
-            chan.close()
+        status, out, err, chan = self._exec(line, input, start + deadline_s, on_line)
         if status is None:
             raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
                                   command=line, timeout=deadline_s)
@@ -225,6 +204,24 @@ class FabricRemote:
                                 exit_status=status, stderr_tail=tail(result.stderr),
                                 stdout_tail=tail(result.stdout, 5))
         return result
+
+    def _exec(self, line: str, input: bytes | None, deadline: float, on_line: LineSink | None):
+        """Run `line` on a fresh session channel: (exit status or None on timeout, out, err, channel)."""
+        chan = self._open_channel()
+        self._round_trips += 1
+        out, err, status = None, b"", None
+        try:
+            chan.exec_command(line)
+            if input:
+                chan.sendall(input)
+            chan.shutdown_write()
+            out, err = _pump(chan, deadline, on_line)
+            status = chan.recv_exit_status() if out is not None else None
+        except socket.timeout:
+            status = None
+        finally:
+            chan.close()
+        return status, out, err, chan
 
     def _open_channel(self):
         transport = self._fabric().client.get_transport()
@@ -274,6 +271,24 @@ class FabricRemote:
         except (OSError, socket.timeout) as exc:
             raise CommandFailed(f"download of {remote_path} failed: {exc}", host=self.name,
                                 command=f"sftp get {remote_path}") from None
+
+
+def _unreachable_reason(exc: Exception, t: SshTarget) -> tuple[str, str]:
+    """(reason code, message) for a connect failure that is not about keys or auth."""
+    import paramiko
+
+    where = t.display
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "connect_timeout", f"connect to {where} timed out after {t.timeouts.connect:g}s"
+    if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
+        return "refused", f"connection to {where} refused"
+    if isinstance(exc, socket.gaierror):
+        return "dns", f"cannot resolve {t.hostname}: {exc}"
+    if isinstance(exc, OSError):
+        return "os_error", f"cannot reach {where}: {exc}"
+    if isinstance(exc, (paramiko.SSHException, EOFError)):
+        return "handshake", f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
+    return "other", f"cannot connect to {where}: {type(exc).__name__}: {exc}"
 
 
 def _chain(hops: tuple[SshTarget, ...]) -> FabricRemote:
