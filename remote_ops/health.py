@@ -17,6 +17,7 @@ Nothing here writes to the host: the dump-growth baseline is kept locally.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,6 +157,7 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
     image = next((d for d in inspect if "State" not in d), None)
     checks = [check_engine(sec.get("docker", (1, "")))]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
+    checks.append(check_fusion(host, facts.parse_gpus(*sec.get("gpus", (127, "")))[0]))
     checks += check_container(host, container, image, expected_image)
     checks.append(check_patch(sec.get("patch", (1, "")), container, image))
     checks += check_http(host, sec.get("http", (1, "")), container)
@@ -205,6 +207,33 @@ def check_gpus(host: HostSpec, probe: tuple[int, str], procs: tuple[int, str]) -
                         else f"max {max((g.temperature_c or 0) for g in gpus)}C"))
     checks.append(check_gpu_processes(procs))
     return checks
+
+
+FUSION_WINDOW = ((0, 5, 7), (0, 5, 14))   # releases whose capture reads pre-all-reduce partial sums
+FUSION_ARCHS = ("9", "10")                   # sm90 / sm100: where SGLang auto-enables the fusion
+
+
+def check_fusion(host: HostSpec, gpus: list) -> Check:
+    """Is this host in SGLang's all-reduce-fusion window (0.5.7-0.5.13, TP>1, sm90/sm100)?
+
+    There the 0.5.x capture would read per-rank partial sums (silently wrong aux
+    states).  The dumper handles it at run time (SGLANG_HS_DUMP_FUSION) and logs
+    what it did; this check tells the operator beforehand, from the host's real
+    GPUs, the inventory's TP size and the patched version.
+    """
+    nums = tuple(int(n) for n in re.findall(r"\d+", host.sglang.version)[:3])
+    if not FUSION_WINDOW[0] <= nums < FUSION_WINDOW[1] or host.server.tp <= 1:
+        return Check("capture", "allreduce_fusion", "ok",
+                     f"not affected (SGLang {host.sglang.version}, tp {host.server.tp})")
+    caps = sorted({g.compute_cap for g in gpus if g.compute_cap})
+    if not caps:
+        return Check("capture", "allreduce_fusion", "skip", "GPU compute capability unknown")
+    if any(c.split(".")[0] in FUSION_ARCHS for c in caps):
+        return Check("capture", "allreduce_fusion", "warn",
+                     f"SGLang {host.sglang.version} auto-enables all-reduce fusion on sm{caps} with tp "
+                     f"{host.server.tp}: the dumper must disable it (SGLANG_HS_DUMP_FUSION); check its log line")
+    return Check("capture", "allreduce_fusion", "ok",
+                 f"compute capability {', '.join(caps)}: SGLang does not auto-enable all-reduce fusion here")
 
 
 def check_gpu_processes(probe: tuple[int, str]) -> Check:

@@ -106,3 +106,18 @@ def test_exit_codes_follow_worst():
     ok = health.HostHealth("b", [health.Check("x", "y", "ok", "")])
     assert health.exit_code([ok, warn]) == ExitCode.HEALTH_WARN
     assert health.exit_code([ok]) == ExitCode.OK
+
+
+def test_allreduce_fusion_window_from_real_gpus_tp_and_version():
+    from remote_ops.facts import Gpu
+
+    def gpu(cc):
+        return Gpu(0, "GPU", 1, 1, 40, 0, cc, "580")
+    tp8 = HostSpec(name="h", server={"tp": 8})
+    assert health.check_fusion(tp8, [gpu("12.0")]).status == "ok"          # RTX PRO 6000 (sm120)
+    assert health.check_fusion(tp8, [gpu("9.0")]).status == "warn"         # H100/H200 (sm90)
+    assert health.check_fusion(tp8, [gpu("10.0")]).status == "warn"        # B200 (sm100)
+    assert health.check_fusion(tp8, []).status == "skip"
+    assert health.check_fusion(HostSpec(name="h", server={"tp": 1}), [gpu("9.0")]).status == "ok"
+    newer = HostSpec(name="h", server={"tp": 8}, sglang={"version": "0.5.14"})
+    assert health.check_fusion(newer, [gpu("9.0")]).status == "ok"
