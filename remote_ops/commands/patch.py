@@ -77,12 +77,19 @@ def check_cmd(app, host, path, local_file, force) -> None:
     app.console.emit(report)
 
 
+def change_options(verb: str):
+    """--dry-run / --diff / --no-lock: what every command that writes the file takes."""
+    def decorate(fn):
+        fn = click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")(fn)
+        fn = click.option("--diff", "show_diff", is_flag=True, help=f"also print the diff when {verb}")(fn)
+        return click.option("--dry-run", is_flag=True, help="print the unified diff and change nothing")(fn)
+    return decorate
+
+
 @patch_group.command("apply")
 @target_options
 @click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
-@click.option("--dry-run", is_flag=True, help="print the unified diff and change nothing")
-@click.option("--diff", "show_diff", is_flag=True, help="also print the diff when applying")
-@click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")
+@change_options("applying")
 @app_options
 def apply_cmd(app, host, path, local_file, force, dry_run, show_diff, no_lock) -> None:
     """Insert the marked blocks atomically (backup kept), then verify; restore the backup if verify fails."""
@@ -121,10 +128,8 @@ def verify_cmd(app, host, path, local_file) -> None:
 
 @patch_group.command("revert")
 @target_options
-@click.option("--dry-run", is_flag=True, help="print the diff and change nothing")
-@click.option("--diff", "show_diff", is_flag=True, help="also print the diff when reverting")
 @click.option("--from-backup", is_flag=True, help="restore the backup copy instead of removing the blocks")
-@click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")
+@change_options("reverting")
 @app_options
 def revert_cmd(app, host, path, local_file, dry_run, show_diff, from_backup, no_lock) -> None:
     """Remove the blocks; the file must hash to the original (byte-identical)."""
