@@ -128,3 +128,20 @@ def test_kept_lab_is_stopped_from_its_record(tmp_path):
         assert lab.dockerd.bridge not in open("/proc/net/dev").read()
     finally:
         lab.stop()
+
+
+def test_a_kept_lab_restarts_on_a_new_address(tmp_path):
+    """A kept lab (the sandbox) started again picks a new address; its sshd_config must follow."""
+    from conftest import require
+
+    from remote_ops.hostlab import HostLab, lab_unavailable
+
+    require(lab_unavailable())
+    first = HostLab(tmp_path / "lab", names=["box"], docker=False, keep=True).start()
+    first.stop()
+    second = HostLab(tmp_path / "lab", names=["box"], docker=False, keep=True).start()
+    try:
+        assert second.connect("box").run(["true"]).ok
+        assert f"ListenAddress {second.host('box').address}:" in second.host("box").sshd.config_file.read_text()
+    finally:
+        second.stop()

@@ -109,12 +109,15 @@ class SshdHost:
         """Start sshd in the foreground in its own session; wait until the port accepts."""
         if self.running:
             return self
-        if not self.config_file.exists():
-            self.prepare()
+        self.prepare()  # always: a kept lab (the sandbox) restarts on a new address
         self.proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
-        wait_for(lambda: port_open(self.address, self.port), timeout,
-                 f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
-                 alive=lambda: self.proc.poll() is None)
+        try:
+            wait_for(lambda: port_open(self.address, self.port), timeout,
+                     f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
+                     alive=lambda: self.proc.poll() is None)
+        except BaseException:
+            self.stop()  # not yet known to the lab: nobody else would stop it
+            raise
         return self
 
     @property
