@@ -36,8 +36,12 @@ def up_cmd(app, sglang_version: str) -> None:
 @sandbox_group.command("down")
 @app_options
 def down_cmd(app) -> None:
-    """Stop the sandbox's daemons (by PID) and remove its inventory entry."""
-    _show(app, sandbox_mod.down())
+    """Stop the sandbox's daemons (by PID) and remove its inventory entry.  Not running: no-op."""
+    was_running = sandbox_mod.status().running
+    st = sandbox_mod.down()
+    app.console.status("ok", "sandbox stopped (sshd and dockerd by PID; inventory entry removed)"
+                       if was_running else "sandbox was not running: nothing to stop")
+    app.console.emit(st)
 
 
 @sandbox_group.command("status")
