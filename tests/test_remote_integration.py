@@ -179,15 +179,20 @@ def test_link_dropped_mid_session_times_out(lab, faults, spare_host):
     r.close()
 
 
-def test_host_frozen_mid_command_times_out(lab, faults, spare_host):
-    r = connect(lab, spare_host.name)
+def _fault_mid_command(r, fault, timeout: float, join: float):
+    """Run a hanging command on `r`, inject `fault` 0.5 s in; (exception, seconds it took)."""
     box = {}
-    t = threading.Thread(target=lambda: box.update(res=elapsed(lambda: r.run(hang_command(), timeout=4))))
+    t = threading.Thread(target=lambda: box.update(res=elapsed(lambda: r.run(hang_command(), timeout=timeout))))
     t.start()
     time.sleep(0.5)
-    faults.freeze(spare_host)
-    t.join(60)
-    exc, took = box["res"]
+    fault()
+    t.join(join)
+    return box["res"]
+
+
+def test_host_frozen_mid_command_times_out(lab, faults, spare_host):
+    r = connect(lab, spare_host.name)
+    exc, took = _fault_mid_command(r, lambda: faults.freeze(spare_host), timeout=4, join=60)
     assert isinstance(exc, CommandTimedOut), exc
     assert took < 30
     r.close()
@@ -196,13 +201,7 @@ def test_host_frozen_mid_command_times_out(lab, faults, spare_host):
 def test_host_killed_mid_command_is_a_typed_error_fast(lab, faults, spare_host):
     """The command's deadline is 60 s, but a dead host must surface long before it."""
     r = connect(lab, spare_host.name)
-    box = {}
-    t = threading.Thread(target=lambda: box.update(res=elapsed(lambda: r.run(hang_command(), timeout=60))))
-    t.start()
-    time.sleep(0.5)
-    faults.crash(spare_host)
-    t.join(90)
-    exc, took = box["res"]
+    exc, took = _fault_mid_command(r, lambda: faults.crash(spare_host), timeout=60, join=90)
     assert isinstance(exc, Unreachable), exc
     assert exc.exit_code == ExitCode.UNREACHABLE
     assert took < 30
