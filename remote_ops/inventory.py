@@ -195,7 +195,7 @@ class HostSpec(_Spec):
     user: Word | None = None
     port: int | None = Field(None, gt=0, lt=65536)
     identity_file: Line | None = Field(None, description="path on this machine (~ allowed)")
-    proxy_jump: Word | None = None
+    proxy_jump: Line | None = Field(None, description="[user@]host[:port], comma-separated hops")
     known_hosts: Line | None = Field(None, description="path on this machine (~ allowed)")
     source: str | None = Field(None, description="file this host came from")
     groups: tuple[str, ...] = ()
