@@ -351,8 +351,9 @@ def test_deploy_dry_run_and_json_never_show_the_token(lab, spec, lab_env, tmp_pa
     assert "HF_TOKEN=***" in doc["diffs"]["docker run"] and TOKEN not in machine.stdout + machine.stderr
 
 
-def test_run_record_and_audit_line_never_hold_the_token(sglang_remote, spec):
-    """A real deploy: the container gets the value (docker inspect shows it), records do not."""
+def test_run_record_and_audit_line_never_hold_the_token(sglang_remote, spec, lab_env, tmp_path):
+    """A real deploy: the container gets the value (docker inspect shows it); the record, the
+    audit line and the read commands' JSON (health, container status) do not."""
     secret = _secret_spec(spec)
     try:
         result = deploy.deploy(sglang_remote, secret, why="test")
@@ -361,7 +362,16 @@ def test_run_record_and_audit_line_never_hold_the_token(sglang_remote, spec):
         assert TOKEN not in Path(secret.audit_log).read_text()
         inspect = sglang_remote.run(["docker", "inspect", "-f", "{{json .Config.Env}}", secret.container.name])
         assert f"HF_TOKEN={TOKEN}" in json.loads(inspect.stdout), "the env must reach the container"
+        sglang_remote.run(["docker", "rm", "-f", secret.container.name])
         shown, _, _ = container.lifecycle(sglang_remote, secret, "start", image=result.image, dry_run=True)
-        assert TOKEN not in " ".join(shown)
+        assert any("docker run" in c for c in shown) and TOKEN not in " ".join(shown)
+        container.run(sglang_remote, secret, result.image)
+        inv = write_inventory(tmp_path / "inv.yaml", {secret.name: secret.model_dump(
+            mode="json", exclude={"name", "source", "groups"})})
+        env = {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}
+        for args in (["health", "--host", secret.name, "--json"], ["container", "status", "--host", secret.name,
+                                                                  "--json"]):
+            p = cli(*args, env=env, timeout=120)
+            assert p.stdout.startswith("{") and TOKEN not in p.stdout + p.stderr, (args, p.stderr)
     finally:
         sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
