@@ -137,7 +137,7 @@ def _sha256(data: bytes) -> str:
 
 def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool:
     """Upload unless the host already has the same bytes (checked by sha256, one round trip)."""
-    have = remote.run(f"sha256sum {shell.quote(path)} 2>/dev/null | cut -c1-64", check=False).stdout.strip()
+    have = remote.run(shell.quiet(shell.sha256_of(path)), check=False).stdout.strip()
     if have == _sha256(data):
         return False
     remote.put(data, path, mode=mode)
@@ -204,8 +204,8 @@ def plan_start(remote, host, dataset: str, *, concurrency: int = 8, retries: int
     local = Path(dataset).expanduser()
     remote_dataset = p.dataset if local.is_file() else dataset
     probe = shell.sections([("alive", alive_check(p)),
-                            ("client", f"sha256sum {shell.quote(p.client)} | cut -c1-64"),
-                            ("dataset", f"sha256sum {shell.quote(remote_dataset)} | cut -c1-64")])
+                            ("client", shell.sha256_of(p.client)),
+                            ("dataset", shell.sha256_of(remote_dataset))])
     sec = shell.split_sections(remote.run(probe, check=False).stdout)
     have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
     url = server_url or f"http://127.0.0.1:{host.server.port}"

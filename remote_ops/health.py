@@ -119,7 +119,8 @@ def patch_probe(host: HostSpec) -> str:
     """sha256 + marker count of the deepseek_v2.py the container's Python would import."""
     locate = ("import importlib.util,sys; s=importlib.util.find_spec('sglang'); "
               "print(s.submodule_search_locations[0] + '/srt/models/deepseek_v2.py')")
-    inner = (f"f=$(python3 -c {shell.quote(locate)}) && sha256sum \"$f\" && "
+    sha = shell.sha256_of_word('"$f"')
+    inner = (f"f=$(python3 -c {shell.quote(locate)}) && {sha} && "
              "grep -c '>>> remote-ops' \"$f\"")
     return shell.join(["docker", "exec", host.container.name, "sh", "-c", inner])
 

@@ -132,7 +132,7 @@ def read_probe(target: PatchTarget, compile: bool = False) -> str:
     probes: list[tuple[str, str | shell.Argv]] = [
         ("stat", ["stat", "-L", "-c", "%a %U:%G %s", path]),
         ("data", ["base64", path]),
-        ("sha", shell.pipe(["sha256sum", path], ["cut", "-d", " ", "-f1"])),
+        ("sha", shell.sha256_of(path)),
         ("backup", shell.quiet(["cat", backup + ".sha256"])),
     ]
     if target.checkout:
