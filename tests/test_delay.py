@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -52,13 +51,15 @@ def test_an_ssh_command_through_the_proxy_pays_the_round_trips(slow_lab):
     near = slow_lab.connect("far")
     far = slow_lab.connect("far-60ms")          # strict host keys: the alias has its own known_hosts line
     try:
-        near_s = statistics.median(_timed(near) for _ in range(5))
-        far_s = statistics.median(_timed(far) for _ in range(5))
+        near_s = min(_timed(near) for _ in range(5))
+        far_s = min(_timed(far) for _ in range(5))
     finally:
         near.close()
         far.close()
-    assert far_s - near_s >= 0.055              # one exec round trip at 60 ms RTT, at least
-    assert far_s - near_s < 0.6                 # and not many more (generous upper bound)
+    # The fastest of 5 (least disturbed by other load): a command cannot come back through
+    # the proxy in less than one round trip, and should not need many more.
+    assert far_s >= 0.058
+    assert far_s - near_s < 0.6
 
 
 def _timed(remote) -> float:
