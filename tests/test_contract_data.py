@@ -97,3 +97,132 @@ def test_a_new_dataset_reusing_ids_gets_new_dumps_and_a_rerun_is_a_noop(lab, hos
 
     rc, doc, err = _cli(lab_env, "extract", "status", "--host", host.name)
     assert rc == 0 and doc["manifest_ok"] == 4 and doc["dataset_total"] == 4
+
+
+# --------------------------------------------------------------------------- 6 and 7: dumps pull
+
+H = 64
+
+
+def _host_dumps(host, count: int, tokens: int, seed: int = 0) -> list[dict]:
+    """`count` contract dump files of `tokens` tokens (H=64) in the host's dump dir, via format.write_span."""
+    from remote_ops.dump import format as fmt
+
+    subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=60)
+    records = []
+    for i in range(count):
+        ids = fmt.token_ids_bytes([(seed * 1000003 + i * 7919 + t) % 32000 for t in range(tokens)])
+        blob = hashlib.sha256(ids).digest() * (tokens * H * 2 // 32 + 1)
+        records.append(fmt.write_span(str(host.paths.dump_dir), 0, ids, fmt.token_ids_bytes(range(tokens)),
+                                      blob[:tokens * H * 2], (blob * 3)[:tokens * 3 * H * 2], H, fsync=False))
+    return records
+
+
+def _local_files(root: Path) -> dict[str, str]:
+    """{relative name: sha256} of every file under `root` (temp and .part files included)."""
+    return {str(p.relative_to(root)): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_pull_names_missing_and_torn_entries_and_exits_10_unless_allowed(lab, host, lab_env, tmp_path):
+    records = _host_dumps(host, 5, 50)
+    gone = host.paths.dump_dir / records[2]["file"]
+    gone.unlink()                                                   # a manifest row with no file
+    with open(host.paths.dump_dir / "rank0" / "manifest.jsonl", "a") as fh:
+        fh.write('{"key": "abc-p0", "file": "rank0/ab')                 # a torn last line (a crash mid-append)
+    dest = tmp_path / "pulled"
+    rc, doc, err = _cli(lab_env, "dumps", "pull", "--host", host.name, "--dest", str(dest))
+    assert rc == 10, err
+    assert records[2]["file"] in err and "torn" in err and "rank0/manifest.jsonl:6" in err
+    assert doc["problems"]["missing"] == [records[2]["file"]] and len(doc["problems"]["torn"]) == 1
+    assert doc["pull"]["fetched"] == 4                               # everything that exists was pulled
+    want = {r["file"]: r["sha256"] for r in records if r is not records[2]}
+    got = _local_files(dest)
+    assert {k: v for k, v in got.items() if k.endswith(".safetensors")} == want
+    assert not [k for k in got if k.endswith(".part") or "/.tmp-" in k]
+
+    rc, doc, err = _cli(lab_env, "dumps", "pull", "--host", host.name, "--dest", str(dest), "--allow-missing")
+    assert rc == 0, err                                             # accepted, but still named
+    assert doc["problems"]["missing"] == [records[2]["file"]] and doc["pull"]["skipped"] == 4
+    assert records[2]["file"] in err
+
+
+def test_pull_of_corrupt_file_is_10_even_with_allow_missing(lab, host, lab_env, tmp_path):
+    records = _host_dumps(host, 3, 40, seed=1)
+    path = host.paths.dump_dir / records[0]["file"]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))                                   # same size, other bytes
+    rc, doc, err = _cli(lab_env, "dumps", "pull", "--host", host.name, "--dest", str(tmp_path / "d"),
+                        "--allow-missing")
+    assert rc == 10, err
+    assert records[0]["file"] in err and "sha256" in err
+    assert not (tmp_path / "d" / records[0]["file"]).exists()       # never under its final name
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """mount(size) -> a real tmpfs of that many bytes under tmp_path; unmounted in teardown."""
+    mounted = []
+
+    def mount(size: int) -> Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
+                       check=True, timeout=30)
+        mounted.append(point)
+        return point
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], check=False, timeout=30)
+
+
+def test_pull_to_a_too_small_disk_refuses_before_writing_and_says_how_much(lab, host, lab_env, small_fs):
+    records = _host_dumps(host, 8, 1000, seed=2)                    # 8 x ~0.52 MB
+    need = sum(-(-r["bytes"] // 4096) * 4096 for r in records)       # whole 4 KiB blocks
+    fs = small_fs(2 << 20)
+    rc, doc, err = _cli(lab_env, "dumps", "pull", "--host", host.name, "--dest", str(fs / "dumps"))
+    assert rc == 14, err
+    assert "Traceback" not in err and "not enough local disk space" in err
+    assert f"{need:,} bytes) still to write for 8 file(s)" in err and f"{2 << 20:,} bytes) free on {fs}" in err
+    assert doc["needed_bytes"] == need and doc["free_bytes"] == 2 << 20
+    assert not any(fs.rglob("*.part")) and not any(fs.rglob("*.safetensors"))
+
+
+def test_disk_filling_up_during_the_pull_is_exit_14_and_the_pull_resumes(lab, host, lab_env, faults, small_fs):
+    records = _host_dumps(host, 24, 4000, seed=3)                   # 24 x ~2 MB = ~49 MB
+    need = sum(r["bytes"] for r in records)
+    fs = small_fs(need + (24 << 20))
+    dest = fs / "dumps"
+    env = {**lab_env}
+    proc = subprocess.Popen([sys.executable, "-m", "remote_ops", "dumps", "pull", "--host", host.name,
+                             "--dest", str(dest), "--jobs", "1", "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (dest.exists() and any(dest.rglob("*.part"))):      # the pull passed its space check
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.002)
+    faults.freeze(host)                                             # hold the stream ...
+    filler = fs / "filler"
+    room = 5 << 20                                                  # two files still fit, then it is full
+    subprocess.run(["fallocate", "-l", str(os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize - room),
+                    str(filler)], check=True, timeout=30)           # ... another writer fills the disk ...
+    faults.thaw(host)                                               # ... and let it go on
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 14, err
+    assert "Traceback" not in err and "local disk full during the pull" in err and "free on" in err
+    doc = json.loads(out)
+    assert doc["needed_bytes"] > doc["free_bytes"] and doc["error"] == "no_space"
+    want = {r["file"]: r["sha256"] for r in records}
+    kept = {k: v for k, v in _local_files(dest).items() if k.endswith(".safetensors")}
+    assert kept and all(want[k] == v for k, v in kept.items())     # only verified files carry final names
+
+    filler.unlink()                                                 # space freed: the same command resumes
+    rc, doc, err = _cli(lab_env, "dumps", "pull", "--host", host.name, "--dest", str(dest))
+    assert rc == 0, err
+    assert doc["pull"]["skipped"] + doc["pull"]["fetched"] == 24 and doc["pull"]["skipped"] > 0
+    got = _local_files(dest)
+    assert {k: v for k, v in got.items() if k.endswith(".safetensors")} == want
+    assert not [k for k in got if k.endswith(".part") or "/.tmp-" in k]
