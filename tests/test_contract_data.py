@@ -226,3 +226,61 @@ def test_disk_filling_up_during_the_pull_is_exit_14_and_the_pull_resumes(lab, ho
     got = _local_files(dest)
     assert {k: v for k, v in got.items() if k.endswith(".safetensors")} == want
     assert not [k for k in got if k.endswith(".part") or "/.tmp-" in k]
+
+
+# --------------------------------------------------------------------------- 11: patch apply on a full disk
+
+SHA_059 = "4071b9a6a6ac71e1143204708df42f2ba5bd163a5d7a020579242df56e490a35"
+
+
+@pytest.fixture
+def models_on_small_fs(sglang_host, small_fs):
+    """lab2's `.../srt/models/` as a 4 MiB tmpfs holding only deepseek_v2.py (unmounted in teardown)."""
+    models = sglang_host.paths.checkout / "python" / "sglang" / "srt" / "models"
+    original = (models / "deepseek_v2.py").read_bytes()
+    fs = small_fs(4 << 20)
+    subprocess.run(["mount", "--bind", str(fs), str(models)], check=True, timeout=30)
+    try:
+        (models / "deepseek_v2.py").write_bytes(original)
+        yield models
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False, timeout=30)
+
+
+def _fill(fs: Path, leave: int) -> Path:
+    """Fill `fs` up to `leave` free bytes with one file (fallocate: real blocks, no data written)."""
+    filler = fs / "filler"
+    st = os.statvfs(fs)
+    subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize - leave), str(filler)], check=True, timeout=30)
+    return filler
+
+
+def _leftovers(models: Path) -> list[str]:
+    return sorted(p.name for p in models.iterdir() if "remote-ops" in p.name)
+
+
+@pytest.mark.parametrize("room", ["none for the new file", "new file fits, backup does not"])
+def test_patch_apply_on_a_full_disk_names_the_cause_and_leaves_no_temp_file(sglang_host, lab_env, models_on_small_fs,
+                                                                           room):
+    models = models_on_small_fs
+    size = (models / "deepseek_v2.py").stat().st_size
+    stale = [models / "deepseek_v2.py.remote-ops-backup.tmp.99999", models / ".deepseek_v2.py.remote-ops-tmp.99999"]
+    for path in stale:                                  # what a kill -9 of an earlier apply leaves behind
+        path.write_bytes(b"partial")
+    leave = 8192 if room.startswith("none") else -(-(size + 4096) // 4096) * 4096 + 8192
+    filler = _fill(models, leave)
+    rc, doc, err = _cli(lab_env, "patch", "apply", "--host", sglang_host.name)
+    assert rc == 7, err
+    first = next(l for l in err.splitlines() if l.strip())
+    assert "No space left on device" in first and "py_compile" not in first, err
+    assert ("cannot write" if room.startswith("none") else "cannot make the backup") in first
+    assert _sha(models / "deepseek_v2.py") == SHA_059
+    assert _leftovers(models) == [], "every temp file is removed, stale ones too"
+
+    filler.unlink()                                     # space back: apply and revert work and leave nothing
+    rc, doc, err = _cli(lab_env, "patch", "apply", "--host", sglang_host.name)
+    assert rc == 0, err
+    assert _leftovers(models) == ["deepseek_v2.py.remote-ops-backup", "deepseek_v2.py.remote-ops-backup.sha256"]
+    rc, doc, err = _cli(lab_env, "patch", "revert", "--host", sglang_host.name)
+    assert rc == 0, err
+    assert _sha(models / "deepseek_v2.py") == SHA_059 and not [n for n in _leftovers(models) if ".tmp" in n]
