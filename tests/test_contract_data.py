@@ -284,3 +284,65 @@ def test_patch_apply_on_a_full_disk_names_the_cause_and_leaves_no_temp_file(sgla
     rc, doc, err = _cli(lab_env, "patch", "revert", "--host", sglang_host.name)
     assert rc == 0, err
     assert _sha(models / "deepseek_v2.py") == SHA_059 and not [n for n in _leftovers(models) if ".tmp" in n]
+
+
+# --------------------------------------------------------------------------- 10: sandbox daemons judged one by one
+
+def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tmp_path):
+    from conftest import require
+    from remote_ops.hostlab import lab_unavailable
+    from remote_ops.hostlab._proc import alive
+
+    require(lab_unavailable())
+    env = {**os.environ, "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    env.pop("REMOTE_OPS_INVENTORY", None)
+    lab_json = tmp_path / "state" / "sandbox" / "lab" / "lab.json"
+    try:
+        rc, doc, err = _cli(env, "sandbox", "up", timeout=600)
+        assert rc == 0 and doc["running"], err
+        assert {k: v["state"] for k, v in doc["daemons"].items()} == {"sshd": "running", "dockerd": "running",
+                                                                      "container": "absent"}
+        first = json.loads(lab_json.read_text())
+        where = (first["hosts"][0]["address"], first["hosts"][0]["port"])
+        marker = tmp_path / "state" / "sandbox" / "lab" / "hosts" / "sandbox" / "sglang" / "MARKER"
+        marker.write_text("the checkout is kept")
+
+        for dead, other in (("sshd", "dockerd"), ("dockerd", "sshd")):
+            before = json.loads(lab_json.read_text())
+            pid = before["hosts"][0]["pid"] if dead == "sshd" else before["dockerd"]["pid"]
+            os.kill(pid, 9)                                         # a crash, no goodbye
+            deadline = time.monotonic() + 30
+            while alive(pid):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            rc, doc, err = _cli(env, "sandbox", "status")
+            assert rc == 13, err                                    # not "running" with a dead daemon
+            assert doc["running"] is False and doc["daemons"][dead]["state"] == "dead"
+            assert doc["daemons"][other]["state"] == "running" and f"{dead}: dead" in err
+
+            rc, doc, err = _cli(env, "sandbox", "up", timeout=300)
+            assert rc == 0 and doc["running"] and doc["healed"] == [dead], err
+            after = json.loads(lab_json.read_text())
+            assert (after["hosts"][0]["address"], after["hosts"][0]["port"]) == where
+            assert after["id"] == first["id"]                       # the same sandbox, not a new one
+            other_pid = (lambda s: s["dockerd"]["pid"] if other == "dockerd" else s["hosts"][0]["pid"])
+            assert other_pid(after) == other_pid(before)            # the live daemon was left alone
+            assert marker.read_text() == "the checkout is kept"
+            rc, doc, err = _cli(env, "inspect-source", "--host", "sandbox", "--lines", "1:2")
+            assert rc == 0 and doc["sglang_version"] == "0.5.9", err  # ssh (and the checkout) work again
+    finally:
+        subprocess.run([sys.executable, "-m", "remote_ops", "sandbox", "down"], env=env, capture_output=True,
+                       timeout=300)
+
+
+def test_sandbox_daemon_judgement_is_per_daemon():
+    from remote_ops import sandbox
+
+    h = {"address": "127.9.9.9", "port": 22, "pid": 5}
+    assert sandbox.judge_sshd(h, True, True).ok
+    assert sandbox.judge_sshd(h, False, True).state == "dead"          # a port held by someone else is no sshd
+    assert sandbox.judge_sshd(h, True, False).state == "not answering"
+    assert sandbox.judge_dockerd({"pid": 7}, True, False).state == "not answering"
+    assert sandbox.judge_container("c", True, 1, "").state == "absent"
+    assert sandbox.judge_container("c", True, 0, "exited").ok is False
+    assert sandbox.judge_container("c", False, None, "").state == "unknown"
