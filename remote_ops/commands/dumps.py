@@ -143,6 +143,7 @@ def pull_cmd(app, host, jobs, dest, stall_timeout, allow_missing) -> int:
     local_root = dest or dumps_mod.local_dump_dir(spec.name)
     items = dumps_mod.pull_items(recon, local_root)
     total = sum(i.size for i in items)
+    transfer.check_space([i for i in items if not transfer.is_complete(i)], spec.name)   # before any output
     with app.console.progress(f"{spec.name}: dumps", total=total) as advance:
         report = transfer.pull(app.target(spec), spec.dump.dir, items, ssh_config=app.ssh_config_path,
                                jobs=jobs, stall_timeout=stall_timeout, advance=advance, strict=False)
@@ -152,9 +153,7 @@ def pull_cmd(app, host, jobs, dest, stall_timeout, allow_missing) -> int:
     result = {"host": spec.name, "dest": str(local_root), "pull": report.to_dict(),
               "missing_on_host": problems.missing, "problems": problems.to_dict(), "allow_missing": allow_missing}
     if problems.blocking(allow_missing):
-        raise VerifyFailed(_problem_sentence(problems), host=spec.name, details=result,
-                           hint="corrupt: re-run (verified files are kept, the rest are fetched again); "
-                                "missing/torn: see `dumps verify` on the host, or accept with --allow-missing")
+        raise VerifyFailed(_problem_sentence(problems), host=spec.name, details=result, hint=_pull_hint(problems))
     app.console.emit(result)
     return 0
 
@@ -182,6 +181,13 @@ def _render_pull(console, report, problems, allow_missing: bool, local_root: Pat
     _list(console, level, "manifest rows with no file on the host (not pulled)", problems.missing)
     _list(console, level, "torn manifest lines (their files are unknown)", problems.torn)
     _list(console, "fail", "corrupt or failed", problems.corrupt)
+
+
+def _pull_hint(p) -> str:
+    hints = ["corrupt: re-run (verified files are kept, the rest are fetched again)"] if p.corrupt else []
+    if p.missing or p.torn:
+        hints.append("missing/torn: `dumps verify` on the host says more; --allow-missing accepts them")
+    return "; ".join(hints)
 
 
 def _problem_sentence(p) -> str:
