@@ -104,6 +104,7 @@ class ExtractStatus:
     client_out: str
     dataset_total: int = 0               # samples in the current dataset (after --limit)
     dataset_id: str | None = None        # sha256 of the dataset file, 16 hex
+    reused_ids: int = 0                  # ids done earlier with OTHER token ids: sent again (new dumps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -127,7 +128,16 @@ def parse_status(host: str, output: str) -> ExtractStatus:
                          int(pid_text) if pid_text.isdigit() else None,
                          parse_extraction(parts.get("log", (1, ""))[1]),
                          int(counts.get("done") or 0), missing, parts.get("out", (1, ""))[1],
-                         int(counts.get("total") or 0), counts.get("dataset_id"))
+                         int(counts.get("total") or 0), counts.get("dataset_id"),
+                         _reused_ids(parts.get("log", (1, ""))[1]))
+
+
+def _reused_ids(log_text: str) -> int:
+    """`reused_ids=N` of the last `started` line (the current run), 0 if none."""
+    started = [line for line in log_text.splitlines() if " started " in line]
+    field = next((w for w in (started[-1].split() if started else []) if w.startswith("reused_ids=")), "")
+    value = field.partition("=")[2]
+    return int(value) if value.isdigit() else 0
 
 
 def _json_or_empty(text: str) -> dict:

@@ -86,6 +86,7 @@ def test_a_new_dataset_reusing_ids_gets_new_dumps_and_a_rerun_is_a_noop(lab, hos
     assert rc == 0, err
     assert doc["summary"]["done"] == 4 and doc["summary"]["total"] == 4      # not "9/4": this dataset only
     assert doc["manifest_ok"] == 4 and doc["dataset_total"] == 4 and doc["missing"] == []
+    assert doc["reused_ids"] == 3 and "3 sample id(s) of this dataset were done earlier" in err
     new_keys = {extract_client.dump_key([200 + i, 8, i]) for i in range(3)}
     assert _dump_keys(host) == keys_a | new_keys                             # three new dumps, none lost
     started = [l for l in (host.paths.logs_dir / "extraction.log").read_text().splitlines() if " started " in l]

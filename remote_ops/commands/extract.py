@@ -29,6 +29,9 @@ def _render(console, st: extract_mod.ExtractStatus) -> None:
                    f"client {'running, pid ' + str(st.pid) if st.running else 'not running'}; "
                    f"{st.manifest_ok}/{st.dataset_total} samples of the current dataset done"
                    + (f" (dataset {st.dataset_id})" if st.dataset_id else ""))
+    if st.reused_ids:
+        console.status("warn", f"{st.reused_ids} sample id(s) of this dataset were done earlier with other "
+                       f"token ids: sent again as new samples (new dumps, nothing skipped)")
     _render_extraction(console, st.summary)
     if st.missing:
         console.status("warn", f"{len(st.missing)} sample(s) produced no dump file "
