@@ -178,6 +178,17 @@ def test_many_calls_share_one_channel(engine, remote, busybox_image):
     assert engine.adapter.channels_opened == 1
     assert engine.adapter.requests == 81                               # /version once, then 80
     assert remote.round_trips - before == 1                            # one SSH exec for all of them
+    assert _dial_processes(remote) == 1
+    engine.close()                                                     # the dial process exits with its channel
+    deadline = time.monotonic() + 20
+    while _dial_processes(remote):
+        assert time.monotonic() < deadline, "docker system dial-stdio outlived its channel"
+        time.sleep(0.2)
+
+
+def _dial_processes(remote) -> int:
+    out = remote.run("pgrep -fc '[d]ocker system dial-stdio'", check=False, timeout=30).stdout.strip()
+    return int(out or 0)
 
 
 def test_dial_failure_is_a_typed_error_with_the_daemons_complaint(remote):
@@ -206,3 +217,37 @@ def test_frozen_host_times_out_then_a_new_channel_serves(lab, faults, spare_host
     assert e.adapter.channels_opened == 2                              # the timed-out one was dropped
     e.close()
     r.close()
+
+
+def test_run_spec_for_host_creates_what_run_argv_creates(engine, remote, lab, host, busybox_image, dockerd):
+    """`spec.for_host` and today's `container.run_argv` give the daemon the same container."""
+    from remote_ops import container
+    from remote_ops.engine.spec import for_host
+
+    spec = lab.spec(host.name)
+    cli_name, api_name = f"ro-engine-cli-{uuid.uuid4().hex[:6]}", f"ro-engine-api-{uuid.uuid4().hex[:6]}"
+    argv = container.run_argv(spec.model_copy(update={"container": spec.container.model_copy(
+        update={"name": cli_name})}), busybox_image)
+    assert argv[:3] == ["docker", "run", "-d"]
+    try:
+        remote.run(["docker", "create", *argv[3:]], timeout=60)
+        run_spec = for_host(spec, busybox_image)
+        engine.create(RunSpec(**{**run_spec.__dict__, "name": api_name}))
+        cli, api = (_created(remote, n) for n in (cli_name, api_name))
+        assert {k: v for k, v in cli["host"].items() if v != api["host"][k]} == {}
+        assert cli == api
+    finally:
+        dockerd.docker("rm", "-f", cli_name, api_name, check=False)
+
+
+def _created(remote, name: str) -> dict:
+    """The settings of a created container that both paths must agree on."""
+    import json
+
+    doc = json.loads(remote.run(["docker", "inspect", name], timeout=30).stdout)[0]
+    hc, cfg = doc["HostConfig"], doc["Config"]
+    keys = ("Binds", "PortBindings", "RestartPolicy", "Init", "ShmSize", "IpcMode", "DeviceRequests", "Runtime",
+            "NetworkMode")
+    return {"host": {k: hc.get(k) for k in keys}, "env": sorted(cfg["Env"]), "cmd": cfg["Cmd"],
+            "image": cfg["Image"], "entrypoint": cfg["Entrypoint"],
+            "labels": {k: v for k, v in cfg["Labels"].items() if k != labels.RUN_CONFIG}}

@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .labels import RUN_CONFIG
+
+if TYPE_CHECKING:
+    from ..inventory import HostSpec
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,15 @@ def device_requests(gpus: str | tuple[int, ...]) -> list[Any]:
 def host_config(spec: RunSpec, api_version: str) -> dict[str, Any]:
     from docker.types import HostConfig
 
-    return HostConfig(
+    hc = HostConfig(
         api_version, binds=list(spec.volumes) or None,
         port_bindings={f"{p.container_port}/{p.proto}": (p.host_ip, p.host_port) for p in spec.ports} or None,
         restart_policy=restart_policy(spec.restart), init=spec.init or None,
         shm_size=spec.shm_size, ipc_mode=spec.ipc, runtime=spec.runtime, network_mode=spec.network,
         device_requests=device_requests(spec.gpus) or None, auto_remove=spec.auto_remove or None)
+    for request in hc.get("DeviceRequests") or []:
+        request["DeviceIDs"] = request["DeviceIDs"] or None     # as the CLI sends `--gpus all`
+    return hc
 
 
 def create_request(spec: RunSpec, api_version: str) -> dict[str, Any]:
@@ -100,3 +106,25 @@ def create_request(spec: RunSpec, api_version: str) -> dict[str, Any]:
         environment=[f"{k}={v}" for k, v in sorted(spec.env.items())] or None,
         entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
         labels=dict(spec.labels) or None, host_config=host_config(spec, api_version))
+
+
+def for_host(host: "HostSpec", image: str) -> RunSpec:
+    """The SGLang server container of an inventory host: what `container.run_argv` says as flags.
+
+    The dumper environment and the server arguments still come from
+    `remote_ops.container` (imported here, not at module level, so the seam
+    does not depend on it at import time); they move here when container.py
+    switches to the engine.  Tested equal to `run_argv` on a real daemon.
+    """
+    from .. import container as legacy
+    from .labels import HOST, MANAGED
+
+    c, port = host.container, host.server.port
+    volumes = (f"{host.model.path}:{host.model.path}:ro", f"{host.dump.dir}:{host.dump.dir}",
+               f"{host.logs.dir}:{host.logs.dir}", *c.volumes)
+    return RunSpec(name=c.name, image=image, command=(*host.server.launcher, *legacy.server_args(host)),
+                   env={**legacy.dump_env(host), "SGLANG_PORT": str(port), **c.env},
+                   labels={MANAGED: "1", HOST: host.name}, init=True, restart=c.restart,
+                   gpus=c.gpus if isinstance(c.gpus, str) else tuple(c.gpus), shm_size=c.shm_size, ipc=c.ipc,
+                   ports=(PortBinding(c.bind_address, port, port),), volumes=volumes,
+                   runtime=c.runtime).labelled()
