@@ -251,3 +251,20 @@ def _created(remote, name: str) -> dict:
     return {"host": {k: hc.get(k) for k in keys}, "env": sorted(cfg["Env"]), "cmd": cfg["Cmd"],
             "image": cfg["Image"], "entrypoint": cfg["Entrypoint"],
             "labels": {k: v for k, v in cfg["Labels"].items() if k != labels.RUN_CONFIG}}
+
+
+def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busybox_image, name):
+    """The one-round-trip form (sections in a caller's shell probe) gives the API's records."""
+    from remote_ops import shell
+
+    engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
+    for image in (busybox_image, None):                                 # known ref, or the container's own
+        out = remote.run(shell.sections(engine.probe_sections(name, image)), check=False, timeout=30).stdout
+        snap = engine.parse_probe(shell.split_sections(out))
+        assert snap.error is None and snap.client_version
+        assert snap.version.server == engine.version().server and snap.version.api == engine.version().api
+        assert snap.container == engine.container(name) and snap.image == engine.image(busybox_image)
+    out = remote.run(shell.sections(engine.probe_sections("ro-engine-none", "remote-ops/none:x")),
+                     check=False, timeout=30).stdout
+    snap = engine.parse_probe(shell.split_sections(out))
+    assert snap.container is None and snap.image is None and snap.version is not None

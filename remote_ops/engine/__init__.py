@@ -8,6 +8,11 @@ call has a deadline.  `DockerEngine` (engine/docker.py) implements it with the
 Docker SDK's `APIClient`, talking to the host's Engine API over the one strict
 SSH connection (`docker system dial-stdio`, see engine/dialstdio.py).
 
+Where one shell round trip is cheaper than the API channel (a no-op deploy,
+health: they run a shell probe anyway), the same questions ride along in it:
+`probe_sections` / `parse_probe` give the commands and read them back into the
+same records.
+
 Builds are not part of it: BuildKit exists only in the docker CLI (the SDK
 builds with the legacy builder), so `docker build` stays a command over SSH.
 docs/ENGINES.md says why, and how a second engine (podman) plugs in.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from .probe import Snapshot
 from .spec import PortBinding, RunSpec
 from .types import ContainerInfo, EngineEvent, EngineInfo, EngineVersion, ImageInfo, LogLine, Since
 
@@ -59,6 +65,10 @@ class Engine(Protocol):
     def events(self, *, since: Since, until: Since, filters: dict[str, list[str]] | None = None,
                timeout: float | None = None) -> list[EngineEvent]: ...
 
+    def probe_sections(self, container: str, image: str | None = None) -> list[tuple[str, str]]: ...
+
+    def parse_probe(self, sections: dict[str, tuple[int, str]]) -> Snapshot: ...
+
     def close(self) -> None: ...
 
 
@@ -74,4 +84,4 @@ def open_engine(remote: Any, *, kind: str = "docker", timeout: float | None = No
 
 
 __all__ = ["Engine", "open_engine", "RunSpec", "PortBinding", "EngineVersion", "EngineInfo", "ImageInfo",
-           "ContainerInfo", "LogLine", "EngineEvent"]
+           "ContainerInfo", "LogLine", "EngineEvent", "Snapshot"]

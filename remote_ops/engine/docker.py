@@ -34,7 +34,7 @@ from docker.constants import DEFAULT_DOCKER_API_VERSION
 from docker.utils import version_lt
 
 from ..errors import CommandFailed, CommandTimedOut, NotFound, RemoteOpsError, Unreachable, tail
-from . import types
+from . import probe, types
 from .dialstdio import DOCKER_DIAL, DialStdioAdapter, StreamOpener
 from .spec import RunSpec, create_request
 from .types import ContainerInfo, EngineEvent, EngineInfo, EngineVersion, ImageInfo, LogLine
@@ -217,6 +217,14 @@ class DockerEngine:
         return types.parse_events(self._call("GET /events", get, (timeout or self.timeout) + wait))
 
     # -- probes -------------------------------------------------------------------------------
+    def probe_sections(self, container: str, image: str | None = None) -> list[tuple[str, str]]:
+        """The same questions as shell sections, for a caller's one-round-trip probe (pure)."""
+        return probe.probe_sections(container, image, cli="docker")
+
+    def parse_probe(self, sections: dict[str, tuple[int, str]]) -> probe.Snapshot:
+        """Read those sections back into the records the API gives (pure)."""
+        return probe.parse_probe(sections, self.kind)
+
     def objects(self, container: str, image: str, *, timeout: float | None = None
                 ) -> tuple[ContainerInfo | None, ImageInfo | None]:
         """Container + image in two requests on the kept-alive channel (the deploy probe's objects)."""
