@@ -12,7 +12,9 @@ container name), then, over one strict `FabricRemote` connection, times:
   2. the deploy probe's objects (container + image): `docker inspect NAME REF`
      (one CLI call, as deploy does) vs `engine.objects(NAME, REF)` (two API
      requests), cold and warm;
-  3. whole probes: deploy's batched probe (sequential sections, read-only
+  3. `container start` of a running container (check, empty plan, verify):
+     `container.lifecycle` (two CLI inspects) vs a cold engine (two requests);
+  4. whole probes: deploy's batched probe (sequential sections, read-only
      form) and health's parallel probe, as they are; without their docker
      engine sections; and that remainder run concurrently with a cold engine
      answering version + container + image (what a switched no-op deploy or
@@ -37,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from remote_ops import deploy, health, shell  # noqa: E402
+from remote_ops import container, deploy, health, shell  # noqa: E402
 from remote_ops.engine import labels  # noqa: E402
 from remote_ops.engine.docker import DockerEngine  # noqa: E402
 from remote_ops.hostlab import HostLab, busybox_image  # noqa: E402
@@ -92,6 +94,8 @@ def variants(remote, spec, ref, warm: DockerEngine) -> dict:
             shell_part.result(), engine_part.result()
 
     return {
+        "ssh round trip: `true` (shell start-up only)": lambda: remote.run("true", timeout=30),
+        "API: new channel + /version only": lambda: cold_engine(remote, lambda e: e.version()),
         "inspect: CLI per call (docker inspect NAME)": lambda: remote.run(["docker", "inspect", name], timeout=30),
         "inspect: API, first call on a new engine": lambda: cold_engine(remote, lambda e: e.container(name)),
         "inspect: API, later call (kept-alive channel)": lambda: warm.container(name),
@@ -104,6 +108,10 @@ def variants(remote, spec, ref, warm: DockerEngine) -> dict:
         "deploy probe: without its docker sections": lambda: remote.run(shell.sections(deploy_rest),
                                                                         check=False, timeout=60),
         "deploy probe: without docker sections || API cold": lambda: split(shell.sections(deploy_rest)),
+        "container start, no-op (check+verify): CLI, container.lifecycle": lambda: container.lifecycle(
+            remote, spec, "start"),
+        "container start, no-op (check+verify): API cold": lambda: cold_engine(
+            remote, lambda e: (e.container(name), e.container(name))),
         "health probe: as now (parallel, docker CLI inside)": lambda: remote.run(
             shell.parallel_sections(health_probe), check=False, timeout=90),
         "health probe: without its docker sections": lambda: remote.run(shell.parallel_sections(health_rest),
@@ -135,11 +143,11 @@ def p90(xs: list[float]) -> float:
 def report(res: dict) -> None:
     times = res["times"]
     anchor = statistics.median(times["inspect: CLI per call (docker inspect NAME)"])
-    print("| what | median ms | p90 ms | vs CLI inspect |")
-    print("|---|---|---|---|")
+    print("| what | median ms | min ms | p90 ms | median vs CLI inspect |")
+    print("|---|---|---|---|---|")
     for label, xs in times.items():
         med = statistics.median(xs)
-        print(f"| {label} | {med * 1e3:.1f} | {p90(xs) * 1e3:.1f} | {med / anchor:.2f}x |")
+        print(f"| {label} | {med * 1e3:.1f} | {min(xs) * 1e3:.1f} | {p90(xs) * 1e3:.1f} | {med / anchor:.2f}x |")
     print(json.dumps(res["counts"]))
 
 
