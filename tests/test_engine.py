@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
-from remote_ops.engine import RunSpec, labels, open_engine
+from remote_ops.engine import Engine, RunSpec, labels, open_engine
 from remote_ops.engine.docker import DockerEngine
 from remote_ops.engine.spec import PortBinding, create_request
 from remote_ops.engine.types import api_time, demux, parse_container, parse_logs, unix_time
-from remote_ops.errors import CommandFailed, CommandTimedOut, ExitCode, NotFound
+from remote_ops.errors import CommandFailed, CommandTimedOut, ExitCode, NotFound, Unreachable
 
 from conftest import connect
 
@@ -106,6 +106,7 @@ def _cli(remote, *args: str) -> str:
 
 def test_version_matches_the_daemon_the_cli_on_the_host_uses(engine, remote):
     """The dial process honours the host's DOCKER_HOST: same daemon as `docker` there."""
+    assert isinstance(engine, Engine)
     v = engine.version()
     assert v.engine == "docker" and v.server == _cli(remote, "version", "--format", "{{.Server.Version}}")
     assert v.api == _cli(remote, "version", "--format", "{{.Server.APIVersion}}") == v.negotiated_api
@@ -268,3 +269,16 @@ def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busyb
                      check=False, timeout=30).stdout
     snap = engine.parse_probe(shell.split_sections(out))
     assert snap.container is None and snap.image is None and snap.version is not None
+
+
+def test_host_killed_is_unreachable(lab, faults, spare_host):
+    r = connect(lab, spare_host.name)
+    e = DockerEngine(r, timeout=20)
+    e.version()
+    faults.crash(spare_host)
+    t = time.monotonic()
+    with pytest.raises(Unreachable) as err:
+        e.container("ro-engine-no-such-container")
+    assert err.value.exit_code == ExitCode.UNREACHABLE and time.monotonic() - t < 30
+    e.close()
+    r.close()

@@ -96,6 +96,11 @@ class ChannelSocket:
         self.drain_stderr()
         return tail(bytes(self._stderr), 5)
 
+    def transport_alive(self) -> bool:
+        """Is the SSH connection under this channel still up?"""
+        transport = self._chan.get_transport()
+        return transport is not None and transport.is_active()
+
     def exit_status(self) -> int | None:
         """The dial process's exit status once it has exited, else None."""
         return self._chan.recv_exit_status() if self._chan.exit_status_ready() else None

@@ -102,7 +102,7 @@ class DockerEngine:
             return CommandTimedOut(f"engine API {what} timed out after {timeout:g}s", host=self.host,
                                    command=f"engine API {what}", timeout=timeout)
         sock = self.adapter.last_socket
-        if sock is not None and not sock._chan.get_transport().is_active():
+        if sock is not None and not sock.transport_alive():
             return Unreachable(f"connection was lost during engine API {what}", host=self.host,
                                details={"reason": "connection_lost"})
         status, err = self.adapter.dial_diagnostics()
