@@ -260,9 +260,10 @@ def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busyb
 
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
     for image in (busybox_image, None):                                 # known ref, or the container's own
-        out = remote.run(shell.sections(engine.probe_sections(name, image)), check=False, timeout=30).stdout
+        sections = engine.probe_sections(name, image, runtimes=True)
+        out = remote.run(shell.parallel_sections(sections), check=False, timeout=30).stdout
         snap = engine.parse_probe(shell.split_sections(out))
-        assert snap.error is None and snap.client_version
+        assert snap.error is None and snap.client_version and snap.runtimes == engine.info().runtimes
         assert snap.version.server == engine.version().server and snap.version.api == engine.version().api
         assert snap.container == engine.container(name) and snap.image == engine.image(busybox_image)
     out = remote.run(shell.sections(engine.probe_sections("ro-engine-none", "remote-ops/none:x")),

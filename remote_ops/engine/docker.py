@@ -217,9 +217,10 @@ class DockerEngine:
         return types.parse_events(self._call("GET /events", get, (timeout or self.timeout) + wait))
 
     # -- probes -------------------------------------------------------------------------------
-    def probe_sections(self, container: str, image: str | None = None) -> list[tuple[str, str]]:
+    def probe_sections(self, container: str, image: str | None = None, *,
+                       runtimes: bool = False) -> list[tuple[str, str]]:
         """The same questions as shell sections, for a caller's one-round-trip probe (pure)."""
-        return probe.probe_sections(container, image, cli="docker")
+        return probe.probe_sections(container, image, cli="docker", runtimes=runtimes)
 
     def parse_probe(self, sections: dict[str, tuple[int, str]]) -> probe.Snapshot:
         """Read those sections back into the records the API gives (pure)."""

@@ -27,12 +27,15 @@ class Snapshot:
     container: ContainerInfo | None
     image: ImageInfo | None
     client_version: str | None = None     # the host's docker CLI (decides BuildKit for builds)
+    runtimes: tuple[str, ...] = ()        # only when asked for (facts)
 
 
-def probe_sections(container: str, image: str | None = None, cli: str = "docker") -> list[tuple[str, str]]:
+def probe_sections(container: str, image: str | None = None, cli: str = "docker",
+                   runtimes: bool = False) -> list[tuple[str, str]]:
     """Shell sections: engine version, then container + image in one inspect (pure).
 
     With `image` unknown, the container's own image is inspected after it.
+    With `runtimes`, also the daemon's runtimes (what `facts` reports).
     """
     version = f"{shell.quote(cli)} version --format '{{{{json .}}}}'"
     if image:
@@ -41,7 +44,8 @@ def probe_sections(container: str, image: str | None = None, cli: str = "docker"
         name = shell.quote(container)
         objects = (f"{cli} inspect --type container {name} && {cli} image inspect "
                    f"\"$({cli} inspect --type container -f '{{{{.Config.Image}}}}' {name})\"")
-    return [("engine.version", version), ("engine.objects", objects)]
+    extra = [("engine.runtimes", f"{shell.quote(cli)} info --format '{{{{json .Runtimes}}}}'")] if runtimes else []
+    return [("engine.version", version), ("engine.objects", objects), *extra]
 
 
 def parse_probe(sections: dict[str, tuple[int, str]], engine: str = "docker") -> Snapshot:
@@ -54,8 +58,10 @@ def parse_probe(sections: dict[str, tuple[int, str]], engine: str = "docker") ->
     items = _json_arrays(sections.get("engine.objects", (1, ""))[1])
     ctr = next((i for i in items if "State" in i), None)
     img = next((i for i in items if "RepoTags" in i), None)
+    rt_status, rt_text = sections.get("engine.runtimes", (1, ""))
+    runtimes = _first_json_line(rt_text) if rt_status == 0 else {}
     return Snapshot(version, error, parse_container(ctr) if ctr else None, parse_image(img) if img else None,
-                    (doc.get("Client") or {}).get("Version"))
+                    (doc.get("Client") or {}).get("Version"), tuple(sorted(runtimes)))
 
 
 def _first_json_line(text: str) -> dict[str, Any]:
