@@ -15,8 +15,8 @@ kept alive across requests.  What this module adds on top of the SDK:
 - never a pull: containers are created with `POST /containers/create`, which
   only uses images already present (the SDK's `containers.run` would pull).
 
-Not thread-safe by design: one engine per host connection, its calls
-serialised by a lock (they share one channel anyway).
+One engine per host connection.  Its calls are serialised by a lock: they
+share one channel, which carries one request at a time anyway.
 """
 from __future__ import annotations
 
