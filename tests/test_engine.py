@@ -249,7 +249,9 @@ def _created(remote, name: str) -> dict:
     hc, cfg = doc["HostConfig"], doc["Config"]
     keys = ("Binds", "PortBindings", "RestartPolicy", "Init", "ShmSize", "IpcMode", "DeviceRequests", "Runtime",
             "NetworkMode")
-    return {"host": {k: hc.get(k) for k in keys}, "env": sorted(cfg["Env"]), "cmd": cfg["Cmd"],
+    host = {k: hc.get(k) for k in keys}
+    host["Binds"] = sorted(host["Binds"] or [])                     # the CLI collects -v in a map: any order
+    return {"host": host, "env": sorted(cfg["Env"]), "cmd": cfg["Cmd"],
             "image": cfg["Image"], "entrypoint": cfg["Entrypoint"],
             "labels": {k: v for k, v in cfg["Labels"].items() if k != labels.RUN_CONFIG}}
 
