@@ -31,7 +31,9 @@ class ExitCode:
     HEALTH_WARN = 11      # health: worst result was "warn"
     HEALTH_FAIL = 12      # health: worst result was "fail"
     NOT_FOUND = 13        # a file, container, image or run that should exist does not
-    INTERRUPTED = 130     # Ctrl-C
+    HANGUP = 129          # SIGHUP (terminal closed)
+    INTERRUPTED = 130     # SIGINT (Ctrl-C)
+    TERMINATED = 143      # SIGTERM (`timeout`, CI cancel, `kill`)
 
 
 def tail(text: str | bytes | None, lines: int = 20) -> str:
@@ -169,3 +171,25 @@ class VerifyFailed(RemoteOpsError):
 class NotFound(RemoteOpsError):
     exit_code = ExitCode.NOT_FOUND
     kind = "not_found"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived (see `remote_ops.signals`); exit 128 + signal number.
+
+    A BaseException like KeyboardInterrupt, so no `except RemoteOpsError` swallows
+    it; `finally` blocks (lock release, run record) still run."""
+
+    def __init__(self, signum: int = 2) -> None:
+        import signal
+
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "interrupted", "exit_code": self.exit_code, "signal": self.signal_name,
+                "message": str(self)}

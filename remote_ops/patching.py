@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import anchors, patchspec, shell
+from . import anchors, hostlock, patchspec, shell
 from . import source as srcview
 from .anchors import AnchorRefusal, PatchSpec
 from .errors import CommandFailed, CommandTimedOut, NotFound, Refused, UsageError, VerifyFailed, tail
-from .remote import Remote, RunResult
+from .remote import Remote, RunResult, command_deadline
 
 BACKUP_SUFFIX = ".remote-ops-backup"
 LOCK_WAIT_S = 30.0
@@ -376,24 +376,11 @@ def verify(remote: Remote, target) -> VerifyResult:
 
 # ------------------------------------------------------------------------- write
 WRITE_SCRIPT = r'''
-f=$1 expect=$2 backup=$3 lock=$4 wait=$5 who=$6 what=$7 source=$8 newsha=$9
+f=$1 expect=$2 backup=$3 lock=$4 wait=$5 info=$6 what=$7 source=$8 newsha=$9
 d=$(dirname "$f"); b=$(basename "$f"); bak="$f.remote-ops-backup"; tmp="$d/.$b.remote-ops-tmp.$$"
 fail() { echo "error: $2"; rm -f "$tmp"; exit "$1"; }
 trap 'exit 130' INT TERM HUP
-if [ -n "$lock" ]; then
-  end=$(( $(date +%s) + wait ))
-  while ! mkdir "$lock" 2>/dev/null; do
-    pid=$(sed -n 's/^pid=//p' "$lock/info" 2>/dev/null)
-    if [ -n "$pid" ] && [ ! -d "/proc/$pid" ]; then
-      mv "$lock" "$lock.stale.$$" 2>/dev/null && rm -rf "$lock.stale.$$" && echo "broke stale lock of dead pid $pid"
-      continue
-    fi
-    [ "$(date +%s)" -ge "$end" ] && { echo "lock-held: $(tr '\n' ' ' < "$lock/info" 2>/dev/null)"; exit 75; }
-    sleep 0.2
-  done
-  trap 'rm -rf "$lock"' EXIT
-  printf 'pid=%s\nwho=%s\nwhen=%s\nwhat=%s\n' "$$" "$who" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$what" > "$lock/info"
-fi
+@HOSTLOCK@
 cur=$(sha256sum < "$f" | cut -d' ' -f1) || fail 74 "cannot read $f"
 [ "$cur" = "$expect" ] || { echo "changed-since-read: $cur"; exit 76; }
 rm -f "$d/.$b.remote-ops-tmp."*
@@ -418,6 +405,9 @@ echo "sha256=$(sha256sum < "$f" | cut -d' ' -f1)"
 '''
 
 
+WRITE_SCRIPT = WRITE_SCRIPT.replace("@HOSTLOCK@\n", hostlock.SHELL_TAKE_WAITING.lstrip("\n"))
+
+
 @dataclass
 class WriteOutcome:
     sha256: str
@@ -429,9 +419,9 @@ class WriteOutcome:
 def write_command(target: PatchTarget, expect_sha: str, new_sha: str, backup: str, lock: bool, what: str,
                   source: str = "stdin") -> str:
     """The write round trip: `sh -c WRITE_SCRIPT` with every value as a quoted argument."""
-    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    info = hostlock.info_text(what)
     return shell.join(["sh", "-c", WRITE_SCRIPT, "remote-ops-write", target.path, expect_sha, backup,
-                       target.lock_dir if (lock and target.lock_dir) else "", str(int(LOCK_WAIT_S)), who, what,
+                       target.lock_dir if (lock and target.lock_dir) else "", str(int(LOCK_WAIT_S)), info, what,
                        source, new_sha])
 
 
@@ -440,15 +430,16 @@ def _write(remote: Remote, target: PatchTarget, expect_sha: str, data: bytes | N
     """Run the write script; map its exit codes to Refused / VerifyFailed / CommandFailed."""
     cmd = write_command(target, expect_sha, new_sha, backup, lock, what, "stdin" if data is not None else "backup")
     result = remote.run(cmd, check=False, input=data if data is not None else None,
-                        timeout=LOCK_WAIT_S + 120)
+                        timeout=LOCK_WAIT_S + command_deadline(remote))
     return _write_outcome(result, remote.name, target)
 
 
 def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOutcome:
     out = result.stdout
     if result.exit_status == RC_LOCK_HELD:
-        raise Refused(f"host lock {target.lock_dir} is held ({_field(out, 'lock-held: ')}); waited "
-                      f"{LOCK_WAIT_S:g}s", host=host, details={"reason": "lock_held"})
+        holder = hostlock.parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
+        raise Refused(f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s", host=host, details={"reason": "lock_held", "lock": holder.to_dict()},
+                      hint="wait for that run, or `remote-ops unlock --host HOST` (shows the holder; --force if it is gone)")
     if result.exit_status == RC_CHANGED:
         raise Refused(f"{target.path} changed while remote-ops was working (now {_field(out, 'changed-since-read: ')})"
                       "; nothing written, run again", host=host, details={"reason": "changed_since_read"})

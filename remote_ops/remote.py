@@ -77,6 +77,15 @@ class Remote(Protocol):
     def close(self) -> None: ...
 
 
+def command_deadline(remote) -> float:
+    """The run's per-command deadline in seconds (`--command-timeout`, else the target's default).
+
+    The one number every remote call and every probe is bounded by unless a
+    step has its own named deadline (build, wait for healthy)."""
+    timeouts = getattr(getattr(remote, "target", None), "timeouts", None)
+    return float(getattr(timeouts, "command", 120.0))
+
+
 def fingerprint(key) -> str:
     """OpenSSH-style SHA256 fingerprint of a paramiko key: `SHA256:base64`."""
     digest = hashlib.sha256(key.asbytes()).digest()
