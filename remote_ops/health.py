@@ -156,8 +156,8 @@ def dump_probe(host: HostSpec) -> str:
 def http_budget(probe_s: float) -> tuple[float, float]:
     """(seconds per cheap endpoint call, seconds for the --deep generation) within one probe's
     deadline: up to 4 cheap calls run before the generation."""
-    call_s = round(min(5.0, probe_s / 5), 1)
-    return call_s, round(max(1.0, probe_s - 4 * call_s), 1)
+    call_s = max(0.1, int(min(5.0, probe_s / 5) * 10) / 10)
+    return call_s, max(0.1, int((probe_s - 4 * call_s) * 10) / 10)
 
 
 def http_probe(host: HostSpec, deep: bool, probe_s: float = 96.0) -> str:
@@ -194,7 +194,10 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
     checks = [check_engine(sec.get("docker", (1, "")))]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
     checks.append(check_fusion(host, facts.parse_gpus(*sec.get("gpus", (127, "")))[0]))
-    checks += check_container(host, container, image, expected_image)
+    if sec.get("container", (1, ""))[0] == 124:     # the probe ran out of time: not "absent"
+        checks.append(Check("container", "state", "fail", f"docker inspect: {_last(sec['container'][1])}"))
+    else:
+        checks += check_container(host, container, image, expected_image)
     checks.append(check_patch(sec.get("patch", (1, "")), container, image))
     checks += check_http(host, sec.get("http", (1, "")), container)
     checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time())
