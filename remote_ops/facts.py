@@ -103,13 +103,16 @@ PROBE_TIMED_OUT = "no answer within {s:g}s (probe timed out)"
 
 
 def bounded(named: list[tuple[str, str]], seconds: float) -> list[tuple[str, str]]:
-    """Each probe under `timeout -k 1 SECONDS` on the host (exit 124 and a line saying so when
-    it ran out); hosts without coreutils `timeout` run it unbounded (pure)."""
-    note = shell.quote(PROBE_TIMED_OUT.format(s=seconds))
+    """Each probe ends within `seconds` on the host: `timeout -k 1 (seconds - 1)` (a probe that
+    ignores SIGTERM, like a docker CLI waiting for a frozen daemon, is killed 1 s later); exit
+    124 and a line saying so when it ran out.  Hosts without coreutils `timeout` run it
+    unbounded (pure)."""
+    limit = round(max(0.5, seconds - 1.0), 1)
+    note = shell.quote(PROBE_TIMED_OUT.format(s=limit))
     out = []
     for name, command in named:
         inner = shell.join(["sh", "-c", shell.cmd(command)])
-        out.append((name, f"if command -v timeout >/dev/null 2>&1; then timeout -k 1 {seconds:g} {inner}; "
+        out.append((name, f"if command -v timeout >/dev/null 2>&1; then timeout -k 1 {limit:g} {inner}; "
                           f"rc=$?; [ $rc -eq 124 ] && echo {note}; exit $rc; else {inner}; fi"))
     return out
 
