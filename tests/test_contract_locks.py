@@ -312,3 +312,19 @@ def test_lost_connection_during_deploy_names_step_records_it_and_hints_unlock(
         remote.run(["docker", "rm", "-f", slow.container.name], check=False)
     finally:
         remote.close()
+
+
+def test_extract_start_and_stop_take_the_lock(lab, host, remote, lab_env, tmp_path):
+    spec = lab.spec(host.name)
+    dataset = tmp_path / "samples.jsonl"
+    dataset.write_text('{"id": "s1", "input_ids": [1, 2, 3]}\n')
+    token = hostlock.take(remote, spec, "deploy: held by the test")
+    try:
+        for args in (["extract", "start", "--host", spec.name, "--dataset", str(dataset)],
+                     ["extract", "stop", "--host", spec.name]):
+            p = cli(lab_env, *args)
+            assert p.returncode == ExitCode.REFUSED and "deploy: held by the test" in p.stderr, (args, p.stderr)
+        assert cli(lab_env, "extract", "status", "--host", spec.name).returncode == 0   # reads never wait
+    finally:
+        hostlock.release(remote, spec, token)
+    assert lock_info(spec) is None
