@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from . import signals
 
-    signals.install()
+    previous = signals.install()
     try:
         result = cli.main(args=argv, prog_name="remote-ops", standalone_mode=False)
         return result if isinstance(result, int) else ExitCode.OK
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
+    finally:
+        signals.restore(previous)
 
 
 def _render_interrupt(exc: Interrupted, as_json: bool) -> int:

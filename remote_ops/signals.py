@@ -6,9 +6,9 @@ writes its run record with the failed step and releases the host lock, a
 `hostlock.held` block releases its lock.  The exit code is 128 + the signal
 number (130 SIGINT, 143 SIGTERM, 129 SIGHUP), like a shell reports it.
 
-`deferred()` holds further signals back while cleanup runs (a CI cancel
-often sends SIGTERM twice); a signal that arrives meanwhile is re-raised
-when the block ends.
+`deferred()` holds one further signal back while cleanup runs (release the
+lock, write the record; each bounded by --command-timeout) and re-raises it
+when the block ends; a second one (Ctrl-C twice) interrupts the cleanup too.
 """
 from __future__ import annotations
 
@@ -24,18 +24,24 @@ _state = {"deferring": 0, "pending": None}
 
 
 def _handler(signum, _frame) -> None:
-    if _state["deferring"]:
-        _state["pending"] = _state["pending"] or signum
+    if _state["deferring"] and not _state["pending"]:
+        _state["pending"] = signum      # the first one waits for the cleanup; a second one does not
         return
     raise Interrupted(signum)
 
 
-def install() -> None:
-    """Route SIGINT/SIGTERM/SIGHUP to `Interrupted` (main thread only; no-op elsewhere)."""
+def install() -> dict:
+    """Route SIGINT/SIGTERM/SIGHUP to `Interrupted` (main thread only; no-op elsewhere).
+    Returns the previous handlers, for `restore`."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in HANDLED:
-        signal.signal(sig, _handler)
+        return {}
+    return {sig: signal.signal(sig, _handler) for sig in HANDLED}
+
+
+def restore(previous: dict) -> None:
+    """Put back the handlers `install` replaced (the CLI called in-process, e.g. by tests)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @contextmanager

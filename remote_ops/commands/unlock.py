@@ -21,6 +21,8 @@ def unlock_cmd(app, host: str, force: bool, dry_run: bool) -> None:
     or one remote shell held it and that PID is gone on the host.
     --force releases any lock.  Every release is appended to the host's
     audit log.  Exit 0 released (or no lock), 9 refused (holder may be alive).
+
+    \b
       remote-ops unlock --host gpu-node
       remote-ops unlock --host gpu-node --force
     """
