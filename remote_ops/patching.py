@@ -18,8 +18,8 @@ Round trips (each is one `remote.run`):
 - check, status: 1 (file bytes + sha256 + stat + SGLang version + backup record,
   framed by `shell.sections`); verify: 1 (the same plus `python3 -m py_compile`).
 - apply: 2: the read, then one write that takes the new bytes on stdin and, under
-  the host lock (atomic `mkdir`, who/when/what inside, deadline, stale locks of
-  dead PIDs broken), checks the file is unchanged since the read, writes a temp
+  the host lock (`remote_ops.hostlock`: atomic `mkdir`, holder info inside,
+  deadline, stale locks of dead remote PIDs broken), checks the file is unchanged since the read, writes a temp
   file in the same directory, keeps mode and owner, fsyncs, runs
   `python3 -m py_compile` on it, makes the backup (+ sha256 sidecar) and renames
   atomically, printing the new sha256.  Verification is then done locally from
@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import base64
 import difflib
-import getpass
 import hashlib
 import re
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -438,7 +436,8 @@ def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOu
     out = result.stdout
     if result.exit_status == RC_LOCK_HELD:
         holder = hostlock.parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
-        raise Refused(f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s", host=host, details={"reason": "lock_held", "lock": holder.to_dict()},
+        raise Refused(f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s",
+                      host=host, details={"reason": "lock_held", "lock": holder.to_dict()},
                       hint="wait for that run, or `remote-ops unlock --host HOST` (shows the holder; --force if it is gone)")
     if result.exit_status == RC_CHANGED:
         raise Refused(f"{target.path} changed while remote-ops was working (now {_field(out, 'changed-since-read: ')})"
