@@ -44,15 +44,27 @@ class App:
         if self._ssh_config is None:
             self._ssh_config = load_ssh_config(self.ssh_config_path)
         target = resolve_target(host, self._ssh_config, policy=self.host_key_policy)
-        t = target.timeouts
-        t = replace(t, connect=self.connect_timeout or t.connect, command=self.command_timeout or t.command)
-        return replace(target, timeouts=t)
+        return replace(target, timeouts=self.timeouts(target.timeouts))
+
+    def timeouts(self, t: Timeouts) -> Timeouts:
+        """The run's deadlines: `--connect-timeout` bounds the whole connect (TCP, banner and
+        auth, so a frozen sshd fails in that time), `--command-timeout` every remote command."""
+        if self.connect_timeout:
+            c = self.connect_timeout
+            t = replace(t, connect=c, banner=min(t.banner, c), auth=min(t.auth, c))
+        return replace(t, command=self.command_timeout or t.command)
 
     def remote(self, host: HostSpec) -> Remote:
         """The run's one connection to `host` (opened on first use)."""
         if host.name not in self._remotes:
             self._remotes[host.name] = FabricRemote(self.target(host)).connect()
         return self._remotes[host.name]
+
+    def forget(self, host_name: str) -> None:
+        """Close and drop `host_name`'s connection (after it failed), so the next use reconnects."""
+        remote = self._remotes.pop(host_name, None)
+        if remote is not None:
+            remote.close()
 
     def close(self) -> None:
         for remote in self._remotes.values():

@@ -13,11 +13,11 @@ import sys
 import click
 
 from . import __version__
-from .errors import ExitCode, RemoteOpsError
+from .errors import ExitCode, Interrupted, RemoteOpsError
 
 #: Command modules under remote_ops.commands, in help order.
 COMMAND_MODULES = ("hosts", "facts", "source", "patch", "render", "container", "health",
-                   "deploy", "sandbox", "logs", "dumps", "extract")
+                   "deploy", "unlock", "sandbox", "logs", "dumps", "extract")
 
 
 def _versions() -> str:
@@ -53,7 +53,7 @@ def cli() -> None:
 
     Exit codes are documented in the README (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
-    failed, 11/12 health warn/fail, 13 not found).
+    failed, 11/12 health warn/fail, 13 not found, 129/130/143 SIGHUP/SIGINT/SIGTERM).
     """
 
 
@@ -74,12 +74,19 @@ def _json_requested(argv: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn every outcome into an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from . import signals
+
+    previous = signals.install()
     try:
         result = cli.main(args=argv, prog_name="remote-ops", standalone_mode=False)
         return result if isinstance(result, int) else ExitCode.OK
     except RemoteOpsError as exc:
         return _render_error(exc, _json_requested(argv))
-    except click.exceptions.Abort:
+    except Interrupted as exc:
+        return _render_interrupt(exc, _json_requested(argv))
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, Interrupted):  # click turns KeyboardInterrupt into Abort
+            return _render_interrupt(exc.__cause__, _json_requested(argv))
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED
     except click.exceptions.Exit as exc:
@@ -90,6 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
+    finally:
+        signals.restore(previous)
+
+
+def _render_interrupt(exc: Interrupted, as_json: bool) -> int:
+    """SIGINT/SIGTERM/SIGHUP: one line, exit 128 + signal (cleanup already ran in `finally`)."""
+    from .console import Console
+
+    console = Console(json_mode=as_json)
+    console.error(f"{exc}; stopped", getattr(exc, "hint", None))
+    console.emit(exc.to_dict())
+    return exc.exit_code
 
 
 def _render_error(exc: RemoteOpsError, as_json: bool) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 from . import secrets, shell
 from .errors import CommandFailed, NotFound, RemoteOpsError
 from .inventory import HostSpec
-from .remote import LineSink, Remote
+from .remote import LineSink, Remote, command_deadline
 
 LABEL_PREFIX = "org.remote-ops."
 #: Container label: hash of the `docker run` argv, so a changed setting means a restart.
@@ -301,35 +301,35 @@ def verify_in_container_cmd(name: str, expected_sha256: str | None) -> list[str]
 
 # -- runners (over a Remote) --------------------------------------------------------------------
 def inspect_image(remote: Remote, ref: str) -> ImageInfo | None:
-    r = remote.run(image_inspect_cmd(ref), check=False, timeout=30)
+    r = remote.run(image_inspect_cmd(ref), check=False)
     return parse_image_inspect(r.exit_status, r.stdout)
 
 
 def inspect_container(remote: Remote, name: str) -> ContainerInfo | None:
-    r = remote.run(container_inspect_cmd(name), check=False, timeout=30)
+    r = remote.run(container_inspect_cmd(name), check=False)
     return parse_container_inspect(r.exit_status, r.stdout)
 
 
 def detect_builder(remote: Remote) -> str:
     """One round trip: buildx presence + CLI version -> 'buildkit' | 'legacy'."""
     out = remote.run(shell.sections([("buildx", buildx_cmd()), ("version", version_cmd())]),
-                     check=False, timeout=30).stdout
+                     check=False).stdout
     sec = shell.split_sections(out)
     return choose_builder(sec.get("buildx", (1, ""))[0], parse_docker_version(sec.get("version", (1, ""))[1]))
 
 
 def build(remote: Remote, context_dir: str, tag: str, builder: str, *, on_line: LineSink | None = None,
-          timeout: float = 3600) -> str:
+          timeout: float = 3600.0) -> str:
     """Build on the host, streaming output; return the new image id."""
     iidfile = f"{context_dir}/.image-id"
     remote.run(build_cmd(context_dir, tag, builder, iidfile), timeout=timeout, on_line=on_line)
-    return remote.run(["cat", iidfile], timeout=30).stdout.strip()
+    return remote.run(["cat", iidfile]).stdout.strip()
 
 
 def run(remote: Remote, host: HostSpec, image: str) -> str:
     """Replace the container with a fresh one from `image`; return the new container id."""
-    remote.run(remove_cmd(host.container.name), timeout=120)
-    return _run_masked(remote, run_argv(host, image), timeout=120).stdout.strip()
+    remote.run(remove_cmd(host.container.name))
+    return _run_masked(remote, run_argv(host, image), timeout=command_deadline(remote)).stdout.strip()
 
 
 def _run_masked(remote: Remote, command: str | list[str], timeout: float):
@@ -374,7 +374,7 @@ def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None 
     if dry_run:
         return shown, before, before
     for command in plan:
-        _run_masked(remote, command, timeout=grace_s + 120)
+        _run_masked(remote, command, timeout=grace_s + command_deadline(remote))
     return shown, before, _must_inspect(remote, host)
 
 
@@ -411,7 +411,7 @@ def verify_patch(remote: Remote, *, image: str | None = None, container_name: st
         where, argv = f"image {image}", verify_in_image_cmd(image, expected_sha256)
     else:
         where, argv = f"container {container_name}", verify_in_container_cmd(container_name, expected_sha256)
-    r = remote.run(argv, check=False, timeout=120)
+    r = remote.run(argv, check=False)
     return parse_patch_verification(where, r.exit_status, r.stdout + "\n" + r.stderr, expected_sha256)
 
 

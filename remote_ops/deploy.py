@@ -19,8 +19,17 @@ Failure state (documented, tested): a failed *build* leaves the host's checkout
 patched (the patch is verified and correct; only the image is missing) and the
 old container untouched.  A failed *start* leaves the new image and the patched
 checkout; the old container has been replaced, so nothing serves.  Either way
-the error names the step (`build:` / `start:` / `wait:`) and the lock is
-released.  `remote-ops patch revert` undoes the checkout patch if wanted.
+the error names the step (`build:` / `start:` / `wait:`), the run record has
+that step as `failed`, and the lock is released.  The same holds for SIGINT,
+SIGTERM and SIGHUP (`remote_ops.signals`).  When the lock cannot be released
+(connection lost, host frozen) the error says so and how to recover
+(`remote-ops unlock`).  `remote-ops patch revert` undoes the checkout patch.
+
+Deadlines: every remote command uses the run's command deadline
+(`--command-timeout`, default 120 s) except the two long steps, which have
+their own: `build` (`--build-timeout`) and `wait` (`--healthy-timeout`, else
+the inventory's `server.healthy_timeout_s`).  A wait whose host stops
+answering fails at once with the SSH error, not at the end of the wait.
 """
 from __future__ import annotations
 
@@ -37,11 +46,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, container, facts, shell
-from .errors import CommandFailed, CommandTimedOut, Refused, RemoteOpsError, VerifyFailed
+from . import __version__, container, facts, hostlock, shell
+from .errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from .inventory import HostSpec
 from .paths import host_dir, repo_resource
-from .remote import Remote
+from .remote import Remote, command_deadline
 from . import secrets
 
 STEPS = ("preflight", "lock", "check", "push", "patch", "verify", "build", "start", "wait", "record", "unlock")
@@ -56,6 +65,7 @@ LABELS = {
     "context": container.CONTEXT_LABEL,
 }
 HEALTHCHECK_PATH = "/get_model_info"
+BUILD_TIMEOUT_S = 3600.0    # default of `deploy --build-timeout`
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -209,40 +219,50 @@ class Probe:
     lock: dict | None
     raw: dict[str, tuple[int, str]] = field(default_factory=dict)
     took_lock: bool = False
+    holder: hostlock.Holder | None = None
 
 
 #: facts probes a deploy does not need to decide anything (reported by `facts` and `health`).
 SKIPPED_FACTS = {"runtimes", "nvidia_ctk"}
 
 
-def probe_commands(host: HostSpec, ref: str, lock_why: str | None = None) -> list[tuple[str, str]]:
+def probe_commands(host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None,
+                   probe_s: float | None = None) -> list[tuple[str, str]]:
     """Preflight facts, the lock, then the state under the lock: target sha, container + image (pure).
 
     One `docker inspect NAME REF` answers for both objects (each docker CLI call
-    costs ~0.1-0.25 s on the host).  With `lock_why`, a section takes the lock
-    (atomic mkdir) before the state is read, so a no-op deploy needs no separate
-    lock round trip; otherwise (dry run) it only reads the lock's info.
+    costs ~0.1-0.25 s on the host).  With `lock_why`, a section takes the host
+    lock (`hostlock.take_cmd`, atomic mkdir) before the state is read, so a
+    no-op deploy needs no separate lock round trip; otherwise (dry run) it
+    only reads the lock (`hostlock.read_cmd`).  With `probe_s`, each docker
+    probe is bounded on the host (a frozen dockerd is that probe's failure).
     """
-    lock = lock_cmd(host, lock_why) if lock_why else shell.join(["cat", f"{host.lock_dir}/info"])
+    lock = (hostlock.take_cmd(host.lock_dir, hostlock.info_text(f"deploy: {lock_why}", token)) if lock_why
+            else hostlock.read_cmd(host.lock_dir))
     found = [(n, c) for n, c in facts.probes(host) if n not in SKIPPED_FACTS]
     preflight = [(n, c) for n, c in found if n != "target"]
-    return [*preflight, ("lock", lock), ("lock_info", shell.join(["cat", f"{host.lock_dir}/info"])),
-            *[(n, c) for n, c in found if n == "target"],
-            ("objects", shell.join(["docker", "inspect", host.container.name, ref]))]
+    objects = shell.join(["docker", "inspect", host.container.name, ref])
+    if probe_s:
+        preflight = facts.bounded(preflight, probe_s)
+        objects = facts.bounded([("objects", objects)], probe_s)[0][1]
+    return [*preflight, ("lock", lock), *[(n, c) for n, c in found if n == "target"], ("objects", objects)]
 
 
 def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]], locking: bool = False) -> Probe:
     """Turn the probe's sections into a `Probe` (pure).
 
-    When `locking`, `lock` is None if this probe took the lock, else the holder's info."""
+    When `locking`, `lock` is None if this probe took the lock, else the holder;
+    otherwise (dry run) it is the holder, if any."""
     f = facts.parse(host, sec)
     image, ctr = split_inspect(sec.get("objects", (1, ""))[1])
-    lock_status = sec.get("lock", (1, ""))[0]
+    lock_status, lock_text = sec.get("lock", (1, ""))
     if locking:
-        lock = None if lock_status == 0 else (parse_lock(*sec.get("lock_info", (1, ""))) or {"info": "none"})
+        took = lock_status == 0
+        holder = None if took else (hostlock.parse_info(lock_text) if lock_text.strip() else None)
     else:
-        lock = parse_lock(*sec.get("lock", (1, "")))
-    return Probe(f, "", image, ctr, lock, sec, took_lock=locking and lock_status == 0)
+        took, holder = False, hostlock.parse_read(lock_status, lock_text)
+    lock = holder.to_dict() if holder else (None if took or not locking else {"info": "none"})
+    return Probe(f, "", image, ctr, lock, sec, took_lock=took, holder=holder)
 
 
 def split_inspect(text: str) -> tuple[container.ImageInfo | None, container.ContainerInfo | None]:
@@ -254,9 +274,12 @@ def split_inspect(text: str) -> tuple[container.ImageInfo | None, container.Cont
             container.parse_container_inspect(0, json.dumps([ctr])) if ctr else None)
 
 
-def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None) -> Probe:
-    """One round trip: facts, container + image, and (unless a dry run) the lock."""
-    out = remote.run(shell.sections(probe_commands(host, ref, lock_why)), check=False, timeout=90).stdout
+def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None,
+          token: str | None = None) -> Probe:
+    """One round trip under the run's command deadline: facts, container + image, and
+    (unless a dry run) the lock, taken with `token`."""
+    probe_s = facts.probe_deadline(command_deadline(remote)) / 2   # its two docker probes run one after the other
+    out = remote.run(shell.sections(probe_commands(host, ref, lock_why, token, probe_s)), check=False).stdout
     return parse_probe(host, shell.split_sections(out), locking=lock_why is not None)
 
 
@@ -311,18 +334,9 @@ def _start_reason(host: HostSpec, ctr, img, ref: str, build: bool) -> str:
 
 # -- the remote steps ---------------------------------------------------------------------------
 def lock_info(why: str) -> str:
-    """The lock's `info` file, in patching's key=value format.  No `pid=`: the lock is held
-    by this client across many commands, so no remote PID could prove it stale."""
-    who = f"{getpass.getuser()}@{socket.gethostname()}"
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return f"who={who}\nwhen={when}\nwhat=deploy: {why}\nclient_pid={os.getpid()}\ntool=remote-ops {__version__}\n"
-
-
-def lock_cmd(host: HostSpec, why: str) -> str:
-    """Atomic `mkdir` of the lock dir, then who/when/why inside it; fails if held."""
-    d = host.lock_dir
-    return shell.and_then(["mkdir", "-p", str(Path(d).parent)], ["mkdir", d],
-                          shell.redirect(["printf", "%s", lock_info(why)], stdout=f"{d}/info"))
+    """The lock's `info` for a deploy (`hostlock.info_text`): no `pid=`, the lock is held by
+    this client across many commands, so its `client`+`client_pid` prove it stale."""
+    return hostlock.info_text(f"deploy: {why}")
 
 
 def parse_lock(status: int, text: str) -> dict | None:
@@ -333,22 +347,9 @@ def parse_lock(status: int, text: str) -> dict | None:
     return {k: v for k, v in pairs} or {"raw": text.strip()}
 
 
-def take_lock(remote: Remote, host: HostSpec, why: str) -> None:
-    """Take the host's deploy lock or raise Refused (exit 9) naming the holder."""
-    r = remote.run(lock_cmd(host, why), check=False, timeout=30)
-    if r.exit_status != 0:
-        holder = remote.run(["cat", f"{host.lock_dir}/info"], check=False, timeout=30)
-        raise Refused(f"lock: {host.lock_dir} is held: {parse_lock(holder.exit_status, holder.stdout) or 'no info file'}",
-                      host=host.name, hint=f"wait for that run, or remove {host.lock_dir} on the host if it is stale")
-
-
-def unlock_and_audit_cmd(host: HostSpec, audit: dict) -> str:
-    """Append the audit line and release the lock in one round trip."""
-    line = json.dumps(audit, sort_keys=True)
-    log = host.audit_log
-    append = shell.and_then(["mkdir", "-p", str(Path(log).parent)],
-                            shell.pipe(["printf", "%s\n", line], ["tee", "-a", log]) + " >/dev/null")
-    return shell.seq(append, ["rm", "-rf", host.lock_dir])
+def unlock_and_audit_cmd(host: HostSpec, audit: dict, token: str | None = None) -> str:
+    """Append the audit line and release our lock (`token`) in one round trip."""
+    return hostlock.release_cmd(host.lock_dir, token, host.audit_log, audit)
 
 
 def push(remote: Remote, host: HostSpec, patch, events: Events) -> str:
@@ -356,7 +357,7 @@ def push(remote: Remote, host: HostSpec, patch, events: Events) -> str:
     stage = staging_dir(host)
     files = context_files(patch)
     remote.run(shell.and_then(["rm", "-rf", stage], ["mkdir", "-p", stage], ["tar", "-x", "-f", "-", "-C", stage]),
-               input=context_tar(files), timeout=120)
+               input=context_tar(files))
     events.progress(f"staged {len(files)} files in {stage}")
     return stage
 
@@ -415,14 +416,14 @@ def _last_json(text: str) -> dict:
 
 
 def build_image(remote: Remote, host: HostSpec, patch, stage: str, ref: str, builder: str,
-                shas: dict, events: Events) -> str:
+                shas: dict, events: Events, timeout: float = BUILD_TIMEOUT_S) -> str:
     """Render the Dockerfile into the context and build it on the host, streaming output."""
     text = render_dockerfile(host, patch, shas["before"], shas["after"])
     remote.put(text.encode(), f"{stage}/Dockerfile")
-    remote.run(copy_tree_cmd(host, stage), timeout=300)
+    remote.run(copy_tree_cmd(host, stage))
     events.progress(f"building {ref} with {builder}")
     try:
-        return container.build(remote, stage, ref, builder, on_line=events.line)
+        return container.build(remote, stage, ref, builder, on_line=events.line, timeout=timeout)
     except CommandFailed as exc:
         raise CommandFailed(f"build: docker build of {ref} failed (exit {exc.exit_status})", host=host.name,
                             command=exc.command, exit_status=exc.exit_status, stderr_tail=exc.stderr_tail,
@@ -436,25 +437,54 @@ def wait_until_healthy(remote: Remote, host: HostSpec, ref: str, timeout_s: floa
 
     Ready = no `fail` in the container, patch and sglang tiers (docker's own
     health may still say `starting`: its first probe runs one interval after start).
+    Each poll runs under the run's command deadline; a poll the host does not
+    answer (timeout, connection lost) ends the wait at once with that error.
     """
     from . import health
 
-    deadline, last = time.monotonic() + timeout_s, []
+    deadline, what = time.monotonic() + timeout_s, f"container {host.container.name} to be healthy"
     while True:
-        result = health.check_host(lambda _h: remote, host, expected_image=ref)
-        gating = [c for c in result.checks if c.tier in ("container", "patch", "sglang")]
+        try:
+            checks = health.probe_checks(remote, host, expected_image=ref)
+        except RemoteOpsError as exc:
+            raise _named(exc, "wait", f"the host stopped answering while waiting for {what}") from None
+        gating = [c for c in checks if c.tier in ("container", "patch", "sglang")]
         last = [c for c in gating if c.status == "fail"]
         if gating and not last:
-            return result.checks
-        if _container_dead(result.checks):
+            return checks
+        if _container_dead(checks):
             raise VerifyFailed(f"wait: container stopped while starting: {last[0].reason}", host=host.name,
                                hint=f"see `docker logs {host.container.name}` on the host")
+        reasons = "; ".join(f"{c.tier}/{c.name}: {c.reason}" for c in last[:3]) or "no container check ran"
         if time.monotonic() >= deadline:
-            raise CommandTimedOut(f"wait: not healthy after {timeout_s:g}s: "
-                                  + "; ".join(f"{c.name}: {c.reason}" for c in last[:3]), host=host.name,
-                                  timeout=timeout_s)
-        progress("waiting for health: " + "; ".join(f"{c.name}: {c.reason}" for c in last[:2]))
+            raise CommandTimedOut(f"wait: not healthy after {timeout_s:g}s waiting for {what}: {reasons}",
+                                  host=host.name, timeout=timeout_s,
+                                  hint="raise --healthy-timeout or inventory server.healthy_timeout_s if the "
+                                       "model needs longer; `remote-ops health` shows the checks")
+        progress(f"waiting for health: {reasons}")
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def _named(exc: RemoteOpsError, step: str, context: str = "") -> RemoteOpsError:
+    """`exc` with its message prefixed by the step (and what it was doing); same type and code."""
+    if not exc.message.startswith(f"{step}:"):
+        exc.message = f"{step}: " + (f"{context}: " if context else "") + exc.message
+        exc.args = (exc.message,)
+    exc.details.setdefault("step", step)
+    return exc
+
+
+def _error_doc(failure: BaseException | None) -> dict | None:
+    """The run record's `error`: the typed error's dict, a signal, or a bug's repr."""
+    if failure is None:
+        return None
+    if hasattr(failure, "to_dict"):
+        return failure.to_dict()
+    return {"error": "internal", "exit_code": 1, "message": f"{type(failure).__name__}: {failure}"}
+
+
+def _failed_step(steps: list[StepResult]) -> str | None:
+    return next((s.name for s in steps if s.status == "failed"), None)
 
 
 def _container_dead(checks) -> bool:
@@ -467,15 +497,20 @@ class Deploy:
     """One deploy run over one connected host; `run()` returns a DeployResult."""
 
     def __init__(self, remote: Remote, host: HostSpec, *, dry_run: bool = False, events: Events | None = None,
-                 why: str = "deploy", healthy_timeout_s: float | None = None) -> None:
+                 why: str = "deploy", healthy_timeout_s: float | None = None,
+                 build_timeout_s: float | None = None) -> None:
         self.remote, self.host, self.dry_run, self.why = remote, host, dry_run, why
         self.events = events or Events()
         self.timeout = healthy_timeout_s or host.server.healthy_timeout_s
+        self.build_timeout = build_timeout_s or BUILD_TIMEOUT_S
         self.patch = load_patch()
         self.ref = image_tag(host, self.patch)
         self.result = DeployResult(host.name, dry_run, False, self.ref)
         self.t0 = time.monotonic()
         self.rt0 = remote.round_trips
+        self.current = "preflight"     # the step running now: what a failure is recorded against
+        self.token = None if dry_run else hostlock.new_token()
+        self._locked: bool | None = None   # None: unknown (the probe did not come back)
 
     def _step(self, name: str, status: str, detail: str = "", since: float | None = None) -> StepResult:
         s = StepResult(name, status, detail, round(time.monotonic() - since, 3) if since else 0.0)
@@ -484,28 +519,49 @@ class Deploy:
         return s
 
     def run(self) -> DeployResult:
-        """Probe (taking the lock), plan, act on what is out of date; always record and unlock."""
+        """Probe (taking the lock), plan, act on what is out of date; always record and unlock,
+        also after an error or a signal (`failure` is then recorded against the current step)."""
+        from . import signals
+
         t = time.monotonic()
-        p = probe(self.remote, self.host, self.ref, None if self.dry_run else self.why)
-        self._locked = p.took_lock
-        failure: RemoteOpsError | None = None
+        failure: BaseException | None = None
         try:
+            p = probe(self.remote, self.host, self.ref, None if self.dry_run else self.why, self.token)
+            self._locked = p.took_lock
             self.result.fingerprint = self.remote.host_key_fingerprint
             self._preflight(p, t)
+            self.current = "check"
             plan = make_plan(self.host, self.patch, p, self.ref)
             self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
             self.result.up_to_date = plan.up_to_date
             if self.dry_run:
                 return self._dry_run(p, plan)
+            self.current = "lock"
             self._lock(p)
             self._act(p, plan)
-        except RemoteOpsError as exc:
-            failure = exc
+        except BaseException as exc:
+            failure = self._failed(exc)
             raise
         finally:
             if not self.dry_run:
-                self._finish(failure)
+                with signals.deferred():
+                    self._finish(failure)
         return self.result
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """Name the step in the error and record that step as failed (once)."""
+        step = self.current
+        if isinstance(exc, RemoteOpsError):
+            _named(exc, step)
+            text = exc.message
+        elif isinstance(exc, Interrupted):
+            exc.args = (f"{step}: interrupted by {exc.signal_name}",)
+            text = str(exc)
+        else:
+            text = f"{step}: {type(exc).__name__}: {exc}"
+        if not any(s.name == step and s.status == "failed" for s in self.result.steps):
+            self._step(step, "failed", text)
+        return exc
 
     def _preflight(self, p: Probe, t: float) -> None:
         self.result.versions = {"remote_ops": __version__, "docker": p.facts.docker,
@@ -518,22 +574,21 @@ class Deploy:
                    f"{(p.facts.dump_dir_free_bytes or 0) / 1e9:.0f} GB free for dumps", t)
 
     def _lock(self, p: Probe) -> None:
-        """The probe's last section took the lock (atomic mkdir) unless someone holds it."""
+        """The probe took the lock (atomic mkdir) unless someone holds it: then refuse (exit 9)."""
         if not p.took_lock:
-            raise Refused(f"lock: {self.host.lock_dir} is held: {json.dumps(p.lock)}", host=self.host.name,
-                          hint=f"wait for that run, or remove {self.host.lock_dir} if it is stale",
-                          details={"lock": p.lock})
+            raise hostlock.held_refusal(self.host, p.holder, "deploy")
         self._step("lock", "ok", f"{self.host.lock_dir} (taken in the probe)")
 
     def _act(self, p: Probe, plan: Plan) -> None:
         """check -> push -> patch -> verify -> build -> start -> wait, skipping what is current."""
         shas = {"before": (p.image.labels.get(LABELS["sha_before"]) if p.image else None),
                 "after": p.facts.target_sha256}
+        self.current = "check"
         self._step("check", "ok", "up to date" if plan.up_to_date else
                    "; ".join(f"{k}: {v}" for k, v in plan.reasons.items()))
         stage = staging_dir(self.host)
         if plan.patch or plan.build:
-            t = time.monotonic()
+            t, self.current = time.monotonic(), "push"
             stage = push(self.remote, self.host, self.patch, self.events)
             self._step("push", "changed", stage, t)
             shas = self._patch_and_verify(stage)
@@ -546,7 +601,7 @@ class Deploy:
         self._wait(plan)
 
     def _patch_and_verify(self, stage: str) -> dict:
-        t = time.monotonic()
+        t, self.current = time.monotonic(), "patch"
         try:
             doc = apply_patch(self.remote, self.host)
         except (Refused, VerifyFailed) as exc:
@@ -555,13 +610,13 @@ class Deploy:
         changed = doc.get("action") in ("applied", "replaced")
         self._step("patch", "changed" if changed else "ok",
                    f"{doc.get('action')} (backup {doc.get('backup_path') or '-'})" if changed else "already applied", t)
-        t = time.monotonic()
+        t, self.current = time.monotonic(), "verify"
         report = verify_on_host(self.remote, self.host)
         self._step("verify", "ok", f"{report.get('status')} (sha {report.get('sha256', '')[:12]})", t)
         return {"before": report.get("pristine_sha256"), "after": report.get("sha256")}
 
     def _build(self, plan: Plan, stage: str, shas: dict, p: Probe) -> str:
-        t = time.monotonic()
+        t, self.current = time.monotonic(), "build"
         current = p.image is not None and p.image.labels.get(LABELS["context"]) == context_hash(
             self.host, self.patch, shas["before"] or "", shas["after"] or "")
         if not plan.build or current:
@@ -569,7 +624,8 @@ class Deploy:
             return p.image.id
         builder = container.detect_builder(self.remote)
         self.result.versions["builder"] = builder
-        image_id = build_image(self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events)
+        image_id = build_image(self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events,
+                               timeout=self.build_timeout)
         verification = container.require_ok(container.verify_patch(
             self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name)
         self.result.image_id = image_id
@@ -578,7 +634,7 @@ class Deploy:
         return image_id
 
     def _start(self, plan: Plan, image_id: str, p: Probe) -> None:
-        t = time.monotonic()
+        t, self.current = time.monotonic(), "start"
         self.result.image_id = image_id
         c = p.container
         current = bool(c and c.running and c.image_id == image_id and c.labels.get(container.RUN_CONFIG_LABEL)
@@ -601,7 +657,7 @@ class Deploy:
         self._step("start", "changed", f"{self.host.container.name} {self.result.container_id[:12]}", t)
 
     def _wait(self, plan: Plan) -> None:
-        t = time.monotonic()
+        t, self.current = time.monotonic(), "wait"
         if not plan.wait:
             self._step("wait", "ok", "container healthy (docker health check)")
             return
@@ -612,32 +668,46 @@ class Deploy:
         ok = sum(1 for c in checks if c.status == "ok")
         self._step("wait", "ok", f"healthy ({ok} checks ok)" + ("; patch verified in container" if verified else ""), t)
 
-    def _finish(self, failure: RemoteOpsError | None) -> None:
-        """record (local JSON + audit line on the host) and unlock, in one round trip."""
-        self.result.wall_s = round(time.monotonic() - self.t0, 3)
-        record = self._record(failure)
-        try:
-            if getattr(self, "_locked", False):
-                self.remote.run(unlock_and_audit_cmd(self.host, _audit_line(record)), timeout=30)
-                self._step("unlock", "ok", self.host.lock_dir)
-        except RemoteOpsError as exc:  # never mask the original failure
-            if failure is None:
-                raise
-            self.events.progress(f"could not unlock/audit: {exc}")
-        self.result.round_trips = self.remote.round_trips - self.rt0
-        self.result.wall_s = round(time.monotonic() - self.t0, 3)
+    def _finish(self, failure: BaseException | None) -> None:
+        """Unlock + audit line on the host (one round trip), then the local run record.
 
-    def _record(self, failure: RemoteOpsError | None) -> dict:
-        """The local JSON run record (host, key fingerprint, versions, shas, image, timings, steps)."""
-        self.result.steps.append(StepResult("record", "ok", ""))
+        A lock that cannot be released (connection lost, host frozen) is said
+        so in the record and in the error, with how to recover."""
+        self.current = "record"
         from .console import to_jsonable
 
         doc = secrets.mask_data(to_jsonable({**self.result.to_dict(), "time": time.time(), "ok": failure is None,
-                                             "error": failure.to_dict() if failure else None}))
-        self.result.record = str(write_record(self.host.name, doc))
-        self.result.steps[-1].detail = self.result.record
-        self.events.step(self.result.steps[-1])
-        return doc
+                                             "error": _error_doc(failure),
+                                             "failed_step": _failed_step(self.result.steps)}))
+        doc["lock"], unlock_error = self._unlock(doc, failure)
+        if unlock_error is not None and failure is None:
+            doc.update(ok=False, error=_error_doc(unlock_error), failed_step="unlock")
+        record = StepResult("record", "ok", "")
+        self.result.steps.append(record)
+        doc["steps"] = [asdict(s) for s in self.result.steps]
+        self.result.round_trips = self.remote.round_trips - self.rt0
+        self.result.wall_s = doc["wall_s"] = round(time.monotonic() - self.t0, 3)
+        self.result.record = record.detail = str(write_record(self.host.name, doc))
+        self.events.step(record)
+        if unlock_error is not None and failure is None:
+            raise unlock_error
+
+    def _unlock(self, doc: dict, failure: BaseException | None) -> tuple[str, RemoteOpsError | None]:
+        """Release our lock (token-checked) and append the audit line: (lock state, error)."""
+        if self._locked is False:
+            return "not taken", None
+        try:
+            self.remote.run(unlock_and_audit_cmd(self.host, _audit_line(doc), self.token))
+        except RemoteOpsError as exc:
+            hint = hostlock.recovery_hint(self.host)
+            self._step("unlock", "failed", f"{exc}")
+            doc["lock_hint"] = hint
+            target = failure if failure is not None else _named(exc, "unlock")
+            target.hint = "; ".join(x for x in (getattr(target, "hint", None), hint) if x)
+            return "maybe held", exc
+        if self._locked:
+            self._step("unlock", "ok", self.host.lock_dir)
+        return "released", None
 
     def _dry_run(self, p: Probe, plan: Plan) -> DeployResult:
         """Plan + diffs; nothing on the host is changed (not even the lock)."""
@@ -700,7 +770,7 @@ def _audit_line(record: dict) -> dict:
             "user": getpass.getuser(), "client": socket.gethostname(), "ok": record["ok"],
             "up_to_date": record["up_to_date"], "image": record["image"], "image_id": record.get("image_id"),
             "steps": {s["name"]: s["status"] for s in record["steps"]},
-            "error": (record.get("error") or {}).get("message")}
+            "error": (record.get("error") or {}).get("message"), "failed_step": record.get("failed_step")}
 
 
 def render_for_host(host: HostSpec) -> str:

@@ -32,7 +32,9 @@ class ExitCode:
     HEALTH_FAIL = 12      # health: worst result was "fail"
     NOT_FOUND = 13        # a file, container, image or run that should exist does not
     NO_SPACE = 14         # local disk too small or full: free space (or --dest elsewhere), re-run resumes
-    INTERRUPTED = 130     # Ctrl-C
+    HANGUP = 129          # SIGHUP (terminal closed)
+    INTERRUPTED = 130     # SIGINT (Ctrl-C)
+    TERMINATED = 143      # SIGTERM (`timeout`, CI cancel, `kill`)
 
 
 def tail(text: str | bytes | None, lines: int = 20) -> str:
@@ -177,3 +179,25 @@ class NoSpace(RemoteOpsError):
 
     exit_code = ExitCode.NO_SPACE
     kind = "no_space"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived (see `remote_ops.signals`); exit 128 + signal number.
+
+    A BaseException like KeyboardInterrupt, so no `except RemoteOpsError` swallows
+    it; `finally` blocks (lock release, run record) still run."""
+
+    def __init__(self, signum: int = 2) -> None:
+        import signal
+
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "interrupted", "exit_code": self.exit_code, "signal": self.signal_name,
+                "message": str(self)}

@@ -4,6 +4,12 @@ pyinfra-style: `probes(host)` builds the commands (pure), `parse(sections)`
 turns their captured output into a `Facts` record (pure), `gather(remote,
 host)` is the only function that touches the network.  `health` and `deploy`
 reuse the probes and parsers.
+
+Deadlines: the round trip runs under the run's command deadline
+(`--command-timeout`), and each probe inside it under `probe_deadline` of
+that (`bounded`: coreutils `timeout` on the host), so one hung probe (a
+frozen dockerd) is that probe's own failure ("no answer within Ns") and every
+other fact is still reported.
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import shell
 from .inventory import HostSpec
-from .remote import Remote
+from .remote import Remote, command_deadline
 
 GPU_QUERY = ("index,name,memory.total,memory.used,temperature.gpu,"
              "ecc.errors.uncorrected.volatile.total,compute_cap,driver_version")
@@ -87,9 +93,34 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
     ]
 
 
+def probe_deadline(command_s: float) -> float:
+    """Seconds one probe may take inside a round trip bounded by `command_s`: 80 %, at least
+    1 s less, so the framed output of the other probes still comes back in time."""
+    return round(max(1.0, min(command_s - 1.0, command_s * 0.8)), 1)
+
+
+PROBE_TIMED_OUT = "no answer within {s:g}s (probe timed out)"
+
+
+def bounded(named: list[tuple[str, str]], seconds: float) -> list[tuple[str, str]]:
+    """Each probe ends within `seconds` on the host: `timeout -k 1 (seconds - 1)` (a probe that
+    ignores SIGTERM, like a docker CLI waiting for a frozen daemon, is killed 1 s later); exit
+    124 and a line saying so when it ran out.  Hosts without coreutils `timeout` run it
+    unbounded (pure)."""
+    limit = round(max(0.5, seconds - 1.0), 1)
+    note = shell.quote(PROBE_TIMED_OUT.format(s=limit))
+    out = []
+    for name, command in named:
+        inner = shell.join(["sh", "-c", shell.cmd(command)])
+        out.append((name, f"if command -v timeout >/dev/null 2>&1; then timeout -k 1 {limit:g} {inner}; "
+                          f"rc=$?; [ $rc -eq 124 ] && echo {note}; exit $rc; else {inner}; fi"))
+    return out
+
+
 def gather(remote: Remote, host: HostSpec) -> Facts:
-    """Run all probes concurrently in one round trip and parse them."""
-    out = remote.run(shell.parallel_sections(probes(host)), check=False, timeout=60).stdout
+    """Run all probes concurrently in one round trip (each one bounded) and parse them."""
+    probe_s = probe_deadline(command_deadline(remote))
+    out = remote.run(shell.parallel_sections(bounded(probes(host), probe_s)), check=False).stdout
     return parse(host, shell.split_sections(out))
 
 

@@ -13,6 +13,16 @@ and piled-up probes have crashed servers, so the HTTP tier polls only cheap
 endpoints (`/model_info`, `/server_info`, `/v1/models`, each with its older
 `/get_*` alias), and a generation probe runs at most once, only with `--deep`.
 Nothing here writes to the host: the dump-growth baseline is kept locally.
+
+Deadlines: the round trip runs under the run's command deadline
+(`--command-timeout`); each probe in it is bounded by `facts.probe_deadline`
+of that on the host (`facts.bounded`), and the HTTP probe's own calls share
+that budget.  So a hung probe (a frozen dockerd) fails only its own checks,
+and the others are still reported.
+
+Exit codes: a host that cannot be connected to is listed as the failing
+`ssh/connect` check, and the run exits with that error's own code (4
+unreachable, 5 auth, 6 host key) rather than 12, as every other command does.
 """
 from __future__ import annotations
 
@@ -46,6 +56,8 @@ class HostHealth:
     checks: list[Check]
     duration_s: float = 0.0
     round_trips: int = 0
+    error_exit: int | None = None    # the exit code of a connection/SSH error, if one ended the run
+
 
     @property
     def worst(self) -> str:
@@ -53,11 +65,18 @@ class HostHealth:
 
     def to_dict(self) -> dict:
         return {"host": self.host, "worst": self.worst, "duration_s": round(self.duration_s, 3),
-                "round_trips": self.round_trips, "checks": [asdict(c) for c in self.checks]}
+                "round_trips": self.round_trips, "exit_code": self.error_exit,
+                "checks": [asdict(c) for c in self.checks]}
 
 
 def exit_code(results: list[HostHealth]) -> int:
-    """0 when all ok, 11 when the worst is warn, 12 when anything failed."""
+    """0 when all ok, 11 when the worst is warn, 12 when anything failed; but a host that
+    could not be reached or trusted gives that error's own code (6 host key > 5 auth >
+    4 unreachable > 8 timeout), the same as every other command."""
+    errors = [r.error_exit for r in results if r.error_exit]
+    if errors:
+        rank = {ExitCode.HOST_KEY: 4, ExitCode.AUTH: 3, ExitCode.UNREACHABLE: 2, ExitCode.TIMEOUT: 1}
+        return max(errors, key=lambda c: rank.get(c, 0))
     worst = max((ORDER[r.worst] for r in results), default=0)
     return {0: ExitCode.OK, 1: ExitCode.HEALTH_WARN, 2: ExitCode.HEALTH_FAIL}[worst]
 
@@ -69,8 +88,10 @@ ENDPOINTS = [["/model_info", "/get_model_info"], ["/server_info", "/get_server_i
 HTTP_PROBE = r'''
 import json, sys, time, urllib.error, urllib.request
 base, groups, deep = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+call_s, generate_s = float(sys.argv[4]), float(sys.argv[5])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-def call(path, data=None, timeout=5.0):
+def call(path, data=None, timeout=None):
+    timeout = timeout or call_s
     t = time.monotonic()
     req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -89,7 +110,7 @@ for group in groups:
             break
 if deep:
     body = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
-    out["/generate"] = call("/generate", body, timeout=60.0)
+    out["/generate"] = call("/generate", body, timeout=generate_s)
 print(json.dumps(out))
 '''
 
@@ -133,18 +154,33 @@ def dump_probe(host: HostSpec) -> str:
             + facts.existing_parent_df(host.dump.dir))
 
 
-def http_probe(host: HostSpec, deep: bool) -> str:
+def http_budget(probe_s: float) -> tuple[float, float]:
+    """(seconds per cheap endpoint call, seconds for the --deep generation) within one probe's
+    deadline: up to 4 cheap calls run before the generation."""
+    call_s = max(0.1, int(min(5.0, probe_s / 5) * 10) / 10)
+    return call_s, max(0.1, int((probe_s - 4 * call_s) * 10) / 10)
+
+
+def http_probe(host: HostSpec, deep: bool, probe_s: float = 96.0) -> str:
     base = f"http://127.0.0.1:{host.server.port}"
-    return shell.join(["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0"])
+    call_s, generate_s = http_budget(probe_s)
+    return shell.join(["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0",
+                       str(call_s), str(generate_s)])
 
 
-def probes(host: HostSpec, deep: bool = False, expected_image: str | None = None) -> list[tuple[str, str]]:
+def probes(host: HostSpec, deep: bool = False, expected_image: str | None = None,
+           probe_s: float = 96.0) -> list[tuple[str, str]]:
+    """Every probe, each bounded by `probe_s` seconds on the host (pure)."""
+    return facts.bounded(_probes(host, deep, expected_image, probe_s), probe_s)
+
+
+def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: float) -> list[tuple[str, str]]:
     return [("docker", "docker version --format '{{json .}}'"),
             ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
             ("gpu_procs", gpu_process_probe(host)),
             ("container", container_probe(host, expected_image)),
             ("patch", patch_probe(host)),
-            ("http", http_probe(host, deep)),
+            ("http", http_probe(host, deep, probe_s)),
             ("dumps", dump_probe(host))]
 
 
@@ -159,7 +195,10 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
     checks = [check_engine(sec.get("docker", (1, "")))]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
     checks.append(check_fusion(host, facts.parse_gpus(*sec.get("gpus", (127, "")))[0]))
-    checks += check_container(host, container, image, expected_image)
+    if sec.get("container", (1, ""))[0] == 124:     # the probe ran out of time: not "absent"
+        checks.append(Check("container", "state", "fail", f"docker inspect: {_last(sec['container'][1])}"))
+    else:
+        checks += check_container(host, container, image, expected_image)
     checks.append(check_patch(sec.get("patch", (1, "")), container, image))
     checks += check_http(host, sec.get("http", (1, "")), container)
     checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time())
@@ -390,12 +429,25 @@ def save_baseline(state_dir: Path, checks: list[Check]) -> None:
         baseline_file(state_dir).write_text(json.dumps(growth.data))
 
 
+def probe_checks(remote, host: HostSpec, *, deep: bool = False, expected_image: str | None = None,
+                 last_dumps: dict | None = None) -> list[Check]:
+    """One round trip of every probe under the run's command deadline -> checks after the SSH tier.
+
+    Raises the SSH seam's typed error when the host does not answer at all
+    (timeout, connection lost); a single hung probe is only its own failure."""
+    from .remote import command_deadline
+
+    probe_s = facts.probe_deadline(command_deadline(remote))
+    out = remote.run(shell.parallel_sections(probes(host, deep, expected_image, probe_s)), check=False).stdout
+    return evaluate(host, shell.split_sections(out), expected_image=expected_image, last_dumps=last_dumps)
+
+
 def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: str | None = None,
                state_dir: Path | None = None) -> HostHealth:
     """Run every tier for one host.  `connect(host)` returns a Remote or raises.
 
     Connection failures become the failing SSH check instead of an exception,
-    so `--all` reports every host.
+    so `--all` reports every host; the error's exit code is kept (`exit_code`).
     """
     from .errors import RemoteOpsError
 
@@ -403,16 +455,18 @@ def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: s
     try:
         remote = connect(host)
     except RemoteOpsError as exc:
-        return HostHealth(host.name, [Check("ssh", "connect", "fail", exc.message)], time.monotonic() - start)
+        return HostHealth(host.name, [Check("ssh", "connect", "fail", exc.message,
+                                            {"error": exc.kind, "exit_code": exc.exit_code})],
+                          time.monotonic() - start, error_exit=exc.exit_code)
     ssh = Check("ssh", "connect", "ok", f"{remote.target.display}, host key {remote.host_key_fingerprint}")
     before = remote.round_trips
-    try:
-        script = shell.parallel_sections(probes(host, deep, expected_image))
-        out = remote.run(script, check=False, timeout=90).stdout
-    except RemoteOpsError as exc:
-        return HostHealth(host.name, [ssh, Check("ssh", "command", "fail", str(exc))], time.monotonic() - start)
     last = load_baseline(state_dir) if state_dir else None
-    checks = [ssh, *evaluate(host, shell.split_sections(out), expected_image=expected_image, last_dumps=last)]
+    try:
+        checks = [ssh, *probe_checks(remote, host, deep=deep, expected_image=expected_image, last_dumps=last)]
+    except RemoteOpsError as exc:
+        return HostHealth(host.name, [ssh, Check("ssh", "command", "fail", str(exc),
+                                                 {"error": exc.kind, "exit_code": exc.exit_code})],
+                          time.monotonic() - start, error_exit=exc.exit_code)
     if state_dir:
         save_baseline(state_dir, checks)
     return HostHealth(host.name, checks, time.monotonic() - start, remote.round_trips - before)

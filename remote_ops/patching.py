@@ -18,8 +18,8 @@ Round trips (each is one `remote.run`):
 - check, status: 1 (file bytes + sha256 + stat + SGLang version + backup record,
   framed by `shell.sections`); verify: 1 (the same plus `python3 -m py_compile`).
 - apply: 2: the read, then one write that takes the new bytes on stdin and, under
-  the host lock (atomic `mkdir`, who/when/what inside, deadline, stale locks of
-  dead PIDs broken), checks the file is unchanged since the read, writes a temp
+  the host lock (`remote_ops.hostlock`: atomic `mkdir`, holder info inside,
+  deadline, stale locks of dead remote PIDs broken), checks the file is unchanged since the read, writes a temp
   file in the same directory, keeps mode and owner, fsyncs, runs
   `python3 -m py_compile` on it, makes the backup (+ sha256 sidecar) and renames
   atomically, printing the new sha256.  Verification is then done locally from
@@ -37,21 +37,19 @@ from __future__ import annotations
 
 import base64
 import difflib
-import getpass
 import hashlib
 import re
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import anchors, patchspec, shell
+from . import anchors, hostlock, patchspec, shell
 from . import source as srcview
 from .anchors import AnchorRefusal, PatchSpec
 from .errors import CommandFailed, CommandTimedOut, NotFound, Refused, UsageError, VerifyFailed, tail
-from .remote import Remote, RunResult
+from .remote import Remote, RunResult, command_deadline
 
 BACKUP_SUFFIX = ".remote-ops-backup"
 LOCK_WAIT_S = 30.0
@@ -376,25 +374,12 @@ def verify(remote: Remote, target) -> VerifyResult:
 
 # ------------------------------------------------------------------------- write
 WRITE_SCRIPT = r'''
-f=$1 expect=$2 backup=$3 lock=$4 wait=$5 who=$6 what=$7 source=$8 newsha=$9
+f=$1 expect=$2 backup=$3 lock=$4 wait=$5 info=$6 what=$7 source=$8 newsha=$9
 d=$(dirname "$f"); b=$(basename "$f"); bak="$f.remote-ops-backup"; tmp="$d/.$b.remote-ops-tmp.$$"
 cleanup() { rm -rf "$tmp" "$bak.tmp.$$" "$bak.sha256.tmp.$$" ${pc:+"$pc"}; }
 fail() { echo "error: $2"; cleanup; exit "$1"; }
 trap 'cleanup; exit 130' INT TERM HUP
-if [ -n "$lock" ]; then
-  end=$(( $(date +%s) + wait ))
-  while ! mkdir "$lock" 2>/dev/null; do
-    pid=$(sed -n 's/^pid=//p' "$lock/info" 2>/dev/null)
-    if [ -n "$pid" ] && [ ! -d "/proc/$pid" ]; then
-      mv "$lock" "$lock.stale.$$" 2>/dev/null && rm -rf "$lock.stale.$$" && echo "broke stale lock of dead pid $pid"
-      continue
-    fi
-    [ "$(date +%s)" -ge "$end" ] && { echo "lock-held: $(tr '\n' ' ' < "$lock/info" 2>/dev/null)"; exit 75; }
-    sleep 0.2
-  done
-  trap 'rm -rf "$lock"' EXIT
-  printf 'pid=%s\nwho=%s\nwhen=%s\nwhat=%s\n' "$$" "$who" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$what" > "$lock/info"
-fi
+@HOSTLOCK@
 cur=$(sha256sum < "$f" | cut -d' ' -f1) || fail 74 "cannot read $f"
 [ "$cur" = "$expect" ] || { echo "changed-since-read: $cur"; exit 76; }
 rm -f "$d/.$b.remote-ops-tmp."* "$bak.tmp."* "$bak.sha256.tmp."*
@@ -420,6 +405,9 @@ echo "sha256=$(sha256sum < "$f" | cut -d' ' -f1)"
 '''
 
 
+WRITE_SCRIPT = WRITE_SCRIPT.replace("@HOSTLOCK@\n", hostlock.SHELL_TAKE_WAITING.lstrip("\n"))
+
+
 @dataclass
 class WriteOutcome:
     sha256: str
@@ -431,9 +419,9 @@ class WriteOutcome:
 def write_command(target: PatchTarget, expect_sha: str, new_sha: str, backup: str, lock: bool, what: str,
                   source: str = "stdin") -> str:
     """The write round trip: `sh -c WRITE_SCRIPT` with every value as a quoted argument."""
-    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    info = hostlock.info_text(what)
     return shell.join(["sh", "-c", WRITE_SCRIPT, "remote-ops-write", target.path, expect_sha, backup,
-                       target.lock_dir if (lock and target.lock_dir) else "", str(int(LOCK_WAIT_S)), who, what,
+                       target.lock_dir if (lock and target.lock_dir) else "", str(int(LOCK_WAIT_S)), info, what,
                        source, new_sha])
 
 
@@ -442,15 +430,17 @@ def _write(remote: Remote, target: PatchTarget, expect_sha: str, data: bytes | N
     """Run the write script; map its exit codes to Refused / VerifyFailed / CommandFailed."""
     cmd = write_command(target, expect_sha, new_sha, backup, lock, what, "stdin" if data is not None else "backup")
     result = remote.run(cmd, check=False, input=data if data is not None else None,
-                        timeout=LOCK_WAIT_S + 120)
+                        timeout=LOCK_WAIT_S + command_deadline(remote))
     return _write_outcome(result, remote.name, target)
 
 
 def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOutcome:
     out = result.stdout
     if result.exit_status == RC_LOCK_HELD:
-        raise Refused(f"host lock {target.lock_dir} is held ({_field(out, 'lock-held: ')}); waited "
-                      f"{LOCK_WAIT_S:g}s", host=host, details={"reason": "lock_held"})
+        holder = hostlock.parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
+        raise Refused(f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s",
+                      host=host, details={"reason": "lock_held", "lock": holder.to_dict()},
+                      hint="wait for that run, or `remote-ops unlock --host HOST` (shows the holder; --force if it is gone)")
     if result.exit_status == RC_CHANGED:
         raise Refused(f"{target.path} changed while remote-ops was working (now {_field(out, 'changed-since-read: ')})"
                       "; nothing written, run again", host=host, details={"reason": "changed_since_read"})

@@ -77,6 +77,15 @@ class Remote(Protocol):
     def close(self) -> None: ...
 
 
+def command_deadline(remote) -> float:
+    """The run's per-command deadline in seconds (`--command-timeout`, else the target's default).
+
+    The one number every remote call and every probe is bounded by unless a
+    step has its own named deadline (build, wait for healthy)."""
+    timeouts = getattr(getattr(remote, "target", None), "timeouts", None)
+    return float(getattr(timeouts, "command", 120.0))
+
+
 def fingerprint(key) -> str:
     """OpenSSH-style SHA256 fingerprint of a paramiko key: `SHA256:base64`."""
     digest = hashlib.sha256(key.asbytes()).digest()
@@ -190,7 +199,7 @@ class FabricRemote:
         line = shell.cmd(command)
         deadline_s = self.target.timeouts.command if timeout is None else timeout
         start = time.monotonic()
-        status, out, err, chan = self._exec(line, input, start + deadline_s, on_line)
+        status, out, err, chan = self._exec(line, input, start + deadline_s, on_line, deadline_s)
         if status is None:
             raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
                                   command=line, timeout=deadline_s)
@@ -205,9 +214,10 @@ class FabricRemote:
                                 stdout_tail=tail(result.stdout, 5))
         return result
 
-    def _exec(self, line: str, input: bytes | None, deadline: float, on_line: LineSink | None):
+    def _exec(self, line: str, input: bytes | None, deadline: float, on_line: LineSink | None,
+              deadline_s: float | None = None):
         """Run `line` on a fresh session channel: (exit status or None on timeout, out, err, channel)."""
-        chan = self._open_channel()
+        chan = self._open_channel(deadline, line, deadline_s)
         self._round_trips += 1
         out, err, status = None, b"", None
         try:
@@ -242,14 +252,25 @@ class FabricRemote:
                               host=self.name, details={"reason": "session"}) from None
         return chan
 
-    def _open_channel(self):
+    def _open_channel(self, deadline: float | None = None, line: str = "", deadline_s: float | None = None):
+        """A session channel, opened within the command's deadline (and the connect timeout).
+
+        On a live connection whose host stops answering (frozen), that is the
+        command's timeout (exit 8), not a connection failure."""
         transport = self._fabric().client.get_transport()
         if transport is None or not transport.is_active():
             raise Unreachable(f"connection to {self.target.display} was lost", host=self.name,
                               details={"reason": "connection_lost"})
+        wait, shown = self.target.timeouts.connect, self.target.timeouts.connect
+        if deadline is not None and deadline - time.monotonic() < wait:
+            wait, shown = max(0.1, deadline - time.monotonic()), deadline_s or wait
         try:
-            return transport.open_session(timeout=self.target.timeouts.connect)
+            return transport.open_session(timeout=wait)
         except Exception as exc:
+            if transport.is_active() and "timeout" in str(exc).lower():
+                raise CommandTimedOut(f"command timed out after {shown:g}s: the host did not open a session "
+                                      "(not answering: frozen or overloaded?)", host=self.name, command=line,
+                                      timeout=wait) from None
             raise Unreachable(f"cannot open a session on {self.target.display}: {exc}",
                               host=self.name, details={"reason": "session"}) from None
 

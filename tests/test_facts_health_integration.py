@@ -55,7 +55,8 @@ def test_health_all_reports_unreachable_host_and_others(lab, faults, spare_host,
     hosts = {h["host"]: h for h in json.loads(out)["hosts"]}
     assert hosts[spare_host.name]["checks"][0]["status"] == "fail"
     assert hosts["lab1"]["checks"][0]["status"] == "ok"
-    assert rc == ExitCode.HEALTH_FAIL
+    # issue 9 (defect 12): an unreachable host exits 4 like every other command (was 12)
+    assert rc == ExitCode.UNREACHABLE
 
 
 def test_health_usage_error():

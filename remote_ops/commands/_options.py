@@ -22,8 +22,11 @@ def app_options(fn):
                   help="ssh_config file to use (default ~/.ssh/config if present)")
     @click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict",
                   show_default=True, help="strict refuses unknown keys; accept-new records first-seen keys. Changed keys are always refused.")
-    @click.option("--connect-timeout", type=float, default=None, help="seconds to connect (default 10)")
-    @click.option("--command-timeout", type=float, default=None, help="default seconds per remote command (default 120)")
+    @click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="seconds to connect, banner and auth included (default 10)")
+    @click.option("--command-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="deadline of every remote command and probe, in seconds (default 120); "
+                       "long steps have their own (deploy --build-timeout, --healthy-timeout)")
     @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
     @click.option("-q", "--quiet", is_flag=True, help="no human output on stderr")
     @functools.wraps(fn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from .. import container as ctr
-from .. import deploy
+from .. import deploy, hostlock
 from ._options import host_command
 
 
@@ -27,11 +27,18 @@ def container_group() -> None:
 
 
 def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: bool) -> None:
-    """Run (or, with --dry-run, show) start/stop/restart; --diff shows the state change."""
+    """Run (or, with --dry-run, show) start/stop/restart; --diff shows the state change.
+
+    A real run holds the host lock (exit 9 while a deploy or another change holds
+    it, nothing touched); a dry run only reads."""
     spec = app.host(host)
     image = deploy.image_ref(spec) if action == "start" else None
-    commands, before, after = ctr.lifecycle(app.remote(spec), spec, action, image=image, grace_s=grace,
-                                            dry_run=dry_run)
+    remote = app.remote(spec)
+    if dry_run:
+        commands, before, after = ctr.lifecycle(remote, spec, action, image=image, grace_s=grace, dry_run=True)
+    else:
+        with hostlock.held(remote, spec, f"container {action}"):
+            commands, before, after = ctr.lifecycle(remote, spec, action, image=image, grace_s=grace)
     if not commands:
         app.console.status("ok", f"{spec.name}: nothing to do ({action}: container already in that state)")
     for c in commands:

@@ -32,17 +32,26 @@ class ConsoleEvents(deploy_mod.Events):
 @click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before changing the host")
 @click.option("--why", default="deploy", show_default=True, help="reason stored in the lock and audit log")
-@click.option("--healthy-timeout", type=float, default=None,
+@click.option("--healthy-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)")
+@click.option("--build-timeout", type=click.FloatRange(min=0, min_open=True), default=deploy_mod.BUILD_TIMEOUT_S,
+              show_default=True, help="seconds the image build may take")
 @host_command
 def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: str,
-               healthy_timeout: float | None) -> None:
+               healthy_timeout: float | None, build_timeout: float) -> None:
     """Preflight, lock, check, push, patch, verify, build, start, wait, record, unlock.
 
     \b
     Only what is out of date is done: a re-run with nothing changed reports
     "up to date" without rebuilding or restarting.  Example:
       remote-ops deploy --host 10.1.230.174 --dry-run
+
+    \b
+    Every remote command runs under --command-timeout; the build under
+    --build-timeout, the wait under --healthy-timeout.  An error, SIGINT,
+    SIGTERM or SIGHUP releases the host lock and writes the run record with
+    the failed step (exit 130 / 143 / 129 for the signals).  A lock left by a
+    lost connection: `remote-ops unlock --host H`.
     """
     spec = app.host(host)
     remote = app.remote(spec)
@@ -53,7 +62,7 @@ def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: s
         if not preview.up_to_date:
             _confirm(app, spec, preview)
     result = deploy_mod.deploy(remote, spec, dry_run=dry_run, events=events, why=why,
-                               healthy_timeout_s=healthy_timeout)
+                               healthy_timeout_s=healthy_timeout, build_timeout_s=build_timeout)
     if dry_run or show_diff:
         for name, text in result.diffs.items():
             app.console.step(f"diff: {name}")

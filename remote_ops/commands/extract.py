@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from .. import extract as extract_mod
+from .. import hostlock
 from ._options import host_command
 from .logs import _render_extraction
 
@@ -61,7 +62,8 @@ def start_cmd(app, host, dataset, concurrency, retries, limit, server_url, wait_
         if dry_run:
             app.console.emit({"host": spec.name, "dry_run": True, **plan})
             return 0
-    st = extract_mod.start(remote, spec, dataset, **kwargs)
+    with hostlock.held(remote, spec, "extract start"):     # the start only; --wait below just reads
+        st = extract_mod.start(remote, spec, dataset, **kwargs)
     if wait_s is not None:
         st = extract_mod.wait_finished(remote, spec, wait_s,
                                        on_status=lambda s: _render_progress(app.console, s))
@@ -114,7 +116,8 @@ def stop_cmd(app, host, wait_s, dry_run, show_plan) -> int:
         if dry_run:
             app.console.emit({"host": spec.name, "dry_run": True, "running": before.running, "pid": before.pid})
             return 0
-    st = extract_mod.stop(app.remote(spec), spec, wait_s)
+    with hostlock.held(app.remote(spec), spec, "extract stop"):
+        st = extract_mod.stop(app.remote(spec), spec, wait_s)
     _render(app.console, st)
     app.console.emit(st)
     return 0

@@ -31,6 +31,14 @@ def _check_all(app, hosts, deep: bool) -> list[health_mod.HostHealth]:
         return list(pool.map(one, hosts))
 
 
+def _drop_broken(app, results) -> None:
+    """Forget the connections of hosts whose round failed at the SSH level, so the next
+    watch round reconnects (under --connect-timeout) instead of reusing a dead one."""
+    for r in results:
+        if r.error_exit:
+            app.forget(r.host)
+
+
 def render(console, results) -> None:
     for r in results:
         console.step(f"{r.host}: {r.worst} ({r.duration_s:.2f}s)")
@@ -42,16 +50,21 @@ def render(console, results) -> None:
 @host_option(required=False)
 @click.option("--all", "all_hosts", is_flag=True, help="check every inventory host, in parallel")
 @click.option("--deep", is_flag=True, help="also run ONE one-token generation probe per host")
-@click.option("--watch", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS")
-@click.option("--watch-for", type=float, default=3600.0, show_default=True,
-              help="stop watching after this many seconds")
+@click.option("--watch", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="repeat every SECONDS")
+@click.option("--watch-for", type=click.FloatRange(min=0), default=3600.0, show_default=True,
+              help="stop watching after this many seconds (a round started before then may end up to "
+                   "--connect-timeout + --command-timeout later)")
 @app_options
 def health_cmd(app, host, all_hosts, deep, watch, watch_for) -> int:
     """Check SSH, docker, GPUs, container, patch, SGLang endpoints and dumps.
 
     Cheap endpoints only (/model_info, /server_info, /v1/models); SGLang's
     /health runs a generation, so a generation probe runs only with --deep.
-    Exit code: 0 ok, 11 worst was warn, 12 something failed.
+    Exit code: 0 ok, 11 worst was warn, 12 something failed; a host that
+    cannot be reached 4, authenticated 5, or whose key is unknown/changed 6
+    (the JSON still lists its ssh check).  Each probe is bounded by
+    --command-timeout, so one hung probe fails alone.
     """
     if bool(host) == bool(all_hosts):
         raise UsageError("give exactly one of --host or --all")
@@ -61,9 +74,10 @@ def health_cmd(app, host, all_hosts, deep, watch, watch_for) -> int:
         results = _check_all(app, hosts, deep)
         render(app.console, results)
         app.console.emit({"hosts": [r.to_dict() for r in results]})
-        if not watch or time.monotonic() + watch > deadline:
+        if not watch or time.monotonic() + watch >= deadline:
             return health_mod.exit_code(results)
         time.sleep(watch)
+        _drop_broken(app, results)
 
 
 commands = [health_cmd]

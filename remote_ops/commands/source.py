@@ -32,6 +32,26 @@ def target_options(fn):
     return host_option(required=False)(fn)
 
 
+def check_request(lines: str | None, grep: str | None, symbol: str | None) -> None:
+    """Reject bad --lines / --grep / --symbol here, before any connection (exit 2, not 4).
+
+    Only what can be judged without the file: the range's form and order (its
+    end against the file's length is checked once the file is read)."""
+    import re
+
+    if sum(x is not None for x in (lines, grep, symbol)) != 1:
+        raise UsageError("give exactly one of --lines A:B, --grep PATTERN, --symbol Class.method")
+    if lines is not None:
+        srcview.parse_range(lines, 2**31)
+    if grep is not None:
+        try:
+            re.compile(grep)
+        except re.error as exc:
+            raise UsageError(f"bad pattern {grep!r}: {exc}") from None
+    if symbol is not None and not any(p for p in symbol.split(".")):
+        raise UsageError(f"bad symbol {symbol!r}: expected Class.method, Class or function")
+
+
 @click.command("inspect-source")
 @target_options
 @click.option("--lines", default=None, metavar="A:B", help="show lines A..B, like sed -n 'A,Bp' (e.g. 2830:2845)")
@@ -50,8 +70,7 @@ def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
     Read-only: one SSH round trip, nothing is changed.  Bad ranges exit 2,
     a missing file 13.
     """
-    if sum(x is not None for x in (lines, grep, symbol)) != 1:
-        raise UsageError("give exactly one of --lines A:B, --grep PATTERN, --symbol Class.method")
+    check_request(lines, grep, symbol)
     remote, target = where(app, host, path, local_file)
     tf = patching.read_target(remote, target)
     view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
