@@ -39,6 +39,12 @@ class App:
     def hosts(self, ref: str) -> list[HostSpec]:
         return self.inventory().resolve(ref)
 
+    def select(self, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list[HostSpec]:
+        """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.targets`)."""
+        from .targets import select
+
+        return select(self.inventory(), pattern, all_hosts=all_hosts, limit=limit)
+
     def target(self, host: HostSpec) -> SshTarget:
         """Resolve inventory + ssh_config + command-line overrides for `host`."""
         if self._ssh_config is None:

@@ -1,7 +1,12 @@
 """Shared click options: host selection, connection settings, --json.
 
-`host_command` adds the options every host-facing command takes and passes an
-`App` as the first argument, so commands read `def facts(app, host, ...)`.
+`hosts_command` adds the options every host-facing command takes: `--host
+PATTERN` / `--all` / `--limit PATTERN` / `--forks N` (see `remote_ops.targets`)
+plus the connection options, and passes the `App` and the selected hosts, so
+commands read `def facts(app, hosts, ...)` and hand a per-host function to
+`commands._fleet.run_on_hosts`.  `host_command` is the one-host form
+(`def cmd(app, host, ...)` with `host` the `--host` text) for commands that
+work on a single host only.
 """
 from __future__ import annotations
 
@@ -50,3 +55,19 @@ def host_option(required: bool = True):
 def host_command(fn):
     """`--host` plus `app_options`."""
     return host_option()(app_options(fn))
+
+
+def hosts_command(fn):
+    """`--host PATTERN`/`--all`/`--limit`/`--forks` plus `app_options` -> fn(app, hosts, forks=, ...)."""
+    @click.option("--host", "pattern", metavar="PATTERN", default=None,
+                  help="host, group, glob or comma list (Ansible patterns: 'fleet,!gpu-03'); "
+                       "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174")
+    @click.option("--all", "all_hosts", is_flag=True, help="every inventory host")
+    @click.option("--limit", metavar="PATTERN", default=None, help="narrow the selection (as ansible --limit)")
+    @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True,
+                  help="hosts worked on at once")
+    @app_options
+    @functools.wraps(fn)
+    def wrapper(app, *args, pattern, all_hosts, limit, **kwargs):
+        return fn(app, app.select(pattern, all_hosts=all_hosts, limit=limit), *args, **kwargs)
+    return wrapper

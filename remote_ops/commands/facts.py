@@ -1,26 +1,40 @@
 """`remote-ops facts`: what the host is (OS, CPU, memory, GPUs, docker, disk, SGLang)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import click
 
 from .. import facts as facts_mod
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:,.1f} GiB"
 
 
+@dataclass
+class FactsReport:
+    """One host's facts plus how it was reached (the command's JSON document)."""
+
+    facts: facts_mod.Facts
+    ssh: str
+    host_key_fingerprint: str
+
+    def to_dict(self) -> dict:
+        return {**self.facts.to_dict(), "ssh": self.ssh, "host_key_fingerprint": self.host_key_fingerprint}
+
+
 @click.command("facts")
-@host_command
-def facts_cmd(app, host: str) -> None:
+@hosts_command
+def facts_cmd(app, hosts, forks) -> int:
     """Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."""
-    spec = app.host(host)
-    remote = app.remote(spec)
-    f = facts_mod.gather(remote, spec)
-    render(app.console, f, remote.target.display, remote.host_key_fingerprint)
-    app.console.emit({**f.to_dict(), "ssh": remote.target.display,
-                      "host_key_fingerprint": remote.host_key_fingerprint})
+    def work(spec):
+        remote = app.remote(spec)
+        return 0, FactsReport(facts_mod.gather(remote, spec), remote.target.display, remote.host_key_fingerprint)
+    return run_on_hosts(app, hosts, work, lambda console, _spec, r: render(console, r.facts, r.ssh,
+                                                                             r.host_key_fingerprint), forks=forks)
 
 
 def render(console, f: facts_mod.Facts, where: str, fingerprint: str) -> None:

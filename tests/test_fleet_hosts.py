@@ -1,0 +1,36 @@
+"""Commands on many hosts over real lab sshd: patterns, isolated failures, one document, worst exit code."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def cli(env, *args, timeout=120):
+    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_facts_on_a_pattern_reports_each_host_in_one_document(lab, lab_env):
+    rc, out, err = cli(lab_env, "facts", "--host", "lab1,lab2", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [h["host"] for h in doc["hosts"]] == ["lab1", "lab2"] and doc["exit_code"] == 0
+    assert all(h["result"]["host"] == h["host"] and h["result"]["os"] for h in doc["hosts"])
+
+
+def test_one_dead_host_never_stops_the_others_and_sets_the_exit_code(lab, lab_env, spare_host, faults):
+    faults.refuse(spare_host)
+    rc, out, err = cli(lab_env, "facts", "--all", "--limit", "lab*", "--json", "--connect-timeout", "3")
+    assert rc == 4, err
+    doc = json.loads(out)
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    assert by_host[spare_host.name]["exit_code"] == 4 and doc["failed"] == [spare_host.name]
+    assert all(h["exit_code"] == 0 for n, h in by_host.items() if n != spare_host.name)
+    assert "3 hosts, 1 failed" in err
+
+
+def test_an_unknown_name_is_a_config_error_with_suggestions(lab, lab_env):
+    rc, _, err = cli(lab_env, "facts", "--host", "lab9")
+    assert rc == 3 and "did you mean" in err and "lab1" in err
