@@ -77,8 +77,10 @@ def main() -> int:
         for jobs in [int(j) for j in args.jobs.split(",")]:
             rep = run_export(base / "dumps", dataset, base / "out", jobs, args.probe_mb)
             results.append({"jobs": jobs, "export_mb_s": rep["mb_per_s"], "copy_mb_s": rep["disk_copy_probe"]["mb_per_s"],
+                            "copy_runs_mb_s": rep["disk_copy_probe"]["runs_mb_per_s"],
                             "ratio": rep["ratio_to_disk"], "bytes": rep["bytes_read"], "files": rep["exported"]})
             print(f"jobs {jobs}: export {rep['mb_per_s']} MB/s, copy probe {rep['disk_copy_probe']['mb_per_s']} MB/s "
+                  f"(before/after {rep['disk_copy_probe']['runs_mb_per_s']}) "
                   f"({rep['disk_copy_probe']['bytes'] / 1e9:.2f} GB), ratio {rep['ratio_to_disk']}, "
                   f"{rep['exported']} files / {rep['bytes_read'] / 1e9:.2f} GB", flush=True)
         if args.json:
