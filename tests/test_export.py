@@ -214,3 +214,37 @@ def test_export_refuses_a_dataset_without_loss_mask(lab_env, host, exported_setu
     bare = write_jsonl(tmp_path / "bare.jsonl", [{"id": s["id"], "input_ids": s["input_ids"]} for s in samples])
     rc, doc, _ = cli(lab_env, "dumps", "export", "--host", host.name, "--dataset", str(bare))
     assert rc == 7 and "loss_mask" in doc["message"]
+
+
+# --------------------------------------------------------------------------- which hidden state (source proof)
+
+def _method(tree, cls: str, name: str):
+    import ast
+
+    klass = next(n for n in tree.body if getattr(n, "name", None) == cls)
+    return next(f for f in klass.body if getattr(f, "name", None) == name)
+
+
+def test_specforge_wants_the_post_norm_state_and_the_dump_holds_exactly_that():
+    """Read from the real sources: SpecForge 0.2.0's TargetHead applies lm_head alone (no norm), and in
+    SGLang 0.5.9 the `hidden_states` that DeepseekV2ForCausalLM unpacks (where the dump hook sits) and
+    hands to the logits processor with lm_head is the model output after `self.norm`."""
+    import ast
+    import inspect
+
+    from remote_ops import wheels
+
+    pytest.importorskip("specforge")
+    from specforge.modeling.target.target_head import TargetHead
+
+    head = ast.parse(inspect.getsource(TargetHead).strip())
+    forward = _method(head, "TargetHead", "forward")
+    assert ast.unparse(forward.body[-1]) == "return self.fc(hidden_states)"       # lm_head only
+    tree = ast.parse(wheels.sglang_source("0.5.9").decode())
+    model_fwd = ast.unparse(_method(tree, "DeepseekV2Model", "forward"))
+    tail = model_fwd[model_fwd.rindex("if not self.pp_group.is_last_rank"):]
+    assert "hidden_states, _ = self.norm(hidden_states, residual)" in tail
+    assert tail.rstrip().endswith("return (hidden_states, aux_hidden_states)")
+    causal = ast.unparse(_method(tree, "DeepseekV2ForCausalLM", "forward"))
+    assert "hidden_states, aux_hidden_states = hidden_states" in causal
+    assert "self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)" in causal
