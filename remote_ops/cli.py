@@ -17,7 +17,7 @@ from .errors import ExitCode, RemoteOpsError
 
 #: Command modules under remote_ops.commands, in help order.
 COMMAND_MODULES = ("hosts", "facts", "source", "patch", "render", "container", "health",
-                   "deploy", "sandbox", "logs", "dumps", "extract", "dataset", "spec")
+                   "deploy", "sandbox", "logs", "dumps", "extract", "dataset", "spec", "train")
 
 
 def _versions() -> str:
