@@ -169,9 +169,14 @@ class TrainStatus:
     eta_s: float | None = None
     latest_checkpoint: str | None = None
     state: str = "unknown"               # running | finished | stopped | not started
+    output: str | None = None            # the checkpoint dir on the host
+
+    @property
+    def latest_checkpoint_path(self) -> str | None:
+        return f"{self.output.rstrip('/')}/{self.latest_checkpoint}" if self.output and self.latest_checkpoint else None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "latest_checkpoint_path": self.latest_checkpoint_path}
 
 
 def parse_status(host: str, output: str) -> TrainStatus:
@@ -206,7 +211,9 @@ def _state(running: bool, log_text: str) -> str:
 
 def status(remote, spec, p: TrainPaths | None = None) -> TrainStatus:
     p = p or paths_for(spec)
-    return parse_status(spec.name, remote.run(status_command(p, spec), check=False).stdout)
+    st = parse_status(spec.name, remote.run(status_command(p, spec), check=False).stdout)
+    st.output = p.output
+    return st
 
 
 def start_standin(remote, spec, p: TrainPaths, run_id: str = "eagle3", epochs: int = 3, steps: int = 20,

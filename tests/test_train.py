@@ -69,6 +69,7 @@ def test_standin_training_start_status_finish_then_stop(lab_env, host):
         st, err = cli(lab_env, "status", "--host", host.name)
     assert (st["epoch"], st["epochs"]) == (2, 2) and len(st["acc"]) == 7 and st["tau_estimate"] > 1
     assert st["latest_checkpoint"] == "eagle3-step10" and "not measured" in err
+    assert st["latest_checkpoint_path"].endswith("-drafter/eagle3-step10")
     ckpt = host.paths.dump_dir.parent / (host.paths.dump_dir.name + "-drafter") / "eagle3-step10"
     assert json.loads((ckpt / "config.json").read_text())["standin"] is True and (ckpt / "STANDIN.txt").exists()
     st, _ = cli(lab_env, "start", "--host", host.name, "--standin", "--epochs", "5", "--steps", "100")
