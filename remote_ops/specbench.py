@@ -167,9 +167,10 @@ def plot(c: Comparison, path: Path) -> Path:
     ax1.set_title(f"speed-up x{c.speedup:.2f}, acceptance length {c.spec.acceptance_length or 0:.2f}")
     hist = c.spec.histogram or [0]
     ax2.bar(range(len(hist)), hist, color="#27a")
+    ax2.set_xticks(range(len(hist)))
     ax2.set_xlabel("draft tokens accepted in a verify step")
     ax2.set_ylabel("verify steps")
-    fig.suptitle(("STAND-IN: " if c.standin else "") + label(c.standin), fontsize=10,
+    fig.suptitle(label(c.standin) if c.standin else "measured on the served model", fontsize=10,
                  color="#c00" if c.standin else "black")
     return _save(fig, plt, path)
 
