@@ -36,13 +36,15 @@ def default_dataset(spec) -> str:
 
 
 def export_command(dump_dir: str, dataset: str, out: str, *, jobs: int = 4, limit: int | None = None,
-                   probe_mb: int = 1024, mask_all: bool = False, fsync: bool = True, rank: int = 0) -> str:
+                   probe_mb: int = 1024, mask_all: bool = False, fsync: bool = True, rank: int = 0,
+                   plan_only: bool = False) -> str:
     """`python3 - export ...` (the script comes on stdin)."""
     argv = ["python3", "-u", "-", "export", "--dump-dir", dump_dir, "--dataset", dataset, "--out", out,
             "--jobs", str(jobs), "--probe-mb", str(probe_mb), "--rank", str(rank)]
     argv += ["--limit", str(limit)] if limit is not None else []
     argv += ["--mask-all"] if mask_all else []
     argv += [] if fsync else ["--no-fsync"]
+    argv += ["--plan-only"] if plan_only else []
     return shell.join(argv)
 
 
@@ -65,7 +67,7 @@ class ExportRun:
         if not isinstance(event, dict):
             return None
         self.events.append(event)
-        if event.get("event") == "done":
+        if event.get("event") in ("done", "plan"):
             self.report = event
         elif event.get("event") == "error":
             self.error = event.get("error")

@@ -427,11 +427,13 @@ class Run:
 
 def export(args):
     manifest = latest_manifest(args.dump_dir, args.rank)
-    os.makedirs(args.out, exist_ok=True)
-    done = read_done(args.out)
+    done = read_done(args.out) if os.path.isdir(args.out) else {}
     todo, missing, skipped = plan(args.dataset, manifest, done, args.mask_all)
     if args.limit is not None:
         todo = todo[:args.limit]
+    if args.plan_only:
+        return emit_plan(todo, missing, skipped, args)
+    os.makedirs(args.out, exist_ok=True)
     fsync = not args.no_fsync
     sources = [os.path.join(args.dump_dir, rec["file"]) for _, _, rec in todo]
     sample = probe_sample(sources, args.probe_mb << 20) if sources and args.probe_mb > 0 else []
@@ -457,6 +459,16 @@ def export(args):
     run.progress(force=True)
     run.emit(**report(run, seconds, probes, skipped, missing, args))
     return 1 if run.failed else 0
+
+
+def emit_plan(todo, missing, skipped, args):
+    """--plan-only: what a run would do; nothing is written."""
+    doc = {"event": "plan", "out": args.out, "todo": len(todo), "skipped_done": skipped,
+           "missing": missing[:50], "missing_count": len(missing),
+           "bytes_to_read": sum(int(rec.get("bytes", 0)) for _, _, rec in todo),
+           "tokens": sum(len(sample["ids"]) for _, sample, _ in todo)}
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+    return 0
 
 
 def report(run, seconds, probes, skipped, missing, args):
@@ -487,6 +499,7 @@ def main(argv=None):
     ap.add_argument("--probe-mb", type=int, default=1024, help="bytes of source files copied to measure the disk")
     ap.add_argument("--mask-all", action="store_true", help="no loss_mask in the dataset: mask every token")
     ap.add_argument("--no-fsync", action="store_true", help="tests only: skip fsyncs")
+    ap.add_argument("--plan-only", action="store_true", help="report what would be exported; write nothing")
     args = ap.parse_args(argv)
     try:
         return export(args)

@@ -193,6 +193,9 @@ def _assert_same_as_dump(dump_dir: Path, sample: dict, exported: dict) -> None:
 def test_export_resumes_and_refuses_a_corrupt_source(lab_env, host, exported_setup):
     samples, dataset, dump_dir = exported_setup
     args = ("dumps", "export", "--host", host.name, "--dataset", str(dataset), "--probe-mb", "0")
+    rc, plan, _ = cli(lab_env, *args, "--dry-run")
+    assert rc == 0 and plan["dry_run"] and (plan["todo"], plan["missing_count"]) == (6, 1)
+    assert not Path(plan["out"]).exists()                               # nothing written
     rc, first, err = cli(lab_env, *args, "--limit", "2")
     assert rc == 0 and first["exported"] == 2, err
     out = Path(first["out"])

@@ -192,8 +192,10 @@ def _export_progress(advance, name: str):
               help="source bytes copied first to measure the disk (0: no probe)")
 @click.option("--mask-all", is_flag=True, help="dataset has no loss_mask: every token counts")
 @click.option("--no-fsync", is_flag=True, hidden=True, help="tests only")
+@click.option("--dry-run", is_flag=True, help="report what would be exported (reads the manifest and dataset); "
+                                              "write nothing but an uploaded dataset")
 @host_command
-def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync) -> int:
+def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
     """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
     from .. import export as export_mod
 
@@ -202,7 +204,14 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
     out = out or export_mod.default_out(spec)
     on_host = export_mod.place_dataset(remote, spec, dataset, out)
     cmd = export_mod.export_command(spec.dump.dir, on_host, out, jobs=jobs, limit=limit, probe_mb=probe_mb,
-                                    mask_all=mask_all, fsync=not no_fsync)
+                                    mask_all=mask_all, fsync=not no_fsync, plan_only=dry_run)
+    if dry_run:
+        plan = export_mod.run_export(remote, cmd).report
+        app.console.status("info", f"would export {plan['todo']} samples ({_gb(plan['bytes_to_read'])}, "
+                           f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
+                           f"{plan['missing_count']} without a full dump")
+        app.console.emit({"host": spec.name, "dry_run": True, "dataset": on_host, "command": cmd, **plan})
+        return 0
     with app.console.progress(f"{spec.name}: export", total=None) as advance:
         run = export_mod.run_export(remote, cmd, on_event=_export_progress(advance, spec.name))
     report = run.report
