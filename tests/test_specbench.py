@@ -134,3 +134,28 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
     assert Path(spec["png"]).stat().st_size > 1000
     table = Path(spec["table"]).read_text()
     assert "STAND-IN" in table and "acceptance length" in table and "STAND-IN" in err
+
+
+# --------------------------------------------------------------------------- spec deploy on a real lab host
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_spec_deploy_restarts_the_standin_with_eagle3_then_deploy_restores_it(sglang_remote, deployed, tmp_path):
+    """deploy (fixture) -> bench baseline -> spec deploy (real deploy path: run settings changed ->
+    restart) -> bench spec -> comparison -> plain deploy -> the server runs without speculation again."""
+    from remote_ops import deploy
+
+    spec = deployed
+    prompts = sb.prompts_jsonl(sb.DEFAULT_PROMPTS[:3])
+    base = sb.summarise(sb.run(sglang_remote, spec, prompts, 24), "p", 24)
+    draft = str(tmp_path / "drafter" / "eagle3-step10")
+    result = deploy.deploy(sglang_remote, spec_host(spec, draft, 3, 1, 4), why="test spec deploy")
+    assert not result.up_to_date
+    spec_run = sb.summarise(sb.run(sglang_remote, spec, prompts, 24), "p", 24)
+    assert base.mode == "baseline" and spec_run.mode == "spec" and spec_run.standin
+    assert spec_run.server["speculative_draft_model_path"] == draft
+    assert spec_run.server["speculative_num_draft_tokens"] == 4
+    assert sb.compare(base, spec_run).speedup > 0
+    deploy.deploy(sglang_remote, spec, why="test restore")
+    again = sb.summarise(sb.run(sglang_remote, spec, prompts, 8), "p", 8)
+    assert again.mode == "baseline" and again.server["speculative_algorithm"] is None
