@@ -193,23 +193,24 @@ def fsync_dir(path):
 
 # --------------------------------------------------------------------------- one sample
 
-def convert(src, dest, expected_sha, ids, mask, fsync=True):
-    """Stream one dump file into one SpecForge .ckpt; publish only if the source sha256 matches.
+def convert(sources, dest, ids, mask, fsync=True):
+    """Stream the dump file(s) of one sample into one SpecForge .ckpt; publish only if every sha256 matches.
 
+    `sources` = [(path, manifest sha256)] in token order: one file for a whole
+    prompt, several for a prompt that chunked prefill split into spans (`-p0`,
+    `-p<c1>`, ...). One file is hashed while it is converted (one read); split
+    prompts are hashed first, then converted (two reads, a minority of samples).
     Returns (source bytes read, output bytes). Raises ExportError (temp file removed).
     """
     tmp = os.path.join(os.path.dirname(dest), ".tmp-" + os.path.basename(dest))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    digest = hashlib.sha256()
     try:
-        with open(src, "rb", buffering=0) as fin, open(tmp, "wb") as fout:
-            drop_cache(fin.fileno())
-            read = _convert_stream(fin, fout, digest, ids, mask)
+        with open(tmp, "wb") as fout:
+            read = _one_source(sources[0], fout, ids, mask) if len(sources) == 1 \
+                else _many_sources(sources, fout, ids, mask)
             fout.flush()
             if fsync:
                 os.fsync(fout.fileno())
-            if digest.hexdigest() != expected_sha:
-                raise ExportError("sha256 of the dump file differs from its manifest line")
             out_bytes = fout.tell()
         os.replace(tmp, dest)
         if fsync:
@@ -221,6 +222,93 @@ def convert(src, dest, expected_sha, ids, mask, fsync=True):
         raise
 
 
+def _one_source(source, fout, ids, mask):
+    path, expected = source
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fin:
+        drop_cache(fin.fileno())
+        read = _convert_stream(fin, fout, digest, ids, mask)
+    if digest.hexdigest() != expected:
+        raise ExportError("sha256 of the dump file differs from its manifest line")
+    return read
+
+
+def _many_sources(sources, fout, ids, mask):
+    """Verify every part, then write one sample from their spans in token order."""
+    read, parts, offset = 0, [], 0
+    for path, expected in sources:
+        read += _verify_sha(path, expected)
+        with open(path, "rb") as fh:
+            hlen, header, meta = read_header(fh)
+        n = header["input_ids"]["shape"][0]
+        check_source(header, meta, n)
+        parts.append((path, hlen, header, ids[offset:offset + n]))
+        offset += n
+    if offset != len(ids):
+        raise ExportError("the spans cover %d tokens, the sample has %d" % (offset, len(ids)))
+    return read + _write_parts(parts, fout, ids, mask)
+
+
+def _verify_sha(path, expected):
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb", buffering=0) as fin:
+        drop_cache(fin.fileno())
+        for chunk in iter(lambda: fin.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    if digest.hexdigest() != expected:
+        raise ExportError("sha256 of %s differs from its manifest line" % os.path.basename(path))
+    return size
+
+
+def _write_parts(parts, fout, ids, mask):
+    h = parts[0][2]["hidden_states"]["shape"][1]
+    dtype = parts[0][2]["hidden_states"]["dtype"]
+    if any(p[2]["hidden_states"]["shape"][1] != h or p[2]["hidden_states"]["dtype"] != dtype for p in parts):
+        raise ExportError("the spans of this sample differ in hidden size or dtype")
+    n = len(ids)
+    z = _begin(fout, n, h, dtype, ids, mask)
+    read = 0
+    for name, record in (("hidden_states", "data/2"), ("aux_hidden_states", "data/3")):
+        total = sum(p[2][name]["data_offsets"][1] - p[2][name]["data_offsets"][0] for p in parts)
+        with z.open(record, total) as dst:
+            for path, hlen, header, part_ids in parts:
+                read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
+    for path, hlen, header, part_ids in parts:
+        start, end = header["input_ids"]["data_offsets"]
+        with open(path, "rb") as fh:
+            fh.seek(8 + hlen + start)
+            if _read_exact(fh, end - start) != struct.pack("<%di" % len(part_ids), *part_ids):
+                raise ExportError("token ids in %s differ from the dataset sample" % os.path.basename(path))
+    _finish(z, hashlib.sha256(json.dumps([p[0] for p in parts]).encode()).hexdigest())
+    return read
+
+
+def _copy_range(path, base, offsets, dst):
+    with open(path, "rb", buffering=0) as fin:
+        fin.seek(base + offsets[0])
+        return _pump(fin, dst, None, offsets[1] - offsets[0])
+
+
+def _begin(fout, n, h, dtype, ids, mask):
+    """The zip up to the float records: pickle, small records, ids and mask."""
+    z = TorchZip(fout)
+    z.write("data.pkl", pickle_dict([("input_ids", "0", "I64", [n]), ("loss_mask", "1", "I64", [n]),
+                                     ("hidden_state", "2", dtype, [1, n, h]),
+                                     ("aux_hidden_state", "3", dtype, [1, n, 3 * h])]))
+    for name, data in ((".format_version", b"1"), (".storage_alignment", b"64"), ("byteorder", b"little")):
+        z.write(name, data)
+    z.write("data/0", array("q", ids).tobytes())
+    z.write("data/1", array("q", mask).tobytes())
+    return z
+
+
+def _finish(z, serialization_id):
+    z.write("version", b"3\n")
+    z.write(".data/serialization_id", serialization_id[:20].encode())
+    z.close()
+
+
 def _convert_stream(fin, fout, digest, ids, mask):
     head = fin.read(8)
     digest.update(head)
@@ -230,18 +318,9 @@ def _convert_stream(fin, fout, digest, ids, mask):
     header = json.loads(raw)
     meta = header.pop("__metadata__", {}) or {}
     n, h, dtype = check_source(header, meta, len(ids))
-    z = TorchZip(fout)
-    z.write("data.pkl", pickle_dict([("input_ids", "0", "I64", [n]), ("loss_mask", "1", "I64", [n]),
-                                     ("hidden_state", "2", dtype, [1, n, h]),
-                                     ("aux_hidden_state", "3", dtype, [1, n, 3 * h])]))
-    for name, data in ((".format_version", b"1"), (".storage_alignment", b"64"), ("byteorder", b"little")):
-        z.write(name, data)
-    z.write("data/0", array("q", ids).tobytes())
-    z.write("data/1", array("q", mask).tobytes())
+    z = _begin(fout, n, h, dtype, ids, mask)
     read = 8 + hlen + _copy_tensors(fin, z, digest, header, ids)
-    z.write("version", b"3\n")
-    z.write(".data/serialization_id", hashlib.sha256(raw).hexdigest()[:20].encode())
-    z.close()
+    _finish(z, hashlib.sha256(raw).hexdigest())
     return read
 
 
@@ -269,7 +348,8 @@ def _pump(fin, dst, digest, size):
         chunk = fin.read(min(CHUNK, left))
         if not chunk:
             raise ExportError("dump file is shorter than its header says")
-        digest.update(chunk)
+        if digest is not None:
+            digest.update(chunk)
         dst.write(chunk)
         left -= len(chunk)
     return size
@@ -357,9 +437,56 @@ def read_done(out_dir):
     return done
 
 
+def span_lengths(manifest):
+    """prefix_len -> token counts (descending) of the spans dumped at that offset."""
+    lengths = {}
+    for rec in manifest.values():
+        lengths.setdefault(int(rec.get("prefix_len", 0)), set()).add(int(rec["tokens"]))
+    return {p: sorted(v, reverse=True) for p, v in lengths.items()}
+
+
+def find_spans(ids, manifest, lengths):
+    """The dump records that cover `ids` in token order: the whole prompt (`-p0`), or the spans chunked
+    prefill made of it (`-p0`, `-p<c1>`, ...), matched by key; None when no chain covers the prompt."""
+    whole = manifest.get(dump_key(ids, 0))
+    if whole is not None:
+        return [whole]
+    raw = struct.pack("<%di" % len(ids), *ids)
+    return _chain(raw, 0, len(ids), manifest, lengths, depth=0)
+
+
+def _chain(raw, offset, n, manifest, lengths, depth):
+    if offset == n:
+        return []
+    if depth > 64:
+        return None
+    for rec in _matches_at(raw, offset, n, manifest, lengths.get(offset, ())):
+        rest = _chain(raw, offset + int(rec["tokens"]), n, manifest, lengths, depth + 1)
+        if rest is not None:
+            return [rec] + rest
+    return None
+
+
+def _matches_at(raw, offset, n, manifest, candidates):
+    """Records whose key is the span ids[offset:offset+t] at prefix `offset`, longest first.
+
+    One incremental sha256 over the ids (copied at each candidate length) keeps this O(n + candidates).
+    """
+    cuts = sorted(t for t in candidates if 0 < t <= n - offset)
+    h, pos, found = hashlib.sha256(), offset, []
+    for t in cuts:
+        h.update(raw[4 * pos:4 * (offset + t)])
+        pos = offset + t
+        rec = manifest.get("%s-p%d" % (h.copy().hexdigest()[:32], offset))
+        if rec is not None:
+            found.append(rec)
+    return found[::-1]
+
+
 def plan(dataset, manifest, done, mask_all=False):
-    """(todo [(index, sample, record)], missing [{index,id,reason}], skipped count)."""
+    """(todo [(index, sample, [records])], missing [{index,id,reason}], skipped count)."""
     todo, missing, skipped = [], [], 0
+    lengths = span_lengths(manifest)
     with open(dataset, encoding="utf-8") as fh:
         for index, line in enumerate(fh):
             if not line.strip():
@@ -373,12 +500,12 @@ def plan(dataset, manifest, done, mask_all=False):
             if index in done:
                 skipped += 1
                 continue
-            rec = manifest.get(dump_key(ids, 0))
-            if rec is None:
-                missing.append({"index": index, "id": sid, "reason": "no full (-p0) dump for these token ids"})
+            recs = find_spans(ids, manifest, lengths)
+            if recs is None:
+                missing.append({"index": index, "id": sid, "reason": "no dump (whole or in spans) for these token ids"})
                 continue
             mask = sample.get("loss_mask") or [1] * len(ids)
-            todo.append((index, {"id": sid, "ids": ids, "mask": mask}, rec))
+            todo.append((index, {"id": sid, "ids": ids, "mask": mask}, recs))
     return todo, missing, skipped
 
 
@@ -400,10 +527,11 @@ class Run:
             sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
             sys.stdout.flush()
 
-    def ok(self, index, sample, rec, read, out_bytes, fsync):
-        line = json.dumps({"index": index, "id": sample["id"], "key": rec["key"], "file": out_name(index),
-                           "bytes": out_bytes, "tokens": len(sample["ids"]), "source_sha256": rec["sha256"],
-                           "source": rec["file"]}, sort_keys=True) + "\n"
+    def ok(self, index, sample, recs, read, out_bytes, fsync):
+        line = json.dumps({"index": index, "id": sample["id"], "keys": [r["key"] for r in recs],
+                           "file": out_name(index), "bytes": out_bytes, "tokens": len(sample["ids"]),
+                           "sources": [r["file"] for r in recs], "source_sha256": [r["sha256"] for r in recs]},
+                          sort_keys=True) + "\n"
         with self.lock:
             fd = os.open(os.path.join(self.out_dir, EXPORT_MANIFEST), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -435,29 +563,31 @@ def export(args):
         return emit_plan(todo, missing, skipped, args)
     os.makedirs(args.out, exist_ok=True)
     fsync = not args.no_fsync
-    sources = [os.path.join(args.dump_dir, rec["file"]) for _, _, rec in todo]
+    sources = [os.path.join(args.dump_dir, recs[0]["file"]) for _, _, recs in todo]
     sample = probe_sample(sources, args.probe_mb << 20) if sources and args.probe_mb > 0 else []
     probes = [copy_probe(sample, args.out, args.jobs, fsync)] if sample else []
     run = Run(args.out, len(todo))
     run.emit(event="started", todo=len(todo), skipped=skipped, missing=len(missing))
 
     def one(item):
-        index, sample, rec = item
+        index, sample, recs = item
         try:
-            read, out_bytes = convert(os.path.join(args.dump_dir, rec["file"]),
-                                      os.path.join(args.out, out_name(index)), rec["sha256"],
+            sources = [(os.path.join(args.dump_dir, r["file"]), r["sha256"]) for r in recs]
+            read, out_bytes = convert(sources, os.path.join(args.out, out_name(index)),
                                       sample["ids"], sample["mask"], fsync)
-            run.ok(index, sample, rec, read, out_bytes, fsync)
+            run.ok(index, sample, recs, read, out_bytes, fsync)
         except (ExportError, OSError, ValueError, KeyError) as exc:
             with run.lock:
-                run.failed.append({"index": index, "id": sample["id"], "file": rec.get("file"), "reason": str(exc)})
+                run.failed.append({"index": index, "id": sample["id"], "file": " + ".join(r["file"] for r in recs),
+                                   "reason": str(exc)})
     run.t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, todo))
     seconds = time.monotonic() - run.t0
     probes += [copy_probe(sample, args.out, args.jobs, fsync)] if sample else []
     run.progress(force=True)
-    run.emit(**report(run, seconds, probes, skipped, missing, args))
+    run.emit(**report(run, seconds, probes, skipped, missing, args),
+             split_samples=sum(1 for _, _, recs in todo if len(recs) > 1))
     return 1 if run.failed else 0
 
 
@@ -465,7 +595,8 @@ def emit_plan(todo, missing, skipped, args):
     """--plan-only: what a run would do; nothing is written."""
     doc = {"event": "plan", "out": args.out, "todo": len(todo), "skipped_done": skipped,
            "missing": missing[:50], "missing_count": len(missing),
-           "bytes_to_read": sum(int(rec.get("bytes", 0)) for _, _, rec in todo),
+           "bytes_to_read": sum(int(r.get("bytes", 0)) for _, _, recs in todo for r in recs),
+           "split_samples": sum(1 for _, _, recs in todo if len(recs) > 1),
            "tokens": sum(len(sample["ids"]) for _, sample, _ in todo)}
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0

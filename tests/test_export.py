@@ -41,8 +41,10 @@ def dataset_samples(lens: list[int], seed: int = 1) -> list[dict]:
     return out
 
 
-def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: int = 0) -> None:
-    """The samples' prompts as one EXTEND batch through the REAL dumper on the CPU."""
+def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: int = 0,
+                 prefixes: list[int] | None = None) -> None:
+    """The samples' prompts as one EXTEND batch through the REAL dumper on the CPU (`prefixes`: each
+    span's prefix length, as a later chunk of chunked prefill has)."""
     from remote_ops.dump.attach import file_metadata
     from remote_ops.dump.config import config_from_env
     from remote_ops.dump.dumper import Dumper
@@ -59,7 +61,7 @@ def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: in
     rows = sum(lens)
     ids = torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.int64)
     fb = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"), extend_seq_lens_cpu=lens,
-                         extend_prefix_lens_cpu=[0] * len(lens), positions=None, input_ids=ids)
+                         extend_prefix_lens_cpu=prefixes or [0] * len(lens), positions=None, input_ids=ids)
     hidden = torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16)
     aux = [torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16) for _ in range(3)]
     dumper.capture(fb, hidden, aux)
@@ -100,7 +102,7 @@ def test_written_ckpt_is_what_torch_load_reads_mmap_and_weights_only_with_64_byt
     s = samples[1]
     rec = manifest[se.dump_key(s["input_ids"])]
     dest = tmp_path / "out" / se.out_name(1)
-    read, written = se.convert(str(src / rec["file"]), str(dest), rec["sha256"], s["input_ids"], s["loss_mask"])
+    read, written = se.convert([(str(src / rec["file"]), rec["sha256"])], str(dest), s["input_ids"], s["loss_mask"])
     assert read == rec["bytes"] and written == dest.stat().st_size
     for kwargs in ({"weights_only": True, "mmap": True}, {"weights_only": False}):
         d = torch.load(dest, **kwargs)
@@ -122,8 +124,40 @@ def test_a_pre_norm_final_state_or_a_wrong_sha_is_refused_and_leaves_no_file(tmp
     rec = next(iter(se.latest_manifest(str(src)).values()))
     dest = tmp_path / "out" / se.out_name(0)
     with pytest.raises(se.ExportError, match="sha256"):
-        se.convert(str(src / rec["file"]), str(dest), "0" * 64, samples[0]["input_ids"], samples[0]["loss_mask"])
+        se.convert([(str(src / rec["file"]), "0" * 64)], str(dest), samples[0]["input_ids"], samples[0]["loss_mask"])
     assert not list((tmp_path / "out").rglob("*.ckpt")) and not list((tmp_path / "out").rglob(".tmp-*"))
+
+
+def test_a_prompt_split_by_chunked_prefill_is_stitched_from_its_spans(tmp_path):
+    """Chunked prefill dumps a long prompt as spans `-p0` (first chunk) and `-p<c>` (the rest), in
+    different batches; the export joins them in token order into one sample."""
+    pytest.importorskip("specforge")
+    from safetensors import safe_open
+
+    whole = dataset_samples([5, 11])
+    long = whole[1]
+    src = tmp_path / "dumps"
+    dump_samples(src, [whole[0], {"input_ids": long["input_ids"][:4]}], seed=1)          # batch 1
+    dump_samples(src, [{"input_ids": long["input_ids"][4:]}], seed=2, prefixes=[4])       # batch 2
+    manifest = se.latest_manifest(str(src))
+    spans = se.find_spans(long["input_ids"], manifest, se.span_lengths(manifest))
+    assert [(r["prefix_len"], r["tokens"]) for r in spans] == [(0, 4), (4, 7)]
+    dest = tmp_path / "out" / se.out_name(1)
+    read, _ = se.convert([(str(src / r["file"]), r["sha256"]) for r in spans], str(dest),
+                         long["input_ids"], long["loss_mask"])
+    assert sum(r["bytes"] for r in spans) < read < 2 * sum(r["bytes"] for r in spans)   # hashed, then floats copied
+    got = specforge_offline()[2](str(dest))
+    parts = []
+    for r in spans:
+        with safe_open(str(src / r["file"]), framework="pt") as f:
+            parts.append((f.get_tensor("hidden_states"), f.get_tensor("aux_hidden_states")))
+    assert torch.equal(got["hidden_state"][0], torch.cat([p[0] for p in parts]))
+    assert torch.equal(got["aux_hidden_state"][0], torch.cat([p[1] for p in parts]))
+    assert got["input_ids"].tolist() == long["input_ids"] and got["loss_mask"].tolist() == long["loss_mask"]
+    _flip(src / spans[1]["file"], (src / spans[1]["file"]).stat().st_size - 20)
+    with pytest.raises(se.ExportError, match="sha256"):
+        se.convert([(str(src / r["file"]), r["sha256"]) for r in spans], str(dest), long["input_ids"],
+                   long["loss_mask"])
 
 
 def test_large_ints_pickle_as_long1():

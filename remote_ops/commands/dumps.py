@@ -160,7 +160,8 @@ def _render_export(console, report: dict) -> None:
     probe = report["disk_copy_probe"]
     ratio = report.get("ratio_to_disk")
     console.status("ok" if not report["failed"] else "fail",
-                   f"{report['exported']} exported, {report['skipped_done']} already done, "
+                   f"{report['exported']} exported ({report.get('split_samples', 0)} stitched from chunked-prefill "
+                   f"spans), {report['skipped_done']} already done, "
                    f"{report['missing_count']} without a dump, {len(report['failed'])} failed -> {report['out']}")
     console.say(f"  export: {_gb(report['bytes_read'])} read in {report['seconds']:.1f}s = "
                 f"{report['mb_per_s'] or '-'} MB/s ({report['jobs']} streams); disk copy probe in the same run: "
