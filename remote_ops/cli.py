@@ -17,7 +17,7 @@ from .errors import ExitCode, Interrupted, RemoteOpsError
 
 #: Command modules under remote_ops.commands, in help order.
 COMMAND_MODULES = ("hosts", "facts", "source", "patch", "render", "container", "health",
-                   "deploy", "unlock", "sandbox", "logs", "dumps", "extract")
+                   "deploy", "unlock", "sandbox", "logs", "dumps", "extract", "dataset", "spec", "train")
 
 
 def _versions() -> str:

@@ -147,6 +147,64 @@ class Dumper:
                 "model_arch": self.arch}
 
 
+# -- speculative decoding (STAND-IN acceptance and timing model) ----------------------------------
+# With --speculative-algorithm the stand-in reports SGLang 0.5.9's per-request spec fields
+# (tokenizer_manager._calculate_spec_decoding_metrics: spec_verify_ct, spec_accept_length =
+# completion_tokens / spec_verify_ct, spec_accept_rate, spec_accept_token_num, spec_draft_token_num,
+# spec_accept_histogram) from a DETERMINISTIC acceptance model, not from any drafter: draft
+# position k of a verify step is accepted with probability STANDIN_SPEC_ACCEPT_P (default 0.7)
+# while all before it were, decided by a sha256 stream of the prompt.  Time is simulated too:
+# STANDIN_STEP_MS per target forward (default 1 ms), plus STANDIN_DRAFT_MS per draft step.
+# Nothing here measures a drafter; every answer says `"standin": true` and names the model.
+def add_speculative_args(ap):
+    ap.add_argument("--speculative-algorithm", default=None)
+    ap.add_argument("--speculative-draft-model-path", default=None)
+    ap.add_argument("--speculative-num-steps", type=int, default=3)
+    ap.add_argument("--speculative-eagle-topk", type=int, default=1)
+    ap.add_argument("--speculative-num-draft-tokens", type=int, default=4)
+
+
+def speculative_info(args):
+    return {"speculative_algorithm": args.speculative_algorithm,
+            "speculative_draft_model_path": args.speculative_draft_model_path,
+            "speculative_num_steps": args.speculative_num_steps,
+            "speculative_eagle_topk": args.speculative_eagle_topk,
+            "speculative_num_draft_tokens": args.speculative_num_draft_tokens}
+
+
+def accepted_in_step(seed, step, guesses, p):
+    """Leading draft tokens accepted in one verify step (deterministic in seed and step)."""
+    block = hashlib.sha256(b"%s:%d" % (seed.encode(), step)).digest()
+    n = 0
+    while n < guesses and block[n] / 256.0 < p:
+        n += 1
+    return n
+
+
+def speculative_meta(args, ids, max_new):
+    """The spec fields for one finished request, and the simulated decode time (slept here)."""
+    step_s = float(os.environ.get("STANDIN_STEP_MS", "1")) / 1000.0
+    if not args.speculative_algorithm:
+        time.sleep(step_s * max_new)
+        return {}
+    p = float(os.environ.get("STANDIN_SPEC_ACCEPT_P", "0.7"))
+    guesses = max(args.speculative_num_draft_tokens - 1, 0)
+    seed = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+    made = steps = accepted = 0
+    histogram = [0] * (guesses + 1)
+    while made < max_new:
+        a = min(accepted_in_step(seed, steps, guesses, p), max_new - made - 1)
+        histogram[a] += 1
+        made, steps, accepted = made + a + 1, steps + 1, accepted + a
+    draft_s = float(os.environ.get("STANDIN_DRAFT_MS", "0.2")) / 1000.0 * args.speculative_num_steps
+    time.sleep(steps * (step_s + draft_s))
+    return {"spec_verify_ct": steps, "spec_accept_length": max_new / steps,
+            "spec_accept_rate": accepted / (steps * guesses) if guesses else 0.0,
+            "spec_accept_token_num": accepted, "spec_draft_token_num": steps * guesses,
+            "spec_accept_histogram": histogram,
+            "standin_acceptance_model": {"p": p, "step_ms": step_s * 1000, "note": "stand-in: no drafter ran"}}
+
+
 # -- HTTP ---------------------------------------------------------------------------------------
 class State:
     def __init__(self, args):
@@ -174,16 +232,19 @@ class State:
                 "disable_radix_cache": a.disable_radix_cache, "chunked_prefill_size": a.chunked_prefill_size,
                 "patched": patch_marker(self.tree), "dump_dir": os.environ.get("SGLANG_HS_DUMP_DIR"),
                 "uptime_s": round(time.time() - self.started, 3), "requests": self.requests,
-                "internal_states": [{"standin": True}]}
+                "internal_states": [{"standin": True}], **speculative_info(a)}
 
     def generate_one(self, ids, max_new):
         self.requests += 1
         if self.dumper is not None and ids:
             self.dumper.dump(ids)
         out_ids = [(sum(ids) + i) % 32000 for i in range(max_new)]
-        return {"text": " standin" * max_new, "output_ids": out_ids,
-                "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": max_new,
-                              "finish_reason": {"type": "length", "length": max_new}, "standin": True}}
+        started = time.time()
+        meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": max_new,
+                "finish_reason": {"type": "length", "length": max_new}, "standin": True}
+        meta.update(speculative_meta(self.args, ids, max_new))
+        meta["e2e_latency"] = time.time() - started
+        return {"text": " standin" * max_new, "output_ids": out_ids, "meta_info": meta}
 
 
 def _prompts(body):
@@ -249,6 +310,7 @@ def parse_args(argv=None):
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--chunked-prefill-size", type=int, default=8192)
     ap.add_argument("--disable-radix-cache", action="store_true")
+    add_speculative_args(ap)
     args, unknown = ap.parse_known_args(argv)
     args.ignored = unknown
     return args

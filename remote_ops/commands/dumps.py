@@ -199,4 +199,76 @@ def _problem_sentence(p) -> str:
     return "; ".join(parts)
 
 
+# ============================================================================ dumps export (drafter tail)
+# `dumps export --format specforge`: the dumps -> SpecForge 0.2 offline feature files, on the host.
+
+def _render_export(console, report: dict) -> None:
+    probe = report["disk_copy_probe"]
+    ratio = report.get("ratio_to_disk")
+    console.status("ok" if not report["failed"] else "fail",
+                   f"{report['exported']} exported ({report.get('split_samples', 0)} stitched from chunked-prefill "
+                   f"spans), {report['skipped_done']} already done, "
+                   f"{report['missing_count']} without a dump, {len(report['failed'])} failed -> {report['out']}")
+    console.say(f"  export: {_gb(report['bytes_read'])} read in {report['seconds']:.1f}s = "
+                f"{report['mb_per_s'] or '-'} MB/s ({report['jobs']} streams); disk copy probe in the same run: "
+                f"{probe['mb_per_s'] or '-'} MB/s over {_gb(probe['bytes'])}; "
+                f"ratio {f'{ratio:.0%}' if ratio else '-'}")
+    _list(console, "warn", "samples without a full dump", [f"#{m['index']} {m['id']}: {m['reason']}"
+                                                          for m in report["missing"]])
+    _list(console, "fail", "failed", [f"#{f['index']} {f['file']}: {f['reason']}" for f in report["failed"]])
+
+
+def _export_progress(advance, name: str):
+    """Progress events from the host exporter -> the progress line."""
+    def on_event(event: dict) -> None:
+        if event.get("event") == "progress":
+            advance(0, f"{name}: export {event.get('files', 0)}/{event.get('total', '?')} files")
+    return on_event
+
+
+@dumps_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["specforge"]), default="specforge", show_default=True,
+              help="SpecForge 0.2 offline EAGLE-3 files: rows_<g>-<g+2000>/data_<idx>.ckpt")
+@click.option("--dataset", default=None, metavar="PATH",
+              help="prepared JSONL (with loss_mask) the extraction used: local file (uploaded) or a host "
+                   "path (default <logs.dir>/extract/dataset.jsonl on the host)")
+@click.option("--out", default=None, metavar="DIR", help="output dir on the host (default <dump.dir>-specforge)")
+@click.option("--jobs", type=int, default=4, show_default=True, help="files converted in parallel")
+@click.option("--limit", type=int, default=None, help="only the first N samples still to do")
+@click.option("--probe-mb", type=int, default=1024, show_default=True,
+              help="source bytes copied first to measure the disk (0: no probe)")
+@click.option("--mask-all", is_flag=True, help="dataset has no loss_mask: every token counts")
+@click.option("--no-fsync", is_flag=True, hidden=True, help="tests only")
+@click.option("--dry-run", is_flag=True, help="report what would be exported (reads the manifest and dataset); "
+                                              "write nothing but an uploaded dataset")
+@host_command
+def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
+    """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
+    from .. import export as export_mod
+
+    spec = app.host(host)
+    remote = app.remote(spec)
+    out = out or export_mod.default_out(spec)
+    on_host = export_mod.place_dataset(remote, spec, dataset, out)
+    cmd = export_mod.export_command(spec.dump.dir, on_host, out, jobs=jobs, limit=limit, probe_mb=probe_mb,
+                                    mask_all=mask_all, fsync=not no_fsync, plan_only=dry_run)
+    if dry_run:
+        plan = export_mod.run_export(remote, cmd).report
+        app.console.status("info", f"would export {plan['todo']} samples ({_gb(plan['bytes_to_read'])}, "
+                           f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
+                           f"{plan['missing_count']} without a full dump")
+        app.console.emit({"host": spec.name, "dry_run": True, "dataset": on_host, "command": cmd, **plan})
+        return 0
+    with app.console.progress(f"{spec.name}: export", total=None) as advance:
+        run = export_mod.run_export(remote, cmd, on_event=_export_progress(advance, spec.name))
+    report = run.report
+    _render_export(app.console, report)
+    result = {"host": spec.name, "format": fmt, "dataset": on_host, **report}
+    if report["failed"]:
+        raise VerifyFailed(f"{len(report['failed'])} sample(s) failed to export", host=spec.name,
+                           hint="re-run: exported samples are kept, failed ones are tried again", details=result)
+    app.console.emit(result)
+    return 0
+
+
 commands = [dumps_group]

@@ -1,0 +1,161 @@
+"""`spec bench` / `spec deploy`: SGLang 0.5.9's per-request spec fields, summarised; the SGLang STAND-IN
+(deterministic acceptance model, no drafter) served on a real lab host and benched through the CLI."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from remote_ops import specbench as sb
+from remote_ops.commands.spec import spec_host, without_spec_flags
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
+
+
+def standin_module():
+    spec = importlib.util.spec_from_file_location("sglang_standin_server", STANDIN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --------------------------------------------------------------------------- pure
+
+def test_acceptance_length_is_completion_tokens_over_verify_steps_weighted_by_tokens():
+    doc = {"server": {"speculative_algorithm": "EAGLE3"},
+           "results": [{"completion_tokens": 100, "spec_verify_ct": 40, "spec_accept_length": 2.5,
+                        "spec_accept_token_num": 60, "spec_draft_token_num": 120, "client_s": 1.0,
+                        "spec_accept_histogram": [10, 20, 10]},
+                       {"completion_tokens": 50, "spec_verify_ct": 10, "spec_accept_length": 5.0,
+                        "spec_accept_token_num": 40, "spec_draft_token_num": 30, "client_s": 0.5,
+                        "spec_accept_histogram": [0, 0, 0, 10]}]}
+    s = sb.summarise(doc, "p", 100)
+    assert s.mode == "spec" and not s.standin
+    assert s.acceptance_length == 3.0 and s.acceptance_length_mean == 3.75     # 150/50 vs mean(2.5, 5)
+    assert s.accept_rate == round(100 / 150, 4) and s.tokens_per_s == 100.0 and s.histogram == [10, 20, 10, 10]
+    base = sb.summarise({"server": {}, "results": [{"completion_tokens": 150, "client_s": 3.0}]}, "p", 100)
+    assert base.mode == "baseline" and base.acceptance_length is None
+    c = sb.compare(base, s)
+    assert c.speedup == 2.0 and sb.table_rows(c)[0][-1] == "x2.00"
+    assert sb.compare(sb.summarise(doc, "other", 100), base) is None
+
+
+def test_standin_acceptance_model_reports_sglang_0_5_9_fields_consistently(monkeypatch):
+    monkeypatch.setenv("STANDIN_STEP_MS", "0")
+    monkeypatch.setenv("STANDIN_DRAFT_MS", "0")
+    mod = standin_module()
+    args = SimpleNamespace(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_num_draft_tokens=4)
+    meta = mod.speculative_meta(args, [1, 2, 3], 200)
+    assert meta == mod.speculative_meta(args, [1, 2, 3], 200)                  # deterministic
+    assert meta["spec_accept_length"] == 200 / meta["spec_verify_ct"]
+    assert sum(meta["spec_accept_histogram"]) == meta["spec_verify_ct"]
+    assert meta["spec_accept_token_num"] + meta["spec_verify_ct"] == 200
+    assert meta["spec_draft_token_num"] == 3 * meta["spec_verify_ct"]
+    assert "stand-in" in meta["standin_acceptance_model"]["note"]
+    assert mod.speculative_meta(SimpleNamespace(speculative_algorithm=None), [1], 5) == {}
+
+
+def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
+    from remote_ops.inventory import HostSpec
+
+    h = HostSpec(name="gpu-node", server={"extra_args": ["--foo", "--speculative-num-steps", "9"]})
+    s = spec_host(spec_host(h, "/data/drafter", 3, 1, 4), "/data/drafter", 5, 1, 6)
+    args = s.server.extra_args
+    assert args[0] == "--foo" and args.count("--speculative-algorithm") == 1
+    assert args[args.index("--speculative-num-steps") + 1] == "5" and "EAGLE3" in args
+    assert s.container.volumes == ["/data/drafter:/data/drafter:ro"] and h.server.extra_args[-1] == "9"
+    assert without_spec_flags(["--speculative-eagle-topk=2", "--x"]) == ["--x"]
+
+
+# --------------------------------------------------------------------------- stand-in on a lab host
+
+def start_standin(host, tmp_path, extra: list[str], name: str):
+    log_path = tmp_path / f"{name}.log"
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0", "STANDIN_STEP_MS": "2", "STANDIN_DRAFT_MS": "0.3"}
+    env.pop("SGLANG_HS_DUMP_DIR", None)
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(host.server_port),
+                             "--model-path", str(host.paths.model_dir), *extra], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while b"listening" not in log_path.read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+    return proc, log
+
+
+def stop(proc, log):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    log.close()
+
+
+def bench(lab_env, host, out: Path):
+    proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "bench", "--host", host.name,
+                           "--max-new-tokens", "48", "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=180, env=lab_env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env, host, tmp_path):
+    out = tmp_path / "specbench"
+    proc, log = start_standin(host, tmp_path, [], "baseline")
+    try:
+        base, err = bench(lab_env, host, out)
+    finally:
+        stop(proc, log)
+    assert base["run"]["mode"] == "baseline" and base["run"]["standin"] and "STAND-IN" in base["label"]
+    assert "comparison" not in base and "STAND-IN" in err
+    proc, log = start_standin(host, tmp_path, ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                                               "/data/drafter", "--speculative-num-draft-tokens", "4"], "spec")
+    try:
+        spec, err = bench(lab_env, host, out)
+    finally:
+        stop(proc, log)
+    run = spec["run"]
+    assert run["mode"] == "spec" and run["standin"] and run["server"]["speculative_algorithm"] == "EAGLE3"
+    assert run["acceptance_length"] == round(run["completion_tokens"] / run["verify_steps"], 4)
+    assert run["completion_tokens"] == 8 * 48 and 1.0 < run["acceptance_length"] <= 4.0
+    c = spec["comparison"]
+    assert c["standin"] and c["speedup"] > 1.0                        # simulated time: fewer target steps
+    assert Path(spec["png"]).stat().st_size > 1000
+    table = Path(spec["table"]).read_text()
+    assert "STAND-IN" in table and "acceptance length" in table and "STAND-IN" in err
+
+
+# --------------------------------------------------------------------------- spec deploy on a real lab host
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_spec_deploy_restarts_the_standin_with_eagle3_then_deploy_restores_it(sglang_remote, deployed, tmp_path):
+    """deploy (fixture) -> bench baseline -> spec deploy (real deploy path: run settings changed ->
+    restart) -> bench spec -> comparison -> plain deploy -> the server runs without speculation again."""
+    from remote_ops import deploy
+
+    spec = deployed
+    prompts = sb.prompts_jsonl(sb.DEFAULT_PROMPTS[:3])
+    base = sb.summarise(sb.run(sglang_remote, spec, prompts, 24), "p", 24)
+    draft = str(tmp_path / "drafter" / "eagle3-step10")
+    result = deploy.deploy(sglang_remote, spec_host(spec, draft, 3, 1, 4), why="test spec deploy")
+    assert not result.up_to_date
+    spec_run = sb.summarise(sb.run(sglang_remote, spec, prompts, 24), "p", 24)
+    assert base.mode == "baseline" and spec_run.mode == "spec" and spec_run.standin
+    assert spec_run.server["speculative_draft_model_path"] == draft
+    assert spec_run.server["speculative_num_draft_tokens"] == 4
+    assert sb.compare(base, spec_run).speedup > 0
+    deploy.deploy(sglang_remote, spec, why="test restore")
+    again = sb.summarise(sb.run(sglang_remote, spec, prompts, 8), "p", 8)
+    assert again.mode == "baseline" and again.server["speculative_algorithm"] is None
