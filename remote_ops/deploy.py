@@ -34,7 +34,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import __version__, container, facts, shell
@@ -120,11 +120,12 @@ def patch_spec_path() -> Path:
     return patchspec.spec_dir() / "spec.json"
 
 
-def load_patch():
-    """The patch spec (anchors.PatchSpec); its id and hash label the image."""
+def load_patch(host: HostSpec):
+    """The host's patch spec (anchors.PatchSpec: file + class); its id and hash label the image.
+    A host whose inventory names no spec is bound first (`patching.bind_host`)."""
     from . import patchspec
 
-    return patchspec.load()
+    return patchspec.for_host(host)
 
 
 def image_tag(host: HostSpec, patch) -> str:
@@ -134,7 +135,7 @@ def image_tag(host: HostSpec, patch) -> str:
 
 def image_ref(host: HostSpec) -> str:
     """The image ref deploy builds for `host` (used by `health` to check the running image)."""
-    return image_tag(host, load_patch())
+    return image_tag(host, load_patch(host))
 
 
 def dockerfile_variables(host: HostSpec, patch, sha_before: str, sha_after: str,
@@ -282,7 +283,7 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     patched = bool(img and img.labels.get(LABELS["sha_after"]) == p.facts.target_sha256
                    and img.labels.get(LABELS["patch_hash"]) == patch.hash)
     if not patched:
-        reasons["patch"] = "deepseek_v2.py is not the patched file of the current image"
+        reasons["patch"] = f"{PurePosixPath(patch.target).name} is not the patched file of the current image"
     want_ctx = context_hash(host, patch, (img.labels.get(LABELS["sha_before"], "") if img else ""),
                             p.facts.target_sha256 or "") if patched else None
     build = not patched or img is None or img.labels.get(LABELS["context"]) != want_ctx
@@ -470,7 +471,7 @@ class Deploy:
         self.remote, self.host, self.dry_run, self.why = remote, host, dry_run, why
         self.events = events or Events()
         self.timeout = healthy_timeout_s or host.server.healthy_timeout_s
-        self.patch = load_patch()
+        self.patch = load_patch(host)
         self.ref = image_tag(host, self.patch)
         self.result = DeployResult(host.name, dry_run, False, self.ref)
         self.t0 = time.monotonic()
@@ -653,7 +654,7 @@ class Deploy:
 
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
-    """The exact changes: patch diff of deepseek_v2.py (computed locally), Dockerfile, run argv."""
+    """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
     from . import anchors
 
     from . import patching
@@ -703,14 +704,14 @@ def _audit_line(record: dict) -> dict:
 def render_for_host(host: HostSpec) -> str:
     """The Dockerfile for `host`, computed locally from the released SGLang file (no SSH).
 
-    The shas are those of the released `deepseek_v2.py` of the inventory's
+    The shas are those of the released target file (the host's patch spec) of the inventory's
     SGLang version and of that file with the patch applied: what deploy builds
     when the host's checkout is the pristine release.
     """
     from . import anchors, wheels
 
-    patch = load_patch()
-    text = wheels.sglang_source(host.sglang.version).decode("utf-8")
+    patch = load_patch(host)
+    text = wheels.sglang_source(host.sglang.version, patch.target).decode("utf-8")
     try:
         new = anchors.plan(text, patch).new_text
     except anchors.AnchorRefusal as exc:
