@@ -265,3 +265,39 @@ def test_inventory_rejects_unknown_spec():
     with pytest.raises(ConfigError) as info:
         parse_inventory_data({"hosts": {"h": {"address": "127.0.0.1", "sglang": {"patch": "llama-9"}}}}, "t.yaml")
     assert "sglang.patch" in str(info.value) and "unknown patch spec 'llama-9'" in str(info.value)
+
+
+# ------------------------------------------------------- verify in the image
+def test_verify_patch_in_image_reads_the_target_from_the_spec(tmp_path):
+    """docker/verify_patch.py, as the image runs it: the installed sglang's qwen3_moe.py, found
+    from the shipped (bound) spec; ok only once it is patched and has the expected sha."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from remote_ops.paths import repo_resource
+
+    spec = patchspec.resolve("qwen3-moe")
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "anchors.py").write_bytes(Path(A.__file__).read_bytes())
+    (tool / "verify_patch.py").write_bytes(repo_resource("docker", "verify_patch.py").read_bytes())
+    (tool / "patch-spec.json").write_text(patchspec.bundled_json(spec))
+    site = tmp_path / "site"
+    (site / "sglang/srt/models").mkdir(parents=True)
+    (site / "sglang/__init__.py").write_text("")
+    target = site / "sglang/srt/models/qwen3_moe.py"
+    original = source("qwen3-moe", "0.5.9")
+    target.write_text(original)
+
+    def run(expect):
+        proc = subprocess.run([sys.executable, str(tool / "verify_patch.py"), "--expect-sha256", expect],
+                              capture_output=True, text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+        return proc.returncode, json.loads(proc.stdout)
+
+    rc, out = run("0" * 64)
+    assert rc == 1 and out["file"] == str(target) and "anchor verification failed" in out["reason"]
+    new = A.plan(original, spec).new_text
+    target.write_text(new)
+    rc, out = run(hashlib.sha256(new.encode()).hexdigest())
+    assert rc == 0 and out["ok"] and out["verify"]["status"] == "applied"
