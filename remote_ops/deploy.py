@@ -114,10 +114,16 @@ class Events:
 
 
 # -- the patch and the build context (pure, local) ----------------------------------------------
-def patch_spec_path() -> Path:
+def patch_spec_path(host: HostSpec) -> Path:
+    """The host's bound patch spec as the one JSON file `anchors.py --spec` reads (in the cache dir)."""
     from . import patchspec
+    from .paths import cache_dir
 
-    return patchspec.spec_dir() / "spec.json"
+    spec = load_patch(host)
+    path = cache_dir() / "patch-specs" / f"{spec.name}-{spec.hash}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(patchspec.bundled_json(spec))
+    return path
 
 
 def load_patch(host: HostSpec):
