@@ -4,7 +4,7 @@ The workflow decides from one batched probe (one SSH round trip: host facts,
 the target file's sha256, the image's labels, the container's image id, state
 and run-config label, the lock) what is out of date, and does only that:
 
-- patch   when deepseek_v2.py is not the patched file the image was built from;
+- patch   when the spec's target file is not the patched file the image was built from;
 - build   when the image is missing or its `context-hash` label differs from the
           hash of what would be built now (Dockerfile, dumper, verifier, patch);
 - start   when the container is missing, stopped, runs another image id, or

@@ -289,7 +289,7 @@ def check_image(c: dict, image: dict | None, expected_image: str | None) -> Chec
 
 
 def check_patch(probe: tuple[int, str], c: dict | None, image: dict | None) -> Check:
-    """The container's importable deepseek_v2.py is the verified patched file of its image."""
+    """The container's importable patch target is the verified patched file of its image."""
     status, text = probe
     if c is None or not (c.get("State") or {}).get("Running"):
         return Check("patch", "in_container", "skip", "container not running")

@@ -28,7 +28,11 @@ def container_group() -> None:
 
 def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: bool) -> None:
     """Run (or, with --dry-run, show) start/stop/restart; --diff shows the state change."""
+    from .. import patching
+
     spec = app.host(host)
+    if action == "start" and not spec.sglang.patch:      # the image tag names the patch: derive the spec
+        spec = patching.bind_host(app.remote(spec), spec)[0]
     image = deploy.image_ref(spec) if action == "start" else None
     commands, before, after = ctr.lifecycle(app.remote(spec), spec, action, image=image, grace_s=grace,
                                             dry_run=dry_run)
