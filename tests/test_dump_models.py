@@ -11,6 +11,7 @@ refused, nothing captured).
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import textwrap
 from types import SimpleNamespace as NS
@@ -22,8 +23,13 @@ from remote_ops import wheels
 from remote_ops.dump import runtime as rt
 
 torch = pytest.importorskip("torch")
-from remote_ops.dump import attach  # noqa: E402
-from remote_ops.dump.attach import language_model, turn_on  # noqa: E402
+import remote_ops.dump as dump_pkg  # noqa: E402
+
+_entry = dump_pkg.__dict__.get("attach")
+_attach_mod = importlib.import_module("remote_ops.dump.attach")
+if callable(_entry):
+    dump_pkg.attach = _entry  # importing the submodule rebinds the package's `attach` to it; undo that
+attach, language_model, turn_on = _attach_mod.attach, _attach_mod.language_model, _attach_mod.turn_on
 
 MODELS = "python/sglang/srt/models/"
 
