@@ -301,3 +301,56 @@ def test_verify_patch_in_image_reads_the_target_from_the_spec(tmp_path):
     target.write_text(new)
     rc, out = run(hashlib.sha256(new.encode()).hexdigest())
     assert rc == 0 and out["ok"] and out["verify"]["status"] == "applied"
+
+
+# --------------------------------------------- the architectures table, checked
+def _classes(version: str) -> dict:
+    """class name -> (ClassDef, file) over every model file of the release."""
+    import zipfile
+
+    out = {}
+    with zipfile.ZipFile(wheels.fetch_sglang_wheel(version)) as zf:
+        for member in zf.namelist():
+            if member.startswith("sglang/srt/models/") and member.endswith(".py"):
+                text = zf.read(member).decode("utf-8", "replace")
+                try:
+                    tree = ast.parse(text)
+                except SyntaxError:          # a file needing a newer Python than this one
+                    continue
+                for node in tree.body:
+                    if isinstance(node, ast.ClassDef):
+                        out.setdefault(node.name, (node, member))
+    return out
+
+
+def _serves(classes: dict, arch: str, cls: str) -> str:
+    """How `arch` runs the patched class: itself, a subclass that keeps its __init__ and
+    forward, or a wrapper whose __init__ builds one; "" when it does not."""
+    def keeps(name, seen=()):
+        if name == cls:
+            return True
+        node = classes.get(name, (None,))[0]
+        if node is None or name in seen:
+            return False
+        own = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        bases = [A.dotted(b) for b in node.bases]
+        return not own & {"__init__", "forward"} and any(keeps(b, seen + (name,)) for b in bases)
+
+    if keeps(arch):
+        return "class" if arch == cls else "subclass"
+    node = classes.get(arch, (None,))[0]
+    init = next((n for n in (node.body if node else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    built = [A.dotted(s.value.func) for s in ast.walk(init) if isinstance(s, ast.Assign)
+             and isinstance(s.value, ast.Call)] if init else []
+    return "wrapper" if any(b and keeps(b) for b in built) else ""
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_every_listed_architecture_runs_the_patched_class(version):
+    """The derivation table is checked, not guessed: each architecture a spec lists is
+    the class, a subclass keeping its __init__/forward, or a wrapper building one."""
+    classes = _classes(version)
+    for m in patchspec.catalog():
+        for arch in m.architectures:
+            assert _serves(classes, arch, m.cls), f"{version}: {arch} does not run {m.cls} ({m.name})"
+    assert _serves(classes, "KimiK25ForConditionalGeneration", "DeepseekV2ForCausalLM") == "wrapper"
