@@ -21,8 +21,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import shell
-from .errors import CommandFailed, NotFound
+from . import secrets, shell
+from .errors import CommandFailed, NotFound, RemoteOpsError
 from .inventory import HostSpec
 from .remote import LineSink, Remote
 
@@ -329,7 +329,18 @@ def build(remote: Remote, context_dir: str, tag: str, builder: str, *, on_line: 
 def run(remote: Remote, host: HostSpec, image: str) -> str:
     """Replace the container with a fresh one from `image`; return the new container id."""
     remote.run(remove_cmd(host.container.name), timeout=120)
-    return remote.run(run_argv(host, image), timeout=120).stdout.strip()
+    return _run_masked(remote, run_argv(host, image), timeout=120).stdout.strip()
+
+
+def _run_masked(remote: Remote, command: str | list[str], timeout: float):
+    """Run a command that may carry secret values (`docker run -e HF_TOKEN=…`); an error
+    raised by it shows the command with those values masked (`remote_ops.secrets`)."""
+    try:
+        return remote.run(command, timeout=timeout)
+    except RemoteOpsError as exc:
+        if isinstance(command, list) and getattr(exc, "command", None):
+            exc.command = shell.join(secrets.mask_argv(command))
+        raise secrets.mask_error(exc)
 
 
 def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None,
@@ -359,11 +370,12 @@ def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None 
     """Check -> act -> verify for start/stop/restart: (commands, state before, state after)."""
     before = inspect_container(remote, host.container.name)
     plan = lifecycle_plan(action, host, before, image, grace_s)
+    shown = [secrets.mask_text(c) if isinstance(c, str) else shell.join(secrets.mask_argv(c)) for c in plan]
     if dry_run:
-        return [shell.cmd(c) for c in plan], before, before
+        return shown, before, before
     for command in plan:
-        remote.run(command, timeout=grace_s + 120)
-    return [shell.cmd(c) for c in plan], before, _must_inspect(remote, host)
+        _run_masked(remote, command, timeout=grace_s + 120)
+    return shown, before, _must_inspect(remote, host)
 
 
 def start(remote: Remote, host: HostSpec, image: str | None) -> ContainerInfo:

@@ -42,6 +42,7 @@ from .errors import CommandFailed, CommandTimedOut, Refused, RemoteOpsError, Ver
 from .inventory import HostSpec
 from .paths import host_dir, repo_resource
 from .remote import Remote
+from . import secrets
 
 STEPS = ("preflight", "lock", "check", "push", "patch", "verify", "build", "start", "wait", "record", "unlock")
 LABELS = {
@@ -636,8 +637,10 @@ class Deploy:
     def _record(self, failure: RemoteOpsError | None) -> dict:
         """The local JSON run record (host, key fingerprint, versions, shas, image, timings, steps)."""
         self.result.steps.append(StepResult("record", "ok", ""))
-        doc = {**self.result.to_dict(), "time": time.time(), "ok": failure is None,
-               "error": failure.to_dict() if failure else None}
+        from .console import to_jsonable
+
+        doc = secrets.mask_data(to_jsonable({**self.result.to_dict(), "time": time.time(), "ok": failure is None,
+                                             "error": failure.to_dict() if failure else None}))
         self.result.record = str(write_record(self.host.name, doc))
         self.result.steps[-1].detail = self.result.record
         self.events.step(self.result.steps[-1])
@@ -680,7 +683,7 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
         after = hashlib.sha256(text.encode()).hexdigest()
         diffs["Dockerfile"] = render_dockerfile(host, patch, before, after)
     if plan.start:
-        diffs["docker run"] = shell.join(container.run_argv(host, ref))
+        diffs["docker run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
     return diffs
 
 

@@ -29,6 +29,7 @@ from .transfer import PullItem
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.jsonl"
+SOURCE_MARK = "#== "                  # probe output: the manifest file the following lines come from
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 TYPICAL_TOKENS_PER_SAMPLE = 1730      # the user's run: 17.3 M tokens / 10,000 samples
 
@@ -46,7 +47,10 @@ def status_command(dump_dir: str) -> str:
     return shell.sections([
         ("exists", f"test -d {d}"),
         ("files", f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\t%s\\n'"),
-        ("manifest", f"for f in {d}/rank*/{MANIFEST}; do [ -f \"$f\" ] && cat \"$f\"; done; true"),
+        # a marker line before each manifest (and a newline after it, so a torn last line
+        # never joins the next marker): torn lines can then be named by file and line
+        ("manifest", f"for f in {d}/rank*/{MANIFEST}; do [ -f \"$f\" ] && "
+                     f"{{ echo \"{SOURCE_MARK}$f\"; cat \"$f\"; echo; }}; done; true"),
         ("stats", f"for f in {d}/rank*/stats.json; do [ -f \"$f\" ] && {{ echo \"$f\"; cat \"$f\"; echo; }}; done; true"),
         ("df", f"df -PB1 {d} | tail -n 1"),
     ])
@@ -95,6 +99,7 @@ class Reconciliation:
     size_mismatches: list[dict] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
     torn_lines: int = 0
+    torn: list[str] = field(default_factory=list)          # "rank0/manifest.jsonl:7: <start of line>"
     records: list[dict] = field(default_factory=list, repr=False)
 
     @property
@@ -112,7 +117,7 @@ def latest_records(manifest_text: str) -> tuple[dict[str, dict], int]:
     """The last manifest line of each key, and how many lines were unreadable (torn)."""
     latest, torn = {}, 0
     for line in manifest_text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith(SOURCE_MARK):
             continue
         try:
             rec = json.loads(line)
@@ -126,11 +131,38 @@ def latest_records(manifest_text: str) -> tuple[dict[str, dict], int]:
     return latest, torn
 
 
+def torn_entries(manifest_text: str, dump_dir: str = "") -> list[str]:
+    """Each unreadable manifest line as `<manifest>:<line>: <start of it>` (pure; names what was torn)."""
+    out, source, number = [], "manifest", 0
+    for line in manifest_text.splitlines():
+        if line.startswith(SOURCE_MARK):
+            source, number = _relative(line[len(SOURCE_MARK):], dump_dir), 0
+            continue
+        number += 1
+        if line.strip() and not _is_record(line):
+            out.append(f"{source}:{number}: {line[:60]}")
+    return out
+
+
+def _relative(path: str, dump_dir: str) -> str:
+    root = dump_dir.rstrip("/") + "/"
+    return path[len(root):] if dump_dir and path.startswith(root) else path
+
+
+def _is_record(line: str) -> bool:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and "key" in rec and "file" in rec
+
+
 def reconcile(dump_dir: str, files: dict[str, int], manifest_text: str,
               hidden_size: int | None = None) -> Reconciliation:
     """Compare the manifest with the files present (pure)."""
     latest, torn = latest_records(manifest_text)
-    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn)
+    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn,
+                       torn=torn_entries(manifest_text, dump_dir))
     complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
@@ -279,6 +311,31 @@ def pull_items(r: Reconciliation, local_root: Path) -> list[PullItem]:
     missing = set(r.missing_files)
     return [PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]),
                      rec.get("sha256")) for rec in r.records if str(rec["file"]) not in missing]
+
+
+@dataclass
+class PullProblems:
+    """What a pull could not bring home intact, each entry named (pure verdict of `pull_problems`)."""
+
+    missing: list[str] = field(default_factory=list)     # manifest rows with no file on the host
+    torn: list[str] = field(default_factory=list)        # unreadable manifest lines (their file is unknown)
+    corrupt: list[str] = field(default_factory=list)     # fetched but size/sha256 differ, or the link broke
+
+    def blocking(self, allow_missing: bool) -> bool:
+        """Exit 10?  Corrupt entries always; missing and torn ones unless --allow-missing."""
+        return bool(self.corrupt or (not allow_missing and (self.missing or self.torn)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pull_problems(r: Reconciliation, failed: list[tuple[str, str]]) -> PullProblems:
+    """Sort what went wrong: missing on the host (before or during the pull), torn, corrupt."""
+    p = PullProblems(missing=list(r.missing_files), torn=list(r.torn))
+    for name, reason in failed:
+        (p.missing if reason == "missing on the host" else p.corrupt).append(
+            name if reason == "missing on the host" else f"{name}: {reason}")
+    return p
 
 
 def write_local_manifests(r: Reconciliation, local_root: Path) -> int:

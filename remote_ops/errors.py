@@ -31,6 +31,7 @@ class ExitCode:
     HEALTH_WARN = 11      # health: worst result was "warn"
     HEALTH_FAIL = 12      # health: worst result was "fail"
     NOT_FOUND = 13        # a file, container, image or run that should exist does not
+    NO_SPACE = 14         # local disk too small or full: free space (or --dest elsewhere), re-run resumes
     INTERRUPTED = 130     # Ctrl-C
 
 
@@ -169,3 +170,10 @@ class VerifyFailed(RemoteOpsError):
 class NotFound(RemoteOpsError):
     exit_code = ExitCode.NOT_FOUND
     kind = "not_found"
+
+
+class NoSpace(RemoteOpsError):
+    """A local filesystem has (or had) too little free space; details carry needed/free bytes and the path."""
+
+    exit_code = ExitCode.NO_SPACE
+    kind = "no_space"

@@ -4,7 +4,10 @@ The client (stdlib-only, `remote_ops/extract_client.py`) runs beside the
 container with the host's `python3` and talks to the server's published port
 (`127.0.0.1:<server.port>`).  Everything it needs lives in one work dir on the
 host, `<logs.dir>/extract/`: the client script, the dataset, its manifest
-(sample id -> dump key), `missing.jsonl`, `client.pid`, `client.out`.  Its
+(sample id -> dump key, per dataset), `run.json` + `dataset.keys` (the current
+dataset), `missing.jsonl`, `client.pid`, `client.out`.  Done-ness is decided by
+the dump key (the content), never by the sample id, and every count shown
+relates to the current dataset.  Its
 progress log is the inventory's `logs.extraction`, which `logs pull/summary`
 read.
 
@@ -82,7 +85,7 @@ def status_command(p: ExtractPaths, log_lines: int = 400) -> str:
         ("alive", alive_check(p)),
         ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
         ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
-        ("manifest", f"grep -c '\"status\": \"ok\"' {shell.quote(p.file('manifest.jsonl'))}"),
+        ("counts", f"python3 {shell.quote(p.client)} count --workdir {shell.quote(p.workdir)}"),
         ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
         ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
     ])
@@ -96,9 +99,12 @@ class ExtractStatus:
     running: bool
     pid: int | None
     summary: ExtractionSummary
-    manifest_ok: int
+    manifest_ok: int                     # samples of the CURRENT dataset done (ok line for their dump key)
     missing: list[dict]
     client_out: str
+    dataset_total: int = 0               # samples in the current dataset (after --limit)
+    dataset_id: str | None = None        # sha256 of the dataset file, 16 hex
+    reused_ids: int = 0                  # ids done earlier with OTHER token ids: sent again (new dumps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -117,11 +123,31 @@ def parse_status(host: str, output: str) -> ExtractStatus:
             missing.append(json.loads(line))
         except ValueError:
             pass
-    ok = parts.get("manifest", (1, "0"))[1].strip()
+    counts = _json_or_empty(parts.get("counts", (1, ""))[1])
     return ExtractStatus(host, parts.get("alive", (1, ""))[0] == 0,
                          int(pid_text) if pid_text.isdigit() else None,
                          parse_extraction(parts.get("log", (1, ""))[1]),
-                         int(ok) if ok.isdigit() else 0, missing, parts.get("out", (1, ""))[1])
+                         int(counts.get("done") or 0), missing, parts.get("out", (1, ""))[1],
+                         int(counts.get("total") or 0), counts.get("dataset_id"),
+                         _reused_ids(parts.get("log", (1, ""))[1]))
+
+
+def _reused_ids(log_text: str) -> int:
+    """`reused_ids=N` of the last `started` line (the current run), 0 if none."""
+    started = [line for line in log_text.splitlines() if " started " in line]
+    field = next((w for w in (started[-1].split() if started else []) if w.startswith("reused_ids=")), "")
+    value = field.partition("=")[2]
+    return int(value) if value.isdigit() else 0
+
+
+def _json_or_empty(text: str) -> dict:
+    import json
+
+    try:
+        doc = json.loads(text.strip() or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 # --------------------------------------------------------------------------- edges
@@ -137,7 +163,7 @@ def _sha256(data: bytes) -> str:
 
 def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool:
     """Upload unless the host already has the same bytes (checked by sha256, one round trip)."""
-    have = remote.run(f"sha256sum {shell.quote(path)} 2>/dev/null | cut -c1-64", check=False).stdout.strip()
+    have = remote.run(shell.quiet(shell.sha256_of(path)), check=False).stdout.strip()
     if have == _sha256(data):
         return False
     remote.put(data, path, mode=mode)
@@ -204,8 +230,8 @@ def plan_start(remote, host, dataset: str, *, concurrency: int = 8, retries: int
     local = Path(dataset).expanduser()
     remote_dataset = p.dataset if local.is_file() else dataset
     probe = shell.sections([("alive", alive_check(p)),
-                            ("client", f"sha256sum {shell.quote(p.client)} | cut -c1-64"),
-                            ("dataset", f"sha256sum {shell.quote(remote_dataset)} | cut -c1-64")])
+                            ("client", shell.sha256_of(p.client)),
+                            ("dataset", shell.sha256_of(remote_dataset))])
     sec = shell.split_sections(remote.run(probe, check=False).stdout)
     have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
     url = server_url or f"http://127.0.0.1:{host.server.port}"

@@ -7,10 +7,18 @@ For every sample of a JSONL dataset (`{"id": ..., "input_ids": [...]}`, or
 hidden states of the prompt), keeping N requests in flight.
 
 - Its own manifest (`<workdir>/manifest.jsonl`, one O_APPEND line per sample)
-  maps the dump key (`sha256(int32-LE token ids)[:32] + "-p0"`, the dump
-  contract's key) to the sample id.  On restart, samples with an `ok` line are
-  skipped: the run resumes where it stopped (a killed run loses at most the
-  requests in flight, which are simply sent again).
+  maps the sample id to the dump key (`sha256(int32-LE token ids)[:32] + "-p0"`,
+  the dump contract's key) and names the dataset (sha256 of the file, 16 hex).
+- Done-ness is decided by that key, i.e. by content, never by the sample id: on
+  restart a sample is skipped only when an `ok` line carries its key, so the run
+  resumes where it stopped (a killed run loses at most the requests in flight,
+  which are simply sent again), and a new dataset that reuses earlier ids with
+  other token ids gets its own requests and dumps (`started` says how many ids
+  were reused, `reused_ids=N`).  A sample whose key was done under another id
+  gets an `ok` line for its own id (`"reused_dump": true`), without a request.
+- `<workdir>/run.json` and `<workdir>/dataset.keys` describe the current
+  dataset; `extract_client.py count --workdir W` prints its done/total (what
+  `remote-ops extract status` shows), and counts always relate to it.
 - Transient errors (connection refused/reset, timeouts, HTTP 5xx/429) are
   retried with exponential backoff and jitter; others fail the sample.
 - Progress goes to the log as `<UTC time> <event> key=value ...` lines, parsed
@@ -91,11 +99,11 @@ def read_dataset(path):
     return samples
 
 
-def read_manifest(path):
-    """{sample id: last record}; torn lines (a kill mid-write) are skipped."""
-    done = {}
+def manifest_records(path):
+    """Every readable record of the client manifest, in order; torn lines (a kill mid-write) skipped."""
+    records = []
     if not os.path.exists(path):
-        return done
+        return records
     with open(path, "rb") as fh:
         for raw in fh:
             try:
@@ -103,8 +111,48 @@ def read_manifest(path):
             except ValueError:
                 continue
             if isinstance(rec, dict) and "id" in rec:
-                done[str(rec["id"])] = rec
+                records.append(rec)
+    return records
+
+
+def read_manifest(path):
+    """{sample id: last record} (across every dataset the work dir has seen)."""
+    return {str(rec["id"]): rec for rec in manifest_records(path)}
+
+
+def done_keys(records):
+    """{dump key: sample ids with an `ok` line for it}: what is done, by content."""
+    done = {}
+    for rec in records:
+        if rec.get("status") == "ok" and rec.get("key"):
+            done.setdefault(str(rec["key"]), set()).add(str(rec["id"]))
     return done
+
+
+def plan_samples(samples, records):
+    """Split the dataset by dump key (pure): (pending, done, reused_ids, adopt).
+
+    `pending`: (id, ids, key) still to send; `done`: (id, ids, key) whose key has an
+    `ok` line; `reused_ids`: ids of this dataset that an earlier `ok` line gave
+    other token ids; `adopt`: done samples whose own id has no `ok` line for the key.
+    """
+    done_by_key = done_keys(records)
+    ok_key_of = {}
+    for rec in records:
+        if rec.get("status") == "ok":
+            ok_key_of.setdefault(str(rec["id"]), set()).add(str(rec.get("key")))
+    pending, done, reused, adopt = [], [], set(), []
+    for sid, ids in samples:
+        key = dump_key(ids)
+        if ok_key_of.get(sid, set()) - {key}:
+            reused.add(sid)
+        if key in done_by_key:
+            done.append((sid, ids, key))
+            if sid not in done_by_key[key]:
+                adopt.append((sid, ids, key))
+        else:
+            pending.append((sid, ids, key))
+    return pending, done, sorted(reused), adopt
 
 
 def append_line(path, record, lock):
@@ -142,7 +190,7 @@ def generate(url, token_ids, timeout):
 class Run:
     """One extraction session: a queue of pending samples, N workers, counters."""
 
-    def __init__(self, args, samples, done):
+    def __init__(self, args, samples, records, dataset_id="-"):
         self.args = args
         self.url = args.server.rstrip("/") + "/generate"
         self.manifest = os.path.join(args.workdir, "manifest.jsonl")
@@ -150,15 +198,18 @@ class Run:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.mlock = threading.Lock()
+        self.dataset_id = dataset_id
+        pending, done, self.reused_ids, adopt = plan_samples(samples, records)
         self.total = len(samples)
-        ok = {i for i, r in done.items() if r.get("status") == "ok"}
-        self.done = len(ok)
-        self.tokens = sum(int(done[i].get("tokens", 0)) for i in ok)
+        self.done = len(done)                       # of THIS dataset, by dump key
+        self.tokens = sum(len(ids) for _, ids, _ in done)
+        self.done_keys = [key for _, _, key in done]
         self.errors = self.failed = self.session_done = self.session_tokens = 0
+        for sid, ids, key in adopt:                 # same content under a new id: no request needed
+            self._append(sid, key, ids, "ok", 0, reused_dump=True)
         self.queue = Queue()
-        for sid, ids in samples:
-            if sid not in ok:
-                self.queue.put((sid, ids))
+        for item in pending:
+            self.queue.put(item)
         self.started = time.time()
 
     def counters(self):
@@ -169,14 +220,14 @@ class Run:
     def worker(self):
         while not self.stop.is_set():
             try:
-                sid, ids = self.queue.get_nowait()
+                sid, ids, key = self.queue.get_nowait()
             except Empty:
                 return
-            self.one(sid, ids)
+            self.one(sid, ids, key)
 
-    def one(self, sid, ids):
+    def one(self, sid, ids, key):
         """Send one sample with retries; record the outcome in the manifest."""
-        key, attempt, delay = dump_key(ids), 0, self.args.backoff
+        attempt, delay = 0, self.args.backoff
         while True:
             attempt += 1
             try:
@@ -194,16 +245,22 @@ class Run:
             except ValueError as exc:
                 return self.record(sid, key, ids, "failed", attempt, str(exc))
 
+    def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False):
+        rec = {"id": sid, "key": key, "tokens": len(ids), "status": status, "attempts": attempts,
+               "dataset": self.dataset_id, "time": round(time.time(), 3)}
+        if error:
+            rec["error"] = error[:300]
+        if reused_dump:
+            rec["reused_dump"] = True
+        append_line(self.manifest, rec, self.mlock)
+
     def record(self, sid, key, ids, status, attempts, error=None):
         if status == "interrupted":
             return                      # not recorded: the next run sends it again
-        rec = {"id": sid, "key": key, "tokens": len(ids), "status": status, "attempts": attempts,
-               "time": round(time.time(), 3)}
-        if error:
-            rec["error"] = error[:300]
-        append_line(self.manifest, rec, self.mlock)
+        self._append(sid, key, ids, status, attempts, error)
         with self.lock:
             if status == "ok":
+                self.done_keys.append(key)
                 self.done += 1
                 self.tokens += len(ids)
                 self.session_done += 1
@@ -214,12 +271,16 @@ class Run:
             self.log.event("failed", id=sid, key=key, attempts=attempts, error=(error or "")[:200])
 
 
-def missing_dumps(args, workdir):
-    """Samples whose dump file is absent, after waiting up to --dump-grace seconds for writers."""
+def missing_dumps(args, workdir, samples, keys_done):
+    """Done samples of this dataset whose dump file is absent, after up to --dump-grace seconds."""
     if not args.dump_dir:
         return None
-    wanted = {r["key"]: r["id"] for r in read_manifest(os.path.join(workdir, "manifest.jsonl")).values()
-              if r.get("status") == "ok"}
+    done = set(keys_done)
+    wanted = {}
+    for sid, ids in samples:
+        key = dump_key(ids)
+        if key in done:
+            wanted.setdefault(key, sid)
     deadline = time.time() + args.dump_grace
     while True:
         present = {os.path.basename(p)[:-len(".safetensors")]
@@ -259,17 +320,67 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_atomic(path, text):
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def describe_run(args, samples, dataset_id):
+    """run.json + dataset.keys: what the current run is, for `count` and `extract status`."""
+    write_atomic(os.path.join(args.workdir, "dataset.keys"), "".join(dump_key(ids) + "\n" for _, ids in samples))
+    write_atomic(os.path.join(args.workdir, "run.json"), json.dumps(
+        {"dataset": os.path.abspath(args.dataset), "dataset_id": dataset_id, "total": len(samples),
+         "limit": args.limit, "started": utc_now(), "pid": os.getpid()}, sort_keys=True) + "\n")
+    try:
+        os.unlink(os.path.join(args.workdir, "missing.jsonl"))   # it described an earlier run
+    except FileNotFoundError:
+        pass
+
+
+def count(workdir):
+    """{"done", "total", "dataset_id"} of the current dataset (by dump key), from the files only."""
+    try:
+        with open(os.path.join(workdir, "dataset.keys")) as fh:
+            keys = [line.strip() for line in fh if line.strip()]
+        with open(os.path.join(workdir, "run.json")) as fh:
+            run = json.load(fh)
+    except (OSError, ValueError):
+        return {"done": 0, "total": 0, "dataset_id": None}
+    done = done_keys(manifest_records(os.path.join(workdir, "manifest.jsonl")))
+    return {"done": sum(1 for k in keys if k in done), "total": len(keys), "dataset_id": run.get("dataset_id")}
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["count"]:
+        ap = argparse.ArgumentParser(prog="extract_client count")
+        ap.add_argument("--workdir", required=True)
+        print(json.dumps(count(ap.parse_args(argv[1:]).workdir), sort_keys=True))
+        return 0
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "client.pid"), "w") as fh:
         fh.write("%d\n" % os.getpid())
     samples = read_dataset(args.dataset)[:args.limit]
-    run = Run(args, samples, read_manifest(os.path.join(args.workdir, "manifest.jsonl")))
+    dataset_id = file_sha256(args.dataset)[:16]
+    describe_run(args, samples, dataset_id)
+    run = Run(args, samples, manifest_records(os.path.join(args.workdir, "manifest.jsonl")), dataset_id)
     signal.signal(signal.SIGTERM, lambda *_: run.stop.set())
     signal.signal(signal.SIGINT, lambda *_: run.stop.set())
     run.log.event("started", pending=run.queue.qsize(), concurrency=args.concurrency, pid=os.getpid(),
-                  **run.counters())
+                  dataset=dataset_id, reused_ids=len(run.reused_ids), **run.counters())
+    if run.reused_ids:
+        run.log.event("note", reused_ids=len(run.reused_ids), first=run.reused_ids[0],
+                      meaning="ids done earlier with other token ids: sent again as new samples")
     threading.Thread(target=progress_loop, args=(run,), daemon=True).start()
     workers = [threading.Thread(target=run.worker) for _ in range(max(1, args.concurrency))]
     for w in workers:
@@ -282,7 +393,7 @@ def main(argv=None):
     if stopped:
         run.log.event("stopped", **run.counters())
         return 3
-    missing = missing_dumps(args, args.workdir)
+    missing = missing_dumps(args, args.workdir, samples, run.done_keys)
     run.log.event("finished", missing_dumps="-" if missing is None else missing, **run.counters())
     return 0 if not run.failed and not missing else 1
 

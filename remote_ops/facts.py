@@ -83,7 +83,8 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
         ("disk", existing_parent_df(host.dump.dir)),
         ("sglang_version", shell.seq(shell.quiet(["cat", pkg + "version.py"]),
                                      shell.quiet(["cat", pkg + "_version.py"]))),
-        ("target", f"{shell.join(['sha256sum', target])} && {shell.join(['wc', '-l', target])}") if target else None,
+        ("target", shell.and_then(shell.sha256_of(target), shell.read_stdin(["wc", "-l"], target)))
+        if target else None,
     ] if p]
 
 
@@ -199,7 +200,7 @@ def parse_sglang_version(text: str) -> str | None:
 
 
 def parse_target(status: int, text: str) -> tuple[str | None, int | None, str | None]:
-    """`sha256sum FILE && wc -l FILE` -> (sha, lines, error)."""
+    """`sha256 of FILE && wc -l < FILE` -> (sha, lines, error)."""
     if status != 0:
         return None, None, (text.strip().splitlines() or ["cannot read target file"])[-1]
     lines = text.strip().splitlines()

@@ -121,7 +121,8 @@ def patch_probe(host: HostSpec) -> str:
     locate = ("import importlib.util,json,os; s=importlib.util.find_spec('sglang'); "
               "t=json.load(open(os.environ['REMOTE_OPS_TOOL_DIR'] + '/patch-spec.json'))['target']; "
               "print(s.submodule_search_locations[0] + '/' + t.split('sglang/', 1)[1])")
-    inner = (f"f=$(python3 -c {shell.quote(locate)}) && sha256sum \"$f\" && "
+    sha = shell.sha256_of_word('"$f"')
+    inner = (f"f=$(python3 -c {shell.quote(locate)}) && {sha} && "
              "grep -c '>>> remote-ops' \"$f\"")
     return shell.join(["docker", "exec", host.container.name, "sh", "-c", inner])
 

@@ -12,15 +12,102 @@ for the host, built-in defaults (see `remote_ops.sshconfig`).
 """
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
+import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError, NotFound
+
+
+# -- value checks (pure; used as pydantic validators) --------------------------------------------
+#: The docker reference grammar (github.com/distribution/reference, regexp.go).
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
+IMAGE_NAME = re.compile(_NAME, re.ASCII)
+IMAGE_TAG = re.compile(_TAG, re.ASCII)
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(value: str) -> str:
+    """Refuse NUL, newline and every other control character: such a value could end a
+    Dockerfile instruction, a log line or a shell word where it is rendered."""
+    m = _CONTROL.search(value)
+    if m:
+        raise ValueError(f"contains a control character ({m.group()!r} at offset {m.start()}): {value!r}")
+    return value
+
+
+def _word(value: str) -> str:
+    """One word: no control characters, no spaces."""
+    if any(c.isspace() for c in _no_control(value)):
+        raise ValueError(f"must not contain spaces: {value!r}")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    """A path on the host (or in the image): absolute, one line, no NUL."""
+    if not _no_control(value).startswith("/"):
+        raise ValueError(f"must be an absolute path (start with /): {value!r}")
+    return value
+
+
+def _image_reference(value: str) -> str:
+    """`[domain[:port]/]name[:tag][@digest]` per the docker reference grammar."""
+    m = IMAGE_REFERENCE.fullmatch(value)
+    if not m or len(m["name"]) > 255:
+        raise ValueError(f"not a valid image reference ([domain[:port]/]name[:tag][@digest], "
+                         f"lowercase name): {value!r}")
+    return value
+
+
+def _image_name(value: str) -> str:
+    """A repository name without tag or digest (the tag is given separately)."""
+    if not IMAGE_NAME.fullmatch(value) or len(value) > 255:
+        raise ValueError(f"not a valid image name ([domain[:port]/]name, lowercase, no tag): {value!r}")
+    return value
+
+
+def _image_tag(value: str) -> str:
+    if not IMAGE_TAG.fullmatch(value):
+        raise ValueError(f"not a valid image tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}): {value!r}")
+    return value
+
+
+def _container_name(value: str) -> str:
+    if not CONTAINER_NAME.fullmatch(value):
+        raise ValueError(f"not a valid container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*): {value!r}")
+    return value
+
+
+def _env(value: dict[str, str]) -> dict[str, str]:
+    """Variable names are one word without `=`; values may be anything but NUL (argv cannot carry it)."""
+    for name, v in value.items():
+        if not name or "=" in _word(name) or "\0" in v:
+            raise ValueError(f"bad environment entry {name!r}: names are one word without '=', "
+                             "values contain no NUL")
+    return value
+
+
+Line = Annotated[str, AfterValidator(_no_control)]
+Word = Annotated[str, AfterValidator(_word)]
+AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+ImageRef = Annotated[str, AfterValidator(_image_reference)]
+ImageName = Annotated[str, AfterValidator(_image_name)]
+ImageTag = Annotated[str, AfterValidator(_image_tag)]
+ContainerName = Annotated[str, AfterValidator(_container_name)]
 
 
 class _Spec(BaseModel):
@@ -29,16 +116,16 @@ class _Spec(BaseModel):
 
 class GpuSpec(_Spec):
     count: int = Field(0, ge=0, description="GPUs the host must show in nvidia-smi")
-    model: str | None = Field(None, description="expected GPU name, e.g. 'NVIDIA RTX PRO 6000'")
+    model: Line | None = Field(None, description="expected GPU name, e.g. 'NVIDIA RTX PRO 6000'")
     max_temperature_c: int = Field(85, description="warn above this temperature")
 
 
 class SglangSpec(_Spec):
-    checkout: str = Field("/root/sglang", description="SGLang git checkout on the host")
-    version: str = Field("0.5.9", description="SGLang release the checkout is at")
-    base_image: str = Field("lmsysorg/sglang:v0.5.9-cu129",
-                            description="image the patched image is built FROM")
-    image_checkout: str = Field("/sgl-workspace/sglang",
+    checkout: AbsPath = Field("/root/sglang", description="SGLang git checkout on the host")
+    version: ImageTag = Field("0.5.9", description="SGLang release the checkout is at (also in the image tag)")
+    base_image: ImageRef = Field("lmsysorg/sglang:v0.5.9-cu129",
+                                 description="image the patched image is built FROM")
+    image_checkout: AbsPath = Field("/sgl-workspace/sglang",
                                 description="where the base image has SGLang's checkout")
     patch: str | None = Field(None, description="patch spec (model) name, see `remote-ops patch specs`; "
                                                 "unset: derived from the model's config.json architectures")
@@ -65,30 +152,30 @@ class SglangSpec(_Spec):
 
 
 class ContainerSpec(_Spec):
-    name: str = "sglang-eagle3"
-    image: str = "remote-ops/sglang-eagle3"
-    tag: str | None = Field(None, description="image tag; default: <sglang version>-<patch hash>")
+    name: ContainerName = "sglang-eagle3"
+    image: ImageName = "remote-ops/sglang-eagle3"
+    tag: ImageTag | None = Field(None, description="image tag; default: <sglang version>-<patch hash>")
     gpus: Literal["all", "none"] | list[int] = "all"
-    shm_size: str = "32g"
-    ipc: str = "host"
-    restart: str = "unless-stopped"
-    bind_address: str = "127.0.0.1"
-    env: dict[str, str] = Field(default_factory=dict)
-    runtime: str | None = None
-    healthcheck_start_period_s: int = Field(1800, description="model load time allowed")
-    volumes: list[str] = Field(default_factory=list, description="extra -v HOST:CONTAINER[:ro]")
+    shm_size: Word = "32g"
+    ipc: Word = "host"
+    restart: Word = "unless-stopped"
+    bind_address: Word = "127.0.0.1"
+    env: Annotated[dict[str, str], AfterValidator(_env)] = Field(default_factory=dict)
+    runtime: Word | None = None
+    healthcheck_start_period_s: int = Field(1800, ge=0, description="model load time allowed")
+    volumes: list[Line] = Field(default_factory=list, description="extra -v HOST:CONTAINER[:ro]")
 
 
 class ModelSpec(_Spec):
-    path: str = "/models/Kimi-K2.5"
-    served_name: str = "kimi-k2.5"
+    path: AbsPath = "/models/Kimi-K2.5"
+    served_name: Line = "kimi-k2.5"
     num_layers: int = Field(61, gt=3)
     hidden_size: int = Field(7168, gt=0)
     trust_remote_code: bool = True
 
 
 class DumpSpec(_Spec):
-    dir: str = "/data/eagle3-dumps"
+    dir: AbsPath = "/data/eagle3-dumps"
     layers: list[int] | None = Field(None, description="layers_to_capture; default [2, L//2, L-3]")
     all_ranks: bool = Field(False, description="every TP rank writes (validation only)")
     policy: Literal["backpressure", "drop"] = "backpressure"
@@ -110,21 +197,21 @@ class ServerSpec(_Spec):
 
 
 class LogsSpec(_Spec):
-    dir: str = "/data/eagle3-logs"
-    extraction: str = "/data/eagle3-logs/extraction.log"
-    training: str = "/data/eagle3-logs/training.log"
+    dir: AbsPath = "/data/eagle3-logs"
+    extraction: AbsPath = "/data/eagle3-logs/extraction.log"
+    training: AbsPath = "/data/eagle3-logs/training.log"
 
 
 class HostSpec(_Spec):
     """One host as the inventory describes it (before ssh_config is applied)."""
 
     name: str
-    address: str | None = None
-    user: str | None = None
+    address: Word | None = None
+    user: Word | None = None
     port: int | None = Field(None, gt=0, lt=65536)
-    identity_file: str | None = None
-    proxy_jump: str | None = None
-    known_hosts: str | None = None
+    identity_file: Line | None = Field(None, description="path on this machine (~ allowed)")
+    proxy_jump: Line | None = Field(None, description="[user@]host[:port], comma-separated hops")
+    known_hosts: Line | None = Field(None, description="path on this machine (~ allowed)")
     source: str | None = Field(None, description="file this host came from")
     groups: tuple[str, ...] = ()
     gpus: GpuSpec = GpuSpec()
@@ -134,14 +221,14 @@ class HostSpec(_Spec):
     dump: DumpSpec = DumpSpec()
     server: ServerSpec = ServerSpec()
     logs: LogsSpec = LogsSpec()
-    audit_log: str = "/var/log/remote-ops/audit.jsonl"
-    lock_dir: str = "/var/lock/remote-ops.lock"
+    audit_log: AbsPath = "/var/log/remote-ops/audit.jsonl"
+    lock_dir: AbsPath = "/var/lock/remote-ops.lock"
 
     @field_validator("name")
     @classmethod
     def _name_is_simple(cls, v: str) -> str:
-        if not v or any(c.isspace() for c in v):
-            raise ValueError("host names must be non-empty and contain no spaces")
+        if not v or any(c.isspace() for c in v) or _CONTROL.search(v):
+            raise ValueError("host names must be non-empty and contain no spaces or control characters")
         return v
 
     @property
@@ -192,8 +279,10 @@ def adhoc_host(ref: str) -> HostSpec:
         port = int(port_text)
     if not address:
         raise ConfigError(f"empty host in '{ref}'", field="--host")
-    return HostSpec(name=address, address=None, user=user or None, port=port,
-                    source="(ad hoc)")
+    try:
+        return HostSpec(name=address, address=None, user=user or None, port=port, source="(ad hoc)")
+    except ValidationError as exc:
+        raise ConfigError(f"bad host '{ref}': {exc.errors()[0]['msg']}", field="--host") from None
 
 
 def default_inventory_paths() -> list[Path]:
@@ -237,39 +326,145 @@ def _inventory_files(paths: list[Path]) -> list[Path]:
 
 
 def load_inventory_file(file: Path) -> list[HostSpec]:
-    """Parse one inventory file into hosts; errors name the file and the field."""
+    """Parse one inventory file into hosts; errors name the file, the line and the field."""
+    data, lines = load_yaml(file.read_bytes(), str(file))
+    return parse_inventory_data(data, source=str(file), lines=lines)
+
+
+#: Where each key of a YAML document sits: ("hosts", "h1", "server", "port") -> line (1-based).
+Lines = dict[tuple[str, ...], int]
+
+
+class StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys and remembers the line of every key.
+
+    PyYAML silently keeps the last of two equal keys, so a host name repeated in
+    one file would change where a deploy goes.  Here it is a ConfigError naming
+    both lines.
+    """
+
+    def load_with_lines(self, source: str) -> tuple[Any, Lines]:
+        node = self.get_single_node()
+        lines: Lines = {}
+        if node is not None:
+            self._walk(node, (), lines, source, set())
+        return (self.construct_document(node) if node is not None else None), lines
+
+    def _walk(self, node: yaml.Node, path: tuple[str, ...], lines: Lines, source: str, seen: set) -> None:
+        if id(node) in seen:        # an alias: walked once already (and maybe recursive)
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = str(key_node.value), key_node.start_mark.line + 1
+                if key in first:
+                    raise ConfigError(f"duplicate key '{key}' (line {line}; first at line {first[key]}); "
+                                      "YAML would silently keep the last one", source=source,
+                                      field=".".join((*path, key)))
+                first[key], lines[(*path, key)] = line, line
+                self._walk(value_node, (*path, key), lines, source, seen)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines.setdefault((*path, str(i)), item.start_mark.line + 1)
+                self._walk(item, (*path, str(i)), lines, source, seen)
+
+
+def load_yaml(raw: bytes, source: str) -> tuple[Any, Lines]:
+    """Decode (UTF-8 only) and parse one YAML document with `StrictLoader` (pure)."""
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}", source=source,
+                          hint="save the file as UTF-8") from None
+    loader = StrictLoader(text)
+    try:
+        return loader.load_with_lines(source)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=str(file)) from None
-    return parse_inventory_data(data, source=str(file))
+        raise ConfigError(f"not valid YAML: {exc}", source=source) from None
+    finally:
+        loader.dispose()
 
 
-def parse_inventory_data(data: Any, source: str) -> list[HostSpec]:
-    """Validate a loaded inventory document (pure)."""
+def parse_inventory_data(data: Any, source: str, lines: Lines | None = None) -> list[HostSpec]:
+    """Validate a loaded inventory document (pure).  `lines` (from `load_yaml`) lets
+    errors say on which line the offending field is."""
+    lines = lines or {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError("top level must be a mapping with 'hosts:'", source=source)
-    unknown = set(data) - {"defaults", "hosts"}
+        raise ConfigError(f"top level must be a mapping with 'hosts:', not {_kind(data)}", source=source)
+    unknown = sorted(set(map(str, data)) - {"defaults", "hosts"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {sorted(unknown)}; expected 'defaults' and 'hosts'",
-                          source=source, field=sorted(unknown)[0])
-    defaults = data.get("defaults") or {}
-    entries = data.get("hosts") or {}
-    if not isinstance(entries, dict) or not isinstance(defaults, dict):
-        raise ConfigError("'hosts' and 'defaults' must be mappings", source=source, field="hosts")
+        raise _config_error(f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], ['defaults', 'hosts'])}; "
+                            "expected 'defaults' and 'hosts'", source, (unknown[0],), lines)
+    defaults = _mapping(data, "defaults", source, lines)
+    entries = _mapping(data, "hosts", source, lines)
     group = (Path(source).stem,) if len(entries) > 1 else ()
-    return [_host(name, _merge(defaults, body or {}), source, group) for name, body in entries.items()]
+    return [_host(name, _merge(defaults, _mapping(entries, name, source, lines, ("hosts",))),
+                  source, group, lines)
+            for name in entries]
 
 
-def _host(name: str, body: dict, source: str, groups: tuple[str, ...]) -> HostSpec:
+def _mapping(parent: dict, key: Any, source: str, lines: Lines, path: tuple[str, ...] = ()) -> dict:
+    """`parent[key]` as a mapping (absent or empty: {}); a scalar or list is a ConfigError."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _config_error(f"must be a mapping of settings, not {_kind(value)}", source, (*path, str(key)), lines)
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _host(name: Any, body: dict, source: str, groups: tuple[str, ...], lines: Lines) -> HostSpec:
     try:
-        return HostSpec(name=str(name), source=source, groups=groups, **body)
+        return HostSpec(name=str(name), source=source, groups=groups, **{str(k): v for k, v in body.items()})
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in ("hosts", name, *err["loc"]))
-        raise ConfigError(err["msg"], source=source, field=field) from None
+        loc = tuple(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = f"unknown field '{loc[-1]}'{_did_you_mean(loc[-1], _fields_at(loc[:-1]))}"
+        raise _config_error(message, source, ("hosts", str(name), *loc), lines, also=("defaults", *loc)) from None
     except TypeError as exc:
-        raise ConfigError(str(exc), source=source, field=f"hosts.{name}") from None
+        raise _config_error(str(exc), source, ("hosts", str(name)), lines) from None
+
+
+def _config_error(message: str, source: str, path: tuple[str, ...], lines: Lines,
+                  also: tuple[str, ...] = ()) -> ConfigError:
+    """A ConfigError naming `file:field`, with the line of the deepest known key of `path`
+    (or of `also`, the same field under `defaults:`, when that is where it was set)."""
+    def deepest(p: tuple[str, ...]) -> tuple[int, int | None]:
+        return next(((n, lines[p[:n]]) for n in range(len(p), 0, -1) if p[:n] in lines), (0, None))
+    (n_path, line), (n_also, line_also) = deepest(path), deepest(also)
+    if also and line_also and n_also > n_path - 1:   # hosts.<name> is one key deeper than defaults
+        line = line_also
+    err = ConfigError(message + (f" (line {line})" if line else ""), source=source, field=".".join(path))
+    err.details["line"] = line
+    return err
+
+
+def _fields_at(loc: tuple[str, ...]) -> list[str]:
+    """The field names of the model at `loc` inside HostSpec (for "did you mean")."""
+    model: Any = HostSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        model = field.annotation if field else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return [f for f in model.model_fields if f not in ("name", "source", "groups")]
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _merge(base: dict, over: dict) -> dict:

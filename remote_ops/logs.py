@@ -142,6 +142,24 @@ class TrainRecord:
         return self.acc.get(0)
 
     @property
+    def acceptance_length(self) -> float | None:
+        """Expected tokens per verify step, tau = 1 + sum_k prod_{i<=k} acc_i (positions 0, 1, ... in a row).
+
+        Each position's accuracy is read as the chance that draft token k is
+        accepted once the tokens before it were.  SpecForge measures position k
+        on the drafter's own earlier predictions (training-time test), so this is
+        the estimate practitioners quote for a chain draft (topk 1), not a
+        measurement on the served model."""
+        if 0 not in self.acc:
+            return None
+        tau, chain, k = 1.0, 1.0, 0
+        while k in self.acc:
+            chain *= self.acc[k]
+            tau += chain
+            k += 1
+        return round(tau, 3)
+
+    @property
     def loss(self) -> float | None:
         """SpecForge's training objective: position losses weighted 0.8**i."""
         if not self.ploss:
@@ -171,7 +189,8 @@ class TrainingSummary:
 
     def to_dict(self) -> dict:
         return {"format": "specforge",
-                "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss} for r in self.records],
+                "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss,
+                             "acceptance_length": r.acceptance_length} for r in self.records],
                 "steps": [asdict(p) for p in self.steps]}
 
 

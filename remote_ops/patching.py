@@ -181,7 +181,7 @@ def read_probe(target: PatchTarget, compile: bool = False) -> str:
     probes: list[tuple[str, str | shell.Argv]] = [
         ("stat", ["stat", "-L", "-c", "%a %U:%G %s", path]),
         ("data", ["base64", path]),
-        ("sha", shell.pipe(["sha256sum", path], ["cut", "-d", " ", "-f1"])),
+        ("sha", shell.sha256_of(path)),
         ("backup", shell.quiet(["cat", backup + ".sha256"])),
     ]
     if target.checkout:
@@ -429,8 +429,9 @@ def verify(remote: Remote, target) -> VerifyResult:
 WRITE_SCRIPT = r'''
 f=$1 expect=$2 backup=$3 lock=$4 wait=$5 who=$6 what=$7 source=$8 newsha=$9
 d=$(dirname "$f"); b=$(basename "$f"); bak="$f.remote-ops-backup"; tmp="$d/.$b.remote-ops-tmp.$$"
-fail() { echo "error: $2"; rm -f "$tmp"; exit "$1"; }
-trap 'exit 130' INT TERM HUP
+cleanup() { rm -rf "$tmp" "$bak.tmp.$$" "$bak.sha256.tmp.$$" ${pc:+"$pc"}; }
+fail() { echo "error: $2"; cleanup; exit "$1"; }
+trap 'cleanup; exit 130' INT TERM HUP
 if [ -n "$lock" ]; then
   end=$(( $(date +%s) + wait ))
   while ! mkdir "$lock" 2>/dev/null; do
@@ -447,22 +448,23 @@ if [ -n "$lock" ]; then
 fi
 cur=$(sha256sum < "$f" | cut -d' ' -f1) || fail 74 "cannot read $f"
 [ "$cur" = "$expect" ] || { echo "changed-since-read: $cur"; exit 76; }
-rm -f "$d/.$b.remote-ops-tmp."*
-if [ "$source" = backup ]; then cp "$bak" "$tmp"; else cat > "$tmp"; fi || fail 74 "cannot write $tmp"
+rm -f "$d/.$b.remote-ops-tmp."* "$bak.tmp."* "$bak.sha256.tmp."*
+if [ "$source" = backup ]; then e=$(cp "$bak" "$tmp" 2>&1); else e=$(cat 2>&1 > "$tmp"); fi || fail 74 "cannot write $tmp: $e"
 [ "$(sha256sum < "$tmp" | cut -d' ' -f1)" = "$newsha" ] || fail 74 "new content arrived corrupted"
-chmod --reference="$f" "$tmp" || fail 74 "cannot keep the mode of $f"
-chown --reference="$f" "$tmp" || fail 74 "cannot keep the owner of $f"
-sync "$tmp" || fail 74 "fsync failed"
+e=$(chmod --reference="$f" "$tmp" 2>&1) || fail 74 "cannot keep the mode of $f: $e"
+e=$(chown --reference="$f" "$tmp" 2>&1) || fail 74 "cannot keep the owner of $f: $e"
+e=$(sync "$tmp" 2>&1) || fail 74 "fsync of $tmp failed: $e"
 if command -v python3 >/dev/null 2>&1; then
-  pc=$(mktemp -d); PYTHONPYCACHEPREFIX="$pc" python3 -m py_compile "$tmp" > "$pc.out" 2>&1; rc=$?
-  echo "py_compile=$rc"; cat "$pc.out"; rm -rf "$pc" "$pc.out"; [ "$rc" = 0 ] || fail 65 "py_compile failed"
+  pc=$(mktemp -d 2>&1) || { e=$pc; pc=; fail 74 "cannot make a temp dir for py_compile: $e"; }
+  e=$(PYTHONPYCACHEPREFIX="$pc" python3 -m py_compile "$tmp" 2>&1); rc=$?; rm -rf "$pc"; pc=
+  echo "py_compile=$rc"; [ -n "$e" ] && echo "$e"; [ "$rc" = 0 ] || fail 65 "py_compile failed"
 else echo "py_compile=skipped"; fi
 if [ "$backup" = make ]; then
-  cp -p "$f" "$bak.tmp.$$" && sync "$bak.tmp.$$" && mv -f "$bak.tmp.$$" "$bak" || fail 74 "cannot make backup"
-  printf '%s  %s\n' "$cur" "$bak" > "$bak.sha256.tmp.$$" && mv -f "$bak.sha256.tmp.$$" "$bak.sha256" || fail 74 "cannot record backup"
+  e=$({ cp -p "$f" "$bak.tmp.$$" && sync "$bak.tmp.$$" && mv -f "$bak.tmp.$$" "$bak"; } 2>&1) || fail 74 "cannot make the backup $bak: $e"
+  e=$({ printf '%s  %s\n' "$cur" "$bak" > "$bak.sha256.tmp.$$" && mv -f "$bak.sha256.tmp.$$" "$bak.sha256"; } 2>&1) || fail 74 "cannot record the backup's sha256: $e"
   echo "backup=$bak"
 fi
-mv -f "$tmp" "$f" || fail 74 "rename failed"
+e=$(mv -f "$tmp" "$f" 2>&1) || fail 74 "rename of $tmp to $f failed: $e"
 sync "$d" 2>/dev/null
 [ "$backup" = drop ] && rm -f "$bak" "$bak.sha256"
 echo "sha256=$(sha256sum < "$f" | cut -d' ' -f1)"
@@ -507,8 +509,12 @@ def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOu
         raise VerifyFailed(f"python3 -m py_compile rejected the new file; {target.path} unchanged: "
                            f"{tail(out, 4)}", host=host)
     if result.exit_status != 0 or "sha256=" not in out:
-        raise CommandFailed(f"writing {target.path} failed: {tail(out, 3)}", host=host, command="sh -c WRITE_SCRIPT",
-                            exit_status=result.exit_status, stderr_tail=tail(result.stderr))
+        cause = _field(out, "error: ")          # the script's own words (with the OS error) come first
+        what = (f"{cause}; {target.path} unchanged, temp files removed" if cause
+                else tail(result.stderr, 3) or tail(out, 3))
+        raise CommandFailed(f"writing {target.path} failed: {what}",
+                            host=host, command="sh -c WRITE_SCRIPT", exit_status=result.exit_status,
+                            stderr_tail=tail(result.stderr), stdout_tail=tail(out))
     rc = _field(out, "py_compile=")
     return WriteOutcome(_field(out, "sha256="), int(rc) if rc.isdigit() else None,
                         out.split("py_compile=", 1)[-1], out)

@@ -223,6 +223,25 @@ class FabricRemote:
             chan.close()
         return status, out, err, chan
 
+    def open_stream(self, command: str | shell.Argv):
+        """Start `command` on a new session channel of this connection; return the live channel.
+
+        For byte-stream protocols spoken over the command's stdin/stdout (the
+        engine seam runs `docker system dial-stdio` to reach the host's Engine
+        API).  Same strict transport, same host key, no new TCP connection.
+        The caller owns the paramiko Channel: it reads, writes and closes it.
+        Counted as one round trip (the requests it carries are not).
+        """
+        chan = self._open_channel()
+        self._round_trips += 1
+        try:
+            chan.exec_command(shell.cmd(command))
+        except Exception as exc:  # paramiko: SSHException / EOFError when the session is refused
+            chan.close()
+            raise Unreachable(f"cannot start a stream on {self.target.display}: {exc}",
+                              host=self.name, details={"reason": "session"}) from None
+        return chan
+
     def _open_channel(self):
         transport = self._fabric().client.get_transport()
         if transport is None or not transport.is_active():

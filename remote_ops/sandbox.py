@@ -17,6 +17,14 @@ access), kept running after the command exits and recorded under
 `remote-ops deploy --host sandbox`, `health`, `inspect-source` and `logs pull`
 then run the real code path end to end.  `down` stops the daemons by PID and
 removes the inventory entry.  Nothing here reaches a registry.
+
+`status` judges each daemon by itself: sshd (recorded PID alive and ours, and
+its address:port accepts connections), dockerd (PID alive and ours, and its
+socket answers `docker version`) and the deployed container (its state; not
+deployed is fine).  The sandbox is "running" only when sshd and dockerd both
+are.  `up` on a sandbox with a dead daemon heals that one in place: dockerd on
+the same data root (images kept), sshd on the same address, port and host key;
+the checkout, the model config and the inventory entry are kept.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ from .errors import RemoteOpsError
 from .paths import repo_resource, sandbox_dir, sandbox_inventory_file
 
 NAME = "sandbox"
+CONTAINER = f"sglang-eagle3-{NAME}"           # LabHost.container_name of the sandbox host
 STANDIN_DIR = "/opt/sglang-standin"
 STANDIN_LAUNCHER = ["python3", f"{STANDIN_DIR}/sglang_standin_server.py"]
 MODEL_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64,
@@ -102,39 +111,140 @@ class SandboxStatus:
     host: dict = field(default_factory=dict)
     base_image: str | None = None
     startup_s: float | None = None
+    daemons: dict = field(default_factory=dict)     # sshd / dockerd / container -> Daemon.to_dict()
+    healed: list = field(default_factory=list)      # what `up` restarted in place
+
+    @property
+    def recorded(self) -> bool:
+        """A sandbox was started and not stopped (whatever its daemons do now)."""
+        return bool(self.host)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "recorded": self.recorded}
+
+
+@dataclass
+class Daemon:
+    """One daemon of the sandbox, judged by itself."""
+
+    name: str
+    state: str                # running | dead | not answering | absent | exited | unknown ...
+    ok: bool
+    pid: int | None = None
+    detail: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def status() -> SandboxStatus:
-    """Is the sandbox's sshd/dockerd alive, and where is its inventory entry."""
+def judge_sshd(host: dict, pid_ours: bool, port_answers: bool) -> Daemon:
+    """sshd is running only when its PID is ours and alive AND its address:port accepts (pure)."""
+    where = f"{host.get('address')}:{host.get('port')}"
+    if pid_ours and port_answers:
+        return Daemon("sshd", "running", True, host.get("pid"), where)
+    state = "not answering" if pid_ours else "dead"
+    return Daemon("sshd", state, False, host.get("pid"), f"{where} ({'no process' if not pid_ours else 'port closed'})")
+
+
+def judge_dockerd(d: dict | None, pid_ours: bool, answers: bool) -> Daemon:
+    """dockerd is running only when its PID is ours and alive AND its socket answers (pure)."""
+    if not d:
+        return Daemon("dockerd", "absent", False, None, "no dockerd recorded")
+    if pid_ours and answers:
+        return Daemon("dockerd", "running", True, d.get("pid"))
+    return Daemon("dockerd", "not answering" if pid_ours else "dead", False, d.get("pid"))
+
+
+def judge_container(name: str, dockerd_ok: bool, inspect_rc: int | None, state: str) -> Daemon:
+    """The deployed container's state; not deployed yet is fine, anything but running is said (pure)."""
+    if not dockerd_ok:
+        return Daemon("container", "unknown", False, None, f"{name}: dockerd is down")
+    if inspect_rc != 0:
+        return Daemon("container", "absent", True, None, f"{name}: not deployed")
+    return Daemon("container", state or "unknown", state == "running", None, name)
+
+
+def _probe_daemons(state: dict) -> dict[str, Daemon]:
+    """Check sshd, dockerd and the container of a recorded sandbox (edges: /proc, sockets, docker CLI)."""
+    from .hostlab._proc import port_open
+    from .hostlab.lab import _ours
+
+    host = (state.get("hosts") or [{}])[0]
+    sshd = judge_sshd(host, bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
+                      port_open(str(host.get("address")), int(host.get("port") or 0)))
+    d = state.get("dockerd")
+    dockerd = judge_dockerd(d, bool(d and d.get("pid")) and _ours(d["pid"], lab_dir()), _dockerd_answers(d))
+    rc, cstate = _container_state(d, CONTAINER) if dockerd.ok else (None, "")
+    return {"sshd": sshd, "dockerd": dockerd, "container": judge_container(CONTAINER, dockerd.ok, rc, cstate)}
+
+
+def _recorded_dockerd(d: dict):
+    from .hostlab import Dockerd
+
+    return Dockerd(Path(d["dir"]), d["bridge"], d["subnet"])
+
+
+def _dockerd_answers(d: dict | None) -> bool:
+    from .hostlab import LabError
+    from .hostlab.images import docker
+
+    if not d or not _recorded_dockerd(d).socket.exists():
+        return False
+    try:
+        return docker(_recorded_dockerd(d).socket, "version", timeout=10, check=False).returncode == 0
+    except LabError:
+        return False
+
+
+def _container_state(d: dict, name: str) -> tuple[int | None, str]:
+    from .hostlab import LabError
+    from .hostlab.images import docker
+
+    try:
+        proc = docker(_recorded_dockerd(d).socket, "inspect", "-f", "{{.State.Status}}", name, timeout=10,
+                      check=False)
+    except LabError:
+        return None, ""
+    return proc.returncode, proc.stdout.decode("utf-8", "replace").strip()
+
+
+def _recorded_state() -> dict:
     from .hostlab import HostLab
 
     d = lab_dir()
-    recorded = HostLab.attach(d)
-    state = recorded.state if (d / "lab.json").exists() else {"hosts": []}
+    state = HostLab.attach(d).state if (d / "lab.json").exists() else {"hosts": []}
+    return {"hosts": []} if state.get("stopped") else state
+
+
+def status() -> SandboxStatus:
+    """Each daemon of the sandbox judged by itself; running = sshd and dockerd both up, inventory present."""
+    state = _recorded_state()
     inv = sandbox_inventory_file()
     meta = _read_meta()
-    return SandboxStatus(running=bool(state.get("hosts")) and recorded.running() and not state.get("stopped"),
-                         dir=str(sandbox_dir()), inventory=str(inv) if inv.exists() else None,
-                         host=(state.get("hosts") or [{}])[0], base_image=meta.get("base_image"),
-                         startup_s=meta.get("startup_s"))
+    daemons = _probe_daemons(state) if state.get("hosts") else {}
+    running = bool(daemons) and daemons["sshd"].ok and daemons["dockerd"].ok and inv.exists()
+    return SandboxStatus(running=running, dir=str(sandbox_dir()), inventory=str(inv) if inv.exists() else None,
+                         host=(state.get("hosts") or [{}])[0] if state.get("hosts") else {},
+                         base_image=meta.get("base_image"), startup_s=meta.get("startup_s"),
+                         daemons={k: v.to_dict() for k, v in daemons.items()})
 
 
 def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
        patch: str = "deepseek-v2") -> SandboxStatus:
-    """Start the sandbox (idempotent: a running sandbox is left as it is).
+    """Start the sandbox; idempotent: a running one is left alone, a recorded one with a dead daemon
+    is healed in place (same address, checkout kept), anything else starts afresh.
 
-    `patch` is the patch spec its inventory names; its model config.json carries
-    that spec's first architecture (the checkout holds the whole real tree)."""
+    `patch` is the patch spec a fresh sandbox's inventory names; its model config.json
+    carries that spec's first architecture (the checkout holds the whole real tree)."""
     from . import patchspec
 
     patchspec.model(patch)                  # an unknown spec fails before anything starts
     current = status()
-    if current.running and current.inventory:
+    if current.running:
         progress("sandbox already running")
         return current
+    if current.recorded and current.inventory:
+        return heal(current, progress)
     down(quiet=True)
     t0 = time.monotonic()
     lab = _start_lab(version, progress, patch)
@@ -147,6 +257,60 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
         raise
     _write_meta({"base_image": base, "startup_s": round(time.monotonic() - t0, 1), "version": version})
     return status()
+
+
+def heal(current: SandboxStatus, progress: Callable[[str], None] = lambda s: None) -> SandboxStatus:
+    """Restart only the dead daemons of a recorded sandbox, in place; the record gets the new PIDs."""
+    state = _recorded_state()
+    healed = []
+    if not current.daemons["dockerd"]["ok"]:
+        progress("dockerd is down: restarting it on the same data root (images and containers kept)")
+        state["dockerd"]["pid"] = _restart_dockerd(state["dockerd"])
+        healed.append("dockerd")
+    if not current.daemons["sshd"]["ok"]:
+        h = state["hosts"][0]
+        progress(f"sshd is down: restarting it on {h['address']}:{h['port']} (same host key)")
+        h["pid"] = _restart_sshd(h, state["dockerd"])
+        healed.append("sshd")
+    (lab_dir() / "lab.json").write_text(json.dumps(state, indent=2) + "\n")
+    after = status()
+    after.healed = healed
+    if not after.running:
+        bad = ", ".join(f"{k} {v['state']}" for k, v in after.daemons.items() if k != "container" and not v["ok"])
+        raise RemoteOpsError(f"sandbox: could not heal {bad}",
+                             hint="remote-ops sandbox down && remote-ops sandbox up  (a fresh sandbox: new "
+                                  "address, new checkout)")
+    return after
+
+
+def _kill_if_ours(pid: int | None) -> None:
+    from .hostlab._proc import kill_tree
+    from .hostlab.lab import _ours
+
+    if pid and _ours(pid, lab_dir()):
+        kill_tree(pid, term_timeout=5, timeout=10)
+
+
+def _restart_dockerd(d: dict) -> int:
+    """Stop what is left of the old dockerd (its containerd, shims, mounts) by PID, then start it again."""
+    _kill_if_ours(d.get("pid"))
+    dockerd = _recorded_dockerd(d)
+    dockerd.stop()
+    return dockerd.start().pid
+
+
+def _restart_sshd(h: dict, d: dict | None) -> int:
+    """The sandbox's sshd again: same address, port, host key, client key and session environment."""
+    from .hostlab import SshdHost
+    from .hostlab.sshd import DEFAULT_PATH, KeyPair
+
+    _kill_if_ours(h.get("pid"))
+    env = {"PATH": f"{lab_dir() / 'bin'}:{DEFAULT_PATH}"}
+    if d:
+        env["DOCKER_HOST"] = _recorded_dockerd(d).host
+    sshd = SshdHost(h["name"], h["address"], int(h["port"]), lab_dir() / "hosts" / h["name"] / "sshd",
+                    KeyPair(lab_dir() / "client" / "id_ed25519"), env=env)
+    return sshd.start().pid
 
 
 def _start_lab(version: str, progress, patch: str = "deepseek-v2"):

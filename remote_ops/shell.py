@@ -68,6 +68,27 @@ def quiet(command: str | Argv) -> str:
     return f"{cmd(command)} 2>/dev/null"
 
 
+def read_stdin(command: str | Argv, path: str) -> str:
+    """`command < PATH`: the command reads the file on stdin, so it never prints its name."""
+    return f"{cmd(command)} < {quote(path)}"
+
+
+def sha256_of(path: str) -> str:
+    """The one builder for "sha256 of a remote file": prints 64 hex digits and nothing else,
+    and fails (non-zero, reason on stderr) when the file cannot be read.
+
+    The file is hashed from stdin.  `sha256sum PATH` escapes a name holding a
+    backslash or a newline (the line then starts with `\\`), so `| cut -c1-64`
+    returned a wrong digest and every read of such a file looked corrupted.
+    """
+    return sha256_of_word(quote(path))
+
+
+def sha256_of_word(word: str) -> str:
+    """`sha256_of` for a path already written as one shell word (e.g. `"$f"` in a script)."""
+    return f'( h=$(sha256sum < {word}) && printf \'%s\\n\' "${{h%% *}}" )'
+
+
 def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
     """Run several probes in one round trip, each output framed by a marker line.
 

@@ -9,6 +9,7 @@ ConnectTimeout, ServerAliveInterval.  Parsing uses paramiko's SSHConfig so
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -59,14 +60,46 @@ def load_ssh_config(path: str | Path | None) -> paramiko.SSHConfig:
     """Parse `path`, or ~/.ssh/config when it exists, or nothing."""
     if path is None:
         default = Path("~/.ssh/config").expanduser()
-        return paramiko.SSHConfig.from_path(str(default)) if default.exists() else paramiko.SSHConfig()
+        return parse_ssh_config(default.read_bytes(), str(default)) if default.exists() else paramiko.SSHConfig()
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError("ssh_config file does not exist", source=str(p))
+    return parse_ssh_config(p.read_bytes(), str(p))
+
+
+def parse_ssh_config(raw: bytes, source: str) -> paramiko.SSHConfig:
+    """Decode, check the numeric options line by line, then parse with paramiko (pure).
+
+    Like `ssh` itself, a bad value anywhere in the file is an error, whichever
+    host it belongs to; the error names the file, the line and the option.
+    """
     try:
-        return paramiko.SSHConfig.from_path(str(p))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x}", source=f"{source}:{line}") from None
+    check_numbers(text, source)
+    try:
+        return paramiko.SSHConfig.from_text(text)
     except Exception as exc:  # paramiko raises several types for bad files
-        raise ConfigError(f"cannot parse ssh_config: {exc}", source=str(p)) from None
+        raise ConfigError(f"cannot parse ssh_config: {exc}", source=source) from None
+
+
+#: Options remote-ops reads as numbers: name (lowercase) -> (smallest, largest) allowed.
+NUMERIC_OPTIONS = {"port": (1, 65535), "connecttimeout": (0, 10**6), "serveraliveinterval": (0, 10**6)}
+_OPTION = re.compile(r"\s*([A-Za-z]+)(?:\s*=\s*|\s+)(.*?)\s*$")
+
+
+def check_numbers(text: str, source: str) -> None:
+    """ConfigError `FILE:LINE:Option` for `Port abc`, `Port 70000`, `ConnectTimeout x`."""
+    for number, line in enumerate(text.splitlines(), 1):
+        m = _OPTION.match(line)
+        if not m or m[1].lower() not in NUMERIC_OPTIONS or line.lstrip().startswith("#"):
+            continue
+        value, (low, high) = m[2].strip('"'), NUMERIC_OPTIONS[m[1].lower()]
+        if not value.isdigit() or not low <= int(value) <= high:
+            raise ConfigError(f"{m[1]} must be a number from {low} to {high}, not {m[2]!r}",
+                              source=f"{source}:{number}", field=m[1])
 
 
 def resolve_target(host: HostSpec, config: paramiko.SSHConfig, *, policy: str = "strict",
@@ -96,6 +129,8 @@ def _jump_target(spec: str, config: paramiko.SSHConfig, policy: str, timeouts: T
     """A ProxyJump hop `[user@]host[:port]`, itself resolved through ssh_config."""
     user, _, rest = spec.rpartition("@")
     hostpart, _, port = rest.partition(":")
+    if port and not port.isdigit():
+        raise ConfigError(f"bad port in ProxyJump hop '{spec}'", field="ProxyJump")
     entry = config.lookup(hostpart)
     return SshTarget(name=hostpart, hostname=entry.get("hostname", hostpart),
                      port=int(port or entry.get("port", 22)),

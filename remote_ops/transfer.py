@@ -19,6 +19,11 @@ Why this design (measured, see bench/README.md "Bulk pull"):
   sha256 while it arrives, and renamed only when it matches.  A final name
   therefore always holds a verified file; an interrupted pull leaves `.part`
   files that the next pull continues.
+- Local space is checked before the first byte (bytes still to write, block
+  rounded, against free space at the destination), and a disk that fills up
+  during the pull (another writer) stops it with the same typed error
+  (`NoSpace`, exit 14) saying how much is needed and free; `.part` files stay,
+  so the pull resumes once space is freed.
 
 Host keys: the ssh command line carries the same policy as the seam
 (`remote_ops.remote`): StrictHostKeyChecking=yes (or accept-new), the
@@ -27,11 +32,13 @@ target's known_hosts files, BatchMode, explicit identity/port/user, `-F
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import select
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -40,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CommandFailed, CommandTimedOut, VerifyFailed
+from .errors import CommandFailed, CommandTimedOut, NoSpace, VerifyFailed
 from .sshconfig import SshTarget
 
 #: Preferred ciphers: AES-GCM is 1.2-1.6x faster than the default chacha20 on AES-NI hosts.
@@ -50,6 +57,8 @@ BATCH_BYTES = 8 << 30         # bytes per tar batch (one ssh connection each)
 BUF = 4 << 20                 # receive buffer
 PIPE_SIZE = 1 << 20           # F_SETPIPE_SZ on ssh's stdout (fewer wakeups)
 F_SETPIPE_SZ = 1031
+BLOCK = 4096                  # local files take whole blocks: sizes are rounded up to this
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 Advance = Callable[[int], None]
 
@@ -176,6 +185,59 @@ def plan_jobs(items: Iterable[PullItem], batch_bytes: int = BATCH_BYTES, jobs: i
     return sorted(singles + batches, key=lambda job: -sum(i.size for i in job))
 
 
+# --------------------------------------------------------------------------- local space
+
+def _blocks(n: int) -> int:
+    return -(-max(n, 0) // BLOCK) * BLOCK
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def bytes_to_write(pending: Iterable[PullItem]) -> int:
+    """Local bytes the pending items still need: whole blocks, less what their `.part` files hold.
+
+    (A small `.part` is truncated and fetched again, a big one resumes: either
+    way the file ends at its size, so the net need is the difference.)
+    """
+    return sum(max(_blocks(i.size) - _blocks(_size(i.part)), 0) for i in pending)
+
+
+def free_space(path: Path) -> tuple[Path, int]:
+    """(nearest existing folder, its free bytes for us) - where the pull would write."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate, shutil.disk_usage(candidate).free
+    return path, 0
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
+
+
+def no_space_error(pending: list[PullItem], host: str, during: bool) -> NoSpace:
+    """The typed error for a destination without room: how much is needed and how much is free."""
+    where, free = free_space(pending[0].local.parent) if pending else (Path("."), 0)
+    need = bytes_to_write(i for i in pending if not is_complete(i))
+    left = sum(1 for i in pending if not is_complete(i))
+    what = "local disk full during the pull" if during else "not enough local disk space for the pull"
+    return NoSpace(f"{what}: {_gb(need)} ({need:,} bytes) still to write for {left} file(s), "
+                   f"{_gb(free)} ({free:,} bytes) free on {where}", host=host,
+                   hint="free space there (or pull to a bigger disk with --dest) and re-run: verified "
+                        "files are kept, partial ones resume",
+                   details={"needed_bytes": need, "free_bytes": free, "path": str(where), "files_left": left})
+
+
+def check_space(pending: list[PullItem], host: str) -> None:
+    """Refuse before the first byte when the pending files cannot fit (NoSpace, exit 14)."""
+    if pending and bytes_to_write(pending) > free_space(pending[0].local.parent)[1]:
+        raise no_space_error(pending, host, during=False)
+
+
 # --------------------------------------------------------------------------- the pull
 
 class Puller:
@@ -198,9 +260,21 @@ class Puller:
         self._files_pool = ThreadPoolExecutor(1, thread_name_prefix="ro-pull-files")
 
     def pull(self, items: list[PullItem]) -> PullReport:
-        """Fetch every item not already complete; verify; rename. Interrupt-safe."""
-        start = time.monotonic()
+        """Fetch every item not already complete; verify; rename. Interrupt-safe.
+
+        Too little local space, before or during the pull, is `NoSpace` (exit 14).
+        """
         pending = [i for i in items if not is_complete(i)]
+        check_space(pending, self.host)
+        try:
+            return self._pull(items, pending)
+        except OSError as exc:
+            if exc.errno not in NO_SPACE_ERRNOS:
+                raise
+            raise no_space_error(pending, self.host, during=True) from None
+
+    def _pull(self, items: list[PullItem], pending: list[PullItem]) -> PullReport:
+        start = time.monotonic()
         self.report.files, self.report.skipped = len(items), len(items) - len(pending)
         self.advance(sum(i.size for i in items) - sum(i.size for i in pending))
         pool = ThreadPoolExecutor(self.jobs)
@@ -601,4 +675,4 @@ def pull(target: SshTarget, root: str, items: list[PullItem], *, ssh_config: str
 
 
 __all__ = ["CIPHERS", "PullItem", "PullReport", "Puller", "plan_jobs", "pull", "ssh_argv",
-           "is_complete", "CommandFailed"]
+           "is_complete", "CommandFailed", "bytes_to_write", "check_space", "free_space", "NoSpace"]

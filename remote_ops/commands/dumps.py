@@ -7,7 +7,7 @@ import click
 
 from .. import dumps as dumps_mod
 from .. import transfer
-from ..errors import VerifyFailed
+from ..errors import NoSpace, VerifyFailed
 from ._options import host_command
 
 
@@ -43,6 +43,7 @@ def _render_recon(console, r: dumps_mod.Reconciliation) -> None:
                                                               for m in r.size_mismatches])
     _list(console, "warn", "files missing from the manifest", r.unlisted_files)
     _list(console, "warn", "temp files (interrupted writes)", r.temp_files)
+    _list(console, "warn", "torn manifest lines", r.torn)
 
 
 def _list(console, status: str, label: str, items: list[str], limit: int = 10) -> None:
@@ -123,34 +124,79 @@ def verify_cmd(app, host, sha) -> int:
               help="local dump dir (default <state>/hosts/<host>/dumps)")
 @click.option("--stall-timeout", type=float, default=60.0, show_default=True,
               help="abort a stream that delivers no byte for this many seconds")
+@click.option("--allow-missing", is_flag=True,
+              help="exit 0 although manifest rows have no file on the host or manifest lines are torn "
+                   "(they are still named); corrupt files always exit 10")
 @host_command
-def pull_cmd(app, host, jobs, dest, stall_timeout) -> int:
+def pull_cmd(app, host, jobs, dest, stall_timeout, allow_missing) -> int:
     """Pull every manifest-listed file: resumable, sha256-verified, parallel, with progress.
 
     Uses the system ssh (AES-GCM) with the same host-key policy as every other
     command.  Verified files are kept; re-running continues partial files.
+    Manifest rows with no file on the host, torn manifest lines and corrupt
+    files are named; the exit is 10 unless --allow-missing (which forgives the
+    first two only).  Too little local space, checked before the first byte
+    and caught during the pull, exits 14 with the bytes needed and free.
     """
     spec = app.host(host)
     _, recon = _reconcile(app, spec)
     local_root = dest or dumps_mod.local_dump_dir(spec.name)
     items = dumps_mod.pull_items(recon, local_root)
     total = sum(i.size for i in items)
+    transfer.check_space([i for i in items if not transfer.is_complete(i)], spec.name)   # before any output
     with app.console.progress(f"{spec.name}: dumps", total=total) as advance:
         report = transfer.pull(app.target(spec), spec.dump.dir, items, ssh_config=app.ssh_config_path,
                                jobs=jobs, stall_timeout=stall_timeout, advance=advance, strict=False)
-    written = dumps_mod.write_local_manifests(recon, local_root)
-    app.console.status("ok" if not report.failed else "fail",
-                       f"{report.fetched} fetched, {report.skipped} already here, {report.resumed} resumed, "
-                       f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
-                       f"({written} in local manifests)")
-    _list(app.console, "fail", "failed", [f"{f}: {r}" for f, r in report.failed])
+    written = _write_local_manifests(recon, local_root, spec.name)
+    problems = dumps_mod.pull_problems(recon, report.failed)
+    _render_pull(app.console, report, problems, allow_missing, local_root, written)
     result = {"host": spec.name, "dest": str(local_root), "pull": report.to_dict(),
-              "missing_on_host": recon.missing_files}
-    if report.failed:
-        raise VerifyFailed(f"{len(report.failed)} file(s) failed to pull or verify", host=spec.name,
-                           hint="re-run: verified files are kept, partial ones resume", details=result)
+              "missing_on_host": problems.missing, "problems": problems.to_dict(), "allow_missing": allow_missing}
+    if problems.blocking(allow_missing):
+        raise VerifyFailed(_problem_sentence(problems), host=spec.name, details=result, hint=_pull_hint(problems))
     app.console.emit(result)
     return 0
+
+
+def _write_local_manifests(recon, local_root: Path, host: str) -> int:
+    """Local manifests for the verified files; a full disk here is NoSpace too."""
+    try:
+        return dumps_mod.write_local_manifests(recon, local_root)
+    except OSError as exc:
+        if exc.errno not in transfer.NO_SPACE_ERRNOS:
+            raise
+        where, free = transfer.free_space(local_root)
+        raise NoSpace(f"local disk full writing the local manifests: {free:,} bytes free on {where}", host=host,
+                      hint="free space there and re-run: the pulled files are kept",
+                      details={"needed_bytes": None, "free_bytes": free, "path": str(where)}) from None
+
+
+def _render_pull(console, report, problems, allow_missing: bool, local_root: Path, written: int) -> None:
+    bad = problems.blocking(allow_missing)
+    console.status("fail" if bad else ("warn" if problems.missing or problems.torn else "ok"),
+                   f"{report.fetched} fetched, {report.skipped} already here, {report.resumed} resumed, "
+                   f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
+                   f"({written} in local manifests)")
+    level = "warn" if allow_missing else "fail"
+    _list(console, level, "manifest rows with no file on the host (not pulled)", problems.missing)
+    _list(console, level, "torn manifest lines (their files are unknown)", problems.torn)
+    _list(console, "fail", "corrupt or failed", problems.corrupt)
+
+
+def _pull_hint(p) -> str:
+    hints = ["corrupt: re-run (verified files are kept, the rest are fetched again)"] if p.corrupt else []
+    if p.missing or p.torn:
+        hints.append("missing/torn: `dumps verify` on the host says more; --allow-missing accepts them")
+    return "; ".join(hints)
+
+
+def _problem_sentence(p) -> str:
+    parts = [f"{len(p.corrupt)} file(s) failed to pull or verify"] if p.corrupt else []
+    if p.missing:
+        parts.append(f"{len(p.missing)} manifest row(s) have no file on the host (first: {p.missing[0]})")
+    if p.torn:
+        parts.append(f"{len(p.torn)} manifest line(s) are torn (first: {p.torn[0]})")
+    return "; ".join(parts)
 
 
 commands = [dumps_group]

@@ -19,14 +19,19 @@ def extract_group() -> None:
       remote-ops extract stop --host gpu-node
 
     The dataset is JSONL, one {"id": ..., "input_ids": [...]} per line.  A
-    restarted run skips samples already done (the client's own manifest).
+    restarted run skips samples already done, judged by their dump key (the
+    token ids), never by id: a new dataset that reuses ids gets new dumps.
     """
 
 
 def _render(console, st: extract_mod.ExtractStatus) -> None:
     console.status("ok" if st.running else "info",
                    f"client {'running, pid ' + str(st.pid) if st.running else 'not running'}; "
-                   f"{st.manifest_ok} samples in the client manifest")
+                   f"{st.manifest_ok}/{st.dataset_total} samples of the current dataset done"
+                   + (f" (dataset {st.dataset_id})" if st.dataset_id else ""))
+    if st.reused_ids:
+        console.status("warn", f"{st.reused_ids} sample id(s) of this dataset were done earlier with other "
+                       f"token ids: sent again as new samples (new dumps, nothing skipped)")
     _render_extraction(console, st.summary)
     if st.missing:
         console.status("warn", f"{len(st.missing)} sample(s) produced no dump file "

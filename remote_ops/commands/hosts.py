@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from .. import secrets
 from ._options import app_options
 
 
@@ -17,7 +18,7 @@ def hosts_cmd(app) -> None:
     app.console.table(["host", "address", "user", "port", "gpus", "sglang", "patch spec", "groups", "file"], rows)
     if not rows:
         app.console.say("no hosts: add a YAML file under ./inventory or pass --inventory")
-    app.console.emit({"hosts": [h.model_dump(mode="json") for h in inv.hosts.values()],
+    app.console.emit({"hosts": [secrets.mask_data(h.model_dump(mode="json")) for h in inv.hosts.values()],
                       "groups": {k: list(v) for k, v in inv.groups.items()},
                       "sources": list(inv.sources)})
 

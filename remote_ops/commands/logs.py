@@ -139,13 +139,17 @@ def _render_training(console, t) -> None:
         console.say("training: no SpecForge metrics found in the log", style="dim")
         return
     positions = sorted({p for r in t.records for p in r.acc})
-    cols = ["phase", "unit", "#", "loss", "step-0 acc"] + [f"acc@{p}" for p in positions]
+    cols = ["phase", "unit", "#", "loss", "step-0 acc", "tau"] + [f"acc@{p}" for p in positions]
     rows = [[r.phase, r.unit, r.index if r.total is None else f"{r.index}/{r.total}",
              "-" if r.loss is None else f"{r.loss:.3f}",
-             "-" if r.step0_acc is None else f"{r.step0_acc:.2f}"] +
+             "-" if r.step0_acc is None else f"{r.step0_acc:.2f}",
+             "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"] +
             [f"{r.acc[p]:.2f}" if p in r.acc else "" for p in positions] for r in t.records]
     if rows:
         console.table(cols, rows, title="Training (SpecForge)")
+        console.say("tau = 1 + sum_k prod_{i<=k} acc_i: the expected accepted tokens per verify step "
+                    "a chain draft would give (an estimate from training accuracy, not a measurement on the served model)",
+                    style="dim")
     if t.steps:
         last = t.steps[-1]
         console.say(f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, "

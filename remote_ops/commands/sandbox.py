@@ -8,15 +8,32 @@ from ._options import app_options
 
 
 def _show(app, st: sandbox_mod.SandboxStatus) -> None:
+    h = st.host
+    if st.healed:
+        app.console.status("ok", f"healed in place: {', '.join(st.healed)} (same address, checkout kept)")
     if st.running:
-        h = st.host
         app.console.status("ok", f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
                                  f"server port {h.get('server_port')}, base image {st.base_image}")
-        app.console.say(f"  inventory entry `sandbox`: {st.inventory}")
-        app.console.say("  next: remote-ops deploy --host sandbox --yes && remote-ops health --host sandbox")
+    elif st.recorded:
+        down = [k for k, v in st.daemons.items() if k != "container" and not v["ok"]]
+        app.console.status("fail", f"sandbox degraded: {', '.join(down) or 'inventory entry'} not running "
+                                   f"(ssh root@{h.get('address')}:{h.get('port')})")
     else:
         app.console.status("info", f"sandbox not running (state dir {st.dir})")
+    _show_daemons(app.console, st)
+    if st.running:
+        app.console.say(f"  inventory entry `sandbox`: {st.inventory}")
+        app.console.say("  next: remote-ops deploy --host sandbox --yes && remote-ops health --host sandbox")
+    elif st.recorded:
+        app.console.say("  heal: remote-ops sandbox up  (restarts only what is down, same address, checkout kept)")
     app.console.emit(st)
+
+
+def _show_daemons(console, st: sandbox_mod.SandboxStatus) -> None:
+    for name, d in st.daemons.items():
+        level = "ok" if d["ok"] else ("warn" if name == "container" else "fail")
+        pid = f" pid {d['pid']}" if d.get("pid") else ""
+        console.status(level, f"  {name}: {d['state']}{pid}" + (f" - {d['detail']}" if d.get("detail") else ""))
 
 
 @click.group("sandbox")
@@ -30,7 +47,10 @@ def sandbox_group() -> None:
               help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama")
 @app_options
 def up_cmd(app, sglang_version: str, patch: str) -> None:
-    """Start the sandbox (needs root and scripts/setup's packages; idempotent)."""
+    """Start the sandbox (needs root and scripts/setup's packages; idempotent).
+
+    On a sandbox whose sshd or dockerd died, restarts only that one, on the
+    same address, keeping the checkout, images and inventory entry."""
     st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"),
                         patch=patch)
     _show(app, st)
@@ -50,7 +70,7 @@ def down_cmd(app) -> None:
 @sandbox_group.command("status")
 @app_options
 def status_cmd(app) -> int:
-    """Is the sandbox running (exit 0), or not (exit 13)."""
+    """Each daemon (sshd, dockerd, container) judged by itself; running (exit 0), or not/degraded (exit 13)."""
     st = sandbox_mod.status()
     _show(app, st)
     return 0 if st.running else 13

@@ -40,6 +40,7 @@ from ..inventory import HostSpec, Inventory, load_inventory
 from ..remote import FabricRemote
 from ..sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 from ._proc import LabError, alive, can_bind, free_port, kill_tree
+from .delay import DelayProxy
 from .dockerd import Dockerd, dockerd_available, pick_subnet
 from .sshd import DEFAULT_PATH, KeyPair, SshdHost, make_key, sshd_available
 
@@ -173,6 +174,7 @@ class HostLab:
         self.patch = patch                      # the patch spec its inventory names (sglang.patch)
         self.port = port
         self.hosts: list[LabHost] = []
+        self.delayed: dict[str, tuple[str, DelayProxy]] = {}   # alias -> (host name, proxy)
         self.dockerd: Dockerd | None = None
         self.startup_s: float | None = None
         self._stopped = False
@@ -255,17 +257,53 @@ class HostLab:
             self.hosts.append(host)
 
     def write_client_files(self) -> None:
-        """known_hosts, ssh_config and inventory/<name>.yaml for every host."""
-        self.known_hosts.write_text("".join(h.sshd.known_hosts_line() + "\n" for h in self.hosts))
-        self.ssh_config.write_text("".join(self._ssh_config_block(h) for h in self.hosts))
+        """known_hosts, ssh_config and inventory/<name>.yaml for every host and every delayed alias."""
+        lines = [h.sshd.known_hosts_line() for h in self.hosts]
+        lines += [self._alias_known_hosts_line(alias) for alias in self.delayed]
+        self.known_hosts.write_text("".join(line + "\n" for line in lines))
+        self.ssh_config.write_text("".join(self._ssh_config_block(h.name, h.address, h.port) for h in self.hosts)
+                                   + "".join(self._ssh_config_block(a, p.listen_address, p.listen_port)
+                                             for a, (_, p) in self.delayed.items()))
         self.inventory_dir.mkdir(parents=True, exist_ok=True)
         for h in self.hosts:
-            doc = {"hosts": {h.name: h.inventory_entry(self, self.base_image)}}
-            text = "# written by remote_ops.hostlab: a lab host on loopback\n" + yaml.safe_dump(doc, sort_keys=False)
-            (self.inventory_dir / f"{h.name}.yaml").write_text(text)
+            self._write_inventory(h.name, h.inventory_entry(self, self.base_image))
+        for alias, (name, proxy) in self.delayed.items():
+            entry = self.host(name).inventory_entry(self, self.base_image)
+            self._write_inventory(alias, {**entry, "address": proxy.listen_address, "port": proxy.listen_port})
 
-    def _ssh_config_block(self, h: LabHost) -> str:
-        return (f"Host {h.name}\n  HostName {h.address}\n  Port {h.port}\n  User root\n"
+    def _write_inventory(self, name: str, entry: dict) -> None:
+        text = "# written by remote_ops.hostlab: a lab host on loopback\n" + yaml.safe_dump(
+            {"hosts": {name: entry}}, sort_keys=False)
+        (self.inventory_dir / f"{name}.yaml").write_text(text)
+
+    def _alias_known_hosts_line(self, alias: str) -> str:
+        """The delayed alias's own known_hosts line: its proxy's address, the real host's key."""
+        name, proxy = self.delayed[alias]
+        keytype, key = self.host(name).sshd.known_hosts_line().split()[1:3]
+        host = proxy.listen_address if proxy.listen_port == 22 else f"[{proxy.listen_address}]:{proxy.listen_port}"
+        return f"{host} {keytype} {key}"
+
+    # -- latency --------------------------------------------------------------
+    def add_delay(self, name: str, rtt_ms: float, *, rate_mbit: float | None = None,
+                  alias: str | None = None) -> str:
+        """Put a delay proxy with `rtt_ms` (and a rate cap) in front of host `name`; return its alias.
+
+        The alias is a host of its own in the inventory, ssh_config and
+        known_hosts (the proxy's loopback address, the real host's key), with
+        the real host's paths, container and server: the same machine, further
+        away."""
+        alias = alias or f"{name}-rtt{rtt_ms:g}"
+        taken = {h.address for h in self.hosts} | {p.listen_address for _, p in self.delayed.values()}
+        address, port = pick_endpoint(self.port, taken)
+        h = self.host(name)
+        proxy = DelayProxy(address, port, h.address, h.port, rtt_ms, self.dir, rate_mbit=rate_mbit).start()
+        self.delayed[alias] = (name, proxy)
+        self.write_client_files()
+        self.write_state()
+        return alias
+
+    def _ssh_config_block(self, name: str, address: str, port: int) -> str:
+        return (f"Host {name}\n  HostName {address}\n  Port {port}\n  User root\n"
                 f"  IdentityFile {self.client_key.private}\n  IdentitiesOnly yes\n"
                 f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n"
                 f"  BatchMode yes\n  ConnectTimeout 5\n\n")
@@ -277,6 +315,8 @@ class HostLab:
         if self._stopped:
             return
         heal_lab(self)
+        for _, proxy in self.delayed.values():
+            proxy.stop()
         for h in self.hosts:
             h.sshd.stop()
         if self.dockerd is not None:
@@ -352,7 +392,9 @@ class HostLab:
                  "dockerd": {"pid": self.dockerd.pid, "dir": str(self.dockerd.dir), "bridge": self.dockerd.bridge,
                              "subnet": self.dockerd.subnet} if self.dockerd else None,
                  "hosts": [{"name": h.name, "address": h.address, "port": h.port, "pid": h.sshd.pid,
-                            "server_port": h.server_port} for h in self.hosts]}
+                            "server_port": h.server_port} for h in self.hosts],
+                 "delayed": [{"alias": a, "host": n, "address": p.listen_address, "port": p.listen_port,
+                              "rtt_ms": p.rtt_ms, "pid": p.pid} for a, (n, p) in self.delayed.items()]}
         (self.dir / "lab.json").write_text(json.dumps(state, indent=2) + "\n")
 
     @classmethod
@@ -378,7 +420,7 @@ class RecordedLab:
 
     def _pids(self) -> list[int]:
         s = self.state
-        pids = [h["pid"] for h in s["hosts"] if h.get("pid")]
+        pids = [h["pid"] for h in s["hosts"] + s.get("delayed", []) if h.get("pid")]
         return pids + ([s["dockerd"]["pid"]] if s.get("dockerd") and s["dockerd"].get("pid") else [])
 
     def stop(self) -> None:
@@ -386,7 +428,7 @@ class RecordedLab:
         from .dockerd import Dockerd
 
         s = self.state
-        for h in s["hosts"]:
+        for h in s.get("delayed", []) + s["hosts"]:
             if h.get("pid") and _ours(h["pid"], self.dir):
                 kill_tree(h["pid"], timeout=10)
         d = s.get("dockerd")

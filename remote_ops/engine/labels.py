@@ -1,0 +1,23 @@
+"""The labels remote-ops puts on images and containers: their one definition.
+
+Today `deploy.LABELS`, `health.LABEL_*` and `container.*_LABEL` spell these out
+separately; they switch to these names when they move behind the engine seam.
+"""
+from __future__ import annotations
+
+LABEL_PREFIX = "org.remote-ops."
+
+# image labels (set by the Dockerfile template at build time)
+PATCH_ID = LABEL_PREFIX + "patch.id"
+PATCH_HASH = LABEL_PREFIX + "patch.hash"
+SHA_BEFORE = LABEL_PREFIX + "source.sha256.before"
+SHA_AFTER = LABEL_PREFIX + "source.sha256.after"
+TOOL_VERSION = LABEL_PREFIX + "version"
+SGLANG_VERSION = LABEL_PREFIX + "sglang.version"
+BASE_IMAGE = LABEL_PREFIX + "base-image"
+CONTEXT_HASH = LABEL_PREFIX + "context-hash"     # hash of every build input
+
+# container labels (set at create time)
+MANAGED = LABEL_PREFIX + "managed"
+HOST = LABEL_PREFIX + "host"
+RUN_CONFIG = LABEL_PREFIX + "run-config"         # hash of the run spec: a changed setting means a restart
