@@ -31,7 +31,8 @@ def where(app, host: str | None, path: str | None, local_file: Path | None, mode
     spec = app.host(host)
     remote = app.remote(spec)
     patch, derivation = patching.host_spec(remote, spec)
-    app.console.say(f"patch spec: {derivation} -> {patch.model_class} in {patch.target}")
+    if derivation.how != "inventory":           # named in the inventory: nothing to explain
+        app.console.say(f"patch spec: {derivation} -> {patch.model_class} in {patch.target}")
     return remote, patching.PatchTarget.for_host(spec, path, patch)
 
 
