@@ -109,7 +109,7 @@ def bench_inprocess(lab, spec, runs: int) -> list[dict]:
 
 def noop_commands(spec) -> list[str]:
     """The exact command strings a no-op deploy sends (probe taking the lock, audit+unlock)."""
-    ref = deploy.image_tag(spec, deploy.load_patch())
+    ref = deploy.image_tag(spec, deploy.load_patch(spec))
     from remote_ops import shell
 
     audit = {"time": time.time(), "action": "deploy", "ok": True, "up_to_date": True, "tool": "bench-openssh"}
@@ -192,7 +192,7 @@ def bench_ansible(ansible: str, lab, spec, runs: int, tmp: Path, pipelining: boo
     inv.write_text(f"{NAME} ansible_host={t.hostname} ansible_port={t.port} ansible_user={t.user} "
                    f"ansible_ssh_private_key_file={t.identity_files[0]} ansible_python_interpreter=/usr/bin/python3\n")
     play = tmp / "noop.yml"
-    play.write_text(PLAYBOOK.format(name=NAME, target=spec.sglang.target_file, ref=deploy.image_tag(spec, deploy.load_patch()),
+    play.write_text(PLAYBOOK.format(name=NAME, target=spec.sglang.target_file, ref=deploy.image_tag(spec, deploy.load_patch(spec)),
                                     dump_parent=str(Path(spec.dump.dir)), container=spec.container.name,
                                     version_py=spec.sglang.checkout + "/python/sglang/_version.py",
                                     lock=spec.lock_dir, audit=spec.audit_log))

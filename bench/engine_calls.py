@@ -55,7 +55,7 @@ def setup(tmp: Path):
     lab = HostLab(tmp / "lab", names=[NAME]).start()
     sock = lab.dockerd.socket
     spec = lab.spec(NAME)
-    ref = deploy.image_tag(spec, deploy.load_patch())
+    ref = deploy.image_tag(spec, deploy.load_patch(spec))
     dockerfile = (f"FROM {busybox_image(sock)}\nLABEL {labels.PATCH_HASH}=bench {labels.SHA_AFTER}=bench "
                   f"{labels.CONTEXT_HASH}=bench\n").encode()
     lab_docker(sock, "build", "--pull=false", "-q", "-t", ref, "-", input=dockerfile)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Verify, inside an image or a running container, that SGLang's deepseek_v2.py is patched.
+"""Verify, inside an image or a running container, that SGLang's patch target file is patched.
 
-Runs with the image's own python3, standard library only.  It finds the
-installed sglang with importlib.util.find_spec (importing sglang would need
-torch and a GPU), hashes its deepseek_v2.py, runs the standalone tree-anchor
+Runs with the image's own python3, standard library only.  The target (e.g.
+python/sglang/srt/models/llama.py) is the one the shipped patch spec names.
+It finds the installed sglang with importlib.util.find_spec (importing sglang
+would need torch and a GPU), hashes that file, runs the standalone tree-anchor
 verifier shipped beside it (`anchors.py verify --spec patch-spec.json FILE`)
 and prints one JSON line: {"ok", "file", "sha256", "expected_sha256", "verify", "reason"}.
 Exit status 0 only when the anchors verify and the sha matches --expect-sha256.
@@ -17,15 +18,21 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGET = os.path.join("srt", "models", "deepseek_v2.py")
 
 
-def installed_target():
-    """Path of the installed sglang's deepseek_v2.py, found without importing sglang."""
+def spec_target(spec_path):
+    """The spec's target inside the sglang package: python/sglang/srt/models/x.py -> srt/models/x.py."""
+    with open(spec_path) as fh:
+        target = json.load(fh)["target"]
+    return target.split("sglang/", 1)[1] if "sglang/" in target else target
+
+
+def installed_target(relative):
+    """Path of the installed sglang's copy of `relative`, found without importing sglang."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return os.path.join(list(spec.submodule_search_locations)[0], TARGET)
+    return os.path.join(list(spec.submodule_search_locations)[0], *relative.split("/"))
 
 
 def sha256_of(path):
@@ -49,17 +56,18 @@ def main(argv=None):
     ap.add_argument("--expect-sha256", default=None)
     ap.add_argument("--spec", default=os.path.join(HERE, "patch-spec.json"))
     args = ap.parse_args(argv)
-    out = {"ok": False, "file": installed_target(), "sha256": None,
+    relative = spec_target(args.spec)
+    out = {"ok": False, "file": installed_target(relative), "sha256": None,
            "expected_sha256": args.expect_sha256, "verify": {}, "reason": ""}
     if not out["file"] or not os.path.isfile(out["file"]):
-        out["reason"] = "sglang is not installed in this image (find_spec found no deepseek_v2.py)"
+        out["reason"] = "sglang is not installed in this image (find_spec found no %s)" % relative
     else:
         out["sha256"] = sha256_of(out["file"])
         status, out["verify"] = anchor_verify(out["file"], args.spec)
         if status != 0:
             out["reason"] = "anchor verification failed (exit %d)" % status
         elif args.expect_sha256 and out["sha256"] != args.expect_sha256:
-            out["reason"] = "deepseek_v2.py sha256 %s != label %s" % (out["sha256"][:12], args.expect_sha256[:12])
+            out["reason"] = "%s sha256 %s != label %s" % (relative, out["sha256"][:12], args.expect_sha256[:12])
         else:
             out["ok"] = True
     print(json.dumps(out, sort_keys=True))

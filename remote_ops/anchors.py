@@ -53,7 +53,7 @@ EXIT_OK, EXIT_USAGE, EXIT_CONFIG, EXIT_REFUSED, EXIT_VERIFY = 0, 2, 3, 9, 10
 class AnchorRefusal(Exception):
     """The file cannot be patched safely; `reason` is a short stable code.
 
-    Reasons: not_text, syntax_error, no_class, ambiguous_class, no_method,
+    Reasons: not_text, syntax_error, no_class, ambiguous_class, no_capture_class, no_method,
     not_found, ambiguous, wrong_scope, nested, broken_markers, modified_by_hand,
     unmarked_block, capture_before_reset."""
 
@@ -119,6 +119,11 @@ class Block:
 
 @dataclass(frozen=True)
 class PatchSpec:
+    """One patch bound to one file and class: what every anchor function takes.
+
+    `id` names the patch (it is in the block markers); `name` the model spec
+    (e.g. "llama") that bound it to `target` and `model_class`."""
+
     id: str
     target: str
     blocks: tuple
@@ -126,6 +131,9 @@ class PatchSpec:
     grep: str = ""
     validated_versions: tuple = ()
     known_sha256: dict = field(default_factory=dict)
+    name: str = ""
+    model_class: str = ""
+    architectures: tuple = ()
 
     def block(self, name):
         return next(b for b in self.blocks if b.name == name)
@@ -138,7 +146,9 @@ class PatchSpec:
 
 
 def spec_from_dict(data, base_dir=""):
-    """Build a PatchSpec from its JSON form; block text inline (`text`) or in `file`."""
+    """Build a PatchSpec from its JSON form; block text inline (`text`) or in `file`.
+
+    An anchor without "class" takes the spec's top-level "class" (one patch, many models)."""
     def need(obj, key, where):
         if not isinstance(obj, dict) or key not in obj:
             raise SpecError("missing key %r" % key, where + key)
@@ -158,7 +168,7 @@ def spec_from_dict(data, base_dir=""):
                 raise SpecError("cannot read block file: %s" % exc, where + "file")
         en = b.get("enablers") or {}
         block = Block(name=need(b, "name", where), text=normalise_block(text),
-                      anchor=Anchor(need(anchor, "class", where + "anchor."),
+                      anchor=Anchor(anchor.get("class") or need(data, "class", where + "anchor."),
                                     need(anchor, "method", where + "anchor."),
                                     need(anchor, "statement", where + "anchor.")),
                       after_assignments_to=b.get("after_assignments_to", ""),
@@ -170,7 +180,8 @@ def spec_from_dict(data, base_dir=""):
     return PatchSpec(id=need(data, "id", ""), target=data.get("target", ""), blocks=tuple(blocks),
                      description=data.get("description", ""), grep=data.get("grep", ""),
                      validated_versions=tuple(data.get("validated_versions", ())),
-                     known_sha256=dict(data.get("known_sha256", {})))
+                     known_sha256=dict(data.get("known_sha256", {})), name=data.get("name", ""),
+                     model_class=data.get("class", ""), architectures=tuple(data.get("architectures", ())))
 
 
 def _check_block(block, where):
@@ -186,7 +197,8 @@ def _check_block(block, where):
 
 def spec_to_dict(spec):
     """The self-contained JSON form (block text inline): what gets shipped to hosts."""
-    return {"id": spec.id, "target": spec.target, "description": spec.description, "grep": spec.grep,
+    return {"id": spec.id, "name": spec.name, "class": spec.model_class, "architectures": list(spec.architectures),
+            "target": spec.target, "description": spec.description, "grep": spec.grep,
             "validated_versions": list(spec.validated_versions), "known_sha256": dict(spec.known_sha256),
             "blocks": [{"name": b.name, "text": b.text, "after_assignments_to": b.after_assignments_to,
                         "enablers": {"assign": list(b.enabler_assigns), "call": list(b.enabler_calls)},
@@ -342,6 +354,41 @@ def dotted(node):
 
 def first_line(src, line):
     return src.lines[line - 1].rstrip("\r\n") if 0 < line <= len(src.lines) else ""
+
+
+def capture_classes(data, flag="self.capture_aux_hidden_states"):
+    """[(class name, line)] of every class whose `__init__` directly assigns `flag = False`.
+
+    The model class of an SGLang file with EAGLE-3 capture is the one such class;
+    callers refuse when there are none or several (see `pick_class`)."""
+    src = parse_source(data)
+    out = []
+    for s in src.stmts:
+        if len(s.scope) == 2 and s.scope[1] == "__init__" and not s.nested and isinstance(s.node, ast.Assign):
+            n = s.node
+            if (any(dotted(t) == flag for t in n.targets) and isinstance(n.value, ast.Constant)
+                    and n.value.value is False):
+                out.append((s.scope[0], s.line))
+    return out
+
+
+def pick_class(data, wanted=None):
+    """The model class of the file: the one capture class, or `wanted` if it is one; else refuse."""
+    found = capture_classes(data)
+    names = [c for c, _ in found]
+    listed = ", ".join("%s (line %d)" % c for c in found)
+    if wanted:
+        if wanted in names:
+            return wanted
+        raise AnchorRefusal("no_class", "class %s does not reset capture_aux_hidden_states in its __init__ "
+                            "(classes that do: %s)" % (wanted, listed or "none"), [n for _, n in found])
+    if not found:
+        raise AnchorRefusal("no_capture_class", "no class in this file assigns `self.capture_aux_hidden_states "
+                            "= False` in its __init__: no EAGLE-3 capture to hook")
+    if len(set(names)) > 1:
+        raise AnchorRefusal("ambiguous_class", "%d classes reset the capture flag in __init__: %s; pick one "
+                            "with --model-class" % (len(found), listed), [n for _, n in found])
+    return names[0]
 
 
 # ----------------------------------------------------------------------- anchors

@@ -4,7 +4,7 @@ The workflow decides from one batched probe (one SSH round trip: host facts,
 the target file's sha256, the image's labels, the container's image id, state
 and run-config label, the lock) what is out of date, and does only that:
 
-- patch   when deepseek_v2.py is not the patched file the image was built from;
+- patch   when the spec's target file is not the patched file the image was built from;
 - build   when the image is missing or its `context-hash` label differs from the
           hash of what would be built now (Dockerfile, dumper, verifier, patch);
 - start   when the container is missing, stopped, runs another image id, or
@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import __version__, container, facts, hostlock, shell
@@ -125,17 +125,24 @@ class Events:
 
 
 # -- the patch and the build context (pure, local) ----------------------------------------------
-def patch_spec_path() -> Path:
+def patch_spec_path(host: HostSpec) -> Path:
+    """The host's bound patch spec as the one JSON file `anchors.py --spec` reads (in the cache dir)."""
+    from . import patchspec
+    from .paths import cache_dir
+
+    spec = load_patch(host)
+    path = cache_dir() / "patch-specs" / f"{spec.name}-{spec.hash}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(patchspec.bundled_json(spec))
+    return path
+
+
+def load_patch(host: HostSpec):
+    """The host's patch spec (anchors.PatchSpec: file + class); its id and hash label the image.
+    A host whose inventory names no spec is bound first (`patching.bind_host`)."""
     from . import patchspec
 
-    return patchspec.spec_dir() / "spec.json"
-
-
-def load_patch():
-    """The patch spec (anchors.PatchSpec); its id and hash label the image."""
-    from . import patchspec
-
-    return patchspec.load()
+    return patchspec.for_host(host)
 
 
 def image_tag(host: HostSpec, patch) -> str:
@@ -145,7 +152,7 @@ def image_tag(host: HostSpec, patch) -> str:
 
 def image_ref(host: HostSpec) -> str:
     """The image ref deploy builds for `host` (used by `health` to check the running image)."""
-    return image_tag(host, load_patch())
+    return image_tag(host, load_patch(host))
 
 
 def dockerfile_variables(host: HostSpec, patch, sha_before: str, sha_after: str,
@@ -306,7 +313,7 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     patched = bool(img and img.labels.get(LABELS["sha_after"]) == p.facts.target_sha256
                    and img.labels.get(LABELS["patch_hash"]) == patch.hash)
     if not patched:
-        reasons["patch"] = "deepseek_v2.py is not the patched file of the current image"
+        reasons["patch"] = f"{PurePosixPath(patch.target).name} is not the patched file of the current image"
     want_ctx = context_hash(host, patch, (img.labels.get(LABELS["sha_before"], "") if img else ""),
                             p.facts.target_sha256 or "") if patched else None
     build = not patched or img is None or img.labels.get(LABELS["context"]) != want_ctx
@@ -503,7 +510,7 @@ class Deploy:
         self.events = events or Events()
         self.timeout = healthy_timeout_s or host.server.healthy_timeout_s
         self.build_timeout = build_timeout_s or BUILD_TIMEOUT_S
-        self.patch = load_patch()
+        self.patch = load_patch(host)
         self.ref = image_tag(host, self.patch)
         self.result = DeployResult(host.name, dry_run, False, self.ref)
         self.t0 = time.monotonic()
@@ -726,7 +733,7 @@ class Deploy:
 
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
-    """The exact changes: patch diff of deepseek_v2.py (computed locally), Dockerfile, run argv."""
+    """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
     from . import anchors
 
     from . import patching
@@ -776,14 +783,14 @@ def _audit_line(record: dict) -> dict:
 def render_for_host(host: HostSpec) -> str:
     """The Dockerfile for `host`, computed locally from the released SGLang file (no SSH).
 
-    The shas are those of the released `deepseek_v2.py` of the inventory's
+    The shas are those of the released target file (the host's patch spec) of the inventory's
     SGLang version and of that file with the patch applied: what deploy builds
     when the host's checkout is the pristine release.
     """
     from . import anchors, wheels
 
-    patch = load_patch()
-    text = wheels.sglang_source(host.sglang.version).decode("utf-8")
+    patch = load_patch(host)
+    text = wheels.sglang_source(host.sglang.version, patch.target).decode("utf-8")
     try:
         new = anchors.plan(text, patch).new_text
     except anchors.AnchorRefusal as exc:

@@ -2,13 +2,16 @@
 
 For each release (the real wheel from PyPI, cached by `remote_ops.wheels`):
 
-- tree anchor: `anchors.plan` on the release's deepseek_v2.py (line, neighbours,
-  or the named refusal);
+- tree anchor: `anchors.plan` on the release's copy of the spec's target file
+  (line, neighbours, or the named refusal);
 - `git apply --check` of a text hunk generated for the base release (0.5.9);
 - GNU `patch --dry-run` of the same hunk, with the offset and fuzz it reports,
   and then the decisive question text tools never ask: where did the hunk
   actually land?  The patched copy is verified in the syntax tree (a hunk that
   "succeeded with fuzz 2" may sit in the wrong place).
+
+`matrix` is the wide view: every spec x release -> anchor lines or refusal reason
+(tree only), for `patch drift --all-specs` and the tests.
 
 Runs locally only; nothing touches a host.
 """
@@ -75,7 +78,7 @@ def base_hunk(spec: PatchSpec, base: str) -> str:
     """The text patch a GNU-patch user would ship: `diff -u` of base vs patched base."""
     import difflib
 
-    text = wheels.sglang_source(base).decode()
+    text = wheels.sglang_source(base, spec.target).decode()
     new = anchors.plan(text, spec).new_text
     rel = spec.target
     return "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
@@ -158,7 +161,7 @@ def drift_row(version: str, spec: PatchSpec, hunk: Path) -> DriftRow:
     """All three verdicts for one release."""
     row = DriftRow(version)
     try:
-        data = wheels.sglang_source(version)
+        data = wheels.sglang_source(version, spec.target)
     except RemoteOpsError as exc:
         row.tree = Verdict(None, f"cannot get the release: {exc.message}")
         return row
@@ -169,12 +172,11 @@ def drift_row(version: str, spec: PatchSpec, hunk: Path) -> DriftRow:
     return row
 
 
-def drift(versions: list[str], base: str = "0.5.9", spec: PatchSpec | None = None) -> DriftReport:
+def drift(versions: list[str], spec: PatchSpec, base: str = "0.5.9") -> DriftReport:
     """Compare the three ways of landing the patch across `versions`."""
-    spec = spec or patchspec.load()
     hunk_text = base_hunk(spec, base)
     with tempfile.TemporaryDirectory(prefix="remote-ops-hunk-") as tmp:
-        hunk = Path(tmp) / f"eagle3-{base}.patch"
+        hunk = Path(tmp) / f"{spec.name or spec.id}-{base}.patch"
         hunk.write_text(hunk_text)
         rows = [drift_row(v, spec, hunk) for v in versions]
     return DriftReport(base, hunk_text, rows)
@@ -199,3 +201,46 @@ def _v(v: Verdict | None) -> str:
     if v.landed and v.landed != anchors.APPLIED:
         mark = "WRONG"
     return f"{mark}: {v.summary}"
+
+
+# ----------------------------------------------------------------- spec x release
+@dataclass
+class Cell:
+    """One spec on one release: anchor lines, or why not (absent file, refusal)."""
+
+    spec: str
+    version: str
+    ok: bool | None
+    summary: str
+    lines: list = field(default_factory=list)
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def cell(spec: PatchSpec, version: str) -> Cell:
+    """Tree verdict of `spec` on the release's copy of its target file."""
+    try:
+        data = wheels.sglang_source(version, spec.target)
+    except RemoteOpsError as exc:
+        return Cell(spec.name, version, None, "no such file", reason="absent")
+    try:
+        plan = anchors.plan(data, spec)
+    except AnchorRefusal as exc:
+        return Cell(spec.name, version, False, f"refused ({exc.reason})", exc.lines, exc.reason)
+    lines = [a.line for a in plan.anchors]
+    return Cell(spec.name, version, True, "/".join(str(n) for n in lines), lines)
+
+
+def matrix(names: list[str], versions: list[str]) -> list[Cell]:
+    """Every named spec on every release (tree only, no text tools)."""
+    return [cell(patchspec.resolve(n), v) for n in names for v in versions]
+
+
+def render_matrix(console, cells: list[Cell], versions: list[str]) -> None:
+    """One row per spec, one column per release: `init/forward` anchor lines or the refusal."""
+    names = list(dict.fromkeys(c.spec for c in cells))
+    by = {(c.spec, c.version): c for c in cells}
+    console.step("patch drift --all-specs: anchor lines (init/forward) per spec and release")
+    console.table(["spec"] + versions, [[n] + [by[(n, v)].summary for v in versions] for n in names])

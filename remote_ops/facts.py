@@ -75,9 +75,9 @@ def existing_parent_df(path: str) -> str:
 
 def probes(host: HostSpec) -> list[tuple[str, str]]:
     """The commands `facts` runs (one round trip via `shell.sections`)."""
-    target = host.sglang.target_file
+    target = host.sglang.target_file if host.sglang.patch else None     # unbound: no spec, no target
     pkg = host.sglang.checkout.rstrip("/") + "/python/sglang/"
-    return [
+    return [p for p in [
         ("os", "cat /etc/os-release"),
         ("kernel", "uname -srm"),
         ("cpu", "nproc; grep -m1 'model name' /proc/cpuinfo"),
@@ -89,8 +89,9 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
         ("disk", existing_parent_df(host.dump.dir)),
         ("sglang_version", shell.seq(shell.quiet(["cat", pkg + "version.py"]),
                                      shell.quiet(["cat", pkg + "_version.py"]))),
-        ("target", shell.and_then(shell.sha256_of(target), shell.read_stdin(["wc", "-l"], target))),
-    ]
+        ("target", shell.and_then(shell.sha256_of(target), shell.read_stdin(["wc", "-l"], target)))
+        if target else None,
+    ] if p]
 
 
 def probe_deadline(command_s: float) -> float:
@@ -126,7 +127,8 @@ def gather(remote: Remote, host: HostSpec) -> Facts:
 
 def parse(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Facts:
     """Turn probe output into `Facts` (pure; tested from captured text)."""
-    f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=host.sglang.target_file)
+    f = Facts(host=host.name, dump_dir=host.dump.dir,
+              target_file=host.sglang.target_file if host.sglang.patch else "")
     f.os = parse_os_release(_text(sec, "os"))
     f.kernel = _text(sec, "kernel").strip()
     f.cpus, f.cpu_model = parse_cpu(_text(sec, "cpu"))

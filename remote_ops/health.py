@@ -137,9 +137,11 @@ def gpu_process_probe(host: HostSpec) -> str:
 
 
 def patch_probe(host: HostSpec) -> str:
-    """sha256 + marker count of the deepseek_v2.py the container's Python would import."""
-    locate = ("import importlib.util,sys; s=importlib.util.find_spec('sglang'); "
-              "print(s.submodule_search_locations[0] + '/srt/models/deepseek_v2.py')")
+    """sha256 + marker count of the patched file the container's Python would import: the
+    target named by the patch spec shipped in the image ($REMOTE_OPS_TOOL_DIR/patch-spec.json)."""
+    locate = ("import importlib.util,json,os; s=importlib.util.find_spec('sglang'); "
+              "t=json.load(open(os.environ['REMOTE_OPS_TOOL_DIR'] + '/patch-spec.json'))['target']; "
+              "print(s.submodule_search_locations[0] + '/' + t.split('sglang/', 1)[1])")
     sha = shell.sha256_of_word('"$f"')
     inner = (f"f=$(python3 -c {shell.quote(locate)}) && {sha} && "
              "grep -c '>>> remote-ops' \"$f\"")
@@ -327,7 +329,7 @@ def check_image(c: dict, image: dict | None, expected_image: str | None) -> Chec
 
 
 def check_patch(probe: tuple[int, str], c: dict | None, image: dict | None) -> Check:
-    """The container's importable deepseek_v2.py is the verified patched file of its image."""
+    """The container's importable patch target is the verified patched file of its image."""
     status, text = probe
     if c is None or not (c.get("State") or {}).get("Running"):
         return Check("patch", "in_container", "skip", "container not running")
@@ -337,7 +339,7 @@ def check_patch(probe: tuple[int, str], c: dict | None, image: dict | None) -> C
     sha, markers = lines[0].split()[0], lines[-1].strip()
     want = ((image or {}).get("Config", {}).get("Labels") or {}).get(LABEL_SHA_AFTER)
     if want and sha != want:
-        return Check("patch", "in_container", "fail", f"deepseek_v2.py sha {sha[:12]} != image label {want[:12]}")
+        return Check("patch", "in_container", "fail", f"patched file sha {sha[:12]} != image label {want[:12]}")
     return Check("patch", "in_container", "ok", f"{markers} patch blocks present, sha {sha[:12]}", {"sha256": sha})
 
 

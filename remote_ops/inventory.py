@@ -24,8 +24,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .errors import ConfigError, NotFound
 
-DEPLOY_TARGET = "python/sglang/srt/models/deepseek_v2.py"
-
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------
 #: The docker reference grammar (github.com/distribution/reference, regexp.go).
@@ -129,11 +127,28 @@ class SglangSpec(_Spec):
                                  description="image the patched image is built FROM")
     image_checkout: AbsPath = Field("/sgl-workspace/sglang",
                                 description="where the base image has SGLang's checkout")
+    patch: str | None = Field(None, description="patch spec (model) name, see `remote-ops patch specs`; "
+                                                "unset: derived from the model's config.json architectures")
+
+    @field_validator("patch")
+    @classmethod
+    def _known_patch(cls, value: str | None) -> str | None:
+        from . import patchspec
+
+        names = [m.name for m in patchspec.catalog()]
+        if value is not None and value not in names:
+            raise ValueError(f"unknown patch spec {value!r}; known: {', '.join(names)}")
+        return value
 
     @property
     def target_file(self) -> str:
-        """Absolute path of deepseek_v2.py inside the checkout."""
-        return str(PurePosixPath(self.checkout) / DEPLOY_TARGET)
+        """Absolute path of the patch spec's target file inside the checkout (spec named or bound)."""
+        from . import patchspec
+
+        if not self.patch:
+            raise ConfigError("sglang.patch is not set and was not derived from the model's config.json yet",
+                              field="sglang.patch")
+        return patchspec.target_path(self.checkout, patchspec.resolve(self.patch))
 
 
 class ContainerSpec(_Spec):

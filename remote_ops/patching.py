@@ -60,32 +60,52 @@ RC_LOCK_HELD, RC_CHANGED, RC_COMPILE, RC_IO = 75, 76, 65, 74
 # ----------------------------------------------------------------------- target
 @dataclass(frozen=True)
 class PatchTarget:
-    """Which file to patch, where its checkout is, and which lock guards the host."""
+    """Which file to patch, with which model spec, where its checkout is, which lock guards the host."""
 
     path: str
     checkout: str | None = None
     lock_dir: str | None = None
-    spec_id: str = patchspec.DEFAULT_PATCH
+    spec_name: str = ""
+    model_class: str | None = None
 
     @classmethod
-    def for_host(cls, host, path: str | None = None) -> "PatchTarget":
-        """The inventory host's deepseek_v2.py (or `path`) with its checkout and lock."""
-        checkout = host.sglang.checkout if path is None else _checkout_of(path)
-        return cls(path or host.sglang.target_file, checkout, host.lock_dir)
+    def for_host(cls, host, path: str | None = None, spec: PatchSpec | None = None) -> "PatchTarget":
+        """The inventory host's target file (or `path`) under its spec, with its checkout and lock.
+
+        `spec` defaults to the one the inventory names (`sglang.patch`); a host
+        whose spec is derived on the host goes through `bind_host` first."""
+        spec = spec or patchspec.for_host(host)
+        checkout = host.sglang.checkout if path is None else _checkout_of(path, spec)
+        return cls(path or patchspec.target_path(host.sglang.checkout, spec), checkout, host.lock_dir,
+                   spec.name, spec.model_class or None)
 
     @classmethod
-    def local(cls, path: str | Path) -> "PatchTarget":
-        """A file on this machine; its lock is a directory next to it."""
-        p = str(Path(path).absolute())
-        return cls(p, _checkout_of(p), p + ".remote-ops-lock")
+    def local(cls, path: str | Path, model_class: str | None = None, strict: bool = True) -> "PatchTarget":
+        """A file on this machine: its spec from its one capture class (or `model_class`); lock beside it.
 
-    def spec(self) -> PatchSpec:
-        return patchspec.load(self.spec_id)
+        `strict=False` (inspect-source: any file can be read) leaves the spec empty
+        instead of refusing when the file has no single covered capture class."""
+        p = Path(path).absolute()
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise NotFound(f"{p} cannot be read: {exc.strerror}") from None
+        try:
+            spec = patchspec.for_file(data, model_class)
+        except Refused:
+            if strict:
+                raise
+            return cls(str(p), None, str(p) + ".remote-ops-lock")
+        return cls(str(p), _checkout_of(str(p), spec), str(p) + ".remote-ops-lock", spec.name,
+                   spec.model_class or None)
+
+    def spec(self) -> PatchSpec | None:
+        return patchspec.resolve(self.spec_name, self.model_class) if self.spec_name else None
 
 
-def _checkout_of(path: str) -> str | None:
-    """The checkout root when `path` ends with python/sglang/srt/models/deepseek_v2.py."""
-    tail_parts = PurePosixPath(patchspec.load().target).parts
+def _checkout_of(path: str, spec: PatchSpec) -> str | None:
+    """The checkout root when `path` ends with the spec's python/sglang/srt/models/<file>."""
+    tail_parts = PurePosixPath(spec.target).parts
     parts = PurePosixPath(path).parts
     if len(parts) > len(tail_parts) and parts[-len(tail_parts):] == tail_parts:
         return str(PurePosixPath(*parts[:-len(tail_parts)]))
@@ -94,6 +114,35 @@ def _checkout_of(path: str) -> str | None:
 
 def _as_target(target) -> PatchTarget:
     return target if isinstance(target, PatchTarget) else PatchTarget.for_host(target)
+
+
+def config_path(host) -> str:
+    """The served model's config.json on the host."""
+    return str(PurePosixPath(host.model.path) / "config.json")
+
+
+def host_spec(remote: Remote, host) -> tuple[PatchSpec, patchspec.Derivation]:
+    """The host's spec: named in the inventory (no I/O), or derived from its model's config.json
+    `architectures` (one round trip); refuses when no single spec serves the architecture."""
+    if host.sglang.patch:
+        spec = patchspec.resolve(host.sglang.patch)
+        return spec, patchspec.Derivation(spec.name, "inventory", f"inventory {host.source or ''} sglang.patch".strip())
+    path = config_path(host)
+    res = remote.run(shell.join(["cat", path]), check=False)
+    if res.exit_status != 0:
+        raise Refused(f"cannot read {path} to derive the patch spec ({tail(res.stderr or res.stdout, 1)})",
+                      host=host.name, hint="name the spec in the inventory: sglang.patch (see `patch specs`)",
+                      details={"reason": "no_model_config"})
+    derivation = patchspec.for_architectures(patchspec.parse_config_architectures(res.stdout, path), path)
+    return patchspec.resolve(derivation.spec), derivation
+
+
+def bind_host(remote: Remote, host):
+    """(host with `sglang.patch` filled in, Derivation): later code reads the spec from the host."""
+    spec, derivation = host_spec(remote, host)
+    if host.sglang.patch:
+        return host, derivation
+    return host.model_copy(update={"sglang": host.sglang.model_copy(update={"patch": spec.name})}), derivation
 
 
 # ------------------------------------------------------------------------- read
@@ -165,7 +214,7 @@ def parse_read(sections: dict[str, tuple[int, str]], target: PatchTarget, host: 
     if hashlib.sha256(data).hexdigest() != sha:
         raise CommandFailed(f"read of {target.path} came back corrupted (sha256 mismatch)", host=host)
     mode, owner, size = (stat_text.split() + ["", "", "0"])[:3]
-    version, source = detect_version(sections, patchspec.load(target.spec_id), data)
+    version, source = detect_version(sections, target.spec(), data)
     backup = sections.get("backup", (1, ""))
     compile_rc, compile_out = sections.get("compile", (None, ""))
     return TargetFile(host, target.path, data, sha, mode, owner, int(size), version, source,
@@ -176,7 +225,7 @@ def parse_read(sections: dict[str, tuple[int, str]], target: PatchTarget, host: 
 VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
 
 
-def detect_version(sections: dict, spec: PatchSpec, data: bytes) -> tuple[str | None, str]:
+def detect_version(sections: dict, spec: PatchSpec | None, data: bytes) -> tuple[str | None, str]:
     """SGLang version: checkout's version.py, then _version.py, then git tag, then known sha256."""
     for name, label in (("version", "python/sglang/version.py"), ("version_scm", "python/sglang/_version.py")):
         rc, text = sections.get(name, (1, ""))
@@ -187,6 +236,8 @@ def detect_version(sections: dict, spec: PatchSpec, data: bytes) -> tuple[str | 
     m = re.match(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)$", text.strip()) if rc == 0 else None
     if m:
         return m.group(1), "git describe"
+    if spec is None:
+        return None, "not found"
     known = patchspec.version_for_sha(spec, hashlib.sha256(data).hexdigest())
     if known is None and b"# >>> remote-ops:" in data:       # patched: compare the file without our blocks
         try:

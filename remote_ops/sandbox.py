@@ -83,11 +83,12 @@ def build_standin_base(docker: Callable[..., Any], version: str, base_image: str
     return tag
 
 
-def write_model_config(model_dir: Path) -> Path:
+def write_model_config(model_dir: Path, architectures: list[str] | None = None) -> Path:
     """A model directory the stand-in reads: config.json only (hidden size 64, 8 layers)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "config.json"
-    path.write_text(json.dumps(MODEL_CONFIG, indent=2) + "\n")
+    doc = dict(MODEL_CONFIG, **({"architectures": architectures} if architectures else {}))
+    path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 
 
@@ -228,9 +229,16 @@ def status() -> SandboxStatus:
                          daemons={k: v.to_dict() for k, v in daemons.items()})
 
 
-def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None) -> SandboxStatus:
+def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
+       patch: str = "deepseek-v2") -> SandboxStatus:
     """Start the sandbox; idempotent: a running one is left alone, a recorded one with a dead daemon
-    is healed in place (same address, checkout kept), anything else starts afresh."""
+    is healed in place (same address, checkout kept), anything else starts afresh.
+
+    `patch` is the patch spec a fresh sandbox's inventory names; its model config.json
+    carries that spec's first architecture (the checkout holds the whole real tree)."""
+    from . import patchspec
+
+    patchspec.model(patch)                  # an unknown spec fails before anything starts
     current = status()
     if current.running:
         progress("sandbox already running")
@@ -239,10 +247,10 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None)
         return heal(current, progress)
     down(quiet=True)
     t0 = time.monotonic()
-    lab = _start_lab(version, progress)
+    lab = _start_lab(version, progress, patch)
     try:
         base = _prepare_images(lab, version, progress)
-        _prepare_host(lab, version, progress)
+        _prepare_host(lab, version, progress, patch)
         _write_inventory(lab, base)
     except BaseException:
         lab.stop()
@@ -305,7 +313,7 @@ def _restart_sshd(h: dict, d: dict | None) -> int:
     return sshd.start().pid
 
 
-def _start_lab(version: str, progress):
+def _start_lab(version: str, progress, patch: str = "deepseek-v2"):
     from .hostlab import HostLab, lab_unavailable
 
     reason = lab_unavailable()
@@ -313,7 +321,7 @@ def _start_lab(version: str, progress):
         raise RemoteOpsError(f"sandbox: cannot run here: {reason}", hint="run scripts/setup first (as root)")
     progress("starting sshd + dockerd on loopback")
     lab_dir().mkdir(parents=True, exist_ok=True)
-    return HostLab(lab_dir(), names=[NAME], keep=True, sglang_version=version).start()
+    return HostLab(lab_dir(), names=[NAME], keep=True, sglang_version=version, patch=patch).start()
 
 
 def _prepare_images(lab, version: str, progress) -> str:
@@ -326,10 +334,12 @@ def _prepare_images(lab, version: str, progress) -> str:
     return build_standin_base(lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout), version, base)
 
 
-def _prepare_host(lab, version: str, progress) -> None:
+def _prepare_host(lab, version: str, progress, patch: str = "deepseek-v2") -> None:
+    from . import patchspec
+
     progress(f"real SGLang {version} tree at the host's checkout")
     lab.install_sglang(NAME, version)
-    write_model_config(lab.host(NAME).paths.model_dir)
+    write_model_config(lab.host(NAME).paths.model_dir, list(patchspec.model(patch).architectures[:1]))
 
 
 def _write_inventory(lab, base_tag: str) -> Path:

@@ -20,7 +20,6 @@ from pathlib import Path
 from .errors import NotFound, RemoteOpsError, VerifyFailed
 from .paths import cache_dir
 
-TARGET_MEMBER = "sglang/srt/models/deepseek_v2.py"
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 
@@ -87,8 +86,8 @@ def _download(url: str, dest: Path, sha256: str, timeout: float) -> Path:
         tmp.unlink(missing_ok=True)
 
 
-def read_member(wheel: Path, member: str = TARGET_MEMBER) -> bytes:
-    """Bytes of one file inside a wheel (e.g. deepseek_v2.py)."""
+def read_member(wheel: Path, member: str) -> bytes:
+    """Bytes of one file inside a wheel (e.g. `sglang/srt/models/llama.py`)."""
     with zipfile.ZipFile(wheel) as zf:
         try:
             return zf.read(member)
@@ -96,9 +95,14 @@ def read_member(wheel: Path, member: str = TARGET_MEMBER) -> bytes:
             raise NotFound(f"{member} is not in {wheel.name}") from None
 
 
-def sglang_source(version: str) -> bytes:
-    """The released deepseek_v2.py of `version`."""
-    return read_member(fetch_sglang_wheel(version))
+def member_of(target: str) -> str:
+    """A checkout path (`python/sglang/srt/models/x.py`) as a wheel member (`sglang/srt/models/x.py`)."""
+    return target[len("python/"):] if target.startswith("python/") else target
+
+
+def sglang_source(version: str, target: str) -> bytes:
+    """The released file `target` (a spec's checkout-relative path) of SGLang `version`."""
+    return read_member(fetch_sglang_wheel(version), member_of(target))
 
 
 def unpack_python_tree(wheel: Path, dest: Path) -> Path:

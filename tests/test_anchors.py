@@ -12,6 +12,8 @@ import pytest
 from remote_ops import anchors as A
 from remote_ops import patchspec, wheels
 
+DSV2 = "python/sglang/srt/models/deepseek_v2.py"
+
 FLAG = "        self.capture_aux_hidden_states = False\n"
 LOGITS = "        self.logits_processor = LogitsProcessor(config)\n"
 # (release, flag line in __init__, `if self.capture_aux_hidden_states:` line in forward)
@@ -21,12 +23,12 @@ RELEASES = [("0.5.5", 3050, 3105), ("0.5.8", 2817, 2901), ("0.5.9", 2837, 2923),
 
 @pytest.fixture(scope="module")
 def spec():
-    return patchspec.load()
+    return patchspec.load("deepseek-v2")
 
 
 @pytest.fixture(scope="module")
 def v059() -> str:
-    return wheels.sglang_source("0.5.9").decode()
+    return wheels.sglang_source("0.5.9", DSV2).decode()
 
 
 def replace_once(text: str, old: str, new: str) -> str:
@@ -43,7 +45,7 @@ def refusal(text, spec) -> A.AnchorRefusal:
 # ---------------------------------------------------------------- real releases
 @pytest.mark.parametrize("version,flag_line,if_line", RELEASES)
 def test_anchors_found_in_each_release(spec, version, flag_line, if_line):
-    text = wheels.sglang_source(version).decode()
+    text = wheels.sglang_source(version, DSV2).decode()
     plan = A.plan(text, spec)
     init, fwd = plan.anchors
     assert (init.line, init.scope) == (flag_line, "DeepseekV2ForCausalLM.__init__")
@@ -67,7 +69,7 @@ def test_0_5_9_layout(spec, v059):
 
 
 def test_old_release_refused(spec):
-    text = wheels.sglang_source("0.5.4.post1").decode()
+    text = wheels.sglang_source("0.5.4.post1", DSV2).decode()
     exc = refusal(text, spec)
     assert exc.reason == "not_found"
     assert "DeepseekV2ForCausalLM.__init__" in exc.message

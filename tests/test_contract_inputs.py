@@ -79,10 +79,10 @@ def test_audit_log_and_lock_dir_must_be_absolute():
 
 def test_render_filters_escape_values_that_bypassed_validation():
     """model_copy skips validation: the template itself must still keep every value on its line."""
-    host = parse_inventory_data({"hosts": {"gpu-node": {}}}, "t.yaml")[0]
+    host = parse_inventory_data({"hosts": {"gpu-node": {"sglang": {"patch": "deepseek-v2"}}}}, "t.yaml")[0]
     evil = host.model_copy(update={"sglang": host.sglang.model_copy(update={
         "image_checkout": "/sgl-workspace/sglang\nRUN touch /tmp/pwned", "version": "0.5.9\nRUN id"})})
-    patch = deploy.load_patch()
+    patch = deploy.load_patch(host)
     good = deploy.render_dockerfile(host, patch, "a" * 64, "b" * 64)
     text = deploy.render_dockerfile(evil, patch, "a" * 64, "b" * 64)
     assert instructions(text) == instructions(good), "no value may add an instruction"
@@ -93,10 +93,10 @@ def test_render_filters_escape_values_that_bypassed_validation():
 
 
 def test_render_refuses_an_unquotable_from():
-    host = parse_inventory_data({"hosts": {"gpu-node": {}}}, "t.yaml")[0]
+    host = parse_inventory_data({"hosts": {"gpu-node": {"sglang": {"patch": "deepseek-v2"}}}}, "t.yaml")[0]
     evil = host.model_copy(update={"sglang": host.sglang.model_copy(update={"base_image": INJECTED})})
     with pytest.raises(ConfigError, match="base_image"):
-        deploy.render_dockerfile(evil, deploy.load_patch(), "a" * 64, "b" * 64)
+        deploy.render_dockerfile(evil, deploy.load_patch(host), "a" * 64, "b" * 64)
 
 
 @pytest.mark.parametrize("value,want", [

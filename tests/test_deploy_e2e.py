@@ -95,7 +95,7 @@ def test_failed_build_names_step_and_leaves_checkout_patched(sglang_remote, spec
         deploy.deploy(sglang_remote, broken)
     assert str(info.value.message).startswith("build:")
     report = subprocess.run([sys.executable, "-m", "remote_ops.anchors", "verify", "--spec",
-                             str(deploy.patch_spec_path()), spec.sglang.target_file], capture_output=True, text=True)
+                             str(deploy.patch_spec_path(spec)), spec.sglang.target_file], capture_output=True, text=True)
     assert json.loads(report.stdout)["ok"], "documented: a failed build leaves the checkout patched"
     assert _lock_free(spec)
 

@@ -8,11 +8,12 @@ AFTER, BEFORE = "a" * 64, "b" * 64
 
 
 def host(**over):
-    return parse_inventory_data({"hosts": {"gpu-node": {"address": "10.1.230.174", **over}}}, "t.yaml")[0]
+    entry = {"address": "10.1.230.174", "sglang": {"patch": "deepseek-v2"}, **over}
+    return parse_inventory_data({"hosts": {"gpu-node": entry}}, "t.yaml")[0]
 
 
 def probe(h, *, image=True, running=True, target=AFTER, ctx=None, run_config=None, image_id="sha256:i"):
-    patch = deploy.load_patch()
+    patch = deploy.load_patch(h)
     ref = deploy.image_tag(h, patch)
     labels = {deploy.LABELS["sha_after"]: AFTER, deploy.LABELS["sha_before"]: BEFORE,
               deploy.LABELS["patch_hash"]: patch.hash,

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from remote_ops import drift
+from remote_ops import drift, patchspec
 from remote_ops.cli import main
 
 pytestmark = pytest.mark.skipif(not (shutil.which("git") and shutil.which("patch")),
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("git") and shutil.which("patch
 
 @pytest.fixture(scope="module")
 def report() -> drift.DriftReport:
-    return drift.drift(["0.5.4.post1", "0.5.5", "0.5.8", "0.5.9", "0.5.14"])
+    return drift.drift(["0.5.4.post1", "0.5.5", "0.5.8", "0.5.9", "0.5.14"], patchspec.resolve("deepseek-v2"))
 
 
 def row(report, version) -> drift.DriftRow:
@@ -62,7 +62,23 @@ def test_render_marks_wrong_landing():
 
 
 def test_cli_drift_json(capsys):
-    assert main(["patch", "drift", "--versions", "0.5.8,0.5.9", "--json"]) == 0
+    assert main(["patch", "drift", "--spec", "deepseek-v2", "--versions", "0.5.8,0.5.9", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["version"] for r in doc["rows"]] == ["0.5.8", "0.5.9"]
     assert doc["rows"][0]["gnu_patch"]["hunks"][0]["offset"] == -20
+
+
+def test_all_specs_table(capsys):
+    """spec x release -> anchor lines or the refusal reason, over every bundled spec."""
+    assert main(["patch", "drift", "--all-specs", "--versions", "0.5.4.post1,0.5.5,0.5.9", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cells = {(c["spec"], c["version"]): c for c in doc["cells"]}
+    assert cells[("deepseek-v2", "0.5.9")]["summary"] == "2837/2923"
+    assert cells[("llama", "0.5.9")]["lines"] == [492, 521]
+    assert cells[("deepseek-v2", "0.5.4.post1")]["summary"] == "refused (not_found)"
+    assert cells[("minimax-m2", "0.5.5")]["reason"] == "not_found"       # file there, no EAGLE-3 flag yet
+    assert {s for s, _ in cells} == {m.name for m in patchspec.catalog()}
+
+
+def test_drift_needs_a_spec():
+    assert main(["patch", "drift", "--versions", "0.5.9"]) == 2

@@ -88,7 +88,7 @@ def test_inventory_paths_with_spaces_and_semicolons_stay_one_argument(lab, host,
     checkout = host.paths.root / "sg lang; touch /tmp/remote-ops-INJECTED $(id)"
     target = checkout / "python/sglang/srt/models/deepseek_v2.py"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(sglang_source("0.5.9"))
+    target.write_bytes(sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py"))
     (checkout / "python/sglang/_version.py").write_text("__version__ = version = '0.5.9'\n")
     spec = lab.spec(host.name).model_dump(mode="json", exclude={"name", "source", "groups"})
     spec["sglang"]["checkout"] = str(checkout)

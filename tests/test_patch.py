@@ -17,6 +17,8 @@ from remote_ops import anchors, patching, wheels
 from remote_ops.cli import main
 from remote_ops.errors import Refused, VerifyFailed
 
+DSV2 = "python/sglang/srt/models/deepseek_v2.py"
+
 SHA_059 = "4071b9a6a6ac71e1143204708df42f2ba5bd163a5d7a020579242df56e490a35"
 LOGITS = b"        self.logits_processor = LogitsProcessor(config)\n"
 
@@ -27,7 +29,7 @@ def sha(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def original() -> bytes:
-    return wheels.sglang_source("0.5.9")
+    return wheels.sglang_source("0.5.9", DSV2)
 
 
 @pytest.fixture
@@ -231,10 +233,10 @@ def test_cli_story_misplaced_file_fails_verify(target_file, original, capsys):
 
 def test_cli_refusals_exit_9(tmp_path):
     old = tmp_path / "deepseek_v2.py"
-    old.write_bytes(wheels.sglang_source("0.5.4.post1"))
+    old.write_bytes(wheels.sglang_source("0.5.4.post1", DSV2))
     assert main(["patch", "check", "--local-file", str(old), "--force"]) == 9
     assert main(["patch", "apply", "--local-file", str(old), "--force"]) == 9
-    assert old.read_bytes() == wheels.sglang_source("0.5.4.post1")
+    assert old.read_bytes() == wheels.sglang_source("0.5.4.post1", DSV2)
 
 
 def test_cli_unknown_version_needs_force(target_file, original, capsys):

@@ -11,12 +11,14 @@ from remote_ops import wheels
 from remote_ops.cli import main
 from remote_ops.errors import NotFound, UsageError
 
+DSV2 = "python/sglang/srt/models/deepseek_v2.py"
+
 SHA_059 = "4071b9a6a6ac71e1143204708df42f2ba5bd163a5d7a020579242df56e490a35"
 
 
 @pytest.fixture(scope="module")
 def data() -> bytes:
-    return wheels.sglang_source("0.5.9")
+    return wheels.sglang_source("0.5.9", DSV2)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,13 @@ SHA_AFTER = "a" * 64
 
 
 def gpu_node():
-    return parse_inventory_data({"hosts": {"gpu-node": {"address": "10.1.230.174"}}}, "test.yaml")[0]
+    entry = {"address": "10.1.230.174", "sglang": {"patch": "deepseek-v2"}}
+    return parse_inventory_data({"hosts": {"gpu-node": entry}}, "test.yaml")[0]
 
 
 def golden_variables():
     """Fixed inputs (no file hashes) so the golden file changes only when the template does."""
-    patch = deploy.load_patch()
+    patch = deploy.load_patch(gpu_node())
     variables = deploy.dockerfile_variables(gpu_node(), patch, SHA_BEFORE, SHA_AFTER, "c0ffee")
     variables["labels"][deploy.LABELS["patch_hash"]] = "0123456789abcdef"
     variables["remote_ops_version"] = "0.0.0-test"
@@ -64,7 +65,8 @@ def test_dockerfile_essentials():
 
 
 def test_context_hash_changes_with_the_patched_file():
-    host, patch = gpu_node(), deploy.load_patch()
+    host = gpu_node()
+    patch = deploy.load_patch(host)
     assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) != deploy.context_hash(host, patch, SHA_BEFORE, "b" * 64)
     assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) == deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER)
 

@@ -13,11 +13,13 @@ import pytest
 from remote_ops import wheels
 from remote_ops.errors import NotFound, VerifyFailed
 
+MEMBER = "sglang/srt/models/deepseek_v2.py"
+
 
 def _wheel_bytes() -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(wheels.TARGET_MEMBER, "class DeepseekV2ForCausalLM:\n    pass\n")
+        zf.writestr(MEMBER, "class DeepseekV2ForCausalLM:\n    pass\n")
     return buf.getvalue()
 
 
@@ -65,7 +67,7 @@ def pypi(tmp_path, monkeypatch):
 def test_the_pure_python_wheel_is_fetched_checked_and_cached(pypi):
     path = wheels.fetch_sglang_wheel("9.9.9", timeout=10)
     assert path.name == "sglang-9.9.9-py3-none-any.whl"
-    assert b"DeepseekV2ForCausalLM" in wheels.read_member(path)
+    assert b"DeepseekV2ForCausalLM" in wheels.read_member(path, MEMBER)
     hits = pypi["hits"]
     assert wheels.fetch_sglang_wheel("9.9.9", timeout=10) == path and pypi["hits"] == hits   # from the cache
 

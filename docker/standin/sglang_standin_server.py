@@ -57,8 +57,14 @@ def sglang_version(tree):
 
 
 def patch_marker(tree):
-    """True when the installed deepseek_v2.py mentions the dumper (a cheap patched signal)."""
-    path = os.path.join(tree or "", "srt", "models", "deepseek_v2.py")
+    """True when the installed patch target (named by the image's patch-spec.json) mentions the
+    dumper (a cheap patched signal)."""
+    try:
+        with open(os.path.join(os.environ.get("REMOTE_OPS_TOOL_DIR", "/opt/remote-ops"), "patch-spec.json")) as fh:
+            target = json.load(fh)["target"].split("sglang/", 1)[1]
+    except (OSError, ValueError, KeyError, IndexError):
+        return False
+    path = os.path.join(tree or "", *target.split("/"))
     if not tree or not os.path.isfile(path):
         return False
     with open(path) as fh:

@@ -31,7 +31,11 @@ def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: boo
 
     A real run holds the host lock (exit 9 while a deploy or another change holds
     it, nothing touched); a dry run only reads."""
+    from .. import patching
+
     spec = app.host(host)
+    if action == "start" and not spec.sglang.patch:      # the image tag names the patch: derive the spec
+        spec = patching.bind_host(app.remote(spec), spec)[0]
     image = deploy.image_ref(spec) if action == "start" else None
     remote = app.remote(spec)
     if dry_run:

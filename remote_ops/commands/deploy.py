@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from .. import deploy as deploy_mod
+from .. import patching
 from ..errors import Refused
 from ._options import host_command
 
@@ -57,6 +58,8 @@ def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: s
     remote = app.remote(spec)
     events = ConsoleEvents(app.console, spec.name)
     app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
+    spec, derivation = patching.bind_host(remote, spec)
+    app.console.say(f"patch spec: {derivation} -> {spec.sglang.target_file}")
     if not dry_run and not yes:
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
@@ -68,7 +71,7 @@ def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: s
             app.console.step(f"diff: {name}")
             app.console.text_block(text)
     _summary(app, result)
-    app.console.emit(result)
+    app.console.emit({**result.to_dict(), "patch_spec": derivation.to_dict()})
 
 
 def _confirm(app, spec, preview) -> None:

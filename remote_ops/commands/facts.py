@@ -1,7 +1,8 @@
 """`remote-ops facts`: what the host is (OS, CPU, memory, GPUs, docker, disk, SGLang)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import click
 
@@ -21,23 +22,35 @@ class FactsReport:
     facts: facts_mod.Facts
     ssh: str
     host_key_fingerprint: str
+    derivation: Any = None          # how the patch spec was chosen (or why it could not be)
+    patch_spec: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {**self.facts.to_dict(), "ssh": self.ssh, "host_key_fingerprint": self.host_key_fingerprint}
+        return {**self.facts.to_dict(), "patch_spec": self.patch_spec, "ssh": self.ssh,
+                "host_key_fingerprint": self.host_key_fingerprint}
 
 
 @click.command("facts")
 @hosts_command
 def facts_cmd(app, hosts, forks) -> int:
     """Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."""
+    from .. import patching
+    from ..errors import Refused
+
     def work(spec):
         remote = app.remote(spec)
-        return 0, FactsReport(facts_mod.gather(remote, spec), remote.target.display, remote.host_key_fingerprint)
-    return run_on_hosts(app, hosts, work, lambda console, _spec, r: render(console, r.facts, r.ssh,
-                                                                             r.host_key_fingerprint), forks=forks)
+        try:
+            spec, derivation = patching.bind_host(remote, spec)
+            shown = derivation.to_dict()
+        except Refused as exc:          # facts still reports the rest of the host
+            derivation, shown = f"not derived: {exc.message}", {"error": exc.message}
+        return 0, FactsReport(facts_mod.gather(remote, spec), remote.target.display, remote.host_key_fingerprint,
+                              derivation, shown)
+    return run_on_hosts(app, hosts, work, lambda console, _spec, r: render(
+        console, r.facts, r.ssh, r.host_key_fingerprint, r.derivation), forks=forks)
 
 
-def render(console, f: facts_mod.Facts, where: str, fingerprint: str) -> None:
+def render(console, f: facts_mod.Facts, where: str, fingerprint: str, derivation=None) -> None:
     """Human view of `Facts` on stderr."""
     gpus = (f"{len(f.gpus)} x {f.gpus[0].name} (cc {f.gpus[0].compute_cap}, driver {f.gpus[0].driver})"
             if f.gpus else (f.gpu_error or "none"))
@@ -50,7 +63,8 @@ def render(console, f: facts_mod.Facts, where: str, fingerprint: str) -> None:
             ["gpus", gpus], ["docker", f"{docker} (runtimes: {', '.join(f.docker_runtimes) or '-'})"],
             ["nvidia runtime", "present" if f.nvidia_runtime else "absent"],
             ["dump dir", f"{f.dump_dir}: {_gib(f.dump_dir_free_bytes)} free"],
-            ["sglang", f.sglang_version or "not found"], ["deepseek_v2.py", f"{f.target_file}: {target}"]]
+            ["sglang", f.sglang_version or "not found"],
+            ["patch spec", str(derivation) if derivation else "-"], ["patch target", f"{f.target_file}: {target}"]]
     console.table(["fact", "value"], rows, title=f"facts: {f.host}")
 
 

@@ -19,7 +19,9 @@ def _expected_image(spec) -> str | None:
     except ImportError:
         return None
     fn = getattr(deploy, "image_ref", None)
-    return fn(spec) if fn else None
+    if not fn or not spec.sglang.patch:     # a spec derived on the host: the tag is not known here
+        return None
+    return fn(spec)
 
 
 def _check_all(app, hosts, deep: bool) -> list[health_mod.HostHealth]:

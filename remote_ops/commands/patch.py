@@ -11,14 +11,18 @@ from .source import target_options, where
 
 @click.group("patch")
 def patch_group() -> None:
-    """Anchored patch of deepseek_v2.py (EAGLE-3 hidden-state dump hooks).
+    """Anchored patch of an SGLang model file (EAGLE-3 hidden-state dump hooks).
 
     \b
     Anchors are found in the syntax tree (class -> method -> statement):
       init block    right after `self.capture_aux_hidden_states = False`
-                    in DeepseekV2ForCausalLM.__init__
+                    in <ModelClass>.__init__
       forward hook  right after `if self.capture_aux_hidden_states:` unpack
-                    in DeepseekV2ForCausalLM.forward
+                    in <ModelClass>.forward
+    The file and class come from the patch spec (`patch specs`): the host's
+    inventory `sglang.patch`, or derived from its model's config.json; for
+    --local-file, the one class whose __init__ resets the flag (--model-class
+    picks among several).
     0 or >1 matches, a wrong scope, a syntax error or an unvalidated SGLang
     version refuse (exit 9); a misplaced block fails verify (exit 10).
     """
@@ -68,9 +72,9 @@ def _diff(console, diff: str) -> None:
 @target_options
 @click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
 @app_options
-def check_cmd(app, host, path, local_file, force) -> None:
+def check_cmd(app, host, path, local_file, model_class, force) -> None:
     """Pre-check: find both anchors, show grep -n / sed -n evidence; change nothing."""
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class)
     report = patching.check(remote, target, force=force)
     render_check(app.console, report)
     report.raise_if_refused()
@@ -91,9 +95,9 @@ def change_options(verb: str):
 @click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
 @change_options("applying")
 @app_options
-def apply_cmd(app, host, path, local_file, force, dry_run, show_diff, no_lock) -> None:
+def apply_cmd(app, host, path, local_file, model_class, force, dry_run, show_diff, no_lock) -> None:
     """Insert the marked blocks atomically (backup kept), then verify; restore the backup if verify fails."""
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class)
     result = patching.apply(remote, target, force=force, dry_run=dry_run, lock=not no_lock)
     console = app.console
     render_check(console, result.check)
@@ -115,9 +119,9 @@ def apply_cmd(app, host, path, local_file, force, dry_run, show_diff, no_lock) -
 @patch_group.command("verify")
 @target_options
 @app_options
-def verify_cmd(app, host, path, local_file) -> None:
+def verify_cmd(app, host, path, local_file, model_class) -> None:
     """Post-check: py_compile on the host, each block right after its anchor, after every flag reset."""
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class)
     result = patching.verify(remote, target)
     app.console.step(f"verify {result.host}:{result.path}")
     render_verify(app.console, result)
@@ -131,9 +135,9 @@ def verify_cmd(app, host, path, local_file) -> None:
 @click.option("--from-backup", is_flag=True, help="restore the backup copy instead of removing the blocks")
 @change_options("reverting")
 @app_options
-def revert_cmd(app, host, path, local_file, dry_run, show_diff, from_backup, no_lock) -> None:
+def revert_cmd(app, host, path, local_file, model_class, dry_run, show_diff, from_backup, no_lock) -> None:
     """Remove the blocks; the file must hash to the original (byte-identical)."""
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class)
     result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
     console = app.console
     console.step(f"patch revert {result.host}:{result.path}")
@@ -150,9 +154,9 @@ def revert_cmd(app, host, path, local_file, dry_run, show_diff, from_backup, no_
 @patch_group.command("status")
 @target_options
 @app_options
-def status_cmd(app, host, path, local_file) -> int:
+def status_cmd(app, host, path, local_file, model_class) -> int:
     """applied / not_applied / outdated / partial / misplaced / modified, with shas (exit 10 if misplaced/modified)."""
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class)
     result = patching.status(remote, target)
     console = app.console
     console.step(f"patch status {result.host}:{result.path}: {result.status}")
@@ -169,21 +173,67 @@ def status_cmd(app, host, path, local_file) -> int:
 
 
 @patch_group.command("drift")
-@click.option("--versions", required=True, metavar="V1,V2,...",
-              help="SGLang releases to compare, e.g. 0.5.5,0.5.8,0.5.9,0.5.14")
+@click.option("--versions", default=None, metavar="V1,V2,...",
+              help="SGLang releases to compare, e.g. 0.5.5,0.5.9,0.5.14,0.5.23 (default with --all-specs: "
+                   "every release some spec validates)")
+@click.option("--spec", "spec_name", default=None, metavar="NAME", help="patch spec (see `patch specs`)")
+@click.option("--all-specs", is_flag=True, help="one table: spec x release -> anchor lines or refusal reason")
 @click.option("--base", default="0.5.9", show_default=True, help="release the text hunk is generated for")
 @app_options
-def drift_cmd(app, versions, base) -> None:
+def drift_cmd(app, versions, spec_name, all_specs, base) -> None:
     """Per release (wheels from PyPI, cached): the anchor's line and neighbours, and three
-    verdicts side by side: tree anchor, `git apply --check`, GNU `patch --dry-run`."""
-    from .. import drift
+    verdicts side by side: tree anchor, `git apply --check`, GNU `patch --dry-run`.
 
-    wanted = [v.strip() for v in versions.split(",") if v.strip()]
-    if not wanted:
-        raise UsageError("no versions given")
-    report = drift.drift(wanted, base=base)
+    \b
+    Examples:
+      remote-ops patch drift --spec llama --versions 0.5.5,0.5.9,0.5.14,0.5.23
+      remote-ops patch drift --all-specs
+    """
+    from .. import drift, patchspec
+
+    wanted = [v.strip() for v in (versions or "").split(",") if v.strip()]
+    if all_specs:
+        if spec_name:
+            raise UsageError("give --spec NAME or --all-specs, not both")
+        models = patchspec.catalog()
+        wanted = wanted or _release_order({v for m in models for v in m.versions})
+        cells = drift.matrix([m.name for m in models], wanted)
+        drift.render_matrix(app.console, cells, wanted)
+        app.console.emit({"versions": wanted, "cells": [c.to_dict() for c in cells]})
+        return
+    if not spec_name or not wanted:
+        raise UsageError("give --spec NAME and --versions V1,V2,... (or --all-specs)")
+    report = drift.drift(wanted, patchspec.resolve(spec_name), base=base)
     drift.render(app.console, report)
     app.console.emit(report)
+
+
+def _release_order(versions) -> list[str]:
+    """0.5.5 < 0.5.9 < 0.5.14 (numeric parts, then the rest)."""
+    import re
+
+    return sorted(versions, key=lambda v: [int(x) if x.isdigit() else -1 for x in re.split(r"[.]", v)] + [v])
+
+
+@patch_group.command("specs")
+@click.option("--markdown", is_flag=True, help="a Markdown table (the README's \"Supported models\")")
+@app_options
+def specs_cmd(app, markdown) -> None:
+    """The supported models: spec name, file, class, config.json architectures, validated releases.
+
+    Specs are data: templates/patches/<id>/spec.json and the folders under
+    $REMOTE_OPS_PATCH_PATH (os.pathsep-separated directories)."""
+    from .. import patchspec
+
+    models = patchspec.catalog()
+    rows = patchspec.table(models)
+    if markdown:
+        app.console.out(patchspec.markdown_table(rows))
+    else:
+        app.console.table(patchspec.TABLE_HEADERS, rows)
+    app.console.emit([{"spec": m.name, "patch": m.patch_id, "title": m.title, "file": m.file, "class": m.cls,
+                       "architectures": list(m.architectures), "validated_versions": list(m.versions),
+                       "source": m.source} for m in models])
 
 
 commands = [patch_group]

@@ -12,7 +12,8 @@ from ._options import host_command
 def render_cmd(app, host: str) -> None:
     """Print the rendered Dockerfile for HOST on stdout (no SSH).
 
-    The deepseek_v2.py shas in its labels are computed locally from the
+    The target file shas in its labels (the host's patch spec, which must be named
+    in its inventory: render makes no SSH connection) are computed locally from the
     released SGLang file of the inventory's version, patched: what deploy
     builds from a pristine checkout.
     """

@@ -43,13 +43,16 @@ def sandbox_group() -> None:
 
 @sandbox_group.command("up")
 @click.option("--sglang-version", default="0.5.9", show_default=True)
+@click.option("--patch", default="deepseek-v2", show_default=True, metavar="SPEC",
+              help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama")
 @app_options
-def up_cmd(app, sglang_version: str) -> None:
+def up_cmd(app, sglang_version: str, patch: str) -> None:
     """Start the sandbox (needs root and scripts/setup's packages; idempotent).
 
     On a sandbox whose sshd or dockerd died, restarts only that one, on the
     same address, keeping the checkout, images and inventory entry."""
-    st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"))
+    st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"),
+                        patch=patch)
     _show(app, st)
 
 

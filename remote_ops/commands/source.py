@@ -1,4 +1,4 @@
-"""`remote-ops inspect-source`: numbered, scope-annotated lines of the host's deepseek_v2.py."""
+"""`remote-ops inspect-source`: numbered, scope-annotated lines of the host's patch target file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,24 +11,39 @@ from ..errors import UsageError
 from ._options import app_options, host_option
 
 
-def where(app, host: str | None, path: str | None, local_file: Path | None):
-    """(remote, PatchTarget) for `--host H [--file PATH]` or `--local-file PATH` (exactly one)."""
+def where(app, host: str | None, path: str | None, local_file: Path | None, model_class: str | None = None,
+          strict: bool = True):
+    """(remote, PatchTarget) for `--host H [--file PATH]` or `--local-file PATH` (exactly one).
+
+    A local file's spec comes from its one capture class (`--model-class` picks
+    among several); a host's from its inventory (`sglang.patch`) or, unset,
+    from its model's config.json (one more round trip; the derivation goes to stderr)."""
     if bool(host) == bool(local_file):
         raise UsageError("give exactly one of --host HOST or --local-file PATH")
     if local_file is not None:
         if path:
             raise UsageError("--file goes with --host; use --local-file PATH alone")
-        return patching.LocalRemote(), patching.PatchTarget.local(local_file)
+        target = patching.PatchTarget.local(local_file, model_class, strict)
+        how = "--model-class" if model_class else "the one class resetting capture_aux_hidden_states in __init__"
+        if target.spec_name:
+            app.console.say(f"patch spec: {target.spec_name} (class {target.model_class}: {how})")
+        return patching.LocalRemote(), target
     spec = app.host(host)
-    return app.remote(spec), patching.PatchTarget.for_host(spec, path)
+    remote = app.remote(spec)
+    patch, derivation = patching.host_spec(remote, spec)
+    if derivation.how != "inventory":           # named in the inventory: nothing to explain
+        app.console.say(f"patch spec: {derivation} -> {patch.model_class} in {patch.target}")
+    return remote, patching.PatchTarget.for_host(spec, path, patch)
 
 
 def target_options(fn):
     """--host / --file / --local-file, shared by inspect-source and patch."""
     fn = click.option("--local-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
                       help="work on a file on this machine instead (no SSH)")(fn)
+    fn = click.option("--model-class", default=None, metavar="NAME",
+                      help="with --local-file: the model class to patch when the file has several")(fn)
     fn = click.option("--file", "path", default=None, metavar="PATH",
-                      help="file on the host (default: the inventory's sglang checkout deepseek_v2.py)")(fn)
+                      help="file on the host (default: the host's patch spec target in its sglang checkout)")(fn)
     return host_option(required=False)(fn)
 
 
@@ -58,7 +73,7 @@ def check_request(lines: str | None, grep: str | None, symbol: str | None) -> No
 @click.option("--grep", default=None, metavar="PATTERN", help="lines matching a Python regex, like grep -n")
 @click.option("--symbol", default=None, metavar="Class.method", help="the whole definition, decorators included")
 @app_options
-def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
+def inspect_source(app, host, path, local_file, model_class, lines, grep, symbol) -> None:
     """Show numbered lines of the SGLang file, each with its enclosing Class.method.
 
     \b
@@ -71,7 +86,7 @@ def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
     a missing file 13.
     """
     check_request(lines, grep, symbol)
-    remote, target = where(app, host, path, local_file)
+    remote, target = where(app, host, path, local_file, model_class, strict=False)
     tf = patching.read_target(remote, target)
     view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
                            version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)

@@ -114,7 +114,8 @@ class LabHost:
         return {"address": self.address, "port": self.port, "user": "root",
                 "identity_file": str(lab.client_key.private), "known_hosts": str(lab.known_hosts),
                 "gpus": {"count": 0},
-                "sglang": {"checkout": str(p.checkout), "version": lab.sglang_version, "base_image": base_image},
+                "sglang": {"checkout": str(p.checkout), "version": lab.sglang_version, "base_image": base_image,
+                           "patch": lab.patch},
                 "container": {"name": self.container_name, "image": self.image_name, "gpus": "all",
                               "shm_size": "1g", "restart": "no", "healthcheck_start_period_s": 60},
                 "model": {"path": str(p.model_dir), "served_name": "standin", "num_layers": 8, "hidden_size": 64},
@@ -161,7 +162,7 @@ class HostLab:
 
     def __init__(self, dir: str | Path | None = None, *, hosts: int = 3, names: list[str] | None = None,
                  docker: bool = True, keep: bool = False, base_image: str = "remote-ops/base-python:bookworm",
-                 sglang_version: str = "0.5.9", port: int | None = None) -> None:
+                 sglang_version: str = "0.5.9", port: int | None = None, patch: str = "deepseek-v2") -> None:
         self.id = secrets.token_hex(3)
         self._owns_dir = dir is None
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="ro-lab-", dir="/tmp"))
@@ -170,6 +171,7 @@ class HostLab:
         self.keep = keep
         self.base_image = base_image
         self.sglang_version = sglang_version
+        self.patch = patch                      # the patch spec its inventory names (sglang.patch)
         self.port = port
         self.hosts: list[LabHost] = []
         self.delayed: dict[str, tuple[str, DelayProxy]] = {}   # alias -> (host name, proxy)
