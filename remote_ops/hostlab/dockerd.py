@@ -98,11 +98,25 @@ class Dockerd:
         self._write_hook()
         setup_bridge(self.bridge, self.subnet)
         (self.dir / "daemon.json").write_text("{}\n")
+        self._clear_stale_pidfile()
         self.proxy_port = free_port()
         self.proc = spawn(self.argv(), self.log_file, env=self.env())
         wait_for(self._answers, timeout, f"dockerd (log: {self.log_file})", interval=0.1,
                  alive=lambda: self.proc.poll() is None)
         return self
+
+    def _clear_stale_pidfile(self) -> None:
+        """Remove a pidfile left by a killed dockerd of ours.  dockerd refuses to start while the
+        PID in it is alive, and with pid_max 32768 a busy machine soon reuses that PID for
+        something else; the file is ours to drop unless that PID is still a dockerd of this dir."""
+        pidfile = self.dir / "docker.pid"
+        try:
+            pid = int(pidfile.read_text().strip() or 0)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+        except (OSError, ValueError):
+            cmdline = b""
+        if b"dockerd" not in cmdline or str(self.dir).encode() not in cmdline:
+            pidfile.unlink(missing_ok=True)
 
     def _answers(self) -> bool:
         """True once `docker version` gets the server's answer on our socket."""
