@@ -176,10 +176,10 @@ def test_on_host_command_runs_the_script_in_a_throwaway_container_of_the_served_
     from remote_ops.commands.dataset import on_host_command
     from remote_ops.inventory import HostSpec
 
-    spec = HostSpec(name="gpu-node", container={"name": "sglang eagle3"})
+    spec = HostSpec(name="gpu-node", container={"name": "sglang-eagle3"})
     cmd = on_host_command(spec, "/data/logs/dataset", "/models/Kimi K2.5", "/data/logs/dataset/source.jsonl",
                           "/data/logs/dataset/prepared.jsonl", 4096, "drop", False)
     assert cmd.startswith("docker run --rm -i --pull=never --network none --entrypoint python3 ")
-    assert "'/models/Kimi K2.5:/models/Kimi K2.5:ro'" in cmd and "'sglang eagle3'" in cmd
+    assert "'/models/Kimi K2.5:/models/Kimi K2.5:ro'" in cmd and "docker inspect -f '{{.Config.Image}}' sglang-eagle3)" in cmd
     assert cmd.endswith("- prepare --tokenizer '/models/Kimi K2.5' --input /data/logs/dataset/source.jsonl "
                         "--output /data/logs/dataset/prepared.jsonl --overflow drop --max-length 4096")

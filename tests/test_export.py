@@ -277,7 +277,7 @@ def test_specforge_wants_the_post_norm_state_and_the_dump_holds_exactly_that():
     head = ast.parse(inspect.getsource(TargetHead).strip())
     forward = _method(head, "TargetHead", "forward")
     assert ast.unparse(forward.body[-1]) == "return self.fc(hidden_states)"       # lm_head only
-    tree = ast.parse(wheels.sglang_source("0.5.9").decode())
+    tree = ast.parse(wheels.sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py").decode())
     model_fwd = ast.unparse(_method(tree, "DeepseekV2Model", "forward"))
     tail = model_fwd[model_fwd.rindex("if not self.pp_group.is_last_rank"):]
     assert "hidden_states, _ = self.norm(hidden_states, residual)" in tail
