@@ -88,8 +88,20 @@ def runtime(rank=0, version="0.5.9", tp=8, **args):
     return Runtime(version, rank, tp, ServerArgsView(dict(tp_size=tp, **args)), "test")
 
 
+WRITER = {"mode": "process"}
+
+
+@pytest.fixture(params=["process", "thread"], autouse=True)
+def writer_mode(request):
+    """Every test runs with the writer process (the default) and with writer threads."""
+    WRITER["mode"] = request.param
+    yield request.param
+    WRITER["mode"] = "process"
+
+
 def make_dumper(root, rank=0, **env):
-    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2"}
+    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2",
+            "SGLANG_HS_DUMP_WRITER": WRITER["mode"]}
     full.update({k if k.startswith("SGLANG") else "SGLANG_HS_DUMP_" + k.upper(): str(v) for k, v in env.items()})
     model = standin_model()
     d = attach(model, env=full, runtime=runtime(rank))
@@ -185,8 +197,21 @@ def test_bad_shapes_and_missing_aux_are_counted_not_raised(tmp_path, dumpers):
     assert snap["errors"] == 1 and snap["skipped"] == {"no_aux": 1} and snap["files"] == 0
 
 
+class ProcessGate:
+    """The writer process stopped (SIGSTOP) until `set()` continues it (SIGCONT)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        os.kill(pid, signal.SIGSTOP)
+
+    def set(self):
+        os.kill(self.pid, signal.SIGCONT)
+
+
 def gate_writers(d):
-    """Hold every writer thread until the returned event is set."""
+    """Hold every writer (threads, or the whole writer process) until the returned gate is set."""
+    if d.sink is not None:
+        return ProcessGate(d.sink.pid)
     gate = threading.Event()
     real = d._write_one
 
@@ -250,21 +275,14 @@ def test_backpressure_wait_has_a_deadline(tmp_path, dumpers):
     assert snap["backpressure_timeouts"] == 1 and snap["dropped_tokens"] == 4 and snap["files"] == 1
 
 
-def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers, monkeypatch):
+def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers):
+    """A real failure: a directory sits where the first span's file must be renamed to."""
     d = make_dumper(tmp_path, buffers=1)
     dumpers.append(d)
-    calls = {"n": 0}
-    real = fmt.write_span
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(5, "I/O error")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fmt, "write_span", flaky)
-    for seed in range(3):
-        b = make_batch([4], seed=seed)
+    batches = [make_batch([4], seed=seed) for seed in range(3)]
+    (path, _, _), = span_files(batches[0], tmp_path)
+    path.mkdir(parents=True)
+    for b in batches:
         d.capture(b.fb, b.hidden, b.aux)
     d.flush(10)
     snap = d.stats.snapshot()
