@@ -211,6 +211,7 @@ def run_variant(variant, step, lens, inputs, args, n, step_bytes):
             disable_writing(dumper)
         timed_loop(step, lens, inputs[:2], dumper)  # warm-up: side stream, writers, first files
         dumper.flush(600)
+        parts = instrument(dumper)
     nones, withs, caps, drains = [], [], [], []
     for rep in range(args.reps):
         if rep % 2 == 0:  # ABBA: none first on even repetitions, last on odd ones (cancels slow drift)
@@ -234,6 +235,8 @@ def run_variant(variant, step, lens, inputs, args, n, step_bytes):
         cs = sorted(caps)
         res["capture_us"] = {"median": round(statistics.median(cs) * 1e6, 1), "p90": round(cs[int(len(cs) * 0.9)] * 1e6, 1),
                              "max": round(cs[-1] * 1e6, 1), "calls": len(cs)}
+        res["capture_parts_us"] = {k: round(statistics.median(v) * 1e6, 1) for k, v in parts.items() if v}
+        res["capture_parts_max_us"] = {k: round(max(v) * 1e6, 1) for k, v in parts.items() if v}
         res["drain_s"] = [round(d, 2) for d in drains]
         res["stats"] = {k: v for k, v in dumper.stats.snapshot().items()
                         if k in ("files", "bytes", "errors", "dropped_batches", "backpressure_waits", "queue_high_water")}
@@ -241,6 +244,30 @@ def run_variant(variant, step, lens, inputs, args, n, step_bytes):
         dumper.close()
     shutil.rmtree(folder, ignore_errors=True)
     return res
+
+
+def instrument(dumper):
+    """Time the parts of capture() (pool, staging, hand-over, counters) in place; returns their lists."""
+    parts = {}
+    targets = [("acquire", getattr(dumper, "pool", None), "acquire"), ("stage", dumper.stager, "stage"),
+               ("hand_over", getattr(dumper, "sink", None), "job"), ("hand_over", getattr(dumper, "writers", None), "submit"),
+               ("counters", dumper.stats, "add")]
+    for name, obj, attr in targets:
+        if obj is None or not hasattr(obj, attr):
+            continue
+        times = parts.setdefault(name, [])
+        setattr(obj, attr, _timed(getattr(obj, attr), times))
+    return parts
+
+
+def _timed(fn, times):
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            times.append(time.perf_counter() - t0)
+    return wrapper
 
 
 def disable_writing(dumper):
@@ -307,8 +334,9 @@ def compact(point):
     out = {"kind": point["kind"], "tokens": point["tokens"], "steps": point["steps"]}
     for name, v in point["variants"].items():
         o = v["overhead_pct"]
-        out[name] = "%.2f%% [%.2f..%.2f] none %.2fms cap %s" % (
-            o["median"], o["min"], o["max"], v["step_ms_none"]["median"], v.get("capture_us", {}).get("median"))
+        out[name] = "%.2f%% [%.2f..%.2f] none %.2fms cap %s %s" % (
+            o["median"], o["min"], o["max"], v["step_ms_none"]["median"], v.get("capture_us", {}).get("median"),
+            v.get("capture_parts_us"))
     return out
 
 

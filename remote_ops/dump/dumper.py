@@ -92,7 +92,8 @@ class Dumper:
             try:
                 config = {"root": self.config.root, "rank": self.rank, "fsync": self.config.fsync,
                           "writers": self.config.writers, "metadata": self.metadata}
-                self.sink = WriterProcess(config, self.config.buffers, self._on_done, self._on_exit)
+                self.sink = WriterProcess(config, self.config.buffers, self._on_done, self._on_exit,
+                                          self.stats.maybe_write)
             except Exception as exc:
                 log.error("[hs-dump] the writer process could not start (%r): using writer threads", exc)
                 mode = "thread"
@@ -259,6 +260,7 @@ class Dumper:
         if errors:
             log.error("[hs-dump] writing %d span(s) failed: %s", errors, first_error)
         self.pool.release(slot)
+        self.stats.maybe_write()
 
     def _on_exit(self) -> None:
         """Reaper thread: the writer process is gone; what it held is lost, later batches are dropped."""

@@ -29,6 +29,7 @@ import marshal
 import mmap
 import os
 import queue
+import select
 import socket
 import sys
 import threading
@@ -42,7 +43,7 @@ from .layout import Layout, span_views
 log = logging.getLogger("remote_ops_dump")
 MAX_MSG = 1 << 20
 NICE = 10  # the forward process's threads come first on a busy CPU
-START_TIMEOUT_S = 30.0
+IDLE_S = 1.0  # the reaper's tick when no batch finishes (stats.json stays fresh)
 
 
 def send(sock: socket.socket, msg: tuple, fds=()) -> None:
@@ -66,11 +67,12 @@ class WriterProcess:
 
     A reaper thread blocks on the socket (GIL released) and hands each `done`
     message to `on_done(slot, files, tokens, bytes, errors, first_error)`;
-    when the child dies, `on_exit()` runs once.
+    `on_idle()` runs at least once a second (stats.json); when the child
+    dies, `on_exit()` runs once.
     """
 
-    def __init__(self, config: dict, nslots: int, on_done, on_exit):
-        self.on_done, self.on_exit = on_done, on_exit
+    def __init__(self, config: dict, nslots: int, on_done, on_exit, on_idle=lambda: None):
+        self.on_done, self.on_exit, self.on_idle = on_done, on_exit, on_idle
         self.libc = load_libc()
         self.nslots = nslots
         self.sems_fd, self.sems_map = _shared(nslots * SEM_SLOT_BYTES, "hs-dump-sems")
@@ -119,6 +121,10 @@ class WriterProcess:
     def _reap(self) -> None:
         try:
             while True:
+                ready, _, _ = select.select([self.sock], [], [], IDLE_S)
+                if not ready:
+                    self.on_idle()
+                    continue
                 msg, _ = recv(self.sock)
                 if msg is None:
                     break
