@@ -14,7 +14,6 @@ import atexit
 import logging
 import os
 import threading
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -188,9 +187,8 @@ class Dumper:
         pool = self._pool_for(hidden)
         alive = self._writer_alive()
         block = self.config.policy == "backpressure" and alive
-        started = time.monotonic()
         buf = pool.acquire(rows, self.hidden_size, hidden.dtype, block, self.config.wait_s) if alive else None
-        waited = time.monotonic() - started
+        waited = pool.last_wait if alive else 0.0
         self.stats.queue_high_water = pool.high_water
         if block and waited > 0.001:
             self.stats.add(backpressure_waits=1, backpressure_wait_s=waited)

@@ -100,12 +100,18 @@ class BufferPool:
         self.cond = threading.Condition()
         self.in_use = 0
         self.high_water = 0
+        self.last_wait = 0.0
         self.closed = False
 
     def acquire(self, rows: int, hidden_size: int, dtype: torch.dtype, block: bool,
                 timeout: float) -> Optional[HostBuffer]:
-        """A buffer able to hold `rows` rows, or None (pool full and not blocking, timeout, closed)."""
+        """A buffer able to hold `rows` rows, or None (pool full and not blocking, timeout, closed).
+
+        `last_wait` holds the seconds spent waiting for a free slot (not making its buffer).
+        """
+        started = time.monotonic()
         slot = self._take_slot(block, timeout)
+        self.last_wait = time.monotonic() - started
         if slot is None:
             return None
         buf = self.buffers[slot]
