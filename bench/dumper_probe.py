@@ -6,7 +6,8 @@
 2. aux rows [T, 3H] from 3 tensors: torch.cat + one copy vs 3 strided
    cuMemcpy2DAsync (no kernel, no allocation): GPU time and bit-equality;
 3. forward-thread CPU time of one batch's staging: the torch path (event,
-   wait, record_stream, cat, .to(int32), copies) vs the ctypes path;
+   wait, record_stream, cat, .to(int32), copies) vs the ctypes path, into
+   torch-pinned buffers and into memfd segments page-locked by cuMemHostRegister;
 4. cuLaunchHostFunc(sem_post): posted only after the stream's work.
 
 Usage: python3 bench/dumper_probe.py [--out probe.json]
@@ -94,16 +95,18 @@ def probe_aux(drv, tokens=8192):
     return out
 
 
-def probe_cpu_cost(drv, tokens, calls=300):
-    """Forward-thread seconds per batch for each staging path (sources 'freed' by the allocator after)."""
+def probe_cpu_cost(drv, tokens, calls=300, host="pinned"):
+    """Forward-thread seconds per batch for each staging path; host buffers torch-pinned or memfd+registered."""
     hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
     aux = [torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     ids = torch.randint(0, 1000, (tokens,), device="cuda")
     pos = torch.arange(tokens, device="cuda")
-    hb = torch.empty(tokens * H * 2, dtype=torch.uint8, pin_memory=True)
-    ab = torch.empty(tokens * 3 * H * 2, dtype=torch.uint8, pin_memory=True)
-    ib = torch.empty(tokens * 8, dtype=torch.uint8, pin_memory=True)
-    pb = torch.empty(tokens * 8, dtype=torch.uint8, pin_memory=True)
+    sizes = [tokens * H * 2, tokens * 3 * H * 2, tokens * 8, tokens * 8]
+    if host == "memfd":
+        keep = [shared_segment(n, drv) for n in sizes]
+        hb, ab, ib, pb = [t for _, _, t in keep]
+    else:
+        hb, ab, ib, pb = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
     side = torch.cuda.Stream()
     fence = torch.cuda.Event()
     hv, av = hb.view(torch.bfloat16).view(tokens, H), ab.view(torch.bfloat16).view(tokens, 3 * H)
@@ -182,6 +185,7 @@ def main():
     res["aux"] = probe_aux(drv)
     res["host_func_order"] = probe_host_func_order(drv)
     res["cpu_cost"] = {str(t): probe_cpu_cost(drv, t) for t in (512, 8192)}
+    res["cpu_cost_memfd"] = {str(t): probe_cpu_cost(drv, t, host="memfd") for t in (512, 8192)}
     print(json.dumps(res, indent=1), flush=True)
     if len(sys.argv) > 2 and sys.argv[1] == "--out":
         with open(sys.argv[2], "w") as fh:

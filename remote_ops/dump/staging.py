@@ -16,6 +16,7 @@ synchronous copies, no event.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ import torch
 
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 
+log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 ID_DTYPES = (torch.int32, torch.int64)
 
@@ -61,8 +63,12 @@ class HostBuffer:
         self.flat = torch.frombuffer(self.map, dtype=torch.uint8)
         self.mem = memoryview(self.map)
         if pin:
-            driver.register(self.flat.data_ptr(), self.layout.nbytes)
-            self.driver = driver
+            try:
+                driver.register(self.flat.data_ptr(), self.layout.nbytes)
+                self.driver = driver
+            except Exception as exc:  # e.g. a locked-memory limit: still correct, copies become synchronous
+                log.error("[hs-dump] could not page-lock a %d-byte host buffer (%r): copies into it "
+                          "will block the forward thread", self.layout.nbytes, exc)
 
     def _region(self, index: int) -> torch.Tensor:
         start = self.layout.offsets[index]
