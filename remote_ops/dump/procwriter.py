@@ -87,6 +87,7 @@ class WriterProcess:
         self.pid = self.proc.pid
         send(self.sock, ("config", dict(config)))
         send(self.sock, ("sems", nslots), [self.sems_fd])
+        os.close(self.sems_fd)  # the child holds its own copy; the mapping stays
         self.dead = False
         self.reaper = threading.Thread(target=self._reap, name="hs-dump-reaper", daemon=True)
         self.reaper.start()

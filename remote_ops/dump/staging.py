@@ -182,9 +182,10 @@ class BufferPool:
             self.closed = True
             self.cond.notify_all()
             if free:
-                for buf in self.buffers:
+                for slot, buf in enumerate(self.buffers):
                     if buf is not None:
                         buf.free()
+                        self.buffers[slot] = None  # the memory goes with the last reference
 
 
 @dataclass
