@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from remote_ops.dump import attach, format as fmt  # noqa: E402
 from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
 
@@ -205,14 +205,14 @@ def loop_naive(step, lens, steps, folder):
     return (time.perf_counter() - t0) / steps
 
 
-def make_dumper(folder, step, buffers, writers, policy="backpressure"):
+def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env=None):
     """attach() on a DeepseekV2ForCausalLM-shaped object, as the init block does."""
     cfg = SimpleNamespace(num_hidden_layers=61, hidden_size=step.hidden, architectures=["BenchStep"])
     model = SimpleNamespace(config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]),
                             capture_aux_hidden_states=False)
     env = {"SGLANG_HS_DUMP_DIR": folder, "SGLANG_HS_DUMP_BUFFERS": str(buffers),
            "SGLANG_HS_DUMP_WRITERS": str(writers), "SGLANG_HS_DUMP_POLICY": policy,
-           "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens)}
+           "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens), **(extra_env or {})}
     runtime = Runtime("bench", 0, 1, ServerArgsView({"tp_size": 1}), "bench")
     dumper = attach(model, env=env, runtime=runtime)
     probe = torch.empty(1, step.hidden, device=step.dev, dtype=torch.bfloat16)

@@ -88,8 +88,20 @@ def runtime(rank=0, version="0.5.9", tp=8, **args):
     return Runtime(version, rank, tp, ServerArgsView(dict(tp_size=tp, **args)), "test")
 
 
+WRITER = {"mode": "process"}
+
+
+@pytest.fixture(params=["process", "thread"], autouse=True)
+def writer_mode(request):
+    """Every test runs with the writer process (the default) and with writer threads."""
+    WRITER["mode"] = request.param
+    yield request.param
+    WRITER["mode"] = "process"
+
+
 def make_dumper(root, rank=0, **env):
-    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2"}
+    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2",
+            "SGLANG_HS_DUMP_WRITER": WRITER["mode"]}
     full.update({k if k.startswith("SGLANG") else "SGLANG_HS_DUMP_" + k.upper(): str(v) for k, v in env.items()})
     model = standin_model()
     d = attach(model, env=full, runtime=runtime(rank))
@@ -185,8 +197,21 @@ def test_bad_shapes_and_missing_aux_are_counted_not_raised(tmp_path, dumpers):
     assert snap["errors"] == 1 and snap["skipped"] == {"no_aux": 1} and snap["files"] == 0
 
 
+class ProcessGate:
+    """The writer process stopped (SIGSTOP) until `set()` continues it (SIGCONT)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        os.kill(pid, signal.SIGSTOP)
+
+    def set(self):
+        os.kill(self.pid, signal.SIGCONT)
+
+
 def gate_writers(d):
-    """Hold every writer thread until the returned event is set."""
+    """Hold every writer (threads, or the whole writer process) until the returned gate is set."""
+    if d.sink is not None:
+        return ProcessGate(d.sink.pid)
     gate = threading.Event()
     real = d._write_one
 
@@ -250,21 +275,14 @@ def test_backpressure_wait_has_a_deadline(tmp_path, dumpers):
     assert snap["backpressure_timeouts"] == 1 and snap["dropped_tokens"] == 4 and snap["files"] == 1
 
 
-def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers, monkeypatch):
+def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers):
+    """A real failure: a directory sits where the first span's file must be renamed to."""
     d = make_dumper(tmp_path, buffers=1)
     dumpers.append(d)
-    calls = {"n": 0}
-    real = fmt.write_span
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(5, "I/O error")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fmt, "write_span", flaky)
-    for seed in range(3):
-        b = make_batch([4], seed=seed)
+    batches = [make_batch([4], seed=seed) for seed in range(3)]
+    (path, _, _), = span_files(batches[0], tmp_path)
+    path.mkdir(parents=True)
+    for b in batches:
         d.capture(b.fb, b.hidden, b.aux)
     d.flush(10)
     snap = d.stats.snapshot()
@@ -341,10 +359,10 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
             time.sleep(0.002)
         else:
             pytest.fail("the child never had a temp file open: %s" % child.stderr.read1(2000) if child.poll() else "")
-        os.kill(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)  # the forward process and its writer process
     finally:
         if child.poll() is None:
-            os.kill(child.pid, signal.SIGKILL)
+            os.killpg(child.pid, signal.SIGKILL)
         child.wait(10)
     report = fmt.verify_dir(str(root))
     assert report.ok, [p for p in report.problems if p.level == "error"]
@@ -353,3 +371,44 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
         header = fmt.read_header(str(path))
         assert header.data_start + header.data_len == path.stat().st_size
     assert report.files >= 2
+
+
+def test_writer_process_death_drops_counted_and_never_blocks_the_forward(tmp_path, dumpers, writer_mode):
+    """SIGKILL the writer process mid-run: batches in flight and later ones are counted as dropped."""
+    if writer_mode != "process":
+        pytest.skip("writer-process only")
+    d = make_dumper(tmp_path, buffers=2)
+    dumpers.append(d)
+    first = make_batch([5, 6], seed=1)
+    d.capture(first.fb, first.hidden, first.aux)
+    d.flush(10)
+    gate = gate_writers(d)  # stopped: the next batch stays in flight
+    second = make_batch([7], seed=2)
+    d.capture(second.fb, second.hidden, second.aux)
+    os.kill(d.sink.pid, signal.SIGKILL)
+    gate.set()
+    deadline = time.monotonic() + 10
+    while d.sink.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    third = make_batch([3], seed=3)
+    d.capture(third.fb, third.hidden, third.aux)
+    assert time.monotonic() - t0 < 1  # no wait for a writer that is gone
+    snap = d.stats.snapshot()
+    assert snap["files"] == 2 and snap["dropped_batches"] == 2 and snap["dropped_tokens"] == 10
+    assert fmt.verify_dir(str(tmp_path)).ok
+
+
+def test_two_processes_over_gloo_gate_ranks_and_write_bit_identical_spans(tmp_path, writer_mode):
+    """bench/dumper_tp2.py on CPU: two torch.distributed ranks, a real all-reduce between layers."""
+    if writer_mode != "process":
+        pytest.skip("runs the default writer once")
+    out = tmp_path / "tp2.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "dumper_tp2.py"), "--device", "cpu", "--hidden", "64",
+                           "--sizes", "", "--no-sustained", "--gating-tokens", "192", "--writers", "2",
+                           "--dir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert summary == {"gating_default_only_rank0": True, "gating_all_ranks_both": True, "ranks_identical": True,
+                       "bit_exact": True, "verify_ok": True}

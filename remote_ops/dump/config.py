@@ -22,9 +22,11 @@ ENV_FUSION = "SGLANG_HS_DUMP_FUSION"
 ENV_BUFFER_TOKENS = "SGLANG_HS_DUMP_BUFFER_TOKENS"
 ENV_WAIT_S = "SGLANG_HS_DUMP_WAIT_S"
 ENV_FSYNC = "SGLANG_HS_DUMP_FSYNC"
+ENV_WRITER = "SGLANG_HS_DUMP_WRITER"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
+WRITER_MODES = ("process", "thread")
 
 
 @dataclass
@@ -40,6 +42,7 @@ class DumpConfig:
     buffer_tokens: Optional[int] = None  # None = chunked_prefill_size, else 8192
     wait_s: float = 600.0  # longest backpressure wait before a batch is dropped
     fsync: bool = True
+    writer: str = "process"  # span files written by a child process (default) or by threads in this one
     env_seen: dict = field(default_factory=dict)
 
 
@@ -90,6 +93,7 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         buffer_tokens=_int(env, ENV_BUFFER_TOKENS, 0, 0) or None,
         wait_s=float(_int(env, ENV_WAIT_S, 600)),
         fsync=env.get(ENV_FSYNC, "1").strip().lower() not in ("0", "false", "no", "off"),
+        writer=_choice(env, ENV_WRITER, WRITER_MODES),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

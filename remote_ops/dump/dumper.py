@@ -2,9 +2,11 @@
 
 `capture` does only CPU-side bookkeeping plus asynchronous copies: it reads the
 Python-list lengths of the ForwardBatch (no GPU sync), takes a host buffer from
-the bounded pool, queues the copies and hands the spans to the writer threads.
-It blocks only when every buffer is still waiting for the disk (backpressure),
-or never (drop policy).
+the bounded pool, queues the copies and hands the batch to the writer: by
+default a separate process (`procwriter`, no GIL shared with the forward
+thread), else writer threads (`SGLANG_HS_DUMP_WRITER=thread`, or when the
+process cannot start).  It blocks only when every buffer is still waiting for
+the disk (backpressure), or never (drop policy).
 """
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ import atexit
 import logging
 import os
 import threading
-import time
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from . import format as fmt
 from .config import DumpConfig
-from .staging import ST_DTYPES, BufferPool, Stager
+from .cudadrv import Driver
+from .procwriter import WriterProcess
+from .staging import ST_DTYPES, BufferPool, HostBuffer, Stager, positions_into
 from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, write_span_file
 
 log = logging.getLogger("remote_ops_dump")
@@ -64,12 +67,15 @@ class Dumper:
         self.stats = DumpStats(os.path.join(self.dir, fmt.STATS_NAME) if writer else None, self._static())
         self.pool: Optional[BufferPool] = None
         self.stager = Stager()
+        self.driver: Optional[Driver] = None
         self.writers: Optional[SpanWriters] = None
+        self.sink: Optional[WriterProcess] = None
+        self.inflight: Dict[int, Tuple[int, int]] = {}  # slot -> (spans, tokens) at the writer process
         self.warned: set = set()
-        self.closed = False
+        self.closed = self.closing = False
         self.lock = threading.Lock()
         if writer:
-            self.writers = SpanWriters(config.writers, self._write_one, self.stats)
+            self._start_writers(config.writer)
             self.stats.maybe_write(force=True)
             atexit.register(self.close)
 
@@ -78,6 +84,21 @@ class Dumper:
         return {"rank": self.rank, "writer": self.writer, "policy": c.policy, "buffers": c.buffers,
                 "writers": c.writers, "buffer_tokens": self.buffer_tokens, "hidden_size": self.hidden_size,
                 "layers_to_capture": self.layers, "metadata": self.metadata, "pid": os.getpid()}
+
+    def _start_writers(self, mode: str) -> None:
+        """The writer process (default), or threads when asked or when the process cannot start."""
+        if mode == "process":
+            try:
+                config = {"root": self.config.root, "rank": self.rank, "fsync": self.config.fsync,
+                          "writers": self.config.writers, "metadata": self.metadata}
+                self.sink = WriterProcess(config, self.config.buffers, self._on_done, self._on_exit,
+                                          self.stats.maybe_write)
+            except Exception as exc:
+                log.error("[hs-dump] the writer process could not start (%r): using writer threads", exc)
+                mode = "thread"
+        if mode == "thread":
+            self.writers = SpanWriters(self.config.writers, self._write_one, self.stats)
+        self.stats.static["writer_mode"] = mode
 
     # ------------------------------------------------------------------ forward hook
 
@@ -106,13 +127,33 @@ class Dumper:
             return
         try:
             if fb.positions is None:
-                buf.positions[:rows].copy_(_positions_from_spans(spans))
-            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows)
+                positions_into(buf, _positions_from_spans(spans))
+            sem = self.sink.sem_addr(buf.slot) if self.sink is not None and hidden.is_cuda else None
+            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows, sem)
         except BaseException:
-            self.pool.release(buf)
+            self.stager.synchronize()  # no copy may still land in a slot handed out again
+            self.pool.release(buf.slot)
             raise
         self.stats.add(batches=1)
-        self.writers.submit(BatchJob(staged, spans, self.pool))
+        if self.sink is not None:
+            self._submit_to_process(buf, staged, spans, rows, hidden.is_cuda)
+        else:
+            self.writers.submit(BatchJob(staged, spans, self.pool))
+
+    def _submit_to_process(self, buf: HostBuffer, staged, spans: List[Span], rows: int, on_gpu: bool) -> None:
+        """One `job` message; on CPU the copies are done, so post the slot's semaphore right away."""
+        self.inflight[buf.slot] = (len(spans), rows)
+        try:
+            self.sink.job(buf.slot, buf.gen, rows, self.hidden_size, buf.esize, staged.id_size, staged.pos_size,
+                          ST_DTYPES[buf.dtype], spans)
+        except OSError:
+            self.inflight.pop(buf.slot, None)
+            self.stager.synchronize()
+            self.pool.release(buf.slot)
+            self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows)
+            return
+        if not on_gpu:
+            self.sink.post(buf.slot)
 
     def _skip_reason(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> Optional[str]:
         """Why this batch is not dumped (None = dump it); cheap, CPU-only checks."""
@@ -144,10 +185,10 @@ class Dumper:
     def _acquire(self, rows: int, hidden: torch.Tensor, spans: List[Span]):
         """A host buffer for the batch: wait (backpressure) or count the drop."""
         pool = self._pool_for(hidden)
-        block = self.config.policy == "backpressure" and self.writers.alive()
-        started = time.monotonic()
-        buf = pool.acquire(rows, self.hidden_size, hidden.dtype, block, self.config.wait_s)
-        waited = time.monotonic() - started
+        alive = self._writer_alive()
+        block = self.config.policy == "backpressure" and alive
+        buf = pool.acquire(rows, self.hidden_size, hidden.dtype, block, self.config.wait_s) if alive else None
+        waited = pool.last_wait if alive else 0.0
         self.stats.queue_high_water = pool.high_water
         if block and waited > 0.001:
             self.stats.add(backpressure_waits=1, backpressure_wait_s=waited)
@@ -156,13 +197,45 @@ class Dumper:
             self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows, **timeout)
         return buf
 
+    def _writer_alive(self) -> bool:
+        return self.sink.alive() if self.sink is not None else self.writers.alive()
+
     def _pool_for(self, hidden: torch.Tensor) -> BufferPool:
         """Create the pool at the first captured batch (pinned when the tensors live on a GPU)."""
         with self.lock:
             if self.pool is None:
-                self.pool = BufferPool(self.config.buffers, self.buffer_tokens, pin=hidden.is_cuda)
+                self._choose_path(hidden)
+                pin, shared = hidden.is_cuda, self.sink is not None
+                self.pool = BufferPool(self.config.buffers, self.buffer_tokens,
+                                       lambda slot, gen, rows, h, dtype: self._make_buffer(slot, gen, rows, h, dtype,
+                                                                                          pin, shared))
                 self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
+                if self.sink is not None:
+                    self.sink.meta(self.metadata)
             return self.pool
+
+    def _choose_path(self, hidden: torch.Tensor) -> None:
+        """GPU tensors: load the driver calls; without them the writer process cannot be told, use threads."""
+        if not hidden.is_cuda:
+            return
+        self.driver = Driver.load()
+        self.stager = Stager(self.driver)
+        if self.driver is None:
+            log.warning("[hs-dump] libcuda.so.1 not loadable through ctypes: torch copies, writer threads")
+            if self.sink is not None:
+                self.sink.stop(5.0)
+                self.sink = None
+                self._start_writers("thread")
+
+    def _make_buffer(self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype,
+                     pin: bool, shared: bool) -> HostBuffer:
+        """A slot's buffer; a shared one is handed to the writer process before any job names it."""
+        buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver)
+        if shared:
+            self.sink.segment(slot, gen, buf.layout.nbytes, buf.capacity, buf.fd)
+            os.close(buf.fd)
+            buf.fd = -1
+        return buf
 
     def preallocate(self, hidden: torch.Tensor, rows: Optional[int] = None) -> None:
         """Create the pool and all its host buffers now, sized like `hidden` (optional warm-up)."""
@@ -178,22 +251,49 @@ class Dumper:
                                  self.metadata, self.config.fsync)
         self.stats.add(files=1, spans=1, tokens=span.tokens, bytes=record["bytes"])
 
+    def _on_done(self, slot: int, files: int, tokens: int, nbytes: int, errors: int, first_error: str) -> None:
+        """Reaper thread: the writer process finished a batch; count it and free its slot."""
+        self.inflight.pop(slot, None)
+        self.stats.add(files=files, spans=files, tokens=tokens, bytes=nbytes, errors=errors)
+        if errors:
+            log.error("[hs-dump] writing %d span(s) failed: %s", errors, first_error)
+        self.pool.release(slot)
+        self.stats.maybe_write()
+
+    def _on_exit(self) -> None:
+        """Reaper thread: the writer process is gone; what it held is lost, later batches are dropped."""
+        if not self.closing:
+            log.error("[hs-dump] the writer process exited: batches in flight are lost, later ones dropped")
+        for slot, (spans, tokens) in list(self.inflight.items()):
+            self.inflight.pop(slot, None)
+            self.stats.add(dropped_batches=1, dropped_spans=spans, dropped_tokens=tokens)
+            if self.pool is not None:
+                self.pool.release(slot)
+
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop capturing, let the writers finish what is queued (bounded), write final stats."""
         if self.closed or not self.writer:
             self.closed = True
             return
         self.closed = True
-        drained = self.writers.drain(timeout)
-        self.writers.stop(min(5.0, timeout))
+        drained = self.flush(timeout)
+        self.closing = True
+        if self.sink is not None:
+            if not self.sink.stop(min(10.0, timeout)):
+                self.sink.kill()
+        else:
+            self.writers.stop(min(5.0, timeout))
         if self.pool is not None:
-            self.pool.close()
+            self.pool.close(free=drained)
         self.stats.state = "closed" if drained else "closed-with-pending"
         self.stats.maybe_write(force=True)
 
     def flush(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Wait until everything captured so far is on disk (tests, benchmarks, shutdown hooks)."""
-        ok = self.writers.drain(timeout) if self.writers else True
+        if self.sink is not None:
+            ok = self.pool.wait_idle(timeout) if self.pool is not None else True
+        else:
+            ok = self.writers.drain(timeout) if self.writers else True
         self.stats.maybe_write(force=True)
         return ok
 

@@ -1,127 +1,205 @@
 """Host staging for captured tensors: a bounded pool of (pinned) buffers and the async copy.
 
-GPU path: the copy runs on a side stream that first waits for the forward's
-stream; the source tensors are `record_stream`-ed so the caching allocator
-cannot hand their memory to the next forward before the copy finished; an
-event marks completion and the writer threads wait on it.  CPU path (tests,
-CPU-only hosts): plain synchronous copies into ordinary memory, no event.
+GPU path: the copies run on a side stream that first waits for the forward's
+stream (one reused event); the source tensors are `record_stream`-ed so the
+caching allocator cannot hand their memory to the next forward before the
+copies finished.  The copies are DMA only (no kernel, no GPU allocation):
+hidden rows as they are, each aux tensor as a strided 2D copy into its third
+of the [rows, 3H] rows, ids and positions in their source dtype (the writer
+converts them to int32).  They are queued through the driver by ctypes (see
+`cudadrv`), which costs the forward thread ~1 us a call instead of ~5-10 us
+through torch.  Completion is either a `sem_post` queued as a CUDA host
+function (writer process) or a blocking-sync event (writer threads: waiting
+sleeps instead of spinning a core).  CPU path (tests, CPU-only hosts): plain
+synchronous copies, no event.
 """
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
+
+log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+ID_DTYPES = (torch.int32, torch.int64)
 
 
 class HostBuffer:
-    """One flat host allocation holding a whole batch: hidden | aux | ids | positions.
+    """One flat host allocation holding a whole batch (see `layout.Layout`).
 
-    Rows of request b are contiguous in every region, so a span's tensors are
-    plain byte ranges that the writer hands to write() without another copy.
+    `shared=True` puts it in a memfd segment that the writer process maps too;
+    `pin` page-locks it (torch's pinned allocator, or cuMemHostRegister for a
+    shared segment) so that the copies into it are true asynchronous DMA.
     """
 
-    def __init__(self, capacity: int, hidden_size: int, dtype: torch.dtype, pin: bool):
+    def __init__(self, capacity: int, hidden_size: int, dtype: torch.dtype, pin: bool,
+                 shared: bool = False, slot: int = 0, gen: int = 0, driver=None):
         self.capacity, self.hidden_size, self.dtype = capacity, hidden_size, dtype
-        esize = torch.empty((), dtype=dtype).element_size()
-        sizes = [capacity * hidden_size * esize, capacity * 3 * hidden_size * esize, capacity * 4, capacity * 4]
-        self.flat = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
-        self.offsets = [sum(sizes[:i]) for i in range(4)]
-        self.row_bytes = [hidden_size * esize, 3 * hidden_size * esize, 4, 4]
-        self.hidden = self._region(0, sizes[0]).view(dtype).view(capacity, hidden_size)
-        self.aux = self._region(1, sizes[1]).view(dtype).view(capacity, 3 * hidden_size)
-        self.ids = self._region(2, sizes[2]).view(torch.int32)
-        self.positions = self._region(3, sizes[3]).view(torch.int32)
+        self.slot, self.gen, self.driver = slot, gen, None
+        self.esize = torch.empty((), dtype=dtype).element_size()
+        self.layout = Layout(capacity, hidden_size, self.esize)
+        self.fd, self.map = -1, None
+        if shared:
+            self._shared(pin, driver)
+        else:
+            self.flat = torch.empty(self.layout.nbytes, dtype=torch.uint8, pin_memory=pin)
+            self.mem = memoryview((ctypes.c_ubyte * self.layout.nbytes).from_address(self.flat.data_ptr())).cast("B")
+        self.base = self.flat.data_ptr()
+        self.hidden = self._region(REGION_HIDDEN).view(dtype).view(capacity, hidden_size)
+        self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
 
-    def _region(self, index: int, size: int) -> torch.Tensor:
-        return self.flat[self.offsets[index]:self.offsets[index] + size]
+    def _shared(self, pin: bool, driver) -> None:
+        from .procwriter import shared_segment
 
-    def span_view(self, region: int, start: int, rows: int) -> memoryview:
-        """Zero-copy bytes of rows [start, start+rows) of one region (0 hidden, 1 aux, 2 ids, 3 pos)."""
-        begin = self.offsets[region] + start * self.row_bytes[region]
-        size = rows * self.row_bytes[region]
-        return memoryview((ctypes.c_ubyte * size).from_address(self.flat.data_ptr() + begin)).cast("B")
+        self.fd, self.map = shared_segment(self.layout.nbytes, "hs-dump-slot%d" % self.slot)
+        self.flat = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.mem = memoryview(self.map)
+        if pin:
+            try:
+                driver.register(self.flat.data_ptr(), self.layout.nbytes)
+                self.driver = driver
+            except Exception as exc:  # e.g. a locked-memory limit: still correct, copies become synchronous
+                log.error("[hs-dump] could not page-lock a %d-byte host buffer (%r): copies into it "
+                          "will block the forward thread", self.layout.nbytes, exc)
+
+    def _region(self, index: int) -> torch.Tensor:
+        start = self.layout.offsets[index]
+        return self.flat[start:start + self.layout.sizes[index]]
+
+    def id_view(self, index: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """The ids (REGION_IDS) or positions (REGION_POS) region as `rows` values of `dtype`."""
+        return self._region(index).view(dtype)[:rows]
 
     def fits(self, rows: int, hidden_size: int, dtype: torch.dtype) -> bool:
         return rows <= self.capacity and hidden_size == self.hidden_size and dtype == self.dtype
+
+    def free(self) -> None:
+        """Unpin and unmap (a shared segment); only once no copy into it is pending."""
+        if self.driver is not None:
+            self.driver.unregister(self.base)
+            self.driver = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class BufferPool:
     """`count` buffer slots handed out to batches in flight: the dumper's bounded queue.
 
-    A slot's buffer is allocated on first use and re-allocated larger when a
-    batch does not fit.  `acquire` blocks (backpressure) or returns None (drop).
+    A slot's buffer is made (by `make_buffer(slot, gen, rows)`) on first use and
+    made again, larger, when a batch does not fit.  `acquire` blocks
+    (backpressure) or returns None (drop).
     """
 
-    def __init__(self, count: int, min_tokens: int, pin: bool):
-        self.count, self.min_tokens, self.pin = count, min_tokens, pin
-        self.free: List[Optional[HostBuffer]] = [None] * count
+    def __init__(self, count: int, min_tokens: int, make_buffer: Callable[[int, int, int, int, torch.dtype], HostBuffer]):
+        self.count, self.min_tokens, self.make_buffer = count, min_tokens, make_buffer
+        self.buffers: List[Optional[HostBuffer]] = [None] * count
+        self.free: List[int] = list(range(count - 1, -1, -1))
         self.cond = threading.Condition()
         self.in_use = 0
         self.high_water = 0
+        self.last_wait = 0.0
         self.closed = False
 
     def acquire(self, rows: int, hidden_size: int, dtype: torch.dtype, block: bool,
                 timeout: float) -> Optional[HostBuffer]:
-        """A buffer able to hold `rows` rows, or None (pool full and not blocking, timeout, closed)."""
+        """A buffer able to hold `rows` rows, or None (pool full and not blocking, timeout, closed).
+
+        `last_wait` holds the seconds spent waiting for a free slot (not making its buffer).
+        """
+        started = time.monotonic()
         slot = self._take_slot(block, timeout)
-        if slot is False:
+        self.last_wait = time.monotonic() - started
+        if slot is None:
             return None
-        if slot is None or not slot.fits(rows, hidden_size, dtype):
-            slot = None
+        buf = self.buffers[slot]
+        if buf is None or not buf.fits(rows, hidden_size, dtype):
             try:
-                slot = HostBuffer(max(rows, self.min_tokens), hidden_size, dtype, self.pin)
+                buf = self._remake(slot, max(rows, self.min_tokens), hidden_size, dtype)
             except BaseException:
-                self.release(None)
+                self.release(slot)
                 raise
-        return slot
+        return buf
+
+    def _remake(self, slot: int, rows: int, hidden_size: int, dtype: torch.dtype) -> HostBuffer:
+        old = self.buffers[slot]
+        self.buffers[slot] = None
+        if old is not None:
+            old.free()
+        gen = old.gen + 1 if old is not None else 0
+        self.buffers[slot] = self.make_buffer(slot, gen, rows, hidden_size, dtype)
+        return self.buffers[slot]
 
     def preallocate(self, rows: int, hidden_size: int, dtype: torch.dtype) -> None:
-        """Allocate every free slot now (pinned allocation is slow: keep it out of timed loops)."""
+        """Make every free slot's buffer now (pinning is slow: keep it out of timed loops)."""
         with self.cond:
-            for i, buf in enumerate(self.free):
+            for slot in self.free:
+                buf = self.buffers[slot]
                 if buf is None or not buf.fits(rows, hidden_size, dtype):
-                    self.free[i] = HostBuffer(max(rows, self.min_tokens), hidden_size, dtype, self.pin)
+                    self._remake(slot, max(rows, self.min_tokens), hidden_size, dtype)
 
-    def _take_slot(self, block: bool, timeout: float):
-        """Pop a slot under the lock (False when none becomes free in time)."""
+    def _take_slot(self, block: bool, timeout: float) -> Optional[int]:
+        """Pop a slot under the lock (None when none becomes free in time)."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while not self.free and not self.closed:
                 remaining = deadline - time.monotonic()
                 if not block or remaining <= 0:
-                    return False
+                    return None
                 self.cond.wait(remaining)
             if self.closed:
-                return False
+                return None
             self.in_use += 1
             self.high_water = max(self.high_water, self.in_use)
             return self.free.pop()
 
-    def release(self, buf: Optional[HostBuffer]) -> None:
-        """Give a slot back (with its buffer, kept for reuse)."""
+    def release(self, slot: int) -> None:
+        """Give a slot back (its buffer is kept for reuse)."""
         with self.cond:
             self.in_use -= 1
-            self.free.append(buf)
-            self.cond.notify()
+            self.free.append(slot)
+            self.cond.notify_all()
 
-    def close(self) -> None:
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no slot is in use (everything written), or the deadline; True if idle."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.in_use and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, deadline - time.monotonic()))
+            return not self.in_use
+
+    def close(self, free: bool) -> None:
+        """Refuse further slots; `free` unpins and unmaps the buffers (nothing may be in flight)."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+            if free:
+                for slot, buf in enumerate(self.buffers):
+                    if buf is not None:
+                        buf.free()
+                        self.buffers[slot] = None  # the memory goes with the last reference
 
 
 @dataclass
 class Staged:
-    """A batch copied (or being copied) into a host buffer; `ready` is the CUDA event or None."""
+    """A batch copied (or being copied) into a host buffer.
+
+    `ready` is a blocking-sync CUDA event (writer threads), or None: copies done
+    (CPU) or signalled through the slot's semaphore (writer process).
+    """
     buffer: HostBuffer
     rows: int
     ready: Optional[object]
+    id_size: int = 8
+    pos_size: int = 8
 
     def wait(self) -> None:
         """Block the calling (writer) thread until the copy landed in host memory."""
@@ -130,38 +208,91 @@ class Staged:
 
 
 class Stager:
-    """Copies a batch's tensors into a host buffer: on a side stream (CUDA) or synchronously (CPU)."""
+    """Copies a batch's tensors into a host buffer: DMA on a side stream (CUDA) or synchronously (CPU)."""
 
-    def __init__(self):
+    def __init__(self, driver=None):
+        self.driver = driver
         self.side_stream = None
+        self.fence = None
 
-    def stage(self, buf: HostBuffer, hidden: torch.Tensor, aux: Sequence[torch.Tensor],
-              ids: torch.Tensor, positions: Optional[torch.Tensor], rows: int) -> Staged:
-        if hidden.is_cuda:
-            return Staged(buf, rows, self._stage_cuda(buf, hidden, aux, ids, positions, rows))
-        self._copy_into(buf, hidden, aux, ids, positions, rows, non_blocking=False)
-        return Staged(buf, rows, None)
+    def stage(self, buf: HostBuffer, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids: torch.Tensor,
+              positions: Optional[torch.Tensor], rows: int, sem_addr: Optional[int] = None) -> Staged:
+        """Queue (CUDA) or do (CPU) the copies; with `sem_addr`, post that semaphore once they landed."""
+        if not hidden.is_cuda:
+            id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
+            return Staged(buf, rows, None, id_size, pos_size)
+        side = self._side(hidden.device)
+        self.fence.record(torch.cuda.current_stream(hidden.device))
+        side.wait_event(self.fence)
+        sources = [hidden, ids, *aux] + ([positions] if positions is not None else [])
+        for t in sources:
+            t.record_stream(side)
+        if self.driver is not None and _dma_ok(buf, hidden, aux, ids, positions):
+            id_size, pos_size = self._copy_dma(buf, hidden, aux, ids, positions, rows, side.cuda_stream)
+        else:
+            with torch.cuda.stream(side):
+                id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=True)
+        if sem_addr is not None:
+            self.driver.post_when_done(side.cuda_stream, sem_addr)
+            return Staged(buf, rows, None, id_size, pos_size)
+        event = torch.cuda.Event(blocking=True)
+        event.record(side)
+        return Staged(buf, rows, event, id_size, pos_size)
 
-    def _stage_cuda(self, buf, hidden, aux, ids, positions, rows):
-        """Queue the copies on the side stream after the forward's work; return the done event."""
+    def _side(self, device) -> "torch.cuda.Stream":
         if self.side_stream is None:
-            self.side_stream = torch.cuda.Stream(device=hidden.device)
-        side = self.side_stream
-        side.wait_stream(torch.cuda.current_stream(hidden.device))
-        with torch.cuda.stream(side):
-            for t in [hidden, ids, *aux] + ([positions] if positions is not None else []):
-                if t.is_cuda:
-                    t.record_stream(side)
-            self._copy_into(buf, hidden, aux, ids, positions, rows, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(side)
-        return event
+            self.side_stream = torch.cuda.Stream(device=device)
+            self.fence = torch.cuda.Event()
+        return self.side_stream
 
-    @staticmethod
-    def _copy_into(buf, hidden, aux, ids, positions, rows, non_blocking):
-        """hidden rows as is; aux concatenated to [rows, 3H] (on the source device); ids/positions as int32."""
-        buf.hidden[:rows].copy_(hidden[:rows], non_blocking=non_blocking)
-        buf.aux[:rows].copy_(torch.cat([a[:rows] for a in aux], dim=1), non_blocking=non_blocking)
-        buf.ids[:rows].copy_(ids[:rows].to(torch.int32), non_blocking=non_blocking)
+    def _copy_dma(self, buf, hidden, aux, ids, positions, rows, stream):
+        """hidden: one (2D if strided) copy; aux k: a 2D copy into columns [kH, (k+1)H) of the aux rows."""
+        drv, lay, e = self.driver, buf.layout, buf.esize
+        width = buf.hidden_size * e
+        drv.d2h_2d(buf.base + lay.offsets[REGION_HIDDEN], width, hidden.data_ptr(), hidden.stride(0) * e,
+                   width, rows, stream)
+        aux_base, aux_pitch = buf.base + lay.offsets[REGION_AUX], 3 * width
+        for k, a in enumerate(aux):
+            drv.d2h_2d(aux_base + k * width, aux_pitch, a.data_ptr(), a.stride(0) * e, width, rows, stream)
+        id_size = ids.element_size()
+        drv.d2h(buf.base + lay.offsets[REGION_IDS], ids.data_ptr(), rows * id_size, stream)
+        pos_size = positions.element_size() if positions is not None else 4
         if positions is not None:
-            buf.positions[:rows].copy_(positions[:rows].to(torch.int32), non_blocking=non_blocking)
+            drv.d2h(buf.base + lay.offsets[REGION_POS], positions.data_ptr(), rows * pos_size, stream)
+        return id_size, pos_size
+
+    def synchronize(self) -> None:
+        """Wait for every queued copy (error paths: before a slot may be reused or freed)."""
+        if self.side_stream is not None:
+            self.side_stream.synchronize()
+
+
+def _dma_ok(buf: HostBuffer, hidden, aux, ids, positions) -> bool:
+    """Raw DMA applies: row-contiguous float tensors of the buffer's dtype, contiguous int32/int64 ids."""
+    for t in (hidden, *aux):
+        if t.dim() != 2 or t.stride(1) != 1 or t.dtype != buf.dtype or not t.is_cuda:
+            return False
+    for t in (ids, positions):
+        if t is not None and (t.dim() != 1 or t.stride(0) != 1 or t.dtype not in ID_DTYPES or not t.is_cuda):
+            return False
+    return True
+
+
+def _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking):
+    """The general path: torch copies (cat for aux); ids/positions kept int32 or int64; returns item sizes."""
+    buf.hidden[:rows].copy_(hidden[:rows], non_blocking=non_blocking)
+    buf.aux[:rows].copy_(torch.cat([a[:rows] for a in aux], dim=1), non_blocking=non_blocking)
+    sizes = []
+    for index, t in ((REGION_IDS, ids), (REGION_POS, positions)):
+        if t is None:
+            sizes.append(4)
+            continue
+        t = t[:rows] if t.dtype in ID_DTYPES else t[:rows].to(torch.int64)
+        buf.id_view(index, t.dtype, rows).copy_(t, non_blocking=non_blocking)
+        sizes.append(t.element_size())
+    return sizes[0], sizes[1]
+
+
+def positions_into(buf: HostBuffer, positions: torch.Tensor) -> None:
+    """Derived int32 positions (no `positions` on the batch) written straight into the buffer."""
+    buf.id_view(REGION_POS, torch.int32, positions.numel()).copy_(positions)

@@ -1,9 +1,11 @@
-"""Writer threads and counters: staged batches -> one crash-safe file per request span.
+"""Writer threads (SGLANG_HS_DUMP_WRITER=thread) and counters.
 
-A writer takes a span task, waits for its batch's copy event (never the
-forward thread), writes the file through `format.write_span` (temp name,
-fsync, rename, manifest line after the rename) and gives the batch's buffer
-back to the pool when the batch's last span is written.
+The default writer is a separate process (`procwriter`); these in-process
+threads are the fallback where it cannot start.  A writer takes a span task,
+waits for its batch's copy event (never the forward thread), writes the file
+through `format.write_span` (temp name, fsync, rename, manifest line after
+the rename) and gives the batch's buffer back to the pool when the batch's
+last span is written.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional
 
 from . import format as fmt
+from .layout import span_views
 from .staging import BufferPool, Staged
 
 log = logging.getLogger("remote_ops_dump")
@@ -31,7 +34,13 @@ class Span:
 
 
 class DumpStats:
-    """Thread-safe counters, written to stats.json at most once a second and at close."""
+    """Thread-safe counters, written to stats.json at most once a second and at close.
+
+    `add` only counts: the forward thread calls it, and must never wait for the
+    file system (a rename next to fsync-heavy writers blocked it for 50-300 ms
+    on the H200 host).  `maybe_write` is called by the writer threads or the
+    writer process's reaper thread, and at flush/close.
+    """
 
     def __init__(self, path: Optional[str], static: Mapping[str, object]):
         self.path, self.static = path, dict(static)
@@ -48,7 +57,6 @@ class DumpStats:
         with self.lock:
             for name, delta in deltas.items():
                 self.counts[name] = self.counts.get(name, 0) + delta
-        self.maybe_write()
 
     def skip(self, reason: str) -> None:
         with self.lock:
@@ -91,7 +99,7 @@ class BatchJob:
             self.remaining -= 1
             last = self.remaining == 0
         if last:
-            self.pool.release(self.staged.buffer)
+            self.pool.release(self.staged.buffer.slot)
 
 
 class SpanWriters:
@@ -125,6 +133,7 @@ class SpanWriters:
             finally:
                 job.span_done()
                 self.tasks.task_done()
+                self.stats.maybe_write()
 
     def alive(self) -> bool:
         return any(t.is_alive() for t in self.threads)
@@ -147,10 +156,10 @@ class SpanWriters:
 def write_span_file(root: str, rank: int, job: BatchJob, span: Span, hidden_size: int,
                     dtype: str, metadata: Mapping[str, str], fsync: bool) -> dict:
     """Write one span of a staged batch with the shared stdlib writer; returns the manifest record."""
-    buf, s, n = job.staged.buffer, span.start, span.tokens
-    return fmt.write_span(root, rank, buf.span_view(2, s, n), buf.span_view(3, s, n),
-                          buf.span_view(0, s, n), buf.span_view(1, s, n), hidden_size, dtype,
-                          span.prefix_len, metadata, fsync)
+    staged = job.staged
+    ids, pos, hidden, aux = span_views(staged.buffer.mem, staged.buffer.layout, span.start, span.tokens,
+                                       staged.id_size, staged.pos_size)
+    return fmt.write_span(root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync)
 
 
 def ensure_rank_dir(root: str, rank: int) -> str:
