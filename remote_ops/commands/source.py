@@ -8,7 +8,8 @@ import click
 from .. import patching
 from .. import source as srcview
 from ..errors import UsageError
-from ._options import app_options, host_option
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
 def where(app, host: str | None, path: str | None, local_file: Path | None):
@@ -24,12 +25,26 @@ def where(app, host: str | None, path: str | None, local_file: Path | None):
 
 
 def target_options(fn):
-    """--host / --file / --local-file, shared by inspect-source and patch."""
+    """--file / --local-file, shared by inspect-source and patch (with `hosts_command(local_ok=True)`)."""
     fn = click.option("--local-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                      help="work on a file on this machine instead (no SSH)")(fn)
-    fn = click.option("--file", "path", default=None, metavar="PATH",
-                      help="file on the host (default: the inventory's sglang checkout deepseek_v2.py)")(fn)
-    return host_option(required=False)(fn)
+                      help="work on a file on this machine instead (no SSH; instead of --host)")(fn)
+    return click.option("--file", "path", default=None, metavar="PATH",
+                        help="file on the host (default: the inventory's sglang checkout deepseek_v2.py)")(fn)
+
+
+def on_targets(app, hosts, forks: int, path: str | None, local_file: Path | None, work, render=None) -> int:
+    """`work(remote, PatchTarget) -> (exit code, result)` on the local file (one document, as
+    before) or on every selected host (`run_on_hosts`: one host as before, many in parallel)."""
+    render = render or (lambda *_: None)
+    if local_file is not None:
+        if path:
+            raise UsageError("--file goes with --host; use --local-file PATH alone")
+        code, result = work(patching.LocalRemote(), patching.PatchTarget.local(local_file))
+        render(app.console, None, result)
+        app.console.emit(result)
+        return code
+    return run_on_hosts(app, hosts, lambda spec: work(app.remote(spec), patching.PatchTarget.for_host(spec, path)),
+                        render, forks=forks)
 
 
 def check_request(lines: str | None, grep: str | None, symbol: str | None) -> None:
@@ -57,8 +72,8 @@ def check_request(lines: str | None, grep: str | None, symbol: str | None) -> No
 @click.option("--lines", default=None, metavar="A:B", help="show lines A..B, like sed -n 'A,Bp' (e.g. 2830:2845)")
 @click.option("--grep", default=None, metavar="PATTERN", help="lines matching a Python regex, like grep -n")
 @click.option("--symbol", default=None, metavar="Class.method", help="the whole definition, decorators included")
-@app_options
-def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
+@hosts_command(local_ok=True)
+def inspect_source(app, hosts, forks, path, local_file, lines, grep, symbol) -> int:
     """Show numbered lines of the SGLang file, each with its enclosing Class.method.
 
     \b
@@ -71,14 +86,18 @@ def inspect_source(app, host, path, local_file, lines, grep, symbol) -> None:
     a missing file 13.
     """
     check_request(lines, grep, symbol)
-    remote, target = where(app, host, path, local_file)
-    tf = patching.read_target(remote, target)
-    view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
-                           version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
-    if app.console.json_mode:
-        app.console.emit(view)
-    else:
-        app.console.out(view.render())  # the listing is the command's data: stdout, like sed -n
+
+    def work(remote, target):
+        tf = patching.read_target(remote, target)
+        return 0, srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
+                                  version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
+    return on_targets(app, hosts, forks, path, local_file, work, _show)
+
+
+def _show(console, _spec, view) -> None:
+    """The listing is the command's data: stdout, like sed -n (the JSON document with --json)."""
+    if not console.json_mode:
+        console.out(view.render())
 
 
 commands = [inspect_source]
