@@ -6,7 +6,9 @@ plus the connection options, and passes the `App` and the selected hosts, so
 commands read `def facts(app, hosts, ...)` and hand a per-host function to
 `commands._fleet.run_on_hosts`.  `host_command` is the one-host form
 (`def cmd(app, host, ...)` with `host` the `--host` text) for commands that
-work on a single host only.
+work on a single host only.  Every command gets `-v/--verbose` (each remote
+command with its round-trip time; `-vv` SSH transport events) and `--host`
+completes inventory host and group names in the shell.
 """
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def host_option(required: bool = True):
 
 
 def host_command(fn):
-    """`--host` plus `app_options` (one host; no command uses it since issue 11, kept for extensions)."""
+    """`--host` plus `app_options`: one host, given to `fn` as the `--host` text (resolve it with
+    `app.host`, which goes through `remote_ops.targets`).  Host commands use `hosts_command`."""
     return host_option()(app_options(fn))
 
 
