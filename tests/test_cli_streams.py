@@ -126,7 +126,8 @@ def test_dash_v_prints_each_remote_command_with_its_time(lab, host, lab_env):
 
 
 def test_health_watch_json_is_json_lines(lab, host, lab_env):
-    rc, out, err = cli(lab_env, "health", "--host", host.name, "--watch", "0.2", "--watch-for", "1.5", "--json")
+    rc, out, err = cli(lab_env, "health", "--host", host.name, "--watch", "0.1", "--watch-for", "10", "--json",
+                       timeout=180)
     rounds = [json.loads(line) for line in out.splitlines()]
     assert len(rounds) >= 2 and all(r["hosts"][0]["host"] == host.name for r in rounds), out + err
     assert rc in (0, 11, 12)
