@@ -6,7 +6,7 @@ process, as an operator's shell starts them):
   python -c pass                      the bare interpreter (the floor)
   ssh -V                              OpenSSH's client, for scale
   remote-ops --version / --help       this tree
-  the same from another tree          with --before DIR (e.g. a `git archive` of an older commit)
+  the same from another tree          with --before DIR holding remote_ops/ (e.g. `git archive`)
   remote-ops health --host lab1       CLI wall, against one real lab sshd on loopback (0 ms RTT)
   remote-ops health, importing only   `python -X importtime` split of the health run's start-up
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,15 +25,27 @@ import tempfile
 import time
 
 
-def wall(argv: list[str], env: dict, repeat: int) -> float:
-    """Median wall seconds of `argv` run `repeat` times (after one warm-up run)."""
-    times = []
+def wall(argv: list[str], env: dict, repeat: int, cwd: str | None = None) -> float:
+    """Median wall seconds of `argv` run `repeat` times (after one warm-up run).  `python -m`
+    imports remote_ops from `cwd` first, so `cwd` picks the tree that runs."""
+    times, cpu = [], []
     for i in range(repeat + 1):
-        t = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        t, c = time.perf_counter(), _children_cpu()
+        subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
         if i:
             times.append(time.perf_counter() - t)
+            cpu.append(_children_cpu() - c)
+    CPU[" ".join(argv[-3:]) + (f" @{cwd}" if cwd else "")] = statistics.median(cpu)
     return statistics.median(times)
+
+
+#: median CPU seconds (user + system) of each timed command, by its last words
+CPU: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -49,15 +62,17 @@ def main() -> None:
         "remote-ops --help": wall([py, "-m", "remote_ops", "--help"], env, args.repeat),
     }
     if args.before:
-        old = {**env, "PYTHONPATH": args.before}
-        rows["before: remote-ops --version"] = wall([py, "-m", "remote_ops", "--version"], old, args.repeat)
-        rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], old, args.repeat)
+        rows["before: remote-ops --version"] = wall([py, "-m", "remote_ops", "--version"], env, args.repeat, args.before)
+        rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], env, args.repeat, args.before)
     rows.update(health_rows(py, env, max(5, args.repeat // 2), args.before))
-    for name, s in rows.items():
-        print(f"{name:<40} {s * 1000:8.1f} ms")
+    load = os.getloadavg()[0]
+    for (name, s), cpu in zip(rows.items(), CPU.values()):
+        print(f"{name:<40} wall {s * 1000:7.1f} ms   cpu {cpu * 1000:7.1f} ms")
+    print(f"(load average {load:.1f} on {os.cpu_count()} cores)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({k: round(v, 4) for k, v in rows.items()}, fh, indent=2)
+            json.dump({"wall_s": {k: round(v, 4) for k, v in rows.items()},
+                       "cpu_s": dict(zip(rows, (round(c, 4) for c in CPU.values())))}, fh, indent=2)
 
 
 def health_rows(py: str, env: dict, repeat: int, before: str | None) -> dict[str, float]:
@@ -69,7 +84,7 @@ def health_rows(py: str, env: dict, repeat: int, before: str | None) -> dict[str
         argv = [py, "-m", "remote_ops", "health", "--host", "lab1"]
         rows = {"remote-ops health --host lab1": wall(argv, lab_env, repeat)}
         if before:
-            rows["before: remote-ops health --host lab1"] = wall(argv, {**lab_env, "PYTHONPATH": before}, repeat)
+            rows["before: remote-ops health --host lab1"] = wall(argv, lab_env, repeat, before)
         return rows
 
 

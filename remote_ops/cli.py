@@ -46,15 +46,39 @@ COMMAND_HELP = {
 
 
 def _versions() -> str:
+    """remote-ops and its SSH/template/engine libraries' versions, from package metadata only."""
+    found = _dist_versions(("fabric", "paramiko", "jinja2", "docker"))
+    return "\n".join([f"remote-ops {__version__}"] +
+                     [f"{d} {found.get(d) or _metadata_version(d) or '(not installed)'}"
+                      for d in ("fabric", "paramiko", "jinja2", "docker")])
+
+
+def _dist_versions(names: tuple[str, ...]) -> dict[str, str]:
+    """Versions from the `NAME-VERSION.dist-info` folder names on sys.path (the wheel
+    metadata's own naming): one directory listing per path entry, no imports."""
+    import os
+
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            name, _, rest = item.partition("-")
+            if rest.endswith(".dist-info") and name.lower() in names and name.lower() not in found:
+                found[name.lower()] = rest[: -len(".dist-info")]
+    return found
+
+
+def _metadata_version(dist: str) -> str | None:
+    """importlib.metadata's answer, for installs without a dist-info folder name to read."""
     from importlib.metadata import PackageNotFoundError, version
 
-    parts = [f"remote-ops {__version__}"]
-    for dist in ("fabric", "paramiko", "jinja2", "docker"):
-        try:
-            parts.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            parts.append(f"{dist} (not installed)")
-    return "\n".join(parts)
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
