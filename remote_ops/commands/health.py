@@ -30,9 +30,10 @@ def _check(app, spec, deep: bool) -> tuple[int, health_mod.HostHealth]:
 
 def _document(run) -> dict:
     """The health document: `{"hosts": [HostHealth, ...]}` for one host or many (scripts read
-    `hosts[i].checks`), plus the fleet's exit code and failed hosts on many."""
-    return {"hosts": [o.result.to_dict() for o in run.outcomes if o.result is not None],
-            "exit_code": run.exit_code, "failed": [o.host for o in run.outcomes if o.failed]}
+    `hosts[i].checks`), the command's exit code and the hosts that failed."""
+    results = [o.result for o in run.outcomes if o.result is not None]
+    return {"hosts": [r.to_dict() for r in results], "exit_code": health_mod.exit_code(results),
+            "failed": [o.host for o in run.outcomes if o.failed]}
 
 
 def _drop_broken(app, results) -> None:
