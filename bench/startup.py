@@ -8,9 +8,10 @@ process, as an operator's shell starts them):
   remote-ops --version / --help       this tree
   the same from another tree          with --before DIR holding remote_ops/ (e.g. `git archive`)
   remote-ops health --host lab1       CLI wall, against one real lab sshd on loopback (0 ms RTT)
-  remote-ops health, importing only   `python -X importtime` split of the health run's start-up
+  remote-ops health --host NAME        with --health-host NAME: this environment's host (the sandbox)
 
     .venv/bin/python bench/startup.py [--repeat 20] [--before /tmp/before] [--json out.json]
+    REMOTE_OPS_STATE_DIR=... .venv/bin/python bench/startup.py --health-host sandbox
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--before", default=None, help="a tree (holding remote_ops/) to compare against")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--health-host", default=None, metavar="NAME",
+                    help="time `health --host NAME` with this environment's inventory (e.g. sandbox, "
+                         "after `remote-ops sandbox up` and `deploy --host sandbox --yes`) instead of a lab host")
     args = ap.parse_args()
     py, env = sys.executable, {**os.environ}
     rows: dict[str, float] = {
@@ -64,7 +68,11 @@ def main() -> None:
     if args.before:
         rows["before: remote-ops --version"] = wall([py, "-m", "remote_ops", "--version"], env, args.repeat, args.before)
         rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], env, args.repeat, args.before)
-    rows.update(health_rows(py, env, max(5, args.repeat // 2), args.before))
+    if args.health_host:
+        argv = [py, "-m", "remote_ops", "health", "--host", args.health_host]
+        rows[f"remote-ops health --host {args.health_host}"] = wall(argv, env, max(5, args.repeat // 2))
+    else:
+        rows.update(health_rows(py, env, max(5, args.repeat // 2), args.before))
     load = os.getloadavg()[0]
     for (name, s), cpu in zip(rows.items(), CPU.values()):
         print(f"{name:<40} wall {s * 1000:7.1f} ms   cpu {cpu * 1000:7.1f} ms")
