@@ -102,9 +102,10 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter) -> None:
         """Like click's, but from the static table (imports nothing for indexed commands)."""
-        rows = [(name, COMMAND_HELP[name][1] if name in COMMAND_HELP
-                 else self.commands[name].get_short_help_str(limit=formatter.width))
-                for name in self.list_commands(ctx)]
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(name, _short(COMMAND_HELP[name][1], limit) if name in COMMAND_HELP
+                 else self.commands[name].get_short_help_str(limit=limit)) for name in names]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -125,6 +126,13 @@ class LazyGroup(click.Group):
 
 
 _LOADED: dict[str, list[str]] = {}
+
+
+def _short(text: str, limit: int) -> str:
+    """`text` cut at a word to fit `limit` columns, with "..." (as click shortens help)."""
+    if len(text) <= limit:
+        return text
+    return text[: max(1, limit - 3)].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
