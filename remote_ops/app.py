@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .console import Console
+from .errors import ConfigError
 from .inventory import HostSpec, Inventory, default_inventory_paths, load_inventory
 from .remote import FabricRemote, Remote
 from .sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
@@ -23,6 +24,7 @@ class App:
     host_key_policy: str = "strict"
     connect_timeout: float | None = None
     command_timeout: float | None = None
+    verbose: int = 0                 # -v: each remote command and its time; -vv: whole commands + SSH events
     _inventory: Inventory | None = None
     _ssh_config: object | None = None
     _remotes: dict[str, FabricRemote] = field(default_factory=dict)
@@ -33,11 +35,16 @@ class App:
         return self._inventory
 
     def host(self, ref: str) -> HostSpec:
-        """The one host a `--host` value names."""
-        return self.inventory().one(ref)
+        """The one host a `--host` value names (through `remote_ops.targets`: an unknown bare
+        name is a ConfigError with close matches; ad-hoc hosts need an address form)."""
+        hosts = self.select(ref)
+        if len(hosts) != 1:
+            raise ConfigError(f"{ref!r} names {len(hosts)} hosts; this command takes one",
+                              field="--host", hint="name one host")
+        return hosts[0]
 
     def hosts(self, ref: str) -> list[HostSpec]:
-        return self.inventory().resolve(ref)
+        return self.select(ref)
 
     def select(self, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list[HostSpec]:
         """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.targets`)."""
@@ -63,8 +70,21 @@ class App:
     def remote(self, host: HostSpec) -> Remote:
         """The run's one connection to `host` (opened on first use)."""
         if host.name not in self._remotes:
-            self._remotes[host.name] = FabricRemote(self.target(host)).connect()
+            remote = FabricRemote(self.target(host))
+            if self.verbose:
+                remote.on_command = self._tracer(host.name)
+            self._remotes[host.name] = remote.connect()
         return self._remotes[host.name]
+
+    def _tracer(self, name: str):
+        """The -v line for each remote command: host, command (secrets masked), round trip, exit."""
+        from .secrets import mask_text
+
+        def trace(command: str, duration_s: float, status: int | None) -> None:
+            text = mask_text(command) if self.verbose > 1 else _one_line(mask_text(command))
+            exit_ = "timed out" if status is None else f"exit {status}"
+            self.console.trace(f"{name}: {duration_s * 1000:.0f} ms, {exit_}: {text}")
+        return trace
 
     def forget(self, host_name: str) -> None:
         """Close and drop `host_name`'s connection (after it failed), so the next use reconnects."""
@@ -76,6 +96,14 @@ class App:
         for remote in self._remotes.values():
             remote.close()
         self._remotes.clear()
+
+
+def _one_line(command: str, width: int = 200) -> str:
+    """A long or multi-line command cut to one line for -v (-vv shows it whole)."""
+    first = command.splitlines()[0] if command else ""
+    if len(first) > width or first != command:
+        return f"{first[:width]} ... ({len(command)} chars; -vv shows it whole)"
+    return first
 
 
 def default_timeouts() -> Timeouts:

@@ -4,6 +4,11 @@ This is the single error boundary.  Expected failures are `RemoteOpsError`s:
 they are rendered as one message (plus a hint) on stderr, or as a JSON error
 document with `--json`, and exit with their documented code.  Anything else is
 a bug: it exits 1 with the traceback.
+
+Start-up is lazy: `remote-ops --help` lists the commands from `COMMAND_HELP`
+(no command module imported) and `--version` reads package metadata, so
+neither loads SSH, pydantic, Jinja2 or rich.  A command's module (and what it
+needs) is imported only when that command runs or its own help is asked for.
 """
 from __future__ import annotations
 
@@ -15,21 +20,68 @@ import click
 from . import __version__
 from .errors import ExitCode, Interrupted, RemoteOpsError
 
-#: Command modules under remote_ops.commands, in help order.
-COMMAND_MODULES = ("hosts", "facts", "source", "patch", "render", "container", "health",
+#: Command modules under remote_ops.commands, in help order.  One line per module.
+COMMAND_MODULES = ("hosts", "inventory", "facts", "source", "patch", "render", "container", "health",
                    "deploy", "unlock", "sandbox", "logs", "dumps", "extract", "dataset", "spec", "train")
+
+#: command name -> (its module, its one-line help): what `--help` shows without importing
+#: the module.  A module listed above but not here still works (imported to list it);
+#: tests/test_cli_startup.py checks this table against the modules.  One line per command.
+COMMAND_HELP = {
+    "hosts": ("hosts", "List the hosts (and groups) of the inventory."),
+    "inventory": ("inventory", "Print the inventory's JSON Schema, or check inventory files (all errors)."),
+    "facts": ("facts", "Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."),
+    "inspect-source": ("source", "Show numbered lines of the SGLang file, each with its enclosing Class.method."),
+    "patch": ("patch", "Anchored patch of an SGLang model file (EAGLE-3 hidden-state dump hooks)."),
+    "render": ("render", "Print the rendered Dockerfile for HOST on stdout (no SSH)."),
+    "container": ("container", "Start, stop, restart or show the SGLang container (built by `deploy`)."),
+    "health": ("health", "Check SSH, docker, GPUs, container, patch, SGLang endpoints and dumps."),
+    "deploy": ("deploy", "Preflight, lock, check, push, patch, verify, build, start, wait, record, unlock."),
+    "unlock": ("unlock", "Show who holds the host lock (who, client host, PID, when, why) and release it."),
+    "sandbox": ("sandbox", "A local stand-in GPU host on loopback: real sshd + dockerd, real SGLang tree."),
+    "logs": ("logs", "Pull, follow and summarise a host's logs (server container, extraction, training)."),
+    "dumps": ("dumps", "Reconcile, check and pull the hidden-state dumps of a host."),
+    "extract": ("extract", "Run the extraction client on a host: every sample once through /generate."),
+    "dataset": ("dataset", "Tokenize a chat dataset for extraction and training, with an assistant-only loss mask."),
+    "spec": ("spec", "Speculative decoding with a trained drafter: deploy it, then measure it."),
+    "train": ("train", "Train the drafter on the exported features, follow it, stop it."),
+}
 
 
 def _versions() -> str:
+    """remote-ops and its SSH/template/engine libraries' versions, from package metadata only."""
+    found = _dist_versions(("fabric", "paramiko", "jinja2", "docker"))
+    return "\n".join([f"remote-ops {__version__}"] +
+                     [f"{d} {found.get(d) or _metadata_version(d) or '(not installed)'}"
+                      for d in ("fabric", "paramiko", "jinja2", "docker")])
+
+
+def _dist_versions(names: tuple[str, ...]) -> dict[str, str]:
+    """Versions from the `NAME-VERSION.dist-info` folder names on sys.path (the wheel
+    metadata's own naming): one directory listing per path entry, no imports."""
+    import os
+
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            name, _, rest = item.partition("-")
+            if rest.endswith(".dist-info") and name.lower() in names and name.lower() not in found:
+                found[name.lower()] = rest[: -len(".dist-info")]
+    return found
+
+
+def _metadata_version(dist: str) -> str | None:
+    """importlib.metadata's answer, for installs without a dist-info folder name to read."""
     from importlib.metadata import PackageNotFoundError, version
 
-    parts = [f"remote-ops {__version__}"]
-    for dist in ("fabric", "paramiko", "jinja2", "docker"):
-        try:
-            parts.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            parts.append(f"{dist} (not installed)")
-    return "\n".join(parts)
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
@@ -38,7 +90,55 @@ def _print_version(ctx: click.Context, _param, value: bool) -> None:
         ctx.exit(0)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use; `--help` lists `COMMAND_HELP`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_HELP) | set(self.commands) | set(self._unindexed(ctx)))
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name not in self.commands and name in COMMAND_HELP:
+            self._load(COMMAND_HELP[name][0])
+        if name not in self.commands:
+            self._unindexed(ctx)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx: click.Context, formatter) -> None:
+        """Like click's, but from the static table (imports nothing for indexed commands)."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(name, _short(COMMAND_HELP[name][1], limit) if name in COMMAND_HELP
+                 else self.commands[name].get_short_help_str(limit=limit)) for name in names]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def _load(self, module_name: str) -> list[str]:
+        """Import one command module (once) and add its commands; their names."""
+        if module_name not in _LOADED:
+            module = importlib.import_module(f"remote_ops.commands.{module_name}")
+            _LOADED[module_name] = [c.name for c in getattr(module, "commands", [])]
+            for command in getattr(module, "commands", []):
+                self.add_command(command)
+        return _LOADED[module_name]
+
+    def _unindexed(self, ctx: click.Context) -> list[str]:
+        """Commands of modules in COMMAND_MODULES with no COMMAND_HELP line (imported to list them)."""
+        indexed = {module for module, _ in COMMAND_HELP.values()}
+        return [name for m in COMMAND_MODULES if m not in indexed for name in self._load(m)]
+
+
+_LOADED: dict[str, list[str]] = {}
+
+
+def _short(text: str, limit: int) -> str:
+    """`text` cut at a word to fit `limit` columns, with "..." (as click shortens help)."""
+    if len(text) <= limit:
+        return text
+    return text[: max(1, limit - 3)].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="show versions of remote-ops, fabric, paramiko, jinja2 and docker")
 def cli() -> None:
@@ -49,22 +149,18 @@ def cli() -> None:
       remote-ops facts --host gpu-node
       remote-ops inspect-source --host gpu-node --lines 2830:2845
       remote-ops deploy --host 10.1.230.174 --dry-run
-      remote-ops health --host gpu-node
+      remote-ops health --host fleet --forks 8
+      remote-ops deploy --all --limit 'gpu-0*' --serial 2
+
+    \b
+    Data (tables, diffs, listings, logs) goes to stdout, progress and
+    warnings to stderr; --json prints one document (JSON Lines for
+    --watch and `logs follow`); -v shows each remote command, -vv SSH events.
 
     Exit codes are documented in the README (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
     failed, 11/12 health warn/fail, 13 not found, 129/130/143 SIGHUP/SIGINT/SIGTERM).
     """
-
-
-def _register() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"remote_ops.commands.{name}")
-        for command in getattr(module, "commands", []):
-            cli.add_command(command)
-
-
-_register()
 
 
 def _json_requested(argv: list[str]) -> bool:

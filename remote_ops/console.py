@@ -1,12 +1,22 @@
-"""All output goes through here: human text on stderr (rich), JSON on stdout.
+"""All output goes through here: data on stdout, progress and notes on stderr.
 
 Commands return result objects; the CLI hands them to `Console`.  Nothing else
-prints.  With `--json`, exactly one JSON document is written to stdout so
-scripts can pipe it; progress and logs still go to stderr.
+prints.  The streams rule:
+
+- data (tables, diffs, listings, check results, followed log lines) -> stdout,
+  so `remote-ops hosts 2>/dev/null`, `patch apply --dry-run > x.diff` and
+  `logs follow | grep` work;
+- progress, notes, warnings and errors -> stderr;
+- with `--json`, stdout carries exactly one JSON document (`emit`), or one
+  compact object per line for streams (`emit_line`: `health --watch`, `logs
+  follow`), and the human data goes to stderr instead.
+
+Colour only on a terminal and never with NO_COLOR set (rich's own rules).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -42,10 +52,19 @@ class Console:
     def __init__(self, json_mode: bool = False, quiet: bool = False, stderr=None, stdout=None) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
-        file = stderr or sys.stderr
-        wide = None if getattr(file, "isatty", lambda: False)() else 160
-        self.err = RichConsole(file=file, highlight=False, soft_wrap=True, width=wide)
+        self.verbose = 0
+        self.err = _rich(stderr or sys.stderr)
         self._stdout = stdout or sys.stdout
+        self._data = None
+
+    @property
+    def data(self) -> RichConsole:
+        """Where human-readable data goes: stdout, or stderr when stdout carries JSON."""
+        if self.json_mode:
+            return self.err
+        if self._data is None:
+            self._data = _rich(self._stdout)
+        return self._data
 
     # -- human ---------------------------------------------------------------
     def say(self, text: str = "", style: str | None = None) -> None:
@@ -56,11 +75,14 @@ class Console:
     def step(self, text: str) -> None:
         self.say(f"==> {text}", style="bold")
 
-    def status(self, status: str, text: str) -> None:
-        """`[ ok ] text` style line, coloured by status."""
+    def status(self, status: str, text: str, data: bool = False) -> None:
+        """`[ ok ] text` style line, coloured by status; `data`: a result line (stdout), not progress."""
         label = f"[{status:^4}]"
-        if not self.quiet:
-            self.err.print(f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}")
+        line = f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}"
+        if data:
+            self.data.print(line)
+        elif not self.quiet:
+            self.err.print(line)
 
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}", style="yellow")
@@ -70,26 +92,34 @@ class Console:
         if hint:
             self.err.print(f"[dim]hint: {escape(hint)}[/]")
 
-    def host_line(self, host: str, stream: str, line: str) -> None:
-        """A live line of remote output, prefixed by its host (builds, logs)."""
-        if not self.quiet:
+    def host_line(self, host: str, stream: str, line: str, data: bool = False) -> None:
+        """A live line of remote output, prefixed by its host: progress (a build's output) on
+        stderr, or with `data` the command's data (followed log lines) on stdout."""
+        if data or not self.quiet:
             style = "dim" if stream == "stderr" else None
-            self.err.print(f"[cyan]{escape(host)}[/] | {escape(line)}", style=style)
+            (self.data if data else self.err).print(f"[cyan]{escape(host)}[/] | {escape(line)}", style=style)
 
     def table(self, columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-        if self.quiet:
-            return
+        """A table of data (stdout; stderr with --json)."""
         t = Table(title=title, show_edge=False, header_style="bold")
         for c in columns:
             t.add_column(c)
         for r in rows:
             t.add_row(*[escape("" if v is None else str(v)) for v in r])
-        self.err.print(t)
+        self.data.print(t)
 
-    def text_block(self, text: str) -> None:
-        """Multi-line text exactly as given (diffs, numbered source)."""
-        if not self.quiet:
-            self.err.out(text, highlight=False)
+    def text_block(self, text: str, data: bool = True) -> None:
+        """Multi-line text exactly as given (diffs, numbered source): data on stdout (stderr with
+        --json); with `data=False` supporting evidence for progress (stderr, silenced by -q)."""
+        if self.json_mode or not data:
+            if not self.quiet:
+                self.err.out(text, highlight=False)
+        else:
+            self.out(text)
+
+    def trace(self, text: str) -> None:
+        """A `-v` line (each remote command and its time) on stderr, even with --quiet."""
+        self.err.print(escape(text), style="dim")
 
     @contextmanager
     def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
@@ -118,7 +148,22 @@ class Console:
             self._stdout.write("\n")
             self._stdout.flush()
 
+    def emit_line(self, obj: Any) -> None:
+        """One compact JSON object on one line (JSON Lines, for streams), only in json mode."""
+        if self.json_mode:
+            self._stdout.write(json.dumps(to_jsonable(obj), separators=(",", ":")) + "\n")
+            self._stdout.flush()
+
     def out(self, text: str) -> None:
         """Primary data a user may pipe (e.g. a rendered Dockerfile) -> stdout."""
         self._stdout.write(text if text.endswith("\n") else text + "\n")
         self._stdout.flush()
+
+
+def _rich(file) -> RichConsole:
+    """A rich console on `file`: colour only on a terminal and without NO_COLOR (rich honours
+    both, and NO_COLOR drops bold/dim too); 160 columns when not a terminal, so piped tables are not cut at 80."""
+    wide = None if getattr(file, "isatty", lambda: False)() else 160
+    plain = os.environ.get("NO_COLOR", "") != ""            # https://no-color.org: no styling at all
+    return RichConsole(file=file, highlight=False, soft_wrap=True, width=wide,
+                       **({"color_system": None, "no_color": True} if plain else {}))

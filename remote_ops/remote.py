@@ -95,6 +95,9 @@ def fingerprint(key) -> str:
 class FabricRemote:
     """`Remote` over one Fabric/paramiko connection, strict about host keys."""
 
+    #: optional `on_command(command, duration_s, exit_status)` called after each `run` (for -v)
+    on_command: "Callable[[str, float, int | None], None] | None" = None
+
     def __init__(self, target: SshTarget, *, gateway: "FabricRemote | None" = None) -> None:
         self.target = target
         self.name = target.name
@@ -200,6 +203,10 @@ class FabricRemote:
         deadline_s = self.target.timeouts.command if timeout is None else timeout
         start = time.monotonic()
         status, out, err, chan = self._exec(line, input, start + deadline_s, on_line, deadline_s)
+        # --- cli-frame hook (-v): report each command, its round-trip time and exit status (None: timed out)
+        if self.on_command is not None:
+            self.on_command(line, time.monotonic() - start, status)
+        # --- end hook
         if status is None:
             raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
                                   command=line, timeout=deadline_s)

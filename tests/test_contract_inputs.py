@@ -344,7 +344,7 @@ def test_deploy_dry_run_and_json_never_show_the_token(lab, spec, lab_env, tmp_pa
     env = {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}
     human = cli("deploy", "--host", secret.name, "--dry-run", env=env)
     assert human.returncode == 0, human.stderr
-    assert "HF_TOKEN=***" in human.stderr and TOKEN not in human.stdout + human.stderr
+    assert "HF_TOKEN=***" in human.stdout and TOKEN not in human.stdout + human.stderr   # the plan: stdout
     machine = cli("deploy", "--host", secret.name, "--dry-run", "--json", env=env)
     assert machine.returncode == 0, machine.stderr
     doc = json.loads(machine.stdout)

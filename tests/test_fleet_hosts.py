@@ -34,3 +34,27 @@ def test_one_dead_host_never_stops_the_others_and_sets_the_exit_code(lab, lab_en
 def test_an_unknown_name_is_a_config_error_with_suggestions(lab, lab_env):
     rc, _, err = cli(lab_env, "facts", "--host", "lab9")
     assert rc == 3 and "did you mean" in err and "lab1" in err
+
+
+def test_deploy_serial_stops_the_roll_after_a_failed_batch_unless_keep_going(lab, lab_env, spare_host, faults):
+    """The first batch's host refuses connections: with --serial 1 the rest are skipped (exit 4);
+    with --keep-going every batch runs.  (--dry-run: nothing is changed either way.)"""
+    faults.refuse(spare_host)
+    others = [n for n in ("lab1", "lab2", "lab3") if n != spare_host.name]
+    pattern = ",".join([spare_host.name, *others])
+    rc, out, err = cli(lab_env, "deploy", "--host", pattern, "--dry-run", "--serial", "1", "--json",
+                       "--connect-timeout", "3")
+    doc = json.loads(out)
+    assert rc == 4 and doc["hosts"][0]["exit_code"] == 4, err
+    assert doc["skipped"] == others and "skipped after a failed batch" in err
+    rc, out, err = cli(lab_env, "deploy", "--host", pattern, "--dry-run", "--serial", "1", "--keep-going",
+                       "--json", "--connect-timeout", "3")
+    doc = json.loads(out)
+    assert doc["skipped"] == [] and [h["host"] for h in doc["hosts"]] == [spare_host.name, *others], err
+
+
+def test_health_on_a_group_keeps_its_document_shape(lab, lab_env):
+    rc, out, err = cli(lab_env, "health", "--host", "lab1,lab2", "--json")
+    doc = json.loads(out)
+    assert [h["host"] for h in doc["hosts"]] == ["lab1", "lab2"] and all(h["checks"] for h in doc["hosts"])
+    assert doc["exit_code"] == rc and "2 hosts" in err

@@ -134,4 +134,4 @@ def test_cli_logs_follow_prefixes_each_line_with_the_host(lab_env, host):
                            "--what", "extraction", "--duration", "2"], capture_output=True, text=True,
                           timeout=60, env={**lab_env, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert f"{host.name} | [extraction] hello from the host" in proc.stderr
+    assert f"{host.name} | [extraction] hello from the host" in proc.stdout     # data: stdout (issue 13)

@@ -88,6 +88,7 @@ def test_cli_end_to_end_over_ssh(sglang_host, cli_env, capsys):
     assert main(["patch", "apply", "--host", name, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["action"] == "noop"
     assert main(["patch", "verify", "--host", name]) == 0
+    capsys.readouterr()                       # verify's evidence listings are data: stdout (issue 13)
     assert main(["patch", "status", "--host", name, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "applied"
     assert main(["patch", "revert", "--host", name]) == 0

@@ -20,12 +20,19 @@ Render = Callable[[Any, Any, Any], None]      # (console, host spec, result)
 
 
 def run_on_hosts(app, hosts: list, work: Work, render: Render, *, forks: int = fleet.DEFAULT_FORKS,
-                 serial: int | None = None, keep_going: bool = False) -> int:
-    """`work(host) -> (exit code, result)` on every host; returns the exit code for the run."""
+                 serial: int | None = None, keep_going: bool = False,
+                 document: Callable[[fleet.FleetRun], Any] | None = None,
+                 emit: Callable[[Any], None] | None = None) -> int:
+    """`work(host) -> (exit code, result)` on every host; returns the exit code for the run.
+
+    `document(run)` builds the JSON document instead of the defaults (a command whose
+    document keeps one shape for one host and many: health); `emit` replaces
+    `console.emit` (streams: `console.emit_line`, one JSON line per round)."""
+    emit = emit or app.console.emit
     if len(hosts) == 1 and not serial:
         code, result = work(hosts[0])
         render(app.console, hosts[0], result)
-        app.console.emit(result)
+        emit(document(fleet.FleetRun([fleet.HostOutcome(hosts[0].name, code, result)])) if document else result)
         return code
     by_name = {h.name: h for h in hosts}
     lock = threading.Lock()
@@ -46,7 +53,7 @@ def run_on_hosts(app, hosts: list, work: Work, render: Render, *, forks: int = f
     else:
         run = fleet.fan_out(hosts, guarded, forks=forks, on_done=done)
     summarize(app.console, run)
-    app.console.emit(run.to_dict())
+    emit(document(run) if document else run.to_dict())
     return run.exit_code
 
 

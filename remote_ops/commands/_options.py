@@ -6,7 +6,9 @@ plus the connection options, and passes the `App` and the selected hosts, so
 commands read `def facts(app, hosts, ...)` and hand a per-host function to
 `commands._fleet.run_on_hosts`.  `host_command` is the one-host form
 (`def cmd(app, host, ...)` with `host` the `--host` text) for commands that
-work on a single host only.
+work on a single host only.  Every command gets `-v/--verbose` (each remote
+command with its round-trip time; `-vv` SSH transport events) and `--host`
+completes inventory host and group names in the shell.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import click
 
 from ..app import App
 from ..console import Console
+from ..errors import UsageError
 
 
 def app_options(fn):
@@ -33,41 +36,85 @@ def app_options(fn):
                   help="deadline of every remote command and probe, in seconds (default 120); "
                        "long steps have their own (deploy --build-timeout, --healthy-timeout)")
     @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
-    @click.option("-q", "--quiet", is_flag=True, help="no human output on stderr")
+    @click.option("-q", "--quiet", is_flag=True, help="no progress or notes on stderr (data and errors still print)")
+    @click.option("-v", "--verbose", count=True,
+                  help="-v: each remote command (secrets masked) and its round-trip time on stderr; "
+                       "-vv: whole commands and SSH transport events")
     @functools.wraps(fn)
     def wrapper(*args, inventory, ssh_config, host_key_policy, connect_timeout, command_timeout,
-                as_json, quiet, **kwargs):
+                as_json, quiet, verbose, **kwargs):
+        if verbose > 1:
+            _ssh_events_to_stderr()
         app = App(console=Console(json_mode=as_json, quiet=quiet),
                   inventory_paths=list(inventory) or None, ssh_config_path=ssh_config,
                   host_key_policy=host_key_policy, connect_timeout=connect_timeout,
-                  command_timeout=command_timeout)
+                  command_timeout=command_timeout, verbose=verbose)
         click.get_current_context().call_on_close(app.close)
         return fn(app, *args, **kwargs)
     return wrapper
 
 
+def _ssh_events_to_stderr() -> None:
+    """-vv: paramiko's transport log (connect, kex, auth, channels) at INFO on stderr."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("ssh: %(name)s: %(message)s"))
+    log = logging.getLogger("paramiko")
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+
+
+def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
+    """Shell completion for --host: inventory host and group names (the last term of a pattern)."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        from ..inventory import default_inventory_paths, load_inventory
+
+        inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
+    except Exception:          # completion must never fail loudly: no inventory, no names
+        return []
+    head, sep, last = incomplete.rpartition(",")
+    sign = last[:1] if last[:1] in "!&" else ""
+    names = [*inv.hosts, *inv.groups, "all"]
+    return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign):])]
+
+
 def host_option(required: bool = True):
-    return click.option("--host", "host", required=required, metavar="HOST",
-                        help="inventory name, group, listed address, or ad-hoc [user@]address[:port] "
-                             "(e.g. gpu-node or 10.1.230.174)")
+    return click.option("--host", "host", required=required, metavar="HOST", shell_complete=complete_hosts,
+                        help="inventory name, listed address, or ad-hoc address form "
+                             "(user@addr, addr:port, an IP; e.g. 10.1.230.174)")
 
 
 def host_command(fn):
-    """`--host` plus `app_options`."""
+    """`--host` plus `app_options`: one host, given to `fn` as the `--host` text (resolve it with
+    `app.host`, which goes through `remote_ops.targets`).  Host commands use `hosts_command`."""
     return host_option()(app_options(fn))
 
 
-def hosts_command(fn):
-    """`--host PATTERN`/`--all`/`--limit`/`--forks` plus `app_options` -> fn(app, hosts, forks=, ...)."""
-    @click.option("--host", "pattern", metavar="PATTERN", default=None,
+def hosts_command(fn=None, *, local_ok: bool = False):
+    """`--host PATTERN`/`--all`/`--limit`/`--forks` plus `app_options` -> fn(app, hosts, forks=, ...).
+
+    With `local_ok` the command also takes `--local-file` (its own option): then no host is
+    selected and `hosts` is empty (inspect-source, patch)."""
+    if fn is None:
+        return functools.partial(hosts_command, local_ok=local_ok)
+
+    @click.option("--host", "pattern", metavar="PATTERN", default=None, shell_complete=complete_hosts,
                   help="host, group, glob or comma list (Ansible patterns: 'fleet,!gpu-03'); "
                        "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174")
     @click.option("--all", "all_hosts", is_flag=True, help="every inventory host")
-    @click.option("--limit", metavar="PATTERN", default=None, help="narrow the selection (as ansible --limit)")
+    @click.option("--limit", metavar="PATTERN", default=None, shell_complete=complete_hosts,
+                  help="narrow the selection (as ansible --limit)")
     @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True,
                   help="hosts worked on at once")
     @app_options
     @functools.wraps(fn)
     def wrapper(app, *args, pattern, all_hosts, limit, **kwargs):
+        if local_ok and kwargs.get("local_file") is not None:
+            if pattern or all_hosts:
+                raise UsageError("give exactly one of --host/--all or --local-file PATH")
+            return fn(app, [], *args, **kwargs)
         return fn(app, app.select(pattern, all_hosts=all_hosts, limit=limit), *args, **kwargs)
     return wrapper

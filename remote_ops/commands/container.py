@@ -1,24 +1,44 @@
-"""`remote-ops container start|stop|restart|status --host H`: the SGLang container's lifecycle."""
+"""`remote-ops container start|stop|restart|status --host PATTERN`: the SGLang container's lifecycle."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import click
 
 from .. import container as ctr
 from .. import deploy, hostlock
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
-def _show(app, spec, info) -> None:
-    """One status line (stderr) + the inspect summary as JSON (stdout with --json)."""
+def _show(console, spec, view: "ContainerView") -> None:
+    """One status line per host (the command's data, stdout); the document is emitted by run_on_hosts."""
+    info = view.info
+    if view.doc.get("dry_run"):
+        return
     if info is None:
-        app.console.status("fail", f"{spec.name}: container {spec.container.name} does not exist")
+        console.status("fail", f"{spec.name}: container {spec.container.name} does not exist", data=True)
     else:
         health = f", {info.health}" if info.health else ""
-        app.console.status("ok" if info.running else "warn",
-                           f"{spec.name}: {info.name} {info.status}{health}, image {info.image_ref} "
-                           f"({info.image_id[:19]}), restarts {info.restart_count}"
-                           + (", OOM-killed" if info.oom_killed else ""))
-    app.console.emit({"host": spec.name, "container": info.to_dict() if info else None})
+        console.status("ok" if info.running else "warn",
+                       f"{spec.name}: {info.name} {info.status}{health}, image {info.image_ref} "
+                       f"({info.image_id[:19]}), restarts {info.restart_count}"
+                       + (", OOM-killed" if info.oom_killed else ""), data=True)
+
+
+@dataclass
+class ContainerView:
+    """One host's JSON document and the inspect result it came from (for the human view)."""
+
+    doc: dict
+    info: object = None
+
+    def to_dict(self) -> dict:
+        return self.doc
+
+
+def _info_doc(spec, info) -> ContainerView:
+    return ContainerView({"host": spec.name, "container": info.to_dict() if info else None}, info)
 
 
 @click.group("container")
@@ -26,14 +46,18 @@ def container_group() -> None:
     """Start, stop, restart or show the SGLang container (built by `deploy`)."""
 
 
-def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: bool) -> None:
-    """Run (or, with --dry-run, show) start/stop/restart; --diff shows the state change.
+def _lifecycle(app, hosts, forks: int, action: str, grace: int, dry_run: bool, diff: bool) -> int:
+    return run_on_hosts(app, hosts, lambda spec: (0, _lifecycle_one(app, spec, action, grace, dry_run, diff)),
+                        _show, forks=forks)
+
+
+def _lifecycle_one(app, spec, action: str, grace: int, dry_run: bool, diff: bool) -> ContainerView:
+    """Run (or, with --dry-run, show) start/stop/restart on one host; --diff shows the state change.
 
     A real run holds the host lock (exit 9 while a deploy or another change holds
     it, nothing touched); a dry run only reads."""
     from .. import patching
 
-    spec = app.host(host)
     if action == "start" and not spec.sglang.patch:      # the image tag names the patch: derive the spec
         spec = patching.bind_host(app.remote(spec), spec)[0]
     image = deploy.image_ref(spec) if action == "start" else None
@@ -45,18 +69,18 @@ def _lifecycle(app, host: str, action: str, grace: int, dry_run: bool, diff: boo
             commands, before, after = ctr.lifecycle(remote, spec, action, image=image, grace_s=grace)
     if not commands:
         app.console.status("ok", f"{spec.name}: nothing to do ({action}: container already in that state)")
-    for c in commands:
-        app.console.say(f"{'would run' if dry_run else 'ran'}: {c}")
+    for c in commands:        # a dry run's plan is its data (stdout); what ran is progress (stderr)
+        line = f"{spec.name}: {'would run' if dry_run else 'ran'}: {c}"
+        app.console.text_block(line) if dry_run else app.console.say(line)
     if diff:
         was = f"{before.status} ({before.image_id[:19]})" if before else "absent"
-        app.console.say(f"--- container {spec.container.name}: {was}\n+++ after {action}: "
-                        + (f"{after.status} ({after.image_id[:19]})" if after and not dry_run
-                           else "(not run)" if dry_run else "absent"))
+        app.console.text_block(f"--- container {spec.container.name}: {was}\n+++ after {action}: "
+                               + (f"{after.status} ({after.image_id[:19]})" if after and not dry_run
+                                  else "(not run)" if dry_run else "absent"))
     if dry_run:
-        app.console.emit({"host": spec.name, "dry_run": True, "commands": commands,
-                          "container": before.to_dict() if before else None})
-    else:
-        _show(app, spec, after)
+        return ContainerView({"host": spec.name, "dry_run": True, "commands": commands,
+                              "container": before.to_dict() if before else None})
+    return _info_doc(spec, after)
 
 
 def lifecycle_options(fn):
@@ -66,38 +90,38 @@ def lifecycle_options(fn):
 
 @container_group.command("start")
 @lifecycle_options
-@host_command
-def start_cmd(app, host: str, dry_run: bool, diff: bool) -> None:
+@hosts_command
+def start_cmd(app, hosts, forks, dry_run: bool, diff: bool) -> int:
     """Start the container; if it does not exist, run it from the deployed image."""
-    _lifecycle(app, host, "start", 30, dry_run, diff)
+    return _lifecycle(app, hosts, forks, "start", 30, dry_run, diff)
 
 
 @container_group.command("stop")
 @click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
 @lifecycle_options
-@host_command
-def stop_cmd(app, host: str, grace: int, dry_run: bool, diff: bool) -> None:
+@hosts_command
+def stop_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int:
     """Stop the container (it keeps its settings; `start` resumes it).  Stopped already: no-op."""
-    _lifecycle(app, host, "stop", grace, dry_run, diff)
+    return _lifecycle(app, hosts, forks, "stop", grace, dry_run, diff)
 
 
 @container_group.command("restart")
 @click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
 @lifecycle_options
-@host_command
-def restart_cmd(app, host: str, grace: int, dry_run: bool, diff: bool) -> None:
+@hosts_command
+def restart_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int:
     """Restart the container in place."""
-    _lifecycle(app, host, "restart", grace, dry_run, diff)
+    return _lifecycle(app, hosts, forks, "restart", grace, dry_run, diff)
 
 
 @container_group.command("status")
-@host_command
-def status_cmd(app, host: str) -> int:
+@hosts_command
+def status_cmd(app, hosts, forks) -> int:
     """Show the container's state, health, image and restart count (exit 13 if absent)."""
-    spec = app.host(host)
-    info = ctr.status(app.remote(spec), spec)
-    _show(app, spec, info)
-    return 0 if info is not None else 13
+    def work(spec):
+        info = ctr.status(app.remote(spec), spec)
+        return (0 if info is not None else 13), _info_doc(spec, info)
+    return run_on_hosts(app, hosts, work, _show, forks=forks)
 
 
 commands = [container_group]

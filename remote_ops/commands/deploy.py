@@ -1,4 +1,4 @@
-"""`remote-ops deploy --host H [--dry-run] [--diff] [--yes]`: the whole job, idempotent."""
+"""`remote-ops deploy --host PATTERN [--dry-run] [--diff] [--yes] [--serial N]`: the whole job, idempotent."""
 from __future__ import annotations
 
 import click
@@ -6,7 +6,8 @@ import click
 from .. import deploy as deploy_mod
 from .. import patching
 from ..errors import Refused
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "skip", "failed": "fail"}
 
@@ -19,7 +20,7 @@ class ConsoleEvents(deploy_mod.Events):
 
     def step(self, s: deploy_mod.StepResult) -> None:
         took = f" ({s.duration_s:.2f}s)" if s.duration_s >= 0.01 else ""
-        self.console.status(STATUS.get(s.status, "info"), f"{s.name:<9} {s.status}: {s.detail}{took}")
+        self.console.status(STATUS.get(s.status, "info"), f"{self.host}: {s.name:<9} {s.status}: {s.detail}{took}")
 
     def line(self, stream: str, text: str) -> None:
         self.console.host_line(self.host, stream, text)
@@ -37,9 +38,12 @@ class ConsoleEvents(deploy_mod.Events):
               help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)")
 @click.option("--build-timeout", type=click.FloatRange(min=0, min_open=True), default=deploy_mod.BUILD_TIMEOUT_S,
               show_default=True, help="seconds the image build may take")
-@host_command
-def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: str,
-               healthy_timeout: float | None, build_timeout: float) -> None:
+@click.option("--serial", type=click.IntRange(min=1), default=None, metavar="N",
+              help="rolling: N hosts at a time; after a batch with a failure the rest are skipped")
+@click.option("--keep-going", is_flag=True, help="with --serial: go on after a failed batch")
+@hosts_command
+def deploy_cmd(app, hosts, forks, dry_run: bool, show_diff: bool, yes: bool, why: str,
+               healthy_timeout: float | None, build_timeout: float, serial: int | None, keep_going: bool) -> int:
     """Preflight, lock, check, push, patch, verify, build, start, wait, record, unlock.
 
     \b
@@ -53,8 +57,32 @@ def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: s
     SIGTERM or SIGHUP releases the host lock and writes the run record with
     the failed step (exit 130 / 143 / 129 for the signals).  A lock left by a
     lost connection: `remote-ops unlock --host H`.
+
+    \b
+    Many hosts: --forks at a time, or --serial N in rolling batches:
+      remote-ops deploy --host fleet --yes --serial 2
     """
-    spec = app.host(host)
+    if len(hosts) > 1 and not dry_run and not yes:
+        _confirm_many(hosts)
+    one = len(hosts) == 1
+
+    def work(spec):
+        return 0, _deploy_one(app, spec, dry_run, show_diff, yes or not one, why, healthy_timeout, build_timeout)
+    return run_on_hosts(app, hosts, work, lambda *_: None, forks=forks, serial=serial, keep_going=keep_going)
+
+
+class Deployed:
+    """A host's deploy result plus how its patch spec was chosen (the command's JSON document)."""
+
+    def __init__(self, result: deploy_mod.DeployResult, derivation) -> None:
+        self.result, self.derivation = result, derivation
+
+    def to_dict(self) -> dict:
+        return {**self.result.to_dict(), "patch_spec": self.derivation.to_dict()}
+
+
+def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_timeout) -> Deployed:
+    """One host's deploy: preview and confirm (unless --yes), deploy, show diffs and the summary."""
     remote = app.remote(spec)
     events = ConsoleEvents(app.console, spec.name)
     app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
@@ -68,10 +96,22 @@ def deploy_cmd(app, host: str, dry_run: bool, show_diff: bool, yes: bool, why: s
                                healthy_timeout_s=healthy_timeout, build_timeout_s=build_timeout)
     if dry_run or show_diff:
         for name, text in result.diffs.items():
-            app.console.step(f"diff: {name}")
-            app.console.text_block(text)
+            app.console.step(f"{spec.name} diff: {name}")
+            app.console.text_block(text)      # the plan's diffs are data (stdout)
     _summary(app, result)
-    app.console.emit({**result.to_dict(), "patch_spec": derivation.to_dict()})
+    return Deployed(result, derivation)
+
+
+def _confirm_many(hosts) -> None:
+    """Many hosts without --yes: ask once for all (stdin must be a terminal)."""
+    import sys
+
+    names = ", ".join(h.name for h in hosts)
+    if not sys.stdin.isatty():
+        raise Refused(f"deploy would change up to {len(hosts)} hosts ({names}); re-run with --yes "
+                      "(or --dry-run to see the plans)")
+    if not click.confirm(f"deploy to {len(hosts)} hosts ({names})? Proceed?", default=False, err=True):
+        raise click.exceptions.Abort()
 
 
 def _confirm(app, spec, preview) -> None:

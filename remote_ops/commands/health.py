@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import click
 
 from .. import health as health_mod
-from ..errors import UsageError
 from ..paths import host_dir
-from ._options import app_options, host_option
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
 def _expected_image(spec) -> str | None:
@@ -24,13 +23,19 @@ def _expected_image(spec) -> str | None:
     return fn(spec)
 
 
-def _check_all(app, hosts, deep: bool) -> list[health_mod.HostHealth]:
-    """Check hosts in parallel, one connection each."""
-    def one(spec):
-        return health_mod.check_host(app.remote, spec, deep=deep, expected_image=_expected_image(spec),
-                                     state_dir=host_dir(spec.name))
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))
+def _check(app, spec, deep: bool) -> tuple[int, health_mod.HostHealth]:
+    """One host's tiers (never raises: a connection failure is its failing ssh check)."""
+    r = health_mod.check_host(app.remote, spec, deep=deep, expected_image=_expected_image(spec),
+                              state_dir=host_dir(spec.name))
+    return health_mod.exit_code([r]), r
+
+
+def _document(run) -> dict:
+    """The health document: `{"hosts": [HostHealth, ...]}` for one host or many (scripts read
+    `hosts[i].checks`), the command's exit code and the hosts that failed."""
+    results = [o.result for o in run.outcomes if o.result is not None]
+    return {"hosts": [r.to_dict() for r in results], "exit_code": health_mod.exit_code(results),
+            "failed": [o.host for o in run.outcomes if o.failed]}
 
 
 def _drop_broken(app, results) -> None:
@@ -41,24 +46,22 @@ def _drop_broken(app, results) -> None:
             app.forget(r.host)
 
 
-def render(console, results) -> None:
-    for r in results:
-        console.step(f"{r.host}: {r.worst} ({r.duration_s:.2f}s)")
-        for c in r.checks:
-            console.status(c.status, f"{c.tier}/{c.name}: {c.reason}")
+def render(console, _spec, r: health_mod.HostHealth) -> None:
+    """One host's checks: the command's data (stdout; stderr with --json)."""
+    console.status(r.worst, f"{r.host}: {r.worst} ({r.duration_s:.2f}s, {r.round_trips} round trips)", data=True)
+    for c in r.checks:
+        console.status(c.status, f"{r.host} {c.tier}/{c.name}: {c.reason}", data=True)
 
 
 @click.command("health")
-@host_option(required=False)
-@click.option("--all", "all_hosts", is_flag=True, help="check every inventory host, in parallel")
 @click.option("--deep", is_flag=True, help="also run ONE one-token generation probe per host")
 @click.option("--watch", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="repeat every SECONDS")
+              help="repeat every SECONDS (with --json: one compact JSON line per round)")
 @click.option("--watch-for", type=click.FloatRange(min=0), default=3600.0, show_default=True,
               help="stop watching after this many seconds (a round started before then may end up to "
                    "--connect-timeout + --command-timeout later)")
-@app_options
-def health_cmd(app, host, all_hosts, deep, watch, watch_for) -> int:
+@hosts_command
+def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     """Check SSH, docker, GPUs, container, patch, SGLang endpoints and dumps.
 
     Cheap endpoints only (/model_info, /server_info, /v1/models); SGLang's
@@ -66,16 +69,19 @@ def health_cmd(app, host, all_hosts, deep, watch, watch_for) -> int:
     Exit code: 0 ok, 11 worst was warn, 12 something failed; a host that
     cannot be reached 4, authenticated 5, or whose key is unknown/changed 6
     (the JSON still lists its ssh check).  Each probe is bounded by
-    --command-timeout, so one hung probe fails alone.
+    --command-timeout, so one hung probe fails alone.  Many hosts are checked
+    --forks at a time, one connection each.
     """
-    if bool(host) == bool(all_hosts):
-        raise UsageError("give exactly one of --host or --all")
-    hosts = list(app.inventory().hosts.values()) if all_hosts else app.hosts(host)
     deadline = time.monotonic() + watch_for
+    emit = app.console.emit_line if watch else None
     while True:
-        results = _check_all(app, hosts, deep)
-        render(app.console, results)
-        app.console.emit({"hosts": [r.to_dict() for r in results]})
+        results: list[health_mod.HostHealth] = []
+
+        def work(spec):
+            code, r = _check(app, spec, deep)
+            results.append(r)
+            return code, r
+        run_on_hosts(app, hosts, work, render, forks=forks, document=_document, emit=emit)
         if not watch or time.monotonic() + watch >= deadline:
             return health_mod.exit_code(results)
         time.sleep(watch)

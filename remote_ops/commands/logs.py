@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import click
 
 from .. import logs as logs_mod
 from ..errors import CommandTimedOut
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 WHAT = click.Choice(["server", "extraction", "training", "all"])
 
@@ -33,8 +35,8 @@ def logs_group() -> None:
 @click.option("--since", default=None, metavar="WHEN",
               help="server log only: start at docker's --since value (e.g. 30m, 2026-01-01T00:00:00) "
                    "instead of where the last pull stopped")
-@host_command
-def pull_cmd(app, host, what, since) -> int:
+@hosts_command
+def pull_cmd(app, hosts, forks, what, since) -> int:
     """Fetch new log bytes into the local run dir (<state>/hosts/<host>/logs/).
 
     Incremental: per-file byte offsets (and the file's inode and first bytes)
@@ -42,16 +44,20 @@ def pull_cmd(app, host, what, since) -> int:
     and the old local copy kept as <name>.<n>.  Safe to interrupt: the offset is
     saved only after the bytes are on disk.
     """
-    spec = app.host(host)
-    results = logs_mod.pull_logs(app.remote(spec), spec, _kinds(what), since=since)
-    for r in results:
+    def work(spec):
+        return 0, {"host": spec.name, "logs": logs_mod.pull_logs(app.remote(spec), spec, _kinds(what), since=since)}
+    return run_on_hosts(app, hosts, work, _render_pull, forks=forks)
+
+
+def _render_pull(console, spec, doc) -> None:
+    """What each log file got: the command's data (stdout)."""
+    for r in doc["logs"]:
         if r.missing:
-            app.console.status("skip", f"{r.kind}: {r.remote} not found on the host")
+            console.status("skip", f"{spec.name} {r.kind}: {r.remote} not found on the host", data=True)
         else:
             note = f" (remote {r.reset}; old copy kept)" if r.reset else ""
-            app.console.status("ok", f"{r.kind}: +{r.new_bytes} bytes -> {r.local} ({r.total_bytes} bytes){note}")
-    app.console.emit({"host": spec.name, "logs": results})
-    return 0
+            console.status("ok", f"{spec.name} {r.kind}: +{r.new_bytes} bytes -> {r.local} ({r.total_bytes} bytes){note}",
+                           data=True)
 
 
 @logs_group.command("follow")
@@ -60,49 +66,80 @@ def pull_cmd(app, host, what, since) -> int:
 @click.option("--lines", type=int, default=20, show_default=True, help="lines of history first")
 @click.option("--duration", type=float, default=3600.0, show_default=True,
               help="stop following after this many seconds (every wait has a deadline)")
-@host_command
-def follow_cmd(app, host, what, since, lines, duration) -> int:
-    """Stream logs live, each line prefixed with the host (and the log kind)."""
-    spec = app.host(host)
+@hosts_command
+def follow_cmd(app, hosts, forks, what, since, lines, duration) -> int:
+    """Stream logs live on stdout, each line prefixed with the host (and the log kind).
 
+    With --json: JSON Lines, one `{"host", "kind", "stream", "line"}` object per log line.
+    Many hosts are followed at once (--forks), their lines interleaved as they come."""
+    def work(spec):
+        _follow(app, spec, what, since, lines, duration)
+        return 0, None
+    return run_on_hosts(app, hosts, work, lambda *_: None, forks=max(forks, len(hosts)), emit=lambda _doc: None)
+
+
+def _follow(app, spec, what, since, lines, duration) -> None:
     def on_line(stream: str, line: str) -> None:
         kind, text = logs_mod.split_tagged(line)
-        app.console.host_line(spec.name, stream, f"[{kind}] {text}")
+        if app.console.json_mode:
+            app.console.emit_line({"host": spec.name, "kind": kind, "stream": stream, "line": text})
+        else:
+            app.console.host_line(spec.name, stream, f"[{kind}] {text}", data=True)
 
     try:
         app.remote(spec).run(logs_mod.follow_command(spec, _kinds(what), since, lines, duration),
                              timeout=duration + 5, on_line=on_line, check=False)
     except CommandTimedOut:
-        app.console.say(f"followed for {duration:g}s; stopping", style="dim")
-    return 0
+        app.console.say(f"{spec.name}: followed for {duration:g}s; stopping", style="dim")
 
 
 @logs_group.command("summary")
 @click.option("--pull/--no-pull", "do_pull", default=True, show_default=True,
               help="pull extraction and training logs first")
 @click.option("--plot", is_flag=True, help="also write PNG plots next to the pulled logs")
-@host_command
-def summary_cmd(app, host, do_pull, plot) -> int:
+@hosts_command
+def summary_cmd(app, hosts, forks, do_pull, plot) -> int:
     """Extraction progress (done/total, tokens, rate, errors, ETA) and training metrics.
 
     Training logs are read in SpecForge's format (per-position `Acc`/`pLoss`
     lines per epoch or step, and train_eagle3.py's progress bar).
     """
-    spec = app.host(host)
+    def work(spec):
+        return 0, _summary_one(app, spec, do_pull, plot)
+    return run_on_hosts(app, hosts, work, _render_summary, forks=forks)
+
+
+def _summary_one(app, spec, do_pull: bool, plot: bool) -> dict:
+    """Pull (optionally), parse and plot one host's logs."""
     if do_pull:
         logs_mod.pull_logs(app.remote(spec), spec, ("extraction", "training"))
     local = logs_mod.local_log_dir(spec.name)
     ext_text, train_text = _read(local / "extraction.log"), _read(local / "training.log")
     extraction = logs_mod.parse_extraction(ext_text)
     training = logs_mod.parse_training(train_text)
-    _render_extraction(app.console, extraction)
-    _render_training(app.console, training)
     plots = _plots(local, spec.name, ext_text, training) if plot else []
-    for p in plots:
-        app.console.status("ok", f"plot: {p}")
-    app.console.emit({"host": spec.name, "extraction": extraction, "training": training.to_dict(),
-                      "plots": [str(p) for p in plots]})
-    return 0
+    return LogSummary(spec.name, extraction, training, [str(p) for p in plots])
+
+
+@dataclass
+class LogSummary:
+    """One host's summary: the parsed extraction and training logs and the plots written."""
+
+    host: str
+    extraction: object
+    training: object
+    plots: list
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "extraction": self.extraction, "training": self.training.to_dict(),
+                "plots": self.plots}
+
+
+def _render_summary(console, _spec, s: LogSummary) -> None:
+    _render_extraction(console, s.extraction)
+    _render_training(console, s.training)
+    for p in s.plots:
+        console.status("ok", f"plot: {p}")
 
 
 def _read(path) -> str:
@@ -152,7 +189,7 @@ def _render_training(console, t) -> None:
                     style="dim")
     if t.steps:
         last = t.steps[-1]
-        console.say(f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, "
+        console.text_block(f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, "
                     f"acc {last.acc:.3f}")
 
 

@@ -5,8 +5,8 @@ import click
 
 from .. import anchors, patching
 from ..errors import ExitCode, UsageError
-from ._options import app_options
-from .source import target_options, where
+from ._options import app_options, hosts_command
+from .source import on_targets, target_options
 
 
 @click.group("patch")
@@ -29,19 +29,20 @@ def patch_group() -> None:
 
 
 # ----------------------------------------------------------------- rendering
-def _listings(console, listings) -> None:
+def _listings(console, listings, data: bool = True) -> None:
     for listing in listings:
-        console.text_block(listing.render())
+        console.text_block(listing.render(), data=data)
 
 
-def render_check(console, report: patching.CheckReport) -> None:
+def render_check(console, report: patching.CheckReport, data: bool = True) -> None:
+    """The check's evidence: its data for `patch check` (stdout), progress under apply (stderr)."""
     console.step(f"patch check {report.host}:{report.path}")
     version = report.sglang_version or "unknown"
     gate = "validated" if report.version_validated else ("NOT validated, --force given" if report.forced
                                                           else "NOT validated")
     console.say(f"sha256 {report.sha256}  SGLang {version} ({report.version_source}; {gate})  "
                 f"patch state: {report.state}")
-    _listings(console, report.evidence)
+    _listings(console, report.evidence, data)
     for a in report.anchors:
         console.status("ok", f"anchor {a.block}: line {a.line} `{a.text}` in {a.scope}; "
                              f"before it line {a.prev_line or '-'}, after it line {a.next_line or 'end of method'}")
@@ -51,10 +52,10 @@ def render_check(console, report: patching.CheckReport) -> None:
         console.status("ok", "the patch can be applied" if report.state != anchors.APPLIED else "already applied")
 
 
-def render_verify(console, result: patching.VerifyResult) -> None:
+def render_verify(console, result: patching.VerifyResult, data: bool = True) -> None:
     compiled = {True: "py_compile ok", False: "py_compile FAILED", None: "py_compile not run"}[result.compile_ok]
     console.say(f"sha256 {result.sha256}  {compiled}")
-    _listings(console, result.evidence)
+    _listings(console, result.evidence, data)
     for b in result.report.blocks:
         where_ = f"lines {b.region.begin}-{b.region.end}" if b.region else "not present"
         anchor = f"anchor line {b.anchor.line}" if b.anchor else "anchor not found"
@@ -64,21 +65,26 @@ def render_verify(console, result: patching.VerifyResult) -> None:
 
 
 def _diff(console, diff: str) -> None:
-    console.text_block(diff or "(no changes)")
+    """The diff is the data (stdout: `patch apply --dry-run > x.diff`); "no changes" is a note."""
+    if diff:
+        console.text_block(diff)
+    else:
+        console.say("(no changes)")
 
 
 # ------------------------------------------------------------------ commands
 @patch_group.command("check")
 @target_options
 @click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
-@app_options
-def check_cmd(app, host, path, local_file, model_class, force) -> None:
+@hosts_command(local_ok=True)
+def check_cmd(app, hosts, forks, path, local_file, model_class, force) -> int:
     """Pre-check: find both anchors, show grep -n / sed -n evidence; change nothing."""
-    remote, target = where(app, host, path, local_file, model_class)
-    report = patching.check(remote, target, force=force)
-    render_check(app.console, report)
-    report.raise_if_refused()
-    app.console.emit(report)
+    def work(remote, target):
+        report = patching.check(remote, target, force=force)
+        render_check(app.console, report)
+        report.raise_if_refused()
+        return 0, report
+    return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
 def change_options(verb: str):
@@ -94,18 +100,23 @@ def change_options(verb: str):
 @target_options
 @click.option("--force", is_flag=True, help="override the SGLang version gate (only the version gate)")
 @change_options("applying")
-@app_options
-def apply_cmd(app, host, path, local_file, model_class, force, dry_run, show_diff, no_lock) -> None:
+@hosts_command(local_ok=True)
+def apply_cmd(app, hosts, forks, path, local_file, model_class, force, dry_run, show_diff, no_lock) -> int:
     """Insert the marked blocks atomically (backup kept), then verify; restore the backup if verify fails."""
-    remote, target = where(app, host, path, local_file, model_class)
-    result = patching.apply(remote, target, force=force, dry_run=dry_run, lock=not no_lock)
-    console = app.console
-    render_check(console, result.check)
+    def work(remote, target):
+        result = patching.apply(remote, target, force=force, dry_run=dry_run, lock=not no_lock)
+        _render_apply(app.console, result, dry_run, show_diff)
+        return 0, result
+    return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
+
+
+def _render_apply(console, result, dry_run: bool, show_diff: bool) -> None:
+    render_check(console, result.check, data=False)
     if dry_run or show_diff:
         _diff(console, result.diff if result.action != "noop" else "")
     if result.action in ("applied", "replaced"):
         console.step(f"verify {result.host}:{result.path}")
-        render_verify(console, result.verify)
+        render_verify(console, result.verify, data=False)
         console.status("ok", f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]}; backup "
                              f"{result.backup_path} (sha256 {str(result.backup_sha256)[:16]}); "
                              f"{result.round_trips} round trips, {result.duration_s:.2f}s")
@@ -113,33 +124,38 @@ def apply_cmd(app, host, path, local_file, model_class, force, dry_run, show_dif
         console.status("ok", f"already applied with this content (sha256 {result.sha_before[:16]}); nothing written")
     else:
         console.status("info", "dry run: nothing changed")
-    app.console.emit(result)
 
 
 @patch_group.command("verify")
 @target_options
-@app_options
-def verify_cmd(app, host, path, local_file, model_class) -> None:
+@hosts_command(local_ok=True)
+def verify_cmd(app, hosts, forks, path, local_file, model_class) -> int:
     """Post-check: py_compile on the host, each block right after its anchor, after every flag reset."""
-    remote, target = where(app, host, path, local_file, model_class)
-    result = patching.verify(remote, target)
-    app.console.step(f"verify {result.host}:{result.path}")
-    render_verify(app.console, result)
-    result.raise_if_failed()
-    app.console.status("ok", "patch verified")
-    app.console.emit(result)
+    def work(remote, target):
+        result = patching.verify(remote, target)
+        app.console.step(f"verify {result.host}:{result.path}")
+        render_verify(app.console, result)
+        result.raise_if_failed()
+        app.console.status("ok", f"{result.host}: patch verified")
+        return 0, result
+    return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
 @patch_group.command("revert")
 @target_options
 @click.option("--from-backup", is_flag=True, help="restore the backup copy instead of removing the blocks")
 @change_options("reverting")
-@app_options
-def revert_cmd(app, host, path, local_file, model_class, dry_run, show_diff, from_backup, no_lock) -> None:
+@hosts_command(local_ok=True)
+def revert_cmd(app, hosts, forks, path, local_file, model_class, dry_run, show_diff, from_backup, no_lock) -> int:
     """Remove the blocks; the file must hash to the original (byte-identical)."""
-    remote, target = where(app, host, path, local_file, model_class)
-    result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
-    console = app.console
+    def work(remote, target):
+        result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
+        _render_revert(app.console, result, dry_run, show_diff)
+        return (ExitCode.VERIFY_FAILED if result.identical is False else ExitCode.OK), result
+    return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
+
+
+def _render_revert(console, result, dry_run: bool, show_diff: bool) -> None:
     console.step(f"patch revert {result.host}:{result.path}")
     if dry_run or show_diff:
         _diff(console, result.diff)
@@ -147,18 +163,21 @@ def revert_cmd(app, host, path, local_file, model_class, dry_run, show_diff, fro
     console.status("ok" if result.identical is not False else "fail",
                    f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]} "
                    f"(original {str(result.original_sha256)[:16]}) {ident}")
-    app.console.emit(result)
-    return ExitCode.VERIFY_FAILED if result.identical is False else ExitCode.OK
 
 
 @patch_group.command("status")
 @target_options
-@app_options
-def status_cmd(app, host, path, local_file, model_class) -> int:
+@hosts_command(local_ok=True)
+def status_cmd(app, hosts, forks, path, local_file, model_class) -> int:
     """applied / not_applied / outdated / partial / misplaced / modified, with shas (exit 10 if misplaced/modified)."""
-    remote, target = where(app, host, path, local_file, model_class)
-    result = patching.status(remote, target)
-    console = app.console
+    def work(remote, target):
+        result = patching.status(remote, target)
+        bad = result.status in (anchors.MISPLACED, anchors.MODIFIED)
+        return (ExitCode.VERIFY_FAILED if bad else ExitCode.OK), result
+    return on_targets(app, hosts, forks, path, local_file, work, _render_status, model_class=model_class)
+
+
+def _render_status(console, _spec, result) -> None:
     console.step(f"patch status {result.host}:{result.path}: {result.status}")
     console.say(f"sha256 {result.sha256}  pristine {result.pristine_sha256}  backup {result.backup_sha256 or '-'}  "
                 f"SGLang {result.sglang_version or 'unknown'}  spec {result.spec_hash}")
@@ -168,8 +187,6 @@ def status_cmd(app, host, path, local_file, model_class) -> int:
     console.table(["block", "state", "spec hash", "marker hash", "lines", "anchor"], rows)
     for f in result.report.findings:
         console.status("fail", f.message)
-    app.console.emit(result)
-    return ExitCode.VERIFY_FAILED if result.status in (anchors.MISPLACED, anchors.MODIFIED) else ExitCode.OK
 
 
 @patch_group.command("drift")

@@ -1,28 +1,33 @@
-"""`remote-ops render --host H`: print the Dockerfile deploy would build (stdout)."""
+"""`remote-ops render --host PATTERN`: print the Dockerfile deploy would build (stdout)."""
 from __future__ import annotations
 
 import click
 
-from .. import deploy
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
 @click.command("render")
-@host_command
-def render_cmd(app, host: str) -> None:
-    """Print the rendered Dockerfile for HOST on stdout (no SSH).
+@hosts_command
+def render_cmd(app, hosts, forks) -> int:
+    """Print the rendered Dockerfile for each host on stdout (no SSH).
 
     The target file shas in its labels (the host's patch spec, which must be named
     in its inventory: render makes no SSH connection) are computed locally from the
     released SGLang file of the inventory's version, patched: what deploy
     builds from a pristine checkout.
     """
-    spec = app.host(host)
-    text = deploy.render_for_host(spec)
-    if app.console.json_mode:
-        app.console.emit({"host": spec.name, "image": deploy.image_ref(spec), "dockerfile": text})
-    else:
-        app.console.out(text)
+    from .. import deploy
+
+    def work(spec):
+        return 0, {"host": spec.name, "image": deploy.image_ref(spec), "dockerfile": deploy.render_for_host(spec)}
+    return run_on_hosts(app, hosts, work, _show, forks=forks)
+
+
+def _show(console, _spec, doc: dict) -> None:
+    """The Dockerfile is the command's data: stdout (the JSON document carries it with --json)."""
+    if not console.json_mode:
+        console.out(doc["dockerfile"])
 
 
 commands = [render_cmd]

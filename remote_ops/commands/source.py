@@ -8,43 +8,52 @@ import click
 from .. import patching
 from .. import source as srcview
 from ..errors import UsageError
-from ._options import app_options, host_option
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
-def where(app, host: str | None, path: str | None, local_file: Path | None, model_class: str | None = None,
-          strict: bool = True):
-    """(remote, PatchTarget) for `--host H [--file PATH]` or `--local-file PATH` (exactly one).
+def local_target(app, path: str | None, local_file: Path, model_class: str | None, strict: bool):
+    """A file here: its spec comes from its one capture class (`--model-class` picks among several)."""
+    if path:
+        raise UsageError("--file goes with --host; use --local-file PATH alone")
+    target = patching.PatchTarget.local(local_file, model_class, strict)
+    how = "--model-class" if model_class else "the one class resetting capture_aux_hidden_states in __init__"
+    if target.spec_name:
+        app.console.say(f"patch spec: {target.spec_name} (class {target.model_class}: {how})")
+    return target
 
-    A local file's spec comes from its one capture class (`--model-class` picks
-    among several); a host's from its inventory (`sglang.patch`) or, unset,
-    from its model's config.json (one more round trip; the derivation goes to stderr)."""
-    if bool(host) == bool(local_file):
-        raise UsageError("give exactly one of --host HOST or --local-file PATH")
-    if local_file is not None:
-        if path:
-            raise UsageError("--file goes with --host; use --local-file PATH alone")
-        target = patching.PatchTarget.local(local_file, model_class, strict)
-        how = "--model-class" if model_class else "the one class resetting capture_aux_hidden_states in __init__"
-        if target.spec_name:
-            app.console.say(f"patch spec: {target.spec_name} (class {target.model_class}: {how})")
-        return patching.LocalRemote(), target
-    spec = app.host(host)
+
+def host_target(app, spec, path: str | None):
+    """(remote, PatchTarget) of a host: its spec from the inventory (`sglang.patch`) or, unset, from
+    its model's config.json (one more round trip; the derivation goes to stderr)."""
     remote = app.remote(spec)
     patch, derivation = patching.host_spec(remote, spec)
     if derivation.how != "inventory":           # named in the inventory: nothing to explain
-        app.console.say(f"patch spec: {derivation} -> {patch.model_class} in {patch.target}")
+        app.console.say(f"patch spec: {spec.name}: {derivation} -> {patch.model_class} in {patch.target}")
     return remote, patching.PatchTarget.for_host(spec, path, patch)
 
 
 def target_options(fn):
-    """--host / --file / --local-file, shared by inspect-source and patch."""
+    """--file / --local-file / --model-class, shared by inspect-source and patch (with `hosts_command(local_ok=True)`)."""
     fn = click.option("--local-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                      help="work on a file on this machine instead (no SSH)")(fn)
+                      help="work on a file on this machine instead (no SSH; instead of --host)")(fn)
     fn = click.option("--model-class", default=None, metavar="NAME",
                       help="with --local-file: the model class to patch when the file has several")(fn)
-    fn = click.option("--file", "path", default=None, metavar="PATH",
-                      help="file on the host (default: the host's patch spec target in its sglang checkout)")(fn)
-    return host_option(required=False)(fn)
+    return click.option("--file", "path", default=None, metavar="PATH",
+                        help="file on the host (default: the host's patch spec target in its sglang checkout)")(fn)
+
+
+def on_targets(app, hosts, forks: int, path: str | None, local_file: Path | None, work, render=None,
+               model_class: str | None = None, strict: bool = True) -> int:
+    """`work(remote, PatchTarget) -> (exit code, result)` on the local file (one document, as
+    before) or on every selected host (`run_on_hosts`: one host as before, many in parallel)."""
+    render = render or (lambda *_: None)
+    if local_file is not None:
+        code, result = work(patching.LocalRemote(), local_target(app, path, local_file, model_class, strict))
+        render(app.console, None, result)
+        app.console.emit(result)
+        return code
+    return run_on_hosts(app, hosts, lambda spec: work(*host_target(app, spec, path)), render, forks=forks)
 
 
 def check_request(lines: str | None, grep: str | None, symbol: str | None) -> None:
@@ -72,8 +81,8 @@ def check_request(lines: str | None, grep: str | None, symbol: str | None) -> No
 @click.option("--lines", default=None, metavar="A:B", help="show lines A..B, like sed -n 'A,Bp' (e.g. 2830:2845)")
 @click.option("--grep", default=None, metavar="PATTERN", help="lines matching a Python regex, like grep -n")
 @click.option("--symbol", default=None, metavar="Class.method", help="the whole definition, decorators included")
-@app_options
-def inspect_source(app, host, path, local_file, model_class, lines, grep, symbol) -> None:
+@hosts_command(local_ok=True)
+def inspect_source(app, hosts, forks, path, local_file, model_class, lines, grep, symbol) -> int:
     """Show numbered lines of the SGLang file, each with its enclosing Class.method.
 
     \b
@@ -86,14 +95,18 @@ def inspect_source(app, host, path, local_file, model_class, lines, grep, symbol
     a missing file 13.
     """
     check_request(lines, grep, symbol)
-    remote, target = where(app, host, path, local_file, model_class, strict=False)
-    tf = patching.read_target(remote, target)
-    view = srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
-                           version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
-    if app.console.json_mode:
-        app.console.emit(view)
-    else:
-        app.console.out(view.render())  # the listing is the command's data: stdout, like sed -n
+
+    def work(remote, target):
+        tf = patching.read_target(remote, target)
+        return 0, srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
+                                  version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
+    return on_targets(app, hosts, forks, path, local_file, work, _show, model_class=model_class, strict=False)
+
+
+def _show(console, _spec, view) -> None:
+    """The listing is the command's data: stdout, like sed -n (the JSON document with --json)."""
+    if not console.json_mode:
+        console.out(view.render())
 
 
 commands = [inspect_source]

@@ -1,18 +1,19 @@
-"""`remote-ops unlock --host H [--force] [--dry-run]`: show the host lock's holder and release it."""
+"""`remote-ops unlock --host PATTERN [--force] [--dry-run]`: show the host lock's holder and release it."""
 from __future__ import annotations
 
 import click
 
 from .. import hostlock
 from ..errors import Refused
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import hosts_command
 
 
 @click.command("unlock")
 @click.option("--force", is_flag=True, help="release the lock even if its holder may still be running")
 @click.option("--dry-run", is_flag=True, help="show the holder and what would be done; change nothing")
-@host_command
-def unlock_cmd(app, host: str, force: bool, dry_run: bool) -> None:
+@hosts_command
+def unlock_cmd(app, hosts, forks, force: bool, dry_run: bool) -> int:
     """Show who holds the host lock (who, client host, PID, when, why) and release it.
 
     \b
@@ -26,13 +27,17 @@ def unlock_cmd(app, host: str, force: bool, dry_run: bool) -> None:
       remote-ops unlock --host gpu-node
       remote-ops unlock --host gpu-node --force
     """
-    spec = app.host(host)
+    return run_on_hosts(app, hosts, lambda spec: (0, _unlock(app, spec, force, dry_run)),
+                        lambda *_: None, forks=forks)
+
+
+def _unlock(app, spec, force: bool, dry_run: bool) -> dict:
+    """One host: show the holder, release a stale (or --force) lock; the command's document."""
     remote = app.remote(spec)
     holder = hostlock.read(remote, spec)
     if holder is None:
         app.console.status("ok", f"{spec.name}: no lock held ({spec.lock_dir})")
-        app.console.emit({"host": spec.name, "lock_dir": spec.lock_dir, "held": False, "released": False})
-        return
+        return {"host": spec.name, "lock_dir": spec.lock_dir, "held": False, "released": False}
     stale = hostlock.stale_reason(holder, hostlock.this_client(), hostlock.pid_alive)
     app.console.say(f"{spec.name}: {spec.lock_dir} held by {holder.describe()}" + (f" ({stale})" if stale else ""))
     if not stale and not force:
@@ -50,7 +55,7 @@ def unlock_cmd(app, host: str, force: bool, dry_run: bool) -> None:
         remote.run(hostlock.release_cmd(spec.lock_dir, holder.token or None, spec.audit_log, audit))
         app.console.status("ok", f"released {spec.lock_dir} (" + ("forced" if force and not stale else stale)
                            + f"); recorded in {spec.audit_log}")
-    app.console.emit(doc)
+    return doc
 
 
 commands = [unlock_cmd]

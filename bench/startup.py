@@ -1,0 +1,100 @@
+"""Start-up: `remote-ops --help` / `--version` and a whole `health` run, side by side.
+
+Times, in one run and on this machine (medians of `--repeat` runs, each a fresh
+process, as an operator's shell starts them):
+
+  python -c pass                      the bare interpreter (the floor)
+  ssh -V                              OpenSSH's client, for scale
+  remote-ops --version / --help       this tree
+  the same from another tree          with --before DIR holding remote_ops/ (e.g. `git archive`)
+  remote-ops health --host lab1       CLI wall, against one real lab sshd on loopback (0 ms RTT)
+  remote-ops health --host NAME        with --health-host NAME: this environment's host (the sandbox)
+
+    .venv/bin/python bench/startup.py [--repeat 20] [--before /tmp/before] [--json out.json]
+    REMOTE_OPS_STATE_DIR=... .venv/bin/python bench/startup.py --health-host sandbox
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def wall(argv: list[str], env: dict, repeat: int, cwd: str | None = None) -> float:
+    """Median wall seconds of `argv` run `repeat` times (after one warm-up run).  `python -m`
+    imports remote_ops from `cwd` first, so `cwd` picks the tree that runs."""
+    times, cpu = [], []
+    for i in range(repeat + 1):
+        t, c = time.perf_counter(), _children_cpu()
+        subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        if i:
+            times.append(time.perf_counter() - t)
+            cpu.append(_children_cpu() - c)
+    CPU[" ".join(argv[-3:]) + (f" @{cwd}" if cwd else "")] = statistics.median(cpu)
+    return statistics.median(times)
+
+
+#: median CPU seconds (user + system) of each timed command, by its last words
+CPU: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--before", default=None, help="a tree (holding remote_ops/) to compare against")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--health-host", default=None, metavar="NAME",
+                    help="time `health --host NAME` with this environment's inventory (e.g. sandbox, "
+                         "after `remote-ops sandbox up` and `deploy --host sandbox --yes`) instead of a lab host")
+    args = ap.parse_args()
+    py, env = sys.executable, {**os.environ}
+    rows: dict[str, float] = {
+        "python -c pass": wall([py, "-c", "pass"], env, args.repeat),
+        "ssh -V": wall(["ssh", "-V"], env, args.repeat),
+        "remote-ops --version": wall([py, "-m", "remote_ops", "--version"], env, args.repeat),
+        "remote-ops --help": wall([py, "-m", "remote_ops", "--help"], env, args.repeat),
+    }
+    if args.before:
+        rows["before: remote-ops --version"] = wall([py, "-m", "remote_ops", "--version"], env, args.repeat, args.before)
+        rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], env, args.repeat, args.before)
+    if args.health_host:
+        argv = [py, "-m", "remote_ops", "health", "--host", args.health_host]
+        rows[f"remote-ops health --host {args.health_host}"] = wall(argv, env, max(5, args.repeat // 2))
+    else:
+        rows.update(health_rows(py, env, max(5, args.repeat // 2), args.before))
+    load = os.getloadavg()[0]
+    for (name, s), cpu in zip(rows.items(), CPU.values()):
+        print(f"{name:<40} wall {s * 1000:7.1f} ms   cpu {cpu * 1000:7.1f} ms")
+    print(f"(load average {load:.1f} on {os.cpu_count()} cores)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"wall_s": {k: round(v, 4) for k, v in rows.items()},
+                       "cpu_s": dict(zip(rows, (round(c, 4) for c in CPU.values())))}, fh, indent=2)
+
+
+def health_rows(py: str, env: dict, repeat: int, before: str | None) -> dict[str, float]:
+    """`health --host lab1` CLI wall against one real lab sshd (loopback), this tree and `before`."""
+    from remote_ops.hostlab import HostLab
+
+    with HostLab(hosts=1) as lab, tempfile.TemporaryDirectory() as state:
+        lab_env = {**env, "REMOTE_OPS_INVENTORY": str(lab.inventory_dir), "REMOTE_OPS_STATE_DIR": state}
+        argv = [py, "-m", "remote_ops", "health", "--host", "lab1"]
+        rows = {"remote-ops health --host lab1": wall(argv, lab_env, repeat)}
+        if before:
+            rows["before: remote-ops health --host lab1"] = wall(argv, lab_env, repeat, before)
+        return rows
+
+
+if __name__ == "__main__":
+    main()

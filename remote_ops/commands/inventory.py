@@ -1,0 +1,156 @@
+"""`remote-ops inventory schema|check`: the inventory's JSON Schema, and every error of its files.
+
+`schema` prints the JSON Schema of one inventory file (`defaults:` and `hosts:`,
+each host's settings), generated from the pydantic models in
+`remote_ops.inventory`, so it is never out of date: editors that speak JSON
+Schema (the YAML language server: `# yaml-language-server: $schema=...`)
+complete and check fields with it.
+
+`check` validates every file and lists ALL errors (each with file, field and
+line), not only the first one that loading stops at; exit 3 if there is any.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ._options import app_options
+
+#: HostSpec fields the loader fills in; they are not written in a file.
+_INTERNAL = ("name", "source", "groups")
+
+
+@click.group("inventory")
+def inventory_group() -> None:
+    """Print the inventory's JSON Schema, or check inventory files (all errors).
+
+    \b
+      remote-ops inventory schema > inventory.schema.json
+      remote-ops inventory check                  # ./inventory, or --inventory / $REMOTE_OPS_INVENTORY
+    """
+
+
+def file_schema() -> dict:
+    """The JSON Schema of one inventory file, from `HostSpec` (pure)."""
+    from ..inventory import HostSpec
+
+    host = HostSpec.model_json_schema()
+    defs = host.pop("$defs", {})
+    settings = {"type": "object", "title": "HostSettings", "additionalProperties": False,
+                "description": "A host's settings; every key is optional.",
+                "properties": {k: v for k, v in host["properties"].items() if k not in _INTERNAL}}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "remote-ops inventory file",
+            "description": "One file per host or group (a file with several hosts is a group named after "
+                           "the file).  `defaults` apply to every host of the file; a host's own keys win.",
+            "type": "object", "additionalProperties": False,
+            "properties": {"defaults": {"$ref": "#/$defs/HostSettings"},
+                           "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/HostSettings"}}},
+            "$defs": {**defs, "HostSettings": settings}}
+
+
+@inventory_group.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of an inventory file (stdout)."""
+    click.echo(json.dumps(file_schema(), indent=2))
+
+
+@dataclass
+class Problem:
+    """One inventory error: where (file, field, line) and what."""
+
+    source: str
+    field: str
+    line: int | None
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"file": self.source, "field": self.field, "line": self.line, "message": self.message}
+
+
+def file_problems(path: Path) -> tuple[int, list[Problem]]:
+    """(hosts that validated, every problem) of one inventory file."""
+    from .. import inventory as inv
+    from ..errors import ConfigError
+
+    try:
+        data, lines = inv.load_yaml(path.read_bytes(), str(path))
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            return 0, [Problem(str(path), "", None, "top level must be a mapping with 'hosts:'")]
+        problems = [Problem(str(path), k, lines.get((k,)), "unknown key; expected 'defaults' and 'hosts'")
+                    for k in map(str, data) if k not in ("defaults", "hosts")]
+        defaults = inv._mapping(data, "defaults", str(path), lines)
+        entries = inv._mapping(data, "hosts", str(path), lines)
+    except ConfigError as exc:
+        return 0, [_from_error(exc, str(path))]
+    good = 0
+    for name, body in entries.items():
+        found = host_problems(str(name), body, defaults, str(path), lines)
+        problems += found
+        good += not found
+    return good, problems
+
+
+def host_problems(name: str, body, defaults: dict, source: str, lines) -> list[Problem]:
+    """Every validation error of one host (pydantic reports them all; loading shows the first)."""
+    from pydantic import ValidationError
+
+    from .. import inventory as inv
+
+    if body is not None and not isinstance(body, dict):
+        return [Problem(source, f"hosts.{name}", lines.get(("hosts", name)), "must be a mapping of settings")]
+    try:
+        inv.HostSpec(name=name, source=source, **{str(k): v for k, v in inv._merge(defaults, body or {}).items()})
+        return []
+    except ValidationError as exc:
+        return [_from_pydantic(err, name, source, lines) for err in exc.errors()]
+
+
+def _from_pydantic(err: dict, name: str, source: str, lines) -> Problem:
+    from .. import inventory as inv
+
+    loc = tuple(str(p) for p in err["loc"])
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = f"unknown field '{loc[-1]}'{inv._did_you_mean(loc[-1], inv._fields_at(loc[:-1]))}"
+    e = inv._config_error(message, source, ("hosts", name, *loc), lines, also=("defaults", *loc))
+    return Problem(source, ".".join(("hosts", name, *loc)), e.details.get("line"), message)
+
+
+def _from_error(exc, source: str) -> Problem:
+    """A ConfigError raised by the loader (not YAML, duplicate key, duplicate host) as a Problem."""
+    details = getattr(exc, "details", {}) or {}
+    return Problem(details.get("source") or source, details.get("field") or "", details.get("line"), str(exc))
+
+
+@inventory_group.command("check")
+@app_options
+def check_cmd(app) -> int:
+    """Validate the inventory files and list every error (file, field, line); exit 3 if any."""
+    from .. import inventory as inv
+
+    files = inv._inventory_files(app.inventory_paths or inv.default_inventory_paths())
+    problems: list[Problem] = []
+    hosts = 0
+    for path in files:
+        good, found = file_problems(path)
+        hosts, problems = hosts + good, problems + found
+    if not problems:              # files valid one by one; the whole (duplicate names) is checked on load
+        try:
+            app.inventory()
+        except Exception as exc:   # a ConfigError: the cross-file problem
+            problems.append(_from_error(exc, ""))
+    rows = [[p.source, p.field, p.line or "", p.message] for p in problems]
+    if rows:
+        app.console.table(["file", "field", "line", "error"], rows, title=f"{len(problems)} inventory errors")
+    else:
+        app.console.status("ok", f"{len(files)} files, {hosts} hosts: valid", data=True)
+    app.console.emit({"files": [str(f) for f in files], "hosts": hosts, "errors": problems})
+    return 3 if problems else 0
+
+
+commands = [inventory_group]
