@@ -15,6 +15,8 @@ from remote_ops.app import App
 from remote_ops.console import Console
 
 INVENTORY = """\
+defaults:
+  sglang: {patch: deepseek-v2}
 hosts:
   gpu-01: {address: 127.0.0.1, port: 1}
   gpu-02: {address: 127.0.0.1, port: 2}
@@ -43,7 +45,7 @@ def test_hosts_table_is_data_on_stdout(env):
 
 def test_patch_dry_run_diff_goes_to_a_file(tmp_path):
     target = tmp_path / "deepseek_v2.py"
-    target.write_bytes(wheels.sglang_source("0.5.9"))
+    target.write_bytes(wheels.sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py"))
     rc, out, err = cli({**os.environ, "REMOTE_OPS_STATE_DIR": str(tmp_path / "s")},
                        "patch", "apply", "--local-file", str(target), "--dry-run")
     assert rc == 0, err
