@@ -75,6 +75,43 @@ def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
     assert without_spec_flags(["--speculative-eagle-topk=2", "--x"]) == ["--x"]
 
 
+def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
+    from remote_ops.commands.spec import speculative_settings
+    from remote_ops.errors import ConfigError, UsageError
+    from remote_ops.inventory import HostSpec, load_inventory
+
+    gpu = load_inventory([REPO / "inventory" / "gpu-node.yaml"]).hosts["gpu-node"]
+    assert (gpu.speculative.num_steps, gpu.speculative.eagle_topk, gpu.speculative.num_draft_tokens) == (3, 1, 4)
+    h = HostSpec(name="h", speculative={"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6,
+                                        "draft_model_path": "/data/d"})
+    assert speculative_settings(h, None, None, None, None) == {
+        "draft": "/data/d", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
+    assert speculative_settings(h, "/x", 2, 4, 8) == {"draft": "/x", "num_steps": 2, "eagle_topk": 4,
+                                                      "num_draft_tokens": 8}
+    with pytest.raises(UsageError, match="--draft DIR or set speculative.draft_model_path"):
+        speculative_settings(HostSpec(name="h"), None, None, None, None)
+    with pytest.raises(UsageError, match="num_steps \\+ 1 = 3"):
+        speculative_settings(h, None, 2, None, None)         # topk 1: SGLang would rewrite 6 to 3
+    bad = tmp_path / "inv.yaml"
+    for section, field in (("num_steps: 3\n      eagle_topk: 2\n      num_draft_tokens: 8", "exceeds"),
+                           ("num_steps: 0", "num_steps"), ("draft_model_path: rel/dir", "draft_model_path"),
+                           ("topk: 1", "topk")):
+        bad.write_text(f"hosts:\n  h:\n    speculative:\n      {section}\n")
+        with pytest.raises(ConfigError, match=field) as err:
+            load_inventory([bad])
+        assert "speculative" in str(err.value) and "inv.yaml" in str(err.value)
+
+
+def test_spec_deploy_dry_run_uses_the_inventory_settings(tmp_path):
+    """No host is contacted before the usage check: the missing draft is refused with exit 2."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n    address: 127.0.0.1\n    port: 9\n")
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", "h", "--dry-run"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "speculative.draft_model_path" in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------- stand-in on a lab host
 
 def start_standin(host, tmp_path, extra: list[str], name: str):
