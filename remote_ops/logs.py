@@ -251,13 +251,17 @@ def step_metrics(text: str) -> dict[str, float | list]:
 
 
 def _add_step_dict(out: TrainingSummary, index: dict, step: int, text: str) -> None:
-    """One 0.2.0 metrics line -> a train and/or an eval record for that optimizer step."""
-    for key, value in step_metrics(text).items():
-        phase = "eval" if str(key).startswith("eval/") else "train"
-        rec = index.get((phase, "step", step))
-        if rec is None:
-            rec = index[(phase, "step", step)] = TrainRecord(phase, "step", step)
-            out.records.append(rec)
+    """One 0.2.0 metrics line -> the train or eval record of that optimizer step (the controller
+    logs training and evaluation metrics in separate calls, so a line with `eval/` keys is an eval line)."""
+    metrics = step_metrics(text)
+    if not metrics:
+        return
+    phase = "eval" if any(str(k).startswith("eval/") for k in metrics) else "train"
+    rec = index.get((phase, "step", step))
+    if rec is None:
+        rec = index[(phase, "step", step)] = TrainRecord(phase, "step", step)
+        out.records.append(rec)
+    for key, value in metrics.items():
         _put_metric(rec, str(key), value)
 
 
