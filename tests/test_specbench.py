@@ -171,6 +171,8 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
     assert Path(spec["png"]).stat().st_size > 1000
     table = Path(spec["table"]).read_text()
     assert "STAND-IN" in table and "acceptance length" in table and "STAND-IN" in err
+    for mode in ("baseline", "spec"):                                  # the stored runs say it too
+        assert json.loads((out / f"{mode}.json").read_text())["label"].startswith("STAND-IN")
 
 
 # --------------------------------------------------------------------------- spec deploy on a real lab host
