@@ -197,13 +197,15 @@ class StepPoint:
 class TrainingSummary:
     records: list[TrainRecord] = field(default_factory=list)
     steps: list[StepPoint] = field(default_factory=list)
+    standin: bool = False        # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
 
     def latest(self, phase: str = "train") -> TrainRecord | None:
         rows = [r for r in self.records if r.phase == phase]
         return rows[-1] if rows else None
 
     def to_dict(self) -> dict:
-        return {"format": "specforge",
+        return {"format": "specforge", "standin": self.standin,
+                "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
                 "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss,
                              "acceptance_length": r.acceptance_length} for r in self.records],
                 "steps": [asdict(p) for p in self.steps]}
@@ -211,7 +213,7 @@ class TrainingSummary:
 
 def parse_training(text: str) -> TrainingSummary:
     """Parse a SpecForge training log (the three formats above; tqdm's \\r updates included)."""
-    out = TrainingSummary()
+    out = TrainingSummary(standin="SPECFORGE STAND-IN" in text or "'STAND-IN/synthetic'" in text)
     index: dict[tuple, TrainRecord] = {}
     for piece in re.split(r"[\r\n]+", text):
         d = _STEP_DICT.match(piece)

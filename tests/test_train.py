@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -88,7 +89,8 @@ def test_standin_lines_are_what_specforge_0_2_0_prints_and_say_stand_in():
     lines = [sf.metrics_line(3, 0.6, 7, 1e-4, 0.1), sf.eval_line(5, 1.0, 7)]
     summary = logs.parse_training("\n".join(lines))
     assert [(r.phase, r.index, len(r.acc)) for r in summary.records] == [("train", 3, 7), ("eval", 5, 7)]
-    assert all("'STAND-IN/synthetic': 1.0" in line for line in lines)
+    assert all("'STAND-IN/synthetic': 1.0" in line for line in lines) and summary.standin
+    assert summary.to_dict()["label"].startswith("STAND-IN")
     pytest.importorskip("specforge")
     from specforge.training.assembly import _logger
 
@@ -222,3 +224,20 @@ def test_a_failed_start_names_its_step_in_the_record_and_releases_the_lock(lab, 
     assert rec["failed_step"] == "upload" and not rec["ok"] and rec["lock"] == "released", rec
     assert "upload:" in err and not Path(spec.lock_dir).exists()
     assert audit_lines(spec)[-1]["failed_step"] == "upload"
+
+
+def test_logs_summary_of_a_standin_log_says_stand_in_on_screen_and_in_the_json(tmp_path):
+    """`logs summary --no-pull` over a pulled stand-in log (no host contacted)."""
+    sf = standin_module()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n    address: 127.0.0.1\n    port: 9\n")
+    state = tmp_path / "state"
+    (state / "hosts" / "h" / "logs").mkdir(parents=True)
+    (state / "hosts" / "h" / "logs" / "training.log").write_text(
+        sf.BANNER + "\n" + sf.metrics_line(1, 0.1, 7, 1e-4, 0.1) + "\n")
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(state),
+           "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "remote_ops", "logs", "summary", "--host", "h", "--no-pull",
+                           "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "STAND-IN" in proc.stderr and json.loads(proc.stdout)["training"]["standin"] is True
