@@ -397,23 +397,32 @@ class _Lifecycle:
         self.step(self.current, "failed", text)
 
     def _finish(self, failure: BaseException | None) -> None:
-        """Release our lock with the audit line (one round trip), then the local record."""
+        """Release our lock with the audit line (one round trip), then the local record.  A release that
+        fails (connection lost) is said in the record and the error, with how to recover (as deploy)."""
         doc = self._record_doc(failure)
-        if self.token:
-            try:
-                hostlock.release(self.remote, self.spec, self.token, audit_line(doc))
-                doc["lock"] = "released"
-            except RemoteOpsError as exc:
-                doc["lock"], doc["lock_hint"] = "maybe held", hostlock.recovery_hint(self.spec)
-                if isinstance(failure, RemoteOpsError):
-                    failure.hint = "; ".join(x for x in (failure.hint, doc["lock_hint"]) if x)
-                elif failure is None:
-                    self.result.record = str(write_record(self.spec.name, {**doc, "ok": False,
-                                                                           "failed_step": "unlock"}))
-                    raise exc
-        else:
-            doc["lock"] = "not taken"
+        unlock_error = self._release(doc, failure)
+        if unlock_error is not None and failure is None:
+            doc.update(ok=False, failed_step="unlock", error=unlock_error.to_dict())
         self.result.record = str(write_record(self.spec.name, doc))
+        if unlock_error is not None and failure is None:
+            raise unlock_error
+
+    def _release(self, doc: dict, failure: BaseException | None) -> RemoteOpsError | None:
+        if not self.token:
+            doc["lock"] = "not taken"
+            return None
+        try:
+            hostlock.release(self.remote, self.spec, self.token, audit_line(doc))
+        except RemoteOpsError as exc:
+            doc["lock"], doc["lock_hint"] = "maybe held", hostlock.recovery_hint(self.spec)
+            target = failure if isinstance(failure, RemoteOpsError) else exc
+            target.hint = "; ".join(x for x in (target.hint, doc["lock_hint"]) if x)
+            if target is exc and not exc.message.startswith("unlock:"):
+                exc.message = f"unlock: {exc.message}"
+                exc.args = (exc.message,)
+            return exc
+        doc["lock"] = "released"
+        return None
 
     def _record_doc(self, failure: BaseException | None) -> dict:
         from .console import to_jsonable

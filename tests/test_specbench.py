@@ -198,3 +198,24 @@ def test_spec_deploy_restarts_the_standin_with_eagle3_then_deploy_restores_it(sg
     deploy.deploy(sglang_remote, spec, why="test restore")
     again = sb.summarise(sb.run(sglang_remote, spec, prompts, 8), "p", 8)
     assert again.mode == "baseline" and again.server["speculative_algorithm"] is None
+
+
+def test_spec_deploy_takes_the_drafter_and_flags_from_the_inventory_options_override(lab, host, tmp_path):
+    """The CLI's plan line names the inventory's settings (the dry run itself may stop at preflight:
+    lab1 has no SGLang checkout; nothing is changed either way)."""
+    import yaml
+
+    from remote_ops.inventory import SpeculativeSpec
+
+    spec = lab.spec(host.name).model_copy(update={"speculative": SpeculativeSpec(
+        num_steps=5, eagle_topk=1, num_draft_tokens=6, draft_model_path="/data/inv-drafter")})
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {spec.name: spec.model_dump(mode="json", exclude={"name", "source",
+                                                                                          "groups"})}}))
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    for extra, line in (([], "EAGLE3 draft /data/inv-drafter, steps 5, topk 1, draft tokens 6"),
+                        (["--draft", "/x", "--num-steps", "2", "--num-draft-tokens", "3"],
+                         "EAGLE3 draft /x, steps 2, topk 1, draft tokens 3")):
+        proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", host.name,
+                               "--dry-run", *extra], capture_output=True, text=True, timeout=120, env=env)
+        assert line in proc.stderr, proc.stderr
