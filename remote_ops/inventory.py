@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import ConfigError, NotFound
 
@@ -202,6 +203,37 @@ class LogsSpec(_Spec):
     training: AbsPath = "/data/eagle3-logs/training.log"
 
 
+class SpeculativeSpec(_Spec):
+    """EAGLE-3 speculative decoding settings `spec deploy` starts the server with (SGLang 0.5.9 flags).
+
+    Defaults are the usual chain draft for Kimi-K2.5 / DeepSeek-V3 EAGLE-3 drafters:
+    3 draft steps, top-1, 4 draft tokens.  SGLang silently rewrites
+    `num_draft_tokens` to `num_steps + 1` when `eagle_topk` is 1, and a draft tree
+    holds at most `num_steps * eagle_topk + 1` tokens: both are refused here so the
+    inventory says what the server runs."""
+
+    num_steps: int = Field(3, ge=1, le=32, description="--speculative-num-steps (draft depth)")
+    eagle_topk: int = Field(1, ge=1, le=16, description="--speculative-eagle-topk (branching per step)")
+    num_draft_tokens: int = Field(4, ge=2, le=256, description="--speculative-num-draft-tokens (verified per step)")
+    draft_model_path: AbsPath | None = Field(None, description="drafter checkpoint dir on the host "
+                                                               "(`spec deploy --draft` overrides)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SpeculativeSpec":
+        check_speculative(self.num_steps, self.eagle_topk, self.num_draft_tokens)
+        return self
+
+
+def check_speculative(num_steps: int, eagle_topk: int, num_draft_tokens: int) -> None:
+    """Raise ValueError for a combination SGLang 0.5.9 would rewrite or cannot build (pure)."""
+    if eagle_topk == 1 and num_draft_tokens != num_steps + 1:
+        raise ValueError(f"num_draft_tokens must be num_steps + 1 = {num_steps + 1} when eagle_topk is 1 "
+                         f"(SGLang 0.5.9 would silently use {num_steps + 1}), not {num_draft_tokens}")
+    if num_draft_tokens > num_steps * eagle_topk + 1:
+        raise ValueError(f"num_draft_tokens {num_draft_tokens} exceeds the draft tree's "
+                         f"num_steps * eagle_topk + 1 = {num_steps * eagle_topk + 1} tokens")
+
+
 class HostSpec(_Spec):
     """One host as the inventory describes it (before ssh_config is applied)."""
 
@@ -221,6 +253,7 @@ class HostSpec(_Spec):
     dump: DumpSpec = DumpSpec()
     server: ServerSpec = ServerSpec()
     logs: LogsSpec = LogsSpec()
+    speculative: SpeculativeSpec = SpeculativeSpec()
     audit_log: AbsPath = "/var/log/remote-ops/audit.jsonl"
     lock_dir: AbsPath = "/var/lock/remote-ops.lock"
 

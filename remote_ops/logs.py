@@ -12,10 +12,20 @@ fetch, from which byte, given what we pulled before) plus one remote command
 per pull, so every file is fetched in a single round trip and only its new
 bytes travel.
 
-Training log format: SpecForge (sgl-project/SpecForge, `scripts/train_eagle3*.py`),
-the most used open EAGLE-3 trainer.  Two of its outputs are understood:
+Training log format: SpecForge (sgl-project/SpecForge), the most used open
+EAGLE-3 trainer.  Three of its outputs are understood:
 
-- the per-position summary lines its online/offline trainers print once per
+- SpecForge 0.2.0 (`specforge train --config`): its `TrainerController` hands the
+  step's metrics to a console logger (`specforge/training/assembly.py::_logger`)
+  every `log_interval` optimizer steps, which prints the Python dict:
+  `step 50: {'acc_0': 0.41, ..., 'ploss_0': 1.9, ..., 'acc': .., 'loss': .., 'lr': .., 'perf/..': ..}`.
+  With a tracker (`tracking.report_to`: wandb, tensorboard, ...) the keys carry
+  the tracker namespace (`train/acc_0`), lists are flattened (`eval/per_position_acc/0`).
+  Evaluation (`eval_interval`) prints `step N: {'eval/avg_loss': .., 'eval/per_position_acc': [..],
+  'eval/simulated_acc_len': .., 'eval/ploss_0': ..}`.  Its tqdm bar only draws on a
+  terminal, so a container's log has no bar: epoch and total steps are not printed.
+
+- the per-position summary lines the older `scripts/train_eagle3*.py` print once per
   epoch (or per step when it evaluates by step):
   `Train Epoch [1/10], position 0,  Acc: 0.45` and `... position 0, pLoss: 1.23`,
   likewise `Eval Epoch [...]` and `Train Step [N], position i, ...`;
@@ -25,6 +35,7 @@ the most used open EAGLE-3 trainer.  Two of its outputs are understood:
 """
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import re
@@ -122,6 +133,9 @@ def _derive_rates(s: ExtractionSummary, session: dict) -> None:
 _POSITION = re.compile(
     r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d+)(?:/(?P<total>\d+))?\],\s*"
     r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)")
+_STEP_DICT = re.compile(r"^step (?P<step>\d+): (?P<dict>\{.*\})\s*$")
+_NONFINITE = re.compile(r"(?<![\w'.])-?(?:nan|inf)(?![\w'])")
+_POSITION_KEY = re.compile(r"^(?:(?P<ns>train|eval)/)?(?P<metric>acc|ploss|per_position_acc)[_/](?P<pos>\d+)$")
 _TQDM = re.compile(r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
                    r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)")
 
@@ -136,6 +150,7 @@ class TrainRecord:
     total: int | None = None
     acc: dict[int, float] = field(default_factory=dict)
     ploss: dict[int, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)   # 0.2.0: the line's other scalars (lr, perf/..)
 
     @property
     def step0_acc(self) -> float | None:
@@ -182,23 +197,29 @@ class StepPoint:
 class TrainingSummary:
     records: list[TrainRecord] = field(default_factory=list)
     steps: list[StepPoint] = field(default_factory=list)
+    standin: bool = False        # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
 
     def latest(self, phase: str = "train") -> TrainRecord | None:
         rows = [r for r in self.records if r.phase == phase]
         return rows[-1] if rows else None
 
     def to_dict(self) -> dict:
-        return {"format": "specforge",
+        return {"format": "specforge", "standin": self.standin,
+                "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
                 "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss,
                              "acceptance_length": r.acceptance_length} for r in self.records],
                 "steps": [asdict(p) for p in self.steps]}
 
 
 def parse_training(text: str) -> TrainingSummary:
-    """Parse a SpecForge training log (both formats above; tqdm's \\r updates included)."""
-    out = TrainingSummary()
+    """Parse a SpecForge training log (the three formats above; tqdm's \\r updates included)."""
+    out = TrainingSummary(standin="SPECFORGE STAND-IN" in text or "'STAND-IN/synthetic'" in text)
     index: dict[tuple, TrainRecord] = {}
     for piece in re.split(r"[\r\n]+", text):
+        d = _STEP_DICT.match(piece)
+        if d:
+            _add_step_dict(out, index, int(d["step"]), d["dict"])
+            continue
         m = _POSITION.search(piece)
         if m:
             _add_position(out, index, m)
@@ -218,6 +239,45 @@ def _add_position(out: TrainingSummary, index: dict, m: re.Match) -> None:
     value = _num(m["value"])
     if value is not None:
         (rec.acc if m["metric"] == "Acc" else rec.ploss)[int(m["pos"])] = value
+
+
+def step_metrics(text: str) -> dict[str, float | list]:
+    """The dict SpecForge 0.2.0 prints after `step N: ` -> {key: float or list} (pure; {} if unreadable).
+
+    Python prints non-finite floats as bare `nan`/`inf`, which are not literals: read as None."""
+    try:
+        doc = ast.literal_eval(_NONFINITE.sub("None", text))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _add_step_dict(out: TrainingSummary, index: dict, step: int, text: str) -> None:
+    """One 0.2.0 metrics line -> the train or eval record of that optimizer step (the controller
+    logs training and evaluation metrics in separate calls, so a line with `eval/` keys is an eval line)."""
+    metrics = step_metrics(text)
+    if not metrics:
+        return
+    phase = "eval" if any(str(k).startswith("eval/") for k in metrics) else "train"
+    rec = index.get((phase, "step", step))
+    if rec is None:
+        rec = index[(phase, "step", step)] = TrainRecord(phase, "step", step)
+        out.records.append(rec)
+    for key, value in metrics.items():
+        _put_metric(rec, str(key), value)
+
+
+def _put_metric(rec: TrainRecord, key: str, value) -> None:
+    if isinstance(value, list) and key.endswith("per_position_acc"):
+        rec.acc.update({i: float(v) for i, v in enumerate(value) if isinstance(v, (int, float))})
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    m = _POSITION_KEY.match(key)
+    if m:
+        (rec.ploss if m["metric"] == "ploss" else rec.acc)[int(m["pos"])] = float(value)
+    else:
+        rec.metrics[key.removeprefix("train/")] = float(value)
 
 
 def _add_step(out: TrainingSummary, t: re.Match) -> None:

@@ -146,14 +146,18 @@ def save(summary: BenchSummary, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{summary.mode}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary.to_dict(), indent=1))
+    tmp.write_text(json.dumps({"label": label(summary.standin), **summary.to_dict()}, indent=1))
     tmp.replace(path)
     return path
 
 
 def load(folder: Path, mode: str) -> BenchSummary | None:
     path = folder / f"{mode}.json"
-    return BenchSummary(**json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    doc.pop("label", None)                 # says STAND-IN or measured in the file; derived from `standin`
+    return BenchSummary(**doc)
 
 
 def plot(c: Comparison, path: Path) -> Path:

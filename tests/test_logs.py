@@ -51,6 +51,51 @@ def test_specforge_step_lines_are_read_as_steps():
     assert t.records[0].loss == 1.9
 
 
+def test_specforge_0_2_0_step_metric_lines_give_per_position_accuracy_loss_and_eval():
+    """`step N: {...}` as SpecForge 0.2.0's console logger prints it (report_to: none)."""
+    t = logs.parse_training((DATA / "specforge_0_2_0.log").read_text())
+    train = [r for r in t.records if r.phase == "train"]
+    evals = [r for r in t.records if r.phase == "eval"]
+    assert [(r.unit, r.index) for r in train] == [("step", 50), ("step", 100), ("step", 150), ("step", 200)]
+    assert sorted(train[0].acc) == list(range(7)) and train[0].step0_acc == 0.37 and train[0].ploss[0] == 2.15
+    assert train[0].metrics["lr"] == 5e-05 and train[0].metrics["perf/optimizer_step_time_s"] == 0.7
+    assert train[2].loss < train[0].loss and train[2].acceptance_length > train[0].acceptance_length
+    assert 1 not in train[3].acc and train[3].acc[0] == 0.6937      # `nan` (not a literal) is skipped
+    assert [r.index for r in evals] == [100] and evals[0].acc[1] == 0.4698 and evals[0].ploss[0] == 1.626
+    assert evals[0].metrics["eval/simulated_acc_len"] == 2.9 and t.latest("train").index == 200
+    assert t.steps == []                                 # 0.2.0 draws no tqdm bar off a terminal
+    assert not t.standin and t.to_dict()["label"] is None
+
+
+def test_specforge_0_2_0_tracker_namespaced_keys_read_the_same():
+    """With `tracking.report_to` set, keys carry `train/` and lists are flattened to `name/i`."""
+    plain = logs.parse_training((DATA / "specforge_0_2_0.log").read_text())
+    tracked = logs.parse_training((DATA / "specforge_0_2_0_tracker.log").read_text())
+    assert [(r.phase, r.index) for r in tracked.records] == [("train", 50), ("train", 100), ("eval", 100)]
+    for a, b in zip(tracked.records, plain.records[:3]):
+        assert (a.acc, a.ploss, a.metrics.get("lr")) == (b.acc, b.ploss, b.metrics.get("lr"))
+
+
+def test_the_0_2_0_samples_are_byte_for_byte_what_specforge_0_2_0_prints():
+    """Each metrics line of the samples, re-printed by SpecForge 0.2.0's own console logger."""
+    import contextlib
+    import io
+
+    pytest.importorskip("specforge")
+    from specforge.training.assembly import _logger
+
+    for name in ("specforge_0_2_0.log", "specforge_0_2_0_tracker.log"):
+        for line in (DATA / name).read_text().splitlines():
+            if not line.startswith("step "):
+                continue
+            step, _, text = line.partition(": ")
+            metrics = {k: float("nan") if v is None else v for k, v in logs.step_metrics(text).items()}
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                _logger(metrics, int(step.split()[1]))
+            assert out.getvalue() == line + "\n"
+
+
 def test_train_eagle3_progress_bar_gives_one_point_per_step_across_carriage_returns():
     t = logs.parse_training((DATA / "specforge_train_eagle3_tqdm.log").read_text())
     assert [(p.epoch, p.step) for p in t.steps] == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1), (1, 2), (1, 3), (1, 4)]

@@ -75,6 +75,43 @@ def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
     assert without_spec_flags(["--speculative-eagle-topk=2", "--x"]) == ["--x"]
 
 
+def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
+    from remote_ops.commands.spec import speculative_settings
+    from remote_ops.errors import ConfigError, UsageError
+    from remote_ops.inventory import HostSpec, load_inventory
+
+    gpu = load_inventory([REPO / "inventory" / "gpu-node.yaml"]).hosts["gpu-node"]
+    assert (gpu.speculative.num_steps, gpu.speculative.eagle_topk, gpu.speculative.num_draft_tokens) == (3, 1, 4)
+    h = HostSpec(name="h", speculative={"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6,
+                                        "draft_model_path": "/data/d"})
+    assert speculative_settings(h, None, None, None, None) == {
+        "draft": "/data/d", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
+    assert speculative_settings(h, "/x", 2, 4, 8) == {"draft": "/x", "num_steps": 2, "eagle_topk": 4,
+                                                      "num_draft_tokens": 8}
+    with pytest.raises(UsageError, match="--draft DIR or set speculative.draft_model_path"):
+        speculative_settings(HostSpec(name="h"), None, None, None, None)
+    with pytest.raises(UsageError, match="num_steps \\+ 1 = 3"):
+        speculative_settings(h, None, 2, None, None)         # topk 1: SGLang would rewrite 6 to 3
+    bad = tmp_path / "inv.yaml"
+    for section, field in (("num_steps: 3\n      eagle_topk: 2\n      num_draft_tokens: 8", "exceeds"),
+                           ("num_steps: 0", "num_steps"), ("draft_model_path: rel/dir", "draft_model_path"),
+                           ("topk: 1", "topk")):
+        bad.write_text(f"hosts:\n  h:\n    speculative:\n      {section}\n")
+        with pytest.raises(ConfigError, match=field) as err:
+            load_inventory([bad])
+        assert "speculative" in str(err.value) and "inv.yaml" in str(err.value)
+
+
+def test_spec_deploy_dry_run_uses_the_inventory_settings(tmp_path):
+    """No host is contacted before the usage check: the missing draft is refused with exit 2."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n    address: 127.0.0.1\n    port: 9\n")
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", "h", "--dry-run"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "speculative.draft_model_path" in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------- stand-in on a lab host
 
 def start_standin(host, tmp_path, extra: list[str], name: str):
@@ -134,6 +171,8 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
     assert Path(spec["png"]).stat().st_size > 1000
     table = Path(spec["table"]).read_text()
     assert "STAND-IN" in table and "acceptance length" in table and "STAND-IN" in err
+    for mode in ("baseline", "spec"):                                  # the stored runs say it too
+        assert json.loads((out / f"{mode}.json").read_text())["label"].startswith("STAND-IN")
 
 
 # --------------------------------------------------------------------------- spec deploy on a real lab host
@@ -159,3 +198,24 @@ def test_spec_deploy_restarts_the_standin_with_eagle3_then_deploy_restores_it(sg
     deploy.deploy(sglang_remote, spec, why="test restore")
     again = sb.summarise(sb.run(sglang_remote, spec, prompts, 8), "p", 8)
     assert again.mode == "baseline" and again.server["speculative_algorithm"] is None
+
+
+def test_spec_deploy_takes_the_drafter_and_flags_from_the_inventory_options_override(lab, host, tmp_path):
+    """The CLI's plan line names the inventory's settings (the dry run itself may stop at preflight:
+    lab1 has no SGLang checkout; nothing is changed either way)."""
+    import yaml
+
+    from remote_ops.inventory import SpeculativeSpec
+
+    spec = lab.spec(host.name).model_copy(update={"speculative": SpeculativeSpec(
+        num_steps=5, eagle_topk=1, num_draft_tokens=6, draft_model_path="/data/inv-drafter")})
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {spec.name: spec.model_dump(mode="json", exclude={"name", "source",
+                                                                                          "groups"})}}))
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    for extra, line in (([], "EAGLE3 draft /data/inv-drafter, steps 5, topk 1, draft tokens 6"),
+                        (["--draft", "/x", "--num-steps", "2", "--num-draft-tokens", "3"],
+                         "EAGLE3 draft /x, steps 2, topk 1, draft tokens 3")):
+        proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", host.name,
+                               "--dry-run", *extra], capture_output=True, text=True, timeout=120, env=env)
+        assert line in proc.stderr, proc.stderr

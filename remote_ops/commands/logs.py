@@ -150,7 +150,7 @@ def _plots(local, name, ext_text, training):
     from .. import plots
 
     out = local / "plots"
-    written = plots.plot_training(training, out, title=name)
+    written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
     ext = plots.plot_extraction(logs_mod.extraction_points(ext_text), out, title=name)
     return written + ([ext] if ext else [])
 
@@ -183,7 +183,8 @@ def _render_training(console, t) -> None:
              "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"] +
             [f"{r.acc[p]:.2f}" if p in r.acc else "" for p in positions] for r in t.records]
     if rows:
-        console.table(cols, rows, title="Training (SpecForge)")
+        console.table(cols, rows, title="Training (SpecForge)" + (" - STAND-IN: synthetic, nothing trained"
+                                                                  if t.standin else ""))
         console.say("tau = 1 + sum_k prod_{i<=k} acc_i: the expected accepted tokens per verify step "
                     "a chain draft would give (an estimate from training accuracy, not a measurement on the served model)",
                     style="dim")

@@ -60,23 +60,52 @@ def spec_host(spec, draft: str, steps: int, topk: int, draft_tokens: int):
     return spec.model_copy(update={"server": server, "container": spec.container.model_copy(update={"volumes": volumes})})
 
 
+def speculative_settings(spec, draft: str | None, num_steps: int | None, eagle_topk: int | None,
+                         num_draft_tokens: int | None) -> dict:
+    """The inventory's `speculative:` section with the CLI's overrides (pure; refused as a usage
+    error when no draft dir is known or the combination is one SGLang would rewrite)."""
+    from ..errors import UsageError
+    from ..inventory import check_speculative
+
+    inv = spec.speculative
+    out = {"draft": draft or inv.draft_model_path,
+           "num_steps": inv.num_steps if num_steps is None else num_steps,
+           "eagle_topk": inv.eagle_topk if eagle_topk is None else eagle_topk,
+           "num_draft_tokens": inv.num_draft_tokens if num_draft_tokens is None else num_draft_tokens}
+    if not out["draft"]:
+        raise UsageError(f"{spec.name}: no drafter: pass --draft DIR or set speculative.draft_model_path "
+                         f"in the inventory ({spec.source or 'inventory'})")
+    try:
+        check_speculative(out["num_steps"], out["eagle_topk"], out["num_draft_tokens"])
+    except ValueError as exc:
+        raise UsageError(f"{spec.name}: speculative settings: {exc}") from None
+    return out
+
+
 @spec_group.command("deploy")
-@click.option("--draft", required=True, metavar="DIR", help="drafter checkpoint dir on the host")
-@click.option("--num-steps", type=int, default=3, show_default=True, help="--speculative-num-steps")
-@click.option("--eagle-topk", type=int, default=1, show_default=True, help="--speculative-eagle-topk")
-@click.option("--num-draft-tokens", type=int, default=4, show_default=True, help="--speculative-num-draft-tokens")
+@click.option("--draft", default=None, metavar="DIR",
+              help="drafter checkpoint dir on the host (default: inventory speculative.draft_model_path)")
+@click.option("--num-steps", type=int, default=None, help="--speculative-num-steps (default: inventory, 3)")
+@click.option("--eagle-topk", type=int, default=None, help="--speculative-eagle-topk (default: inventory, 1)")
+@click.option("--num-draft-tokens", type=int, default=None,
+              help="--speculative-num-draft-tokens (default: inventory, 4)")
 @click.option("--dry-run", is_flag=True, help="print the plan; change nothing")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before restarting the server")
 @host_command
 def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_run, yes) -> None:
-    """Restart the server with --speculative-algorithm EAGLE3 and the drafter (through `deploy`)."""
+    """Restart the server with --speculative-algorithm EAGLE3 and the drafter (through `deploy`).
+
+    The draft dir and the --speculative-* values come from the host's `speculative:`
+    inventory section; the options override them for this run."""
     from .. import deploy as deploy_mod
     from .deploy import ConsoleEvents, _confirm, _summary
 
-    spec = spec_host(app.host(host), draft, num_steps, eagle_topk, num_draft_tokens)
+    base = app.host(host)
+    s = speculative_settings(base, draft, num_steps, eagle_topk, num_draft_tokens)
+    spec = spec_host(base, s["draft"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"])
     remote = app.remote(spec)
-    app.console.step(f"spec deploy {spec.name}: EAGLE3 draft {draft}, steps {num_steps}, topk {eagle_topk}, "
-                     f"draft tokens {num_draft_tokens}")
+    app.console.step(f"spec deploy {spec.name}: EAGLE3 draft {s['draft']}, steps {s['num_steps']}, "
+                     f"topk {s['eagle_topk']}, draft tokens {s['num_draft_tokens']}")
     if not dry_run and not yes:
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:

@@ -20,23 +20,70 @@ def train_group() -> None:
 
     Data: the `dumps export` dir (default <dump.dir>-specforge); checkpoints:
     <dump.dir>-drafter/<run_id>-step<N>.  With --standin nothing is trained: the
-    stand-in writes SpecForge-format logs with SYNTHETIC values and weightless
-    checkpoint folders, so the commands can be exercised without a GPU.
+    STAND-IN writes SpecForge 0.2.0's metrics lines with SYNTHETIC values and
+    weightless checkpoint folders, all labelled STAND-IN, so the commands can be
+    exercised without a GPU.  `start` and `stop` take the host lock for the change,
+    append an audit line on the host and write a run record, as deploy does.
+    ETA: 0.2.0 runs with a known number of steps (the stand-in) give the time left
+    in the run; older SpecForge tqdm bars give the time left in the epoch.
     """
 
 
 def _render(console, st: train_mod.TrainStatus) -> None:
     tag = "STAND-IN " if st.standin else ""
     acc = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(st.acc.items())) or "-"
-    eta = f"{st.eta_s:.0f}s left in the epoch" if st.eta_s is not None else "ETA -"
+    eta = f"ETA {st.eta_s:.0f}s" if st.eta_s is not None else "ETA -"
     console.status("ok" if st.running else "info",
                    f"{tag}training {st.state}: epoch {st.epoch or '-'}/{st.epochs or '-'}, step {st.step or '-'}/"
                    f"{st.steps or '-'}, {eta}")
-    console.say(f"  per-position accuracy (last epoch): {acc}")
+    console.say(f"  per-position accuracy (latest): {acc}")
     console.say(f"  tau (estimated from accuracies, not measured): {st.tau_estimate or '-'}; "
                 f"latest checkpoint: {st.latest_checkpoint or '-'}")
     if st.standin:
         console.say("  STAND-IN: synthetic numbers, no drafter is being trained", style="dim")
+
+
+_STEP_STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "info", "failed": "fail"}
+
+
+def _step_line(console, host: str):
+    def show(step: train_mod.Step) -> None:
+        console.status(_STEP_STATUS.get(step.status, "info"), f"{host}: {step.name} {step.status}"
+                       + (f": {step.detail}" if step.detail else ""))
+    return show
+
+
+def _render_result(app, r: train_mod.TrainResult, diff: bool) -> None:
+    """Steps (dry runs: all at once; real runs streamed them), commands, --diff, then the status."""
+    console = app.console
+    if r.dry_run:
+        for step in r.steps:
+            _step_line(console, r.host)(step)
+        for cmd in r.commands:
+            console.say(f"would run: {cmd}")
+    if r.noop:
+        console.status("ok", f"{r.host}: nothing to do (train {r.action}: "
+                             + ("this run is already running)" if r.action == "start" else "no run is running)"))
+    if diff:
+        _render_diff(console, r)
+    if r.status:
+        _render(console, r.status)
+    if r.record:
+        console.say(f"  record {r.record}", style="dim")
+    console.emit(r)
+
+
+def _render_diff(console, r: train_mod.TrainResult) -> None:
+    before = r.before
+    was = f"{before.state} (run {before.run_id or '-'}, plan {before.fingerprint or '-'})" if before else "unknown"
+    if r.action == "start":
+        after = "unchanged" if r.noop else f"running (run {r.plan['run_id']}, plan {r.plan['fingerprint']})"
+    else:
+        after = "unchanged" if r.noop else "stopped"
+    console.say(f"--- training on {r.host}: {was}\n+++ after train {r.action}: {after}"
+                + (" (not run)" if r.dry_run else ""))
+    if r.diff:
+        console.text_block(r.diff)
 
 
 @train_group.command("start")
@@ -46,43 +93,37 @@ def _render(console, st: train_mod.TrainStatus) -> None:
 @click.option("--run-id", default="eagle3", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
 @click.option("--nproc", type=int, default=8, show_default=True, help="GPUs for the trainer (real runs)")
-@click.option("--standin", is_flag=True, help="run the labelled training stand-in (no GPU, nothing trained)")
+@click.option("--standin", is_flag=True, help="run the labelled training STAND-IN (no GPU, nothing trained)")
 @click.option("--steps", type=int, default=20, show_default=True, help="stand-in: steps per epoch")
 @click.option("--step-s", type=float, default=0.1, show_default=True, help="stand-in: seconds per step")
-@click.option("--dry-run", is_flag=True, help="print the Dockerfile, run.yaml and commands; change nothing")
+@click.option("--dry-run", is_flag=True, help="show the plan, Dockerfile, run.yaml and commands; change nothing")
+@click.option("--diff", is_flag=True, help="show the training state before/after and the run.json change")
 @host_command
-def start_cmd(app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, dry_run) -> int:
-    """Start a training run (refused while one is running)."""
+def start_cmd(app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, dry_run,
+              diff) -> int:
+    """Start a training run: a no-op while this same run runs, refused (exit 9) while another does.
+
+    Holds the host lock for the start only (not for the training), appends an
+    audit line on the host and writes a run record, like deploy."""
     spec = app.host(host)
     p = train_mod.paths_for(spec, data, output)
-    if dry_run:
-        return _dry_run(app, spec, p, draft_config, run_id, epochs, nproc, standin, steps, step_s)
-    remote = app.remote(spec)
     if standin:
-        st = train_mod.start_standin(remote, spec, p, run_id, epochs, steps, step_s)
+        plan = train_mod.standin_plan(p, run_id, epochs, steps, step_s)
+    elif draft_config:
+        plan = train_mod.real_plan(p, draft_config, run_id, epochs, nproc)
+    elif dry_run:
+        plan = train_mod.real_plan(p, "<--draft-config>", run_id, epochs, nproc)
     else:
-        if not draft_config:
-            raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
-        train_mod.start_real(remote, spec, p, draft_config, run_id, epochs, nproc)
-        st = train_mod.status(remote, spec, p)
-    _render(app.console, st)
-    app.console.emit(st)
-    return 0
-
-
-def _dry_run(app, spec, p, draft_config, run_id, epochs, nproc, standin, steps, step_s) -> int:
-    if standin:
-        plan = {"standin": True, "command": train_mod.standin_command(p, run_id, epochs, steps, step_s)}
-        app.console.say(f"would run (stand-in): {plan['command']}")
-    else:
-        plan = {"standin": False, "dockerfile": train_mod.dockerfile(spec),
-                "run_yaml": train_mod.run_yaml(spec, p, draft_config or "<--draft-config>", run_id, epochs, nproc),
-                "commands": train_mod.real_commands(spec, p)}
-        app.console.text_block(plan["dockerfile"])
-        app.console.text_block(plan["run_yaml"])
-        for cmd in plan["commands"]:
-            app.console.say(f"would run: {cmd}")
-    app.console.emit({"host": spec.name, "dry_run": True, **plan})
+        raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
+    if dry_run and not plan.standin:
+        app.console.text_block(train_mod.dockerfile(spec))
+        app.console.text_block(train_mod.run_yaml(spec, p, plan.draft_config, run_id, epochs, nproc))
+    if plan.standin:
+        app.console.say("STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
+                        "no drafter is trained", style="yellow")
+    result = train_mod.start(app.remote(spec), spec, p, plan, dry_run=dry_run,
+                             events=None if dry_run else _step_line(app.console, spec.name))
+    _render_result(app, result, diff)
     return 0
 
 
@@ -99,13 +140,17 @@ def status_cmd(app, host, output) -> int:
 
 
 @train_group.command("stop")
+@click.option("--dry-run", is_flag=True, help="show what would be stopped; change nothing")
+@click.option("--diff", is_flag=True, help="show the training state before/after")
 @host_command
-def stop_cmd(app, host) -> int:
-    """Stop the run by its recorded PID (stand-in) or `docker stop` (container)."""
+def stop_cmd(app, host, dry_run, diff) -> int:
+    """Stop the run by its recorded PID (stand-in) or `docker stop` (container); nothing running: no-op.
+
+    Holds the host lock while it stops, appends an audit line and writes a run record."""
     spec = app.host(host)
-    st = train_mod.stop(app.remote(spec), spec)
-    _render(app.console, st)
-    app.console.emit(st)
+    result = train_mod.stop(app.remote(spec), spec, dry_run=dry_run,
+                            events=None if dry_run else _step_line(app.console, spec.name))
+    _render_result(app, result, diff)
     return 0
 
 
