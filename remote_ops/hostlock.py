@@ -15,8 +15,9 @@ who holds it, in `key=value` lines:
 
 Who takes it: `deploy` (inside its probe, so a no-op deploy costs no extra
 round trip), `container start|stop|restart`, `patch apply|revert` (inside
-the write script, waiting up to `patching.LOCK_WAIT_S`), `unlock --force`
-(removes it).  Read-only commands (`facts`, `health`, `status`, `--dry-run`)
+the write script, waiting up to `patching.LOCK_WAIT_S`), `extract start|stop`,
+`train start|stop` (while starting or stopping, not for the run), `unlock
+--force` (removes it).  Read-only commands (`facts`, `health`, `status`, `--dry-run`)
 only ever read `info`, never wait for it.
 
 A holder that died leaves the directory behind.  `stale_reason` proves it
