@@ -76,7 +76,3 @@ class App:
         for remote in self._remotes.values():
             remote.close()
         self._remotes.clear()
-
-
-def default_timeouts() -> Timeouts:
-    return Timeouts()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from remote_ops import container, deploy, facts
+from remote_ops.engine import labels as labels_
 from remote_ops.inventory import parse_inventory_data
 
 AFTER, BEFORE = "a" * 64, "b" * 64
@@ -14,12 +15,12 @@ def host(**over):
 def probe(h, *, image=True, running=True, target=AFTER, ctx=None, run_config=None, image_id="sha256:i"):
     patch = deploy.load_patch()
     ref = deploy.image_tag(h, patch)
-    labels = {deploy.LABELS["sha_after"]: AFTER, deploy.LABELS["sha_before"]: BEFORE,
-              deploy.LABELS["patch_hash"]: patch.hash,
-              deploy.LABELS["context"]: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
+    labels = {labels_.SHA_AFTER: AFTER, labels_.SHA_BEFORE: BEFORE,
+              labels_.PATCH_HASH: patch.hash,
+              labels_.CONTEXT_HASH: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
     img = container.ImageInfo(image_id, (ref,), labels) if image else None
     ctr = container.ContainerInfo("c1", h.container.name, "sha256:i", ref, "running" if running else "exited",
-                                  "healthy", labels={container.RUN_CONFIG_LABEL:
+                                  "healthy", labels={labels_.RUN_CONFIG:
                                                      run_config or container.expected_run_config(h, ref)})
     f = facts.Facts(host=h.name, target_sha256=target, docker={"server": "28.0"})
     return deploy.Probe(f, "buildkit", img, ctr, None), patch, ref
