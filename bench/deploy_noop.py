@@ -119,6 +119,36 @@ def bench_health(lab, spec, runs: int) -> dict:
             "cli_all_s": cli, "inprocess_all_s": inproc}
 
 
+def bench_compare(other: Path, runs: int) -> dict:
+    """This checkout against `other` (e.g. the commit before a change), interleaved run by run on
+    the same deployed host: `deploy` (no-op) and `health`, CLI wall, the command's own wall
+    (`wall_s` / `duration_s` in its JSON: after start-up) and round trips."""
+    out: dict = {}
+    for _ in range(runs):
+        for label, tree in (("this", REPO), ("other", other)):
+            row = out.setdefault(label, {"deploy_cli_s": [], "deploy_inner_s": [], "health_cli_s": [],
+                                         "health_inner_s": [], "deploy_round_trips": 0, "health_round_trips": 0})
+            for cmd in ("deploy", "health"):
+                argv = [sys.executable, "-m", "remote_ops", cmd, "--host", NAME, "--json"]
+                argv += ["--yes", "-q"] if cmd == "deploy" else []
+                t = time.perf_counter()
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                                   cwd=tree)
+                row[f"{cmd}_cli_s"].append(time.perf_counter() - t)
+                doc = json.loads(p.stdout)
+                if cmd == "deploy":
+                    assert p.returncode == 0 and doc["up_to_date"], (tree, p.stderr[-500:])
+                    row["deploy_inner_s"].append(doc["wall_s"])
+                    row["deploy_round_trips"] = doc["round_trips"]
+                else:
+                    host = doc["hosts"][0] if "hosts" in doc else doc
+                    row["health_inner_s"].append(host["duration_s"])
+                    row["health_round_trips"] = host["round_trips"]
+                    row["health_exit"] = p.returncode
+    return {k: {m: (statistics.median(v) if isinstance(v, list) else v) for m, v in row.items()}
+            for k, row in out.items()}
+
+
 def bench_inprocess(lab, spec, runs: int) -> list[dict]:
     out = []
     for _ in range(runs):
@@ -239,6 +269,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another checkout (e.g. `git worktree add /tmp/old HEAD~1`) to time interleaved with this one")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ro-bench-noop-") as d:
         tmp = Path(d)
@@ -247,6 +279,7 @@ def main() -> None:
             res = {"first_deploy_s": first.wall_s, "first_deploy_round_trips": first.round_trips,
                    "cli": bench_cli(args.runs), "inprocess": bench_inprocess(lab, spec, args.runs),
                    "health": bench_health(lab, spec, args.runs),
+                   **({"compare": bench_compare(args.compare.resolve(), args.runs)} if args.compare else {}),
                    "openssh": bench_openssh(lab, spec, args.runs, tmp)}
             if os.path.exists(args.ansible):
                 res["ansible"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, False)
@@ -270,6 +303,9 @@ def report(res: dict) -> None:
         if key in res:
             rows.append((f"{label}, {res[key]['tasks']} tasks", res[key]["median_s"], None))
     print(f"first full deploy: {res['first_deploy_s']:.2f}s, {res['first_deploy_round_trips']} round trips")
+    for label, row in res.get("compare", {}).items():
+        print(f"compare {label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in row.items()))
     h = res["health"]
     print(f"health on the deployed host: CLI {h['cli_s']:.3f}s, in-process {h['inprocess_s']:.3f}s, "
           f"{h['round_trips']} round trip(s)")

@@ -32,7 +32,7 @@ from .engine import labels
 from .engine import probe as engine_probe
 from .engine.cli import (TOOL_DIR, build_cmd, buildx_cmd, remove_cmd, restart_cmd, start_cmd, stop_cmd,
                          verify_in_container_cmd, verify_in_image_cmd)
-from .engine.spec import cli_argv, dump_env, for_host, server_args, _gpu_flags
+from .engine.spec import cli_argv, dump_env, for_host, server_args, gpu_flags
 from .engine.types import ContainerInfo, ImageInfo
 from .errors import NotFound, RemoteOpsError
 from .inventory import HostSpec
@@ -106,7 +106,7 @@ def image_ref(host: HostSpec, tag: str) -> str:
 def gpu_args(host: HostSpec) -> list[str]:
     """`--gpus all`, `--gpus "device=0,1"` (docker parses the value as CSV), or nothing."""
     gpus = host.container.gpus
-    return _gpu_flags(gpus if isinstance(gpus, str) else tuple(gpus))
+    return gpu_flags(gpus if isinstance(gpus, str) else tuple(gpus))
 
 
 def run_argv(host: HostSpec, image: str) -> list[str]:

@@ -119,7 +119,7 @@ def cli_argv(spec: RunSpec) -> list[str]:
     """`spec` as the `docker run` command line (pure; never pulls).  Flag order is fixed:
     the run-config hash of inventory hosts is taken over this form."""
     argv = ["docker", "run", "-d", "--pull=never", *(["--init"] if spec.init else []), "--name", spec.name,
-            "--restart", spec.restart, *_gpu_flags(spec.gpus)]
+            "--restart", spec.restart, *gpu_flags(spec.gpus)]
     argv += ["--shm-size", spec.shm_size] if spec.shm_size else []
     argv += ["--ipc", spec.ipc] if spec.ipc else []
     for p in spec.ports:
@@ -135,7 +135,7 @@ def cli_argv(spec: RunSpec) -> list[str]:
     return argv + [spec.image, *spec.command]
 
 
-def _gpu_flags(gpus: str | tuple[int, ...]) -> list[str]:
+def gpu_flags(gpus: str | tuple[int, ...]) -> list[str]:
     """`--gpus all`, `--gpus "device=0,1"` (docker parses the value as CSV), or nothing."""
     if gpus == "none" or gpus == ():
         return []
