@@ -14,6 +14,16 @@ endpoints (`/model_info`, `/server_info`, `/v1/models`, each with its older
 `/get_*` alias), and a generation probe runs at most once, only with `--deep`.
 Nothing here writes to the host: the dump-growth baseline is kept locally.
 
+The engine's questions (version, container + image, the container's id,
+`exec`) come from the engine seam as shell sections (`engine.probe`), read
+back into its typed records; no docker command line is written here.
+
+"Healthy" means what deploy's wait means: a running container whose docker
+health check is still `starting` is ok once every cheap endpoint answers
+(`starting_but_answering`), so `health` right after a deploy that reported
+healthy exits 0.  `dumps/growth` warns about standing dumps only while the
+extraction client runs (`extraction_probe`: its PID file, `remote_ops.extract`).
+
 Deadlines: the round trip runs under the run's command deadline
 (`--command-timeout`); each probe in it is bounded by `facts.probe_deadline`
 of that on the host (`facts.bounded`), and the HTTP probe's own calls share

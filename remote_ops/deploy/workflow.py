@@ -49,7 +49,7 @@ from .. import __version__, container, hostlock, secrets, shell
 from ..engine import labels
 from ..errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from ..inventory import HostSpec
-from ..remote import Remote, command_deadline
+from ..remote import Remote
 from .context import (context_files, context_hash, context_tar, copy_tree_cmd, image_tag, load_patch,
                       render_dockerfile, staging_dir)
 from .plan import Plan, Probe, make_plan, preflight_problems, probe
