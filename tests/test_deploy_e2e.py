@@ -45,6 +45,9 @@ def _lock_free(spec):
 
 
 def test_deploy_then_noop_then_dry_run(sglang_remote, spec, tmp_path):
+    # a first deploy: no image from an earlier test (deploy rightly reuses a current one)
+    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
+    sglang_remote.run(["docker", "rmi", "-f", deploy.image_ref(spec)], check=False)
     ev = Recorder()
     first = deploy.deploy(sglang_remote, spec, events=ev, why="test")
     assert not first.up_to_date

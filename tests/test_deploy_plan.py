@@ -75,3 +75,16 @@ def test_lock_info_has_no_pid_and_parses_back():
     assert "\npid=" not in "\n" + text
     info = deploy.parse_lock(0, text)
     assert info["what"] == "deploy: test run" and deploy.parse_lock(1, "") is None
+
+
+def test_image_is_found_when_the_container_is_absent():
+    """`inspect NAME REF` with NAME gone prints REF's document then an error line (exit 1): the
+    image must still be seen, or deploy would rebuild a current image after `docker rm`."""
+    import json
+
+    h = host()
+    img = {"Id": "sha256:i", "RepoTags": ["r:t"], "Config": {"Labels": {"a": "b"}}}
+    sec = {"objects": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"),
+           "lock": (0, "")}
+    p = deploy.parse_probe(h, sec, locking=True)
+    assert p.container is None and p.image is not None and p.image.id == "sha256:i"
