@@ -6,9 +6,13 @@ the SGLang 0.5.9 stand-in base image, the real 0.5.9 tree in the checkout, and
 one full `deploy`.  Then, with nothing changed, each contender does the checks
 a no-op deploy needs and the same host-side bookkeeping:
 
-- remote-ops: `remote-ops deploy --host bench --yes --json` (a new process per run:
-  Python start-up, inventory, connect, one batched probe, lock, audit + unlock),
-  and the same in-process (connect + `deploy.deploy`).
+- remote-ops: `python -m remote_ops deploy --host bench --yes --json` from this
+  checkout (a new process per run: Python start-up, inventory, connect, one
+  batched probe, lock, audit + unlock), and the same in-process (connect +
+  `deploy.deploy`).
+- health on the same deployed host: `python -m remote_ops health --host bench
+  --json` (new process) and in-process (connect + `health.check_host`), round
+  trips counted: the other read-only command an operator re-runs.
 - OpenSSH + ControlMaster: the very same two command strings remote-ops sends
   (probe that takes the lock, audit+unlock) over `ssh -S` (cold: incl. the master's connect; warm).
 - Ansible (ansible-core in its own venv, strict host keys, same key/known_hosts):
@@ -86,13 +90,63 @@ def bench_cli(runs: int) -> list[dict]:
     out = []
     for _ in range(runs):
         t = time.perf_counter()
-        p = subprocess.run([str(REPO / ".venv/bin/remote-ops"), "deploy", "--host", NAME, "--yes", "--json", "-q"],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        p = subprocess.run([sys.executable, "-m", "remote_ops", "deploy", "--host", NAME, "--yes", "--json", "-q"],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO)
         wall = time.perf_counter() - t
         doc = json.loads(p.stdout)
         assert p.returncode == 0 and doc["up_to_date"], (p.returncode, p.stderr[-500:])
         out.append({"wall_s": wall, "round_trips": doc["round_trips"], "inner_s": doc["wall_s"]})
     return out
+
+
+def bench_health(lab, spec, runs: int) -> dict:
+    """`health` on the deployed host: CLI (new process) and in-process, with round trips."""
+    from remote_ops import health
+
+    cli, inproc, trips = [], [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "remote_ops", "health", "--host", NAME, "--json"],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO)
+        cli.append(time.perf_counter() - t)
+        assert p.returncode in (0, 11), (p.returncode, p.stderr[-500:])
+        t = time.perf_counter()
+        with FabricRemote(lab.target(NAME)).connect() as remote:
+            r = health.check_host(lambda _h: remote, spec, expected_image=deploy.image_ref(spec))
+        inproc.append(time.perf_counter() - t)
+        trips.append(r.round_trips)
+    return {"cli_s": statistics.median(cli), "inprocess_s": statistics.median(inproc), "round_trips": trips[0],
+            "cli_all_s": cli, "inprocess_all_s": inproc}
+
+
+def bench_compare(other: Path, runs: int) -> dict:
+    """This checkout against `other` (e.g. the commit before a change), interleaved run by run on
+    the same deployed host: `deploy` (no-op) and `health`, CLI wall, the command's own wall
+    (`wall_s` / `duration_s` in its JSON: after start-up) and round trips."""
+    out: dict = {}
+    for _ in range(runs):
+        for label, tree in (("this", REPO), ("other", other)):
+            row = out.setdefault(label, {"deploy_cli_s": [], "deploy_inner_s": [], "health_cli_s": [],
+                                         "health_inner_s": [], "deploy_round_trips": 0, "health_round_trips": 0})
+            for cmd in ("deploy", "health"):
+                argv = [sys.executable, "-m", "remote_ops", cmd, "--host", NAME, "--json"]
+                argv += ["--yes", "-q"] if cmd == "deploy" else []
+                t = time.perf_counter()
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                                   cwd=tree)
+                row[f"{cmd}_cli_s"].append(time.perf_counter() - t)
+                doc = json.loads(p.stdout)
+                if cmd == "deploy":
+                    assert p.returncode == 0 and doc["up_to_date"], (tree, p.stderr[-500:])
+                    row["deploy_inner_s"].append(doc["wall_s"])
+                    row["deploy_round_trips"] = doc["round_trips"]
+                else:
+                    host = doc["hosts"][0] if "hosts" in doc else doc
+                    row["health_inner_s"].append(host["duration_s"])
+                    row["health_round_trips"] = host["round_trips"]
+                    row["health_exit"] = p.returncode
+    return {k: {m: (statistics.median(v) if isinstance(v, list) else v) for m, v in row.items()}
+            for k, row in out.items()}
 
 
 def bench_inprocess(lab, spec, runs: int) -> list[dict]:
@@ -215,6 +269,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another checkout (e.g. `git worktree add /tmp/old HEAD~1`) to time interleaved with this one")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ro-bench-noop-") as d:
         tmp = Path(d)
@@ -222,6 +278,8 @@ def main() -> None:
         try:
             res = {"first_deploy_s": first.wall_s, "first_deploy_round_trips": first.round_trips,
                    "cli": bench_cli(args.runs), "inprocess": bench_inprocess(lab, spec, args.runs),
+                   "health": bench_health(lab, spec, args.runs),
+                   **({"compare": bench_compare(args.compare.resolve(), args.runs)} if args.compare else {}),
                    "openssh": bench_openssh(lab, spec, args.runs, tmp)}
             if os.path.exists(args.ansible):
                 res["ansible"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, False)
@@ -236,12 +294,21 @@ def report(res: dict) -> None:
     inproc = statistics.median(r["wall_s"] for r in res["inprocess"])
     rows = [("remote-ops deploy (CLI, new process)", cli, res["cli"][0]["round_trips"]),
             ("remote-ops deploy (in-process: connect + deploy)", inproc, res["inprocess"][0]["round_trips"]),
+            ("remote-ops health (CLI, new process)", res["health"]["cli_s"], res["health"]["round_trips"]),
+            ("remote-ops health (in-process: connect + check_host)", res["health"]["inprocess_s"],
+             res["health"]["round_trips"]),
             ("OpenSSH ControlMaster, same 2 commands, cold (incl. master connect)", res["openssh"]["cold_s"], 2),
             ("OpenSSH ControlMaster, same 2 commands, warm", res["openssh"]["warm_s"], 2)]
     for key, label in (("ansible", "Ansible playbook (defaults)"), ("ansible_pipelining", "Ansible playbook (pipelining)")):
         if key in res:
             rows.append((f"{label}, {res[key]['tasks']} tasks", res[key]["median_s"], None))
     print(f"first full deploy: {res['first_deploy_s']:.2f}s, {res['first_deploy_round_trips']} round trips")
+    for label, row in res.get("compare", {}).items():
+        print(f"compare {label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in row.items()))
+    h = res["health"]
+    print(f"health on the deployed host: CLI {h['cli_s']:.3f}s, in-process {h['inprocess_s']:.3f}s, "
+          f"{h['round_trips']} round trip(s)")
     print("| contender | median wall (s) | round trips | vs remote-ops CLI |")
     print("|---|---|---|---|")
     for label, wall, trips in rows:

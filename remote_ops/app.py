@@ -104,7 +104,3 @@ def _one_line(command: str, width: int = 200) -> str:
     if len(first) > width or first != command:
         return f"{first[:width]} ... ({len(command)} chars; -vv shows it whole)"
     return first
-
-
-def default_timeouts() -> Timeouts:
-    return Timeouts()

@@ -1,79 +1,42 @@
-"""Docker on the host, over SSH: argv builders and JSON parsers (pure) + thin runners.
+"""The SGLang server container on a host: lifecycle, image builds, in-image patch verification.
 
-pyinfra-style: every docker operation is a pure function returning an argv
-(or a shell string from `remote_ops.shell`), and every answer is read from
-docker's JSON output (`docker inspect`, `docker version --format '{{json .}}'`),
-never from human-formatted tables.  The few functions at the bottom take a
-`Remote` and run them.
+Everything docker-specific lives behind the engine seam (`remote_ops.engine`):
+the run spec (`engine.spec.for_host`: settings, labels, run-config hash), the
+records (`engine.types.ImageInfo` / `ContainerInfo`), the API calls
+(`engine.container`, `remote`, `run`, `start`, `stop`, `restart`), the shell
+probes (`engine.probe`) and the CLI command lines that remain
+(`engine.cli`: BuildKit builds, the in-image verifier, `--dry-run` text).
+This module decides (pure: `lifecycle_steps`, `choose_builder`, parsers) and
+drives those over one `Remote`.
 
-Why the docker CLI on the host and not the Engine API over ssh://: the CLI on
-the host has BuildKit (the Python SDK builds with the legacy builder only),
-and the CLI runs over our one strict SSH connection (the SDK's ssh:// mode
-reads only ~/.ssh/known_hosts and ~/.ssh/config).
+Lifecycle (start/stop/restart) is check -> act -> verify over one engine
+channel: three or more API requests for one SSH round trip.  A one-shot read
+(`inspect_container`, `status`) is one shell round trip instead, which costs
+the same and keeps the Docker SDK out of the process (its import is the
+larger cost for a short command).
 
-Safety: images we built are never pulled: `--pull=never` on run, and
-`--pull=false` on build.
+Safety: images we built are never pulled: the engine creates containers
+with `POST /containers/create` (a missing image is NotFound), and builds run
+with `--pull=false`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import secrets, shell
-from .errors import CommandFailed, NotFound, RemoteOpsError
+from .engine import labels
+from .engine import probe as engine_probe
+from .engine.cli import (TOOL_DIR, build_cmd, buildx_cmd, remove_cmd, restart_cmd, start_cmd, stop_cmd,
+                         verify_in_container_cmd, verify_in_image_cmd)
+from .engine.spec import cli_argv, dump_env, for_host, server_args, gpu_flags
+from .engine.types import ContainerInfo, ImageInfo
+from .errors import NotFound, RemoteOpsError
 from .inventory import HostSpec
 from .remote import LineSink, Remote, command_deadline
-
-LABEL_PREFIX = "org.remote-ops."
-#: Container label: hash of the `docker run` argv, so a changed setting means a restart.
-RUN_CONFIG_LABEL = LABEL_PREFIX + "run-config"
-#: Image label: hash of everything that went into the build context.
-CONTEXT_LABEL = LABEL_PREFIX + "context-hash"
-TOOL_DIR = "/opt/remote-ops"
-
-
-# -- data ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ImageInfo:
-    """What `docker image inspect` says about one image."""
-
-    id: str
-    tags: tuple[str, ...] = ()
-    labels: dict[str, str] = field(default_factory=dict)
-    created: str = ""
-    size: int | None = None
-
-    def label(self, name: str) -> str | None:
-        return self.labels.get(LABEL_PREFIX + name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    """What `docker container inspect` says about one container."""
-
-    id: str
-    name: str
-    image_id: str
-    image_ref: str
-    status: str                 # created | running | restarting | exited | paused | dead
-    health: str | None          # starting | healthy | unhealthy | None (no healthcheck)
-    restart_count: int = 0
-    oom_killed: bool = False
-    exit_code: int | None = None
-    started_at: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def running(self) -> bool:
-        return self.status == "running"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "running": self.running}
 
 
 @dataclass(frozen=True)
@@ -93,52 +56,14 @@ class PatchInImage:
 
 
 # -- parsers (pure) -----------------------------------------------------------------------------
-def _json_array(text: str) -> list[dict]:
-    """The JSON array `docker inspect` prints ([] when the output is not JSON)."""
-    start = text.find("[")
-    try:
-        data = json.loads(text[start:]) if start >= 0 else []
-    except json.JSONDecodeError:
-        return []
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
-
-
 def parse_image_inspect(status: int, text: str) -> ImageInfo | None:
     """`docker image inspect REF` -> ImageInfo, or None when the image does not exist."""
-    items = _json_array(text) if status == 0 else []
-    if not items:
-        return None
-    d = items[0]
-    config = d.get("Config") or {}
-    return ImageInfo(id=d.get("Id", ""), tags=tuple(d.get("RepoTags") or ()),
-                     labels=dict(config.get("Labels") or {}), created=d.get("Created", ""),
-                     size=d.get("Size"))
+    return engine_probe.parse_inspect(text)[0] if status == 0 else None
 
 
 def parse_container_inspect(status: int, text: str) -> ContainerInfo | None:
     """`docker container inspect NAME` -> ContainerInfo, or None when there is no such container."""
-    items = _json_array(text) if status == 0 else []
-    if not items:
-        return None
-    d = items[0]
-    state = d.get("State") or {}
-    config = d.get("Config") or {}
-    health = (state.get("Health") or {}).get("Status")
-    return ContainerInfo(id=d.get("Id", ""), name=(d.get("Name") or "").lstrip("/"),
-                         image_id=d.get("Image", ""), image_ref=config.get("Image", ""),
-                         status=state.get("Status", "unknown"), health=health,
-                         restart_count=int(d.get("RestartCount") or 0),
-                         oom_killed=bool(state.get("OOMKilled")), exit_code=state.get("ExitCode"),
-                         started_at=state.get("StartedAt", ""), labels=dict(config.get("Labels") or {}))
-
-
-def parse_docker_version(text: str) -> dict[str, Any]:
-    """`docker version --format '{{json .}}'` -> the decoded document ({} if not JSON)."""
-    line = next((l for l in text.splitlines() if l.startswith("{")), "")
-    try:
-        return json.loads(line) if line else {}
-    except json.JSONDecodeError:
-        return {}
+    return engine_probe.parse_inspect(text)[1] if status == 0 else None
 
 
 def client_major(version_doc: dict[str, Any]) -> int | None:
@@ -160,7 +85,7 @@ def choose_builder(buildx_status: int, version_doc: dict[str, Any]) -> str:
 
 def parse_patch_verification(where: str, status: int, text: str, expected_sha256: str | None) -> PatchInImage:
     """Read verify_patch.py's one JSON line; a non-JSON answer is a failed verification."""
-    line = next((l for l in reversed(text.splitlines()) if l.startswith("{")), "")
+    line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), "")
     try:
         doc = json.loads(line) if line else None
     except json.JSONDecodeError:
@@ -173,149 +98,96 @@ def parse_patch_verification(where: str, status: int, text: str, expected_sha256
                         detail=doc.get("verify") or {}, reason=doc.get("reason", ""))
 
 
-# -- command builders (pure) --------------------------------------------------------------------
+# -- the host's server container (pure) ---------------------------------------------------------
 def image_ref(host: HostSpec, tag: str) -> str:
     return f"{host.container.image}:{tag}"
-
-
-def image_inspect_cmd(ref: str) -> list[str]:
-    return ["docker", "image", "inspect", ref]
-
-
-def container_inspect_cmd(name: str) -> list[str]:
-    return ["docker", "container", "inspect", name]
-
-
-def version_cmd() -> str:
-    return "docker version --format '{{json .}}'"
-
-
-def buildx_cmd() -> str:
-    return "docker buildx version >/dev/null 2>&1"
-
-
-def build_cmd(context_dir: str, tag: str, builder: str, iidfile: str) -> str:
-    """`docker build` of `context_dir` on the host; never pulls; writes the image id to `iidfile`."""
-    argv = ["docker", "build", "--pull=false", "-t", tag, "--iidfile", iidfile]
-    if builder == "buildkit":
-        argv += ["--progress=plain"]
-    env = "DOCKER_BUILDKIT=1" if builder == "buildkit" else "DOCKER_BUILDKIT=0"
-    return f"{env} {shell.join(argv + [context_dir])}"
-
-
-def dump_env(host: HostSpec) -> dict[str, str]:
-    """The dumper's SGLANG_HS_DUMP_* settings from the inventory (dump contract)."""
-    d = host.dump
-    env = {"SGLANG_HS_DUMP_DIR": d.dir, "SGLANG_HS_DUMP_POLICY": d.policy,
-           "SGLANG_HS_DUMP_BUFFERS": str(d.pinned_buffers), "SGLANG_HS_DUMP_WRITERS": str(d.writer_threads)}
-    if d.layers:
-        env["SGLANG_HS_DUMP_LAYERS"] = ",".join(str(i) for i in d.layers)
-    if d.all_ranks:
-        env["SGLANG_HS_DUMP_ALL_RANKS"] = "1"
-    return env
-
-
-def server_args(host: HostSpec) -> list[str]:
-    """SGLang launch arguments from the inventory (extraction: radix cache off, big chunks)."""
-    s, m = host.server, host.model
-    args = ["--model-path", m.path, "--served-model-name", m.served_name, "--tp", str(s.tp),
-            "--chunked-prefill-size", str(s.chunked_prefill_size), "--port", str(s.port),
-            "--host", "0.0.0.0"]
-    args += ["--disable-radix-cache"] if s.disable_radix_cache else []
-    args += ["--trust-remote-code"] if m.trust_remote_code else []
-    args += ["--mem-fraction-static", str(s.mem_fraction_static)] if s.mem_fraction_static else []
-    return args + list(s.extra_args)
 
 
 def gpu_args(host: HostSpec) -> list[str]:
     """`--gpus all`, `--gpus "device=0,1"` (docker parses the value as CSV), or nothing."""
     gpus = host.container.gpus
-    if gpus == "none":
-        return []
-    if gpus == "all":
-        return ["--gpus", "all"]
-    return ["--gpus", '"device=' + ",".join(str(g) for g in gpus) + '"']
-
-
-def volume_args(host: HostSpec) -> list[str]:
-    """Model (read-only), dump dir and logs dir at the same paths inside, plus extras."""
-    pairs = [f"{host.model.path}:{host.model.path}:ro", f"{host.dump.dir}:{host.dump.dir}",
-             f"{host.logs.dir}:{host.logs.dir}", *host.container.volumes]
-    return [a for v in pairs for a in ("-v", v)]
+    return gpu_flags(gpus if isinstance(gpus, str) else tuple(gpus))
 
 
 def run_argv(host: HostSpec, image: str) -> list[str]:
-    """The full `docker run` argv; its hash becomes the run-config label."""
-    c = host.container
-    argv = ["docker", "run", "-d", "--pull=never", "--init", "--name", c.name, "--restart", c.restart,
-            *gpu_args(host), "--shm-size", c.shm_size, "--ipc", c.ipc,
-            "-p", f"{c.bind_address}:{host.server.port}:{host.server.port}", *volume_args(host)]
-    argv += ["--runtime", c.runtime] if c.runtime else []
-    env = {**dump_env(host), "SGLANG_PORT": str(host.server.port), **c.env}
-    argv += [a for k, v in sorted(env.items()) for a in ("-e", f"{k}={v}")]
-    argv += ["--label", f"{LABEL_PREFIX}managed=1", "--label", f"{LABEL_PREFIX}host={host.name}"]
-    config = run_config_hash(argv, image, host)
-    return argv + ["--label", f"{RUN_CONFIG_LABEL}={config}", image, *host.server.launcher, *server_args(host)]
-
-
-def run_config_hash(argv: list[str], image: str, host: HostSpec) -> str:
-    """Hash of the run settings (not the image id: that is compared separately)."""
-    doc = json.dumps([argv, image, host.server.launcher, server_args(host)])
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+    """The `docker run` command line of the host's container (`engine.spec.for_host`, as flags)."""
+    return cli_argv(for_host(host, image))
 
 
 def expected_run_config(host: HostSpec, image: str) -> str:
-    """The run-config label value `run_argv` would set now."""
-    argv = run_argv(host, image)
-    label = next(a for a in argv if a.startswith(RUN_CONFIG_LABEL + "="))
-    return label.split("=", 1)[1]
+    """The run-config label value the host's container gets now (`engine.spec.inventory_run_config`)."""
+    return for_host(host, image).labels[labels.RUN_CONFIG]
 
 
-def remove_cmd(name: str) -> str:
-    """Remove the container if it exists (stopped first); succeeds when it is absent."""
-    return f"{shell.join(['docker', 'rm', '-f', name])} >/dev/null 2>&1 || true"
+def lifecycle_steps(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None) -> list[str]:
+    """What `start`/`stop`/`restart` must do from the container's current state (pure):
+    a list of "remove" | "run" | "start" | "stop" | "restart".
+
+    An empty list is a no-op (start of a running container, stop of a stopped
+    one), so re-runs change nothing.
+    """
+    name = host.container.name
+    if action == "start" and info is None:
+        if not image:
+            raise NotFound(f"no container {name} and no image to run", host=host.name,
+                           hint="run `remote-ops deploy` first")
+        return ["remove", "run"]
+    if info is None:
+        raise NotFound(f"container {name} does not exist", host=host.name, hint="run `remote-ops deploy` first")
+    if action == "start":
+        return [] if info.running else ["start"]
+    if action == "stop":
+        return ["stop"] if info.running else []
+    return ["restart"]
 
 
-def stop_cmd(name: str, grace_s: int = 30) -> list[str]:
-    return ["docker", "stop", "-t", str(grace_s), name]
+def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None,
+                   grace_s: int = 30) -> list[str | list[str]]:
+    """`lifecycle_steps` as the equivalent docker command lines (what `--dry-run` prints; pure)."""
+    name = host.container.name
+    as_cli = {"remove": lambda: remove_cmd(name), "run": lambda: run_argv(host, image or ""),
+              "start": lambda: start_cmd(name), "stop": lambda: stop_cmd(name, grace_s),
+              "restart": lambda: restart_cmd(name, grace_s)}
+    return [as_cli[step]() for step in lifecycle_steps(action, host, info, image)]
 
 
-def start_cmd(name: str) -> list[str]:
-    return ["docker", "start", name]
+# -- over a Remote ------------------------------------------------------------------------------
+@contextmanager
+def engine_for(remote: Remote, engine: Any = None) -> Iterator[Any]:
+    """`engine` if the caller has a warm one, else a new engine on `remote`'s connection (closed after)."""
+    if engine is not None:
+        yield engine
+        return
+    from .engine import open_engine
+
+    fresh = open_engine(remote)
+    try:
+        yield fresh
+    finally:
+        fresh.close()
 
 
-def verify_patch_args(expected_sha256: str | None) -> list[str]:
-    args = ["python3", f"{TOOL_DIR}/verify_patch.py"]
-    return args + (["--expect-sha256", expected_sha256] if expected_sha256 else [])
-
-
-def verify_in_image_cmd(image: str, expected_sha256: str | None) -> list[str]:
-    """Run the verifier with the image's python3 in a throwaway container (no network, no pull)."""
-    return ["docker", "run", "--rm", "--pull=never", "--network", "none", "--entrypoint", "python3",
-            image, *verify_patch_args(expected_sha256)[1:]]
-
-
-def verify_in_container_cmd(name: str, expected_sha256: str | None) -> list[str]:
-    return ["docker", "exec", name, *verify_patch_args(expected_sha256)]
-
-
-# -- runners (over a Remote) --------------------------------------------------------------------
 def inspect_image(remote: Remote, ref: str) -> ImageInfo | None:
-    r = remote.run(image_inspect_cmd(ref), check=False)
+    """One shell round trip (no engine channel needed for a one-shot read)."""
+    r = remote.run(engine_probe.inspect_argv("image", ref), check=False)
     return parse_image_inspect(r.exit_status, r.stdout)
 
 
-def inspect_container(remote: Remote, name: str) -> ContainerInfo | None:
-    r = remote.run(container_inspect_cmd(name), check=False)
+def inspect_container(remote: Remote, name: str, engine: Any = None) -> ContainerInfo | None:
+    """The container's state: over `engine` when one is warm, else one shell round trip."""
+    if engine is not None:
+        return engine.container(name)
+    r = remote.run(engine_probe.inspect_argv("container", name), check=False)
     return parse_container_inspect(r.exit_status, r.stdout)
 
 
 def detect_builder(remote: Remote) -> str:
     """One round trip: buildx presence + CLI version -> 'buildkit' | 'legacy'."""
-    out = remote.run(shell.sections([("buildx", buildx_cmd()), ("version", version_cmd())]),
+    out = remote.run(shell.sections([("buildx", buildx_cmd()), ("version", engine_probe.version_command())]),
                      check=False).stdout
     sec = shell.split_sections(out)
-    return choose_builder(sec.get("buildx", (1, ""))[0], parse_docker_version(sec.get("version", (1, ""))[1]))
+    return choose_builder(sec.get("buildx", (1, ""))[0],
+                          engine_probe.parse_version_line(sec.get("version", (1, ""))[1]))
 
 
 def build(remote: Remote, context_dir: str, tag: str, builder: str, *, on_line: LineSink | None = None,
@@ -326,10 +198,26 @@ def build(remote: Remote, context_dir: str, tag: str, builder: str, *, on_line: 
     return remote.run(["cat", iidfile]).stdout.strip()
 
 
-def run(remote: Remote, host: HostSpec, image: str) -> str:
+def run(remote: Remote, host: HostSpec, image: str, *, engine: Any = None) -> str:
     """Replace the container with a fresh one from `image`; return the new container id."""
-    remote.run(remove_cmd(host.container.name))
-    return _run_masked(remote, run_argv(host, image), timeout=command_deadline(remote)).stdout.strip()
+    with engine_for(remote, engine) as e:
+        return _act(e, host, "run", image, 30, command_deadline(remote)) or ""
+
+
+def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int, timeout: float) -> str | None:
+    """One lifecycle step as engine calls; secrets in an error are masked."""
+    name = host.container.name
+    try:
+        if step in ("remove", "run"):
+            engine.remove(name, timeout=timeout)
+        if step == "run":
+            return engine.run(for_host(host, image or ""), timeout=timeout).id
+        if step in ("start", "stop", "restart"):
+            call = getattr(engine, step)
+            call(name, timeout=timeout) if step == "start" else call(name, grace_s=grace_s, timeout=timeout)
+    except RemoteOpsError as exc:
+        raise secrets.mask_error(exc)
+    return None
 
 
 def _run_masked(remote: Remote, command: str | list[str], timeout: float):
@@ -343,39 +231,24 @@ def _run_masked(remote: Remote, command: str | list[str], timeout: float):
         raise secrets.mask_error(exc)
 
 
-def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None,
-                   grace_s: int = 30) -> list[str | list[str]]:
-    """The commands `start`/`stop`/`restart` need from the container's current state (pure).
-
-    An empty plan is a no-op (start of a running container, stop of a stopped
-    one), so re-runs change nothing; `--dry-run` prints the plan instead.
-    """
-    name = host.container.name
-    if action == "start" and info is None:
-        if not image:
-            raise NotFound(f"no container {name} and no image to run", host=host.name,
-                           hint="run `remote-ops deploy` first")
-        return [remove_cmd(name), run_argv(host, image)]
-    if info is None:
-        raise NotFound(f"container {name} does not exist", host=host.name, hint="run `remote-ops deploy` first")
-    if action == "start":
-        return [] if info.running else [start_cmd(name)]
-    if action == "stop":
-        return [stop_cmd(name, grace_s)] if info.running else []
-    return [["docker", "restart", "-t", str(grace_s), name]]
-
-
 def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None = None, grace_s: int = 30,
-              dry_run: bool = False) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
-    """Check -> act -> verify for start/stop/restart: (commands, state before, state after)."""
-    before = inspect_container(remote, host.container.name)
-    plan = lifecycle_plan(action, host, before, image, grace_s)
-    shown = [secrets.mask_text(c) if isinstance(c, str) else shell.join(secrets.mask_argv(c)) for c in plan]
-    if dry_run:
-        return shown, before, before
-    for command in plan:
-        _run_masked(remote, command, timeout=grace_s + command_deadline(remote))
-    return shown, before, _must_inspect(remote, host)
+              dry_run: bool = False, engine: Any = None
+              ) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
+    """Check -> act -> verify for start/stop/restart over one engine channel:
+    (the equivalent docker commands, state before, state after)."""
+    with engine_for(remote, engine) as e:
+        before = e.container(host.container.name)
+        plan = lifecycle_plan(action, host, before, image, grace_s)
+        shown = [secrets.mask_text(c) if isinstance(c, str) else shell.join(secrets.mask_argv(c)) for c in plan]
+        if dry_run:
+            return shown, before, before
+        for step in lifecycle_steps(action, host, before, image):
+            _act(e, host, step, image, grace_s, command_deadline(remote))
+        after = e.container(host.container.name)
+    if after is None:
+        raise NotFound(f"container {host.container.name} does not exist", host=host.name,
+                       hint="run `remote-ops deploy` first")
+    return shown, before, after
 
 
 def start(remote: Remote, host: HostSpec, image: str | None) -> ContainerInfo:
@@ -396,21 +269,13 @@ def status(remote: Remote, host: HostSpec) -> ContainerInfo | None:
     return inspect_container(remote, host.container.name)
 
 
-def _must_inspect(remote: Remote, host: HostSpec) -> ContainerInfo:
-    info = inspect_container(remote, host.container.name)
-    if info is None:
-        raise NotFound(f"container {host.container.name} does not exist", host=host.name,
-                       hint="run `remote-ops deploy` first")
-    return info
-
-
 def verify_patch(remote: Remote, *, image: str | None = None, container_name: str | None = None,
                  expected_sha256: str | None = None) -> PatchInImage:
     """Run the anchor verification with the image's / container's own python3."""
     if image:
         where, argv = f"image {image}", verify_in_image_cmd(image, expected_sha256)
     else:
-        where, argv = f"container {container_name}", verify_in_container_cmd(container_name, expected_sha256)
+        where, argv = f"container {container_name}", verify_in_container_cmd(container_name or "", expected_sha256)
     r = remote.run(argv, check=False)
     return parse_patch_verification(where, r.exit_status, r.stdout + "\n" + r.stderr, expected_sha256)
 
@@ -426,4 +291,5 @@ def require_ok(result: PatchInImage, host: str) -> PatchInImage:
     return result
 
 
-__all__ = ["ImageInfo", "ContainerInfo", "PatchInImage", "CommandFailed"]
+__all__ = ["ImageInfo", "ContainerInfo", "PatchInImage", "TOOL_DIR", "build_cmd", "dump_env", "server_args",
+           "lifecycle", "lifecycle_plan", "lifecycle_steps", "run", "run_argv", "expected_run_config"]

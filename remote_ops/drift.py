@@ -223,7 +223,7 @@ def cell(spec: PatchSpec, version: str) -> Cell:
     """Tree verdict of `spec` on the release's copy of its target file."""
     try:
         data = wheels.sglang_source(version, spec.target)
-    except RemoteOpsError as exc:
+    except RemoteOpsError:
         return Cell(spec.name, version, None, "no such file", reason="absent")
     try:
         plan = anchors.plan(data, spec)

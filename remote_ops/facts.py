@@ -13,13 +13,16 @@ other fact is still reported.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 
 from . import shell
+from .engine import probe as engine_probe
 from .inventory import HostSpec
 from .remote import Remote, command_deadline
+
+#: The engine's sections in the facts probe (commands and parsing live in `remote_ops.engine.probe`).
+ENGINE_SECTIONS = engine_probe.SectionNames(version="docker", objects=None, runtimes="runtimes")
 
 GPU_QUERY = ("index,name,memory.total,memory.used,temperature.gpu,"
              "ecc.errors.uncorrected.volatile.total,compute_cap,driver_version")
@@ -83,8 +86,7 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
         ("cpu", "nproc; grep -m1 'model name' /proc/cpuinfo"),
         ("mem", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
         ("gpus", f"command -v nvidia-smi >/dev/null || {{ echo 'no NVIDIA driver'; exit 127; }}; {gpu_query_cmd()}"),
-        ("docker", "docker version --format '{{json .}}'"),
-        ("runtimes", "docker info --format '{{json .Runtimes}}'"),
+        *engine_probe.probe_sections(None, runtimes=True, names=ENGINE_SECTIONS),
         ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
         ("disk", existing_parent_df(host.dump.dir)),
         ("sglang_version", shell.seq(shell.quiet(["cat", pkg + "version.py"]),
@@ -134,8 +136,9 @@ def parse(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Facts:
     f.cpus, f.cpu_model = parse_cpu(_text(sec, "cpu"))
     f.mem_total_bytes, f.mem_available_bytes = parse_meminfo(_text(sec, "mem"))
     f.gpus, f.gpu_error = parse_gpus(*sec.get("gpus", (127, "no NVIDIA driver")))
-    f.docker = parse_docker_version(*sec.get("docker", (127, "")))
-    f.docker_runtimes = parse_runtimes(*sec.get("runtimes", (1, "")))
+    snap = engine_probe.parse_probe(sec, names=ENGINE_SECTIONS)
+    f.docker = engine_summary(snap)
+    f.docker_runtimes = list(snap.runtimes)
     f.nvidia_runtime = "nvidia" in f.docker_runtimes or bool(_text(sec, "nvidia_ctk").strip())
     f.dump_dir_free_bytes = parse_df_free(_text(sec, "disk"))
     f.sglang_version = parse_sglang_version(sec.get("sglang_version", (1, ""))[1])
@@ -189,26 +192,13 @@ def parse_gpus(status: int, text: str) -> tuple[list[Gpu], str | None]:
     return gpus, None
 
 
-def parse_docker_version(status: int, text: str) -> dict:
-    """`docker version --format '{{json .}}'` -> {"client": "...", "server": "...", "api": ...}."""
-    line = next((l for l in text.splitlines() if l.startswith("{")), "")
-    try:
-        data = json.loads(line) if line else {}
-    except json.JSONDecodeError:
-        data = {}
-    client, server = data.get("Client") or {}, data.get("Server") or {}
-    out = {"client": client.get("Version"), "server": server.get("Version"),
-           "api": server.get("ApiVersion")}
-    if status != 0 or not server:
-        out["error"] = (text.strip().splitlines() or ["docker not available"])[-1]
+def engine_summary(snap: engine_probe.Snapshot) -> dict:
+    """The engine part of facts: {"client", "server", "api"} (+ "error" when the daemon did not answer)."""
+    out = {"client": snap.client_version, "server": snap.version.server if snap.version else None,
+           "api": snap.version.api if snap.version else None}
+    if snap.version is None:
+        out["error"] = snap.error or "docker not available"
     return out
-
-
-def parse_runtimes(status: int, text: str) -> list[str]:
-    try:
-        return sorted(json.loads(text.strip().splitlines()[-1])) if status == 0 and text.strip() else []
-    except (json.JSONDecodeError, IndexError, TypeError):
-        return []
 
 
 def parse_df_free(text: str) -> int | None:

@@ -14,6 +14,16 @@ endpoints (`/model_info`, `/server_info`, `/v1/models`, each with its older
 `/get_*` alias), and a generation probe runs at most once, only with `--deep`.
 Nothing here writes to the host: the dump-growth baseline is kept locally.
 
+The engine's questions (version, container + image, the container's id,
+`exec`) come from the engine seam as shell sections (`engine.probe`), read
+back into its typed records; no docker command line is written here.
+
+"Healthy" means what deploy's wait means: a running container whose docker
+health check is still `starting` is ok once every cheap endpoint answers
+(`starting_but_answering`), so `health` right after a deploy that reported
+healthy exits 0.  `dumps/growth` warns about standing dumps only while the
+extraction client runs (`extraction_probe`: its PID file, `remote_ops.extract`).
+
 Deadlines: the round trip runs under the run's command deadline
 (`--command-timeout`); each probe in it is bounded by `facts.probe_deadline`
 of that on the host (`facts.bounded`), and the HTTP probe's own calls share
@@ -33,12 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import facts, shell
+from .engine import labels
+from .engine import probe as engine_probe
+from .engine.types import ContainerInfo, ImageInfo
 from .errors import ExitCode
 from .inventory import HostSpec
 
 ORDER = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
-LABEL_PATCH_HASH = "org.remote-ops.patch.hash"
-LABEL_SHA_AFTER = "org.remote-ops.source.sha256.after"
+#: The engine's sections in the health probe (commands and parsing live in `remote_ops.engine.probe`).
+ENGINE_SECTIONS = engine_probe.SectionNames(version="docker", objects="container", runtimes=None)
 
 
 @dataclass(frozen=True)
@@ -115,21 +128,10 @@ print(json.dumps(out))
 '''
 
 
-def container_probe(host: HostSpec, expected_image: str | None = None) -> str:
-    """`docker inspect` of the container and of the deployed image: one CLI call when the
-    image ref is known (each docker CLI call costs 0.1-0.25 s on a busy host)."""
-    name = shell.quote(host.container.name)
-    if expected_image:
-        return shell.join(["docker", "inspect", host.container.name, expected_image])
-    return (f"docker inspect --type container {name} && "
-            f"docker image inspect \"$(docker inspect --type container -f '{{{{.Config.Image}}}}' {name})\"")
-
-
 def gpu_process_probe(host: HostSpec) -> str:
     """GPU compute processes, each marked `ours` when its cgroup names our container."""
-    name = shell.quote(host.container.name)
     return ("command -v nvidia-smi >/dev/null || exit 127; "
-            f"cid=$(docker inspect --type container -f '{{{{.Id}}}}' {name} 2>/dev/null); "
+            f"cid=$({engine_probe.container_id_command(host.container.name)}); "
             "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | "
             "while IFS=', ' read -r pid mem; do [ -n \"$pid\" ] || continue; "
             "if [ -n \"$cid\" ] && grep -q \"$cid\" /proc/$pid/cgroup 2>/dev/null; "
@@ -145,7 +147,7 @@ def patch_probe(host: HostSpec) -> str:
     sha = shell.sha256_of_word('"$f"')
     inner = (f"f=$(python3 -c {shell.quote(locate)}) && {sha} && "
              "grep -c '>>> remote-ops' \"$f\"")
-    return shell.join(["docker", "exec", host.container.name, "sh", "-c", inner])
+    return engine_probe.exec_command(host.container.name, ["sh", "-c", inner])
 
 
 def dump_probe(host: HostSpec) -> str:
@@ -176,14 +178,23 @@ def probes(host: HostSpec, deep: bool = False, expected_image: str | None = None
     return facts.bounded(_probes(host, deep, expected_image, probe_s), probe_s)
 
 
+def extraction_probe(host: HostSpec) -> str:
+    """Exit 0 while the extraction client runs (its recorded PID is alive and is the client)."""
+    from . import extract
+
+    return extract.alive_check(extract.paths_for(host))
+
+
 def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: float) -> list[tuple[str, str]]:
-    return [("docker", "docker version --format '{{json .}}'"),
+    version, objects = engine_probe.probe_sections(host.container.name, expected_image, names=ENGINE_SECTIONS)
+    return [version,
             ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
             ("gpu_procs", gpu_process_probe(host)),
-            ("container", container_probe(host, expected_image)),
+            objects,
             ("patch", patch_probe(host)),
             ("http", http_probe(host, deep, probe_s)),
-            ("dumps", dump_probe(host))]
+            ("dumps", dump_probe(host)),
+            ("extraction", extraction_probe(host))]
 
 
 # -- evaluators (pure) ----------------------------------------------------------
@@ -191,10 +202,9 @@ def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: flo
 def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image: str | None = None,
              last_dumps: dict | None = None, now: float | None = None) -> list[Check]:
     """All checks after the SSH tier, from captured probe output."""
-    inspect = _json_docs(sec.get("container", (1, ""))[1])
-    container = next((d for d in inspect if "State" in d), None)
-    image = next((d for d in inspect if "State" not in d), None)
-    checks = [check_engine(sec.get("docker", (1, "")))]
+    snap = engine_probe.parse_probe(sec, names=ENGINE_SECTIONS)
+    container, image = snap.container, snap.image
+    checks = [check_engine(snap)]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
     checks.append(check_fusion(host, facts.parse_gpus(*sec.get("gpus", (127, "")))[0]))
     if sec.get("container", (1, ""))[0] == 124:     # the probe ran out of time: not "absent"
@@ -203,32 +213,36 @@ def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image:
         checks += check_container(host, container, image, expected_image)
     checks.append(check_patch(sec.get("patch", (1, "")), container, image))
     checks += check_http(host, sec.get("http", (1, "")), container)
-    checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time())
+    checks = starting_but_answering(checks)
+    checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time(),
+                          extracting=_extracting(sec))
     return checks
 
 
-def _json_docs(text: str) -> list[dict]:
-    """`docker inspect` prints JSON arrays (one, or one per call); return all their objects."""
-    docs, decoder, i = [], json.JSONDecoder(), 0
-    text = text.strip()
-    while i < len(text):
-        if text[i] != "[":
-            i += 1
-            continue
-        try:
-            value, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            break
-        if isinstance(value, list):
-            docs += [v for v in value if isinstance(v, dict)]
-    return docs
+def _extracting(sec: dict[str, tuple[int, str]]) -> bool | None:
+    """Is the extraction client running?  None when the probe did not say (then growth may warn)."""
+    if "extraction" not in sec:
+        return None
+    return sec["extraction"][0] == 0
 
 
-def check_engine(probe: tuple[int, str]) -> Check:
-    info = facts.parse_docker_version(*probe)
-    if info.get("server"):
-        return Check("engine", "docker", "ok", f"docker engine {info['server']} (API {info['api']})")
-    return Check("engine", "docker", "fail", f"docker engine not reachable: {info.get('error')}")
+def starting_but_answering(checks: list[Check]) -> list[Check]:
+    """A running container whose docker health check has not run yet ("starting") is ok when
+    every cheap endpoint answers: that is what deploy's wait calls healthy, and docker's first
+    check only runs one interval (15 s) after the start (pure)."""
+    endpoints = [c for c in checks if c.tier == "sglang"]
+    answering = bool(endpoints) and all(c.status == "ok" for c in endpoints)
+    return [Check(c.tier, c.name, "ok", c.reason.replace("health check still starting",
+                                                          "endpoints answer (docker's first health check pending)"),
+                  c.data)
+            if answering and c.tier == "container" and c.name == "state" and c.status == "warn"
+            and "starting" in c.reason else c for c in checks]
+
+
+def check_engine(snap: engine_probe.Snapshot) -> Check:
+    if snap.version is not None:
+        return Check("engine", "docker", "ok", f"docker engine {snap.version.server} (API {snap.version.api})")
+    return Check("engine", "docker", "fail", f"docker engine not reachable: {snap.error}")
 
 
 def check_gpus(host: HostSpec, probe: tuple[int, str], procs: tuple[int, str]) -> list[Check]:
@@ -289,55 +303,50 @@ def check_gpu_processes(probe: tuple[int, str]) -> Check:
     return Check("gpus", "processes", "ok", "no stray processes hold GPU memory")
 
 
-def check_container(host: HostSpec, c: dict | None, image: dict | None,
+def check_container(host: HostSpec, c: ContainerInfo | None, image: ImageInfo | None,
                     expected_image: str | None) -> list[Check]:
     name = host.container.name
     if c is None:
         return [Check("container", "state", "fail", f"container {name} does not exist")]
-    state = c.get("State", {})
-    health = (state.get("Health") or {}).get("Status")
-    if not state.get("Running"):
-        run = Check("container", "state", "fail",
-                    f"container {name} is {state.get('Status')} (exit code {state.get('ExitCode')})")
-    elif health in ("unhealthy",):
+    if not c.running:
+        run = Check("container", "state", "fail", f"container {name} is {c.status} (exit code {c.exit_code})")
+    elif c.health == "unhealthy":
         run = Check("container", "state", "fail", f"container {name} is running but unhealthy")
-    elif health == "starting":
+    elif c.health == "starting":
         run = Check("container", "state", "warn", f"container {name} is running, health check still starting")
     else:
-        run = Check("container", "state", "ok", f"container {name} running" + (f", {health}" if health else ""))
-    restarts = c.get("RestartCount", 0)
-    checks = [run,
-              Check("container", "restarts", "warn" if restarts else "ok", f"restart count {restarts}"),
-              Check("container", "oom", "fail" if state.get("OOMKilled") else "ok",
-                    "OOM-killed" if state.get("OOMKilled") else "not OOM-killed")]
-    checks.append(check_image(c, image, expected_image))
-    return checks
+        run = Check("container", "state", "ok", f"container {name} running" + (f", {c.health}" if c.health else ""))
+    return [run,
+            Check("container", "restarts", "warn" if c.restart_count else "ok", f"restart count {c.restart_count}"),
+            Check("container", "oom", "fail" if c.oom_killed else "ok",
+                  "OOM-killed" if c.oom_killed else "not OOM-killed"),
+            check_image(c, image, expected_image)]
 
 
-def check_image(c: dict, image: dict | None, expected_image: str | None) -> Check:
+def check_image(c: ContainerInfo, image: ImageInfo | None, expected_image: str | None) -> Check:
     """The container runs the image deploy built: same ref, and that ref still points at it."""
-    ref = c.get("Config", {}).get("Image", "")
+    ref = c.image_ref
     if expected_image and ref != expected_image:
         return Check("container", "image", "fail", f"container runs {ref}, deployed image is {expected_image}")
     if image is None:
         return Check("container", "image", "warn", f"image {ref} is no longer present")
-    if image.get("Id") != c.get("Image"):
+    if image.id != c.image_id:
         return Check("container", "image", "warn", f"{ref} was rebuilt since the container started; restart to use it")
-    if LABEL_PATCH_HASH not in ((image.get("Config") or {}).get("Labels") or {}):
+    if labels.PATCH_HASH not in image.labels:
         return Check("container", "image", "fail", f"image {ref} was not built by remote-ops (no patch labels)")
-    return Check("container", "image", "ok", f"running {ref} ({c.get('Image', '')[:19]})")
+    return Check("container", "image", "ok", f"running {ref} ({c.image_id[:19]})")
 
 
-def check_patch(probe: tuple[int, str], c: dict | None, image: dict | None) -> Check:
+def check_patch(probe: tuple[int, str], c: ContainerInfo | None, image: ImageInfo | None) -> Check:
     """The container's importable patch target is the verified patched file of its image."""
     status, text = probe
-    if c is None or not (c.get("State") or {}).get("Running"):
+    if c is None or not c.running:
         return Check("patch", "in_container", "skip", "container not running")
     lines = text.strip().splitlines()
     if status != 0 or len(lines) < 2:
         return Check("patch", "in_container", "fail", f"patch markers not found in the container ({_last(text)})")
     sha, markers = lines[0].split()[0], lines[-1].strip()
-    want = ((image or {}).get("Config", {}).get("Labels") or {}).get(LABEL_SHA_AFTER)
+    want = image.labels.get(labels.SHA_AFTER) if image else None
     if want and sha != want:
         return Check("patch", "in_container", "fail", f"patched file sha {sha[:12]} != image label {want[:12]}")
     return Check("patch", "in_container", "ok", f"{markers} patch blocks present, sha {sha[:12]}", {"sha256": sha})
@@ -348,7 +357,7 @@ def _last(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def check_http(host: HostSpec, probe: tuple[int, str], c: dict | None) -> list[Check]:
+def check_http(host: HostSpec, probe: tuple[int, str], c: ContainerInfo | None) -> list[Check]:
     status, text = probe
     try:
         res = json.loads(text.strip().splitlines()[-1]) if status == 0 else None
@@ -382,7 +391,8 @@ def _version_check(host: HostSpec, r: dict) -> Check:
                  f"server reports SGLang {version}" + ("" if version == want else f", patched tree is {want}"))
 
 
-def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: float) -> list[Check]:
+def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: float,
+                extracting: bool | None = None) -> list[Check]:
     status, text = probe
     lines = text.strip().splitlines()
     free = facts.parse_df_free("\n".join(lines[1:]))
@@ -392,10 +402,12 @@ def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: 
         level = "fail" if free < need else "warn" if free < 2 * need else "ok"
         disk = Check("dumps", "free_disk", level, f"{free / 1e9:,.1f} GB free on {host.dump.dir} "
                      f"(minimum {host.dump.min_free_gb:g} GB)", {"free_bytes": free})
-    return [_growth(host, lines[0] if lines else "", last, now), disk]
+    return [_growth(host, lines[0] if lines else "", last, now, extracting), disk]
 
 
-def _growth(host: HostSpec, first: str, last: dict | None, now: float) -> Check:
+def _growth(host: HostSpec, first: str, last: dict | None, now: float, extracting: bool | None = None) -> Check:
+    """Dumps must grow while an extraction runs; with none running (`extracting` False) a
+    standing dump dir is expected.  Unknown (`None`): warn, as before the probe said."""
     parts = first.split()
     if first == "absent" or len(parts) != 2:
         return Check("dumps", "growth", "skip", f"dump dir {host.dump.dir} does not exist yet")
@@ -407,6 +419,8 @@ def _growth(host: HostSpec, first: str, last: dict | None, now: float) -> Check:
     if grew > 0:
         return Check("dumps", "growth", "ok", f"+{files - last['files']} files, +{grew / 1e6:,.1f} MB "
                      f"in {dt:,.0f}s ({grew / max(dt, 1e-9) / 1e6:,.1f} MB/s)", data)
+    if extracting is False:
+        return Check("dumps", "growth", "ok", f"{files} files, {size / 1e9:,.2f} GB; no extraction running", data)
     return Check("dumps", "growth", "warn" if files else "ok",
                  f"not growing: {files} files, {size / 1e9:,.2f} GB, unchanged for {dt:,.0f}s", data)
 

@@ -16,7 +16,7 @@ import difflib
 import ipaddress
 import os
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml

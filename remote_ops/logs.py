@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import shell
-from .errors import NotFound, UsageError
+from .errors import UsageError
 
 KINDS = ("server", "extraction", "training")
 
@@ -578,19 +578,6 @@ def split_tagged(line: str) -> tuple[str, str]:
     """`kind|text` -> (kind, text); untagged lines come from the shell itself."""
     kind, sep, text = line.partition("|")
     return (kind, text) if sep and kind in KINDS else ("remote", line)
-
-
-def read_local(host_name: str, kind: str, local_dir: Path | None = None) -> str:
-    """The pulled copy of one log (raises NotFound when nothing was pulled yet)."""
-    path = (local_dir or local_log_dir(host_name)) / f"{kind}.log"
-    if not path.exists():
-        raise NotFound(f"no pulled {kind} log at {path}", host=host_name,
-                       hint=f"run: remote-ops logs pull --host {host_name} --what {kind}")
-    return path.read_text(errors="replace")
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 

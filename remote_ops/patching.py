@@ -10,7 +10,8 @@ dataclass with `to_dict()`; problems raise typed errors):
     revert(remote, target, dry_run=False, from_backup=False, lock=True) -> RevertResult
     status(remote, target)               -> StatusResult
     read_target(remote, target, compile=False) -> TargetFile (one round trip)
-    LocalRemote()                         a `Remote` running /bin/sh locally (--local-file)
+    LocalRemote()                         a `Remote` running /bin/sh locally (--local-file;
+                                          defined in the seam, remote_ops.remote.local)
 
 `target` may also be a `HostSpec` (its `sglang.target_file`, checkout and lock_dir).
 
@@ -39,7 +40,6 @@ import base64
 import difflib
 import hashlib
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -48,8 +48,8 @@ from typing import Any
 from . import anchors, hostlock, patchspec, shell
 from . import source as srcview
 from .anchors import AnchorRefusal, PatchSpec
-from .errors import CommandFailed, CommandTimedOut, NotFound, Refused, UsageError, VerifyFailed, tail
-from .remote import Remote, RunResult, command_deadline
+from .errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
+from .remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
 
 BACKUP_SUFFIX = ".remote-ops-backup"
 LOCK_WAIT_S = 30.0
@@ -714,55 +714,3 @@ def status(remote: Remote, target) -> StatusResult:
     return StatusResult(tf.host, tf.path, report.status, tf.sha256, report.pristine_sha256 or tf.sha256,
                         tf.version, tf.backup_sha256, spec.hash, report)
 
-
-# ------------------------------------------------------------------ local shell
-class LocalRemote:
-    """A `Remote` that runs commands with /bin/sh on this machine (`--local-file`).
-
-    The same scripts run locally and over SSH, so the local path exercises the
-    exact write/lock/backup logic the remote path uses."""
-
-    name = "local"
-    target = None
-
-    def __init__(self, timeout: float = 120.0) -> None:
-        self._round_trips = 0
-        self.timeout = timeout
-
-    def run(self, command, *, timeout: float | None = None, check: bool = True, input: bytes | None = None,
-            on_line=None) -> RunResult:
-        line = shell.cmd(command)
-        limit = self.timeout if timeout is None else timeout
-        start = time.monotonic()
-        self._round_trips += 1
-        try:
-            proc = subprocess.run(["/bin/sh", "-c", line], input=input or b"", capture_output=True, timeout=limit)
-        except subprocess.TimeoutExpired:
-            raise CommandTimedOut(f"command timed out after {limit:g}s", host=self.name, command=line,
-                                  timeout=limit) from None
-        result = RunResult(line, proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                           proc.stderr.decode("utf-8", "replace"), time.monotonic() - start)
-        if check and proc.returncode != 0:
-            raise CommandFailed(f"command exited {proc.returncode}", host=self.name, command=line,
-                                exit_status=proc.returncode, stderr_tail=tail(result.stderr))
-        return result
-
-    def put(self, local, remote_path: str, *, mode: int | None = None) -> None:
-        data = local if isinstance(local, bytes) else Path(local).read_bytes()
-        Path(remote_path).write_bytes(data)
-        if mode is not None:
-            Path(remote_path).chmod(mode)
-
-    def get(self, remote_path: str, local) -> None:
-        Path(local).write_bytes(Path(remote_path).read_bytes())
-
-    @property
-    def host_key_fingerprint(self) -> str:
-        return ""
-
-    @property
-    def round_trips(self) -> int:
-        return self._round_trips
-
-    def close(self) -> None:
-        pass

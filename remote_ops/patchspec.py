@@ -269,11 +269,6 @@ def bundled_json(spec: PatchSpec) -> str:
     return json.dumps(anchors.spec_to_dict(spec), indent=2) + "\n"
 
 
-def anchors_module_path() -> Path:
-    """anchors.py itself, for shipping to a host or into an image."""
-    return Path(anchors.__file__)
-
-
 def version_for_sha(spec: PatchSpec, sha256: str) -> str | None:
     """The release whose pristine file has this sha256, if the spec knows it."""
     return next((v for v, s in spec.known_sha256.items() if s == sha256), None)

@@ -1,10 +1,13 @@
-"""Build remote command lines: the one place where shell strings are made.
+"""Build remote command lines: the quoting rule and the combinators, in one place.
 
 Every value that reaches a remote shell (inventory paths, container names,
-patterns typed by the operator) goes through `quote`/`join` here.  Other
-modules build argv lists and combine them with the helpers below; they never
-format shell strings themselves.  The result is a plain `str` run by
-`/bin/sh -c` on the host (sshd's exec request).
+patterns typed by the operator) goes through `quote`/`join` here.  Modules
+build argv lists and combine them with the helpers below (`and_then`, `seq`,
+`sections`, ...).  Where a probe needs shell syntax these helpers do not
+cover (a loop, `$(...)`, a redirection), its module writes that part as an
+f-string, and still passes every value through `quote`: `facts`, `health`,
+`hostlock`, `extract`, `logs` and `engine.probe` do.  The result is a plain
+`str` run by `/bin/sh -c` on the host (sshd's exec request).
 """
 from __future__ import annotations
 
@@ -37,10 +40,6 @@ def and_then(*commands: str | Argv) -> str:
 def seq(*commands: str | Argv) -> str:
     """Run commands in order regardless of failures (`a; b`)."""
     return "; ".join(cmd(c) for c in commands)
-
-
-def or_else(command: str | Argv, fallback: str | Argv) -> str:
-    return f"{cmd(command)} || {cmd(fallback)}"
 
 
 def pipe(*commands: str | Argv) -> str:

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from remote_ops import container, deploy
+from remote_ops.engine import labels as labels_
 from remote_ops.errors import CommandFailed, Refused
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -44,6 +45,9 @@ def _lock_free(spec):
 
 
 def test_deploy_then_noop_then_dry_run(sglang_remote, spec, tmp_path):
+    # a first deploy: no image from an earlier test (deploy rightly reuses a current one)
+    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
+    sglang_remote.run(["docker", "rmi", "-f", deploy.image_ref(spec)], check=False)
     ev = Recorder()
     first = deploy.deploy(sglang_remote, spec, events=ev, why="test")
     assert not first.up_to_date
@@ -54,8 +58,8 @@ def test_deploy_then_noop_then_dry_run(sglang_remote, spec, tmp_path):
     ctr = _ctr(sglang_remote, spec)
     assert ctr.running and ctr.image_id == first.image_id
     img = container.inspect_image(sglang_remote, first.image)
-    assert img.labels[deploy.LABELS["sha_after"]] == first.shas["after"]
-    assert img.labels[deploy.LABELS["patch_id"]] == "eagle3-hs-dump"
+    assert img.labels[labels_.SHA_AFTER] == first.shas["after"]
+    assert img.labels[labels_.PATCH_ID] == "eagle3-hs-dump"
     record = json.loads(open(first.record).read())
     assert record["ok"] and record["fingerprint"].startswith("SHA256:")
     audit = open(spec.audit_log).read().splitlines()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from remote_ops import container, deploy, facts
+from remote_ops.engine import labels as labels_
 from remote_ops.inventory import parse_inventory_data
 
 AFTER, BEFORE = "a" * 64, "b" * 64
@@ -15,12 +16,12 @@ def host(**over):
 def probe(h, *, image=True, running=True, target=AFTER, ctx=None, run_config=None, image_id="sha256:i"):
     patch = deploy.load_patch(h)
     ref = deploy.image_tag(h, patch)
-    labels = {deploy.LABELS["sha_after"]: AFTER, deploy.LABELS["sha_before"]: BEFORE,
-              deploy.LABELS["patch_hash"]: patch.hash,
-              deploy.LABELS["context"]: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
+    labels = {labels_.SHA_AFTER: AFTER, labels_.SHA_BEFORE: BEFORE,
+              labels_.PATCH_HASH: patch.hash,
+              labels_.CONTEXT_HASH: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
     img = container.ImageInfo(image_id, (ref,), labels) if image else None
     ctr = container.ContainerInfo("c1", h.container.name, "sha256:i", ref, "running" if running else "exited",
-                                  "healthy", labels={container.RUN_CONFIG_LABEL:
+                                  "healthy", labels={labels_.RUN_CONFIG:
                                                      run_config or container.expected_run_config(h, ref)})
     f = facts.Facts(host=h.name, target_sha256=target, docker={"server": "28.0"})
     return deploy.Probe(f, "buildkit", img, ctr, None), patch, ref
@@ -75,3 +76,16 @@ def test_lock_info_has_no_pid_and_parses_back():
     assert "\npid=" not in "\n" + text
     info = deploy.parse_lock(0, text)
     assert info["what"] == "deploy: test run" and deploy.parse_lock(1, "") is None
+
+
+def test_image_is_found_when_the_container_is_absent():
+    """`inspect NAME REF` with NAME gone prints REF's document then an error line (exit 1): the
+    image must still be seen, or deploy would rebuild a current image after `docker rm`."""
+    import json
+
+    h = host()
+    img = {"Id": "sha256:i", "RepoTags": ["r:t"], "Config": {"Labels": {"a": "b"}}}
+    sec = {"objects": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"),
+           "lock": (0, "")}
+    p = deploy.parse_probe(h, sec, locking=True)
+    assert p.container is None and p.image is not None and p.image.id == "sha256:i"

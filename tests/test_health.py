@@ -2,12 +2,13 @@
 import json
 
 from remote_ops import health
+from remote_ops.engine import labels
 from remote_ops.errors import ExitCode
 from remote_ops.inventory import HostSpec
 
 HOST = HostSpec(name="gpu-node", gpus={"count": 2}, dump={"dir": "/data/d", "min_free_gb": 100})
 IMAGE_REF = "remote-ops/sglang-eagle3:0.5.9-abc"
-LABELS = {health.LABEL_PATCH_HASH: "abc", health.LABEL_SHA_AFTER: "f" * 64}
+LABELS = {labels.PATCH_HASH: "abc", labels.SHA_AFTER: "f" * 64}
 
 
 def container(running=True, health_status="healthy", image_id="sha256:img", ref=IMAGE_REF, oom=False, restarts=0):

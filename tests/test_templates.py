@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from remote_ops import deploy, templates
+from remote_ops.engine import labels as labels_
 from remote_ops.errors import ConfigError
 from remote_ops.inventory import parse_inventory_data
 
@@ -23,9 +24,9 @@ def golden_variables():
     """Fixed inputs (no file hashes) so the golden file changes only when the template does."""
     patch = deploy.load_patch(gpu_node())
     variables = deploy.dockerfile_variables(gpu_node(), patch, SHA_BEFORE, SHA_AFTER, "c0ffee")
-    variables["labels"][deploy.LABELS["patch_hash"]] = "0123456789abcdef"
+    variables["labels"][labels_.PATCH_HASH] = "0123456789abcdef"
     variables["remote_ops_version"] = "0.0.0-test"
-    variables["labels"][deploy.LABELS["version"]] = "0.0.0-test"
+    variables["labels"][labels_.TOOL_VERSION] = "0.0.0-test"
     return variables
 
 

@@ -95,6 +95,9 @@ class DockerEngine:
                                 details={"status_code": exc.status_code}) from None
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._transport_error(what, timeout, exc) from None
+        except docker.errors.DockerException as exc:     # the SDK refused the request before sending it
+            raise CommandFailed(f"engine request {what} is invalid: {exc}", host=self.host,
+                                command=f"engine API {what}", stderr_tail=str(exc)) from None
 
     def _transport_error(self, what: str, timeout: float, exc: Exception) -> RemoteOpsError:
         """A request that got no HTTP answer: timeout, lost connection, or a dial that failed."""

@@ -1,7 +1,8 @@
 """The labels remote-ops puts on images and containers: their one definition.
 
-Today `deploy.LABELS`, `health.LABEL_*` and `container.*_LABEL` spell these out
-separately; they switch to these names when they move behind the engine seam.
+The Dockerfile's labels (`deploy.context.dockerfile_variables`), the plan's
+checks (`deploy.plan`), `health` and the run spec (`engine.spec.for_host`)
+all use these names.
 """
 from __future__ import annotations
 

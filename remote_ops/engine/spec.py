@@ -2,9 +2,16 @@
 
 `RunSpec` is engine-neutral data; `create_request` turns it into the body of
 `POST /containers/create` (pure; uses the SDK's HostConfig/ContainerConfig
-builders, which check each field against the negotiated API version).  The
-run-config label is the hash of the spec itself, so a changed setting means
-a restart and an unchanged one means a no-op.
+builders, which check each field against the negotiated API version);
+`cli_argv` renders the same spec as the `docker run` command line (what
+`--dry-run`/`--diff` show).  The run-config label is a hash of the settings,
+so a changed setting means a restart and an unchanged one means a no-op.
+
+For an inventory host's server container (`for_host`) that hash is the one
+remote-ops has always set (`inventory_run_config`: sha256 of the `docker run`
+flags, image, launcher and server arguments).  Containers running on hosts
+today carry it; a new formula would read as "run settings changed" and
+restart them, reloading the model (for a 1T-parameter model, many minutes).
 
 Never a pull: creating from the low-level API only ever uses an image that is
 already on the host (a missing one is a 404, i.e. NotFound); the SDK's
@@ -108,23 +115,83 @@ def create_request(spec: RunSpec, api_version: str) -> dict[str, Any]:
         labels=dict(spec.labels) or None, host_config=host_config(spec, api_version))
 
 
-def for_host(host: "HostSpec", image: str) -> RunSpec:
-    """The SGLang server container of an inventory host: what `container.run_argv` says as flags.
+def cli_argv(spec: RunSpec) -> list[str]:
+    """`spec` as the `docker run` command line (pure; never pulls).  Flag order is fixed:
+    the run-config hash of inventory hosts is taken over this form."""
+    argv = ["docker", "run", "-d", "--pull=never", *(["--init"] if spec.init else []), "--name", spec.name,
+            "--restart", spec.restart, *gpu_flags(spec.gpus)]
+    argv += ["--shm-size", spec.shm_size] if spec.shm_size else []
+    argv += ["--ipc", spec.ipc] if spec.ipc else []
+    for p in spec.ports:
+        argv += ["-p", f"{p.host_ip}:{p.host_port}:{p.container_port}" + ("" if p.proto == "tcp" else f"/{p.proto}")]
+    argv += [a for v in spec.volumes for a in ("-v", v)]
+    argv += ["--runtime", spec.runtime] if spec.runtime else []
+    argv += ["--network", spec.network] if spec.network else []
+    argv += ["--rm"] if spec.auto_remove else []
+    argv += [a for k, v in sorted(spec.env.items()) for a in ("-e", f"{k}={v}")]
+    argv += [a for k, v in spec.labels.items() if k != RUN_CONFIG for a in ("--label", f"{k}={v}")]
+    argv += ["--label", f"{RUN_CONFIG}={spec.labels[RUN_CONFIG]}"] if RUN_CONFIG in spec.labels else []
+    argv += ["--entrypoint", " ".join(spec.entrypoint)] if spec.entrypoint else []
+    return argv + [spec.image, *spec.command]
 
-    The dumper environment and the server arguments still come from
-    `remote_ops.container` (imported here, not at module level, so the seam
-    does not depend on it at import time); they move here when container.py
-    switches to the engine.  Tested equal to `run_argv` on a real daemon.
+
+def gpu_flags(gpus: str | tuple[int, ...]) -> list[str]:
+    """`--gpus all`, `--gpus "device=0,1"` (docker parses the value as CSV), or nothing."""
+    if gpus == "none" or gpus == ():
+        return []
+    if gpus == "all":
+        return ["--gpus", "all"]
+    return ["--gpus", '"device=' + ",".join(str(g) for g in gpus) + '"']
+
+
+def inventory_run_config(spec: RunSpec, launcher_len: int) -> str:
+    """The run-config hash of an inventory host's server container (16 hex digits).
+
+    sha256 of JSON [docker run flags up to the run-config label, image, launcher,
+    server arguments]: unchanged since the first release, so a container that
+    is running on a host keeps its label's value (tests/test_container.py pins it).
     """
-    from .. import container as legacy
+    argv = cli_argv(replace(spec, labels={k: v for k, v in spec.labels.items() if k != RUN_CONFIG}))
+    flags = argv[:len(argv) - 1 - len(spec.command)]
+    doc = json.dumps([flags, spec.image, list(spec.command[:launcher_len]), list(spec.command[launcher_len:])])
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def dump_env(host: "HostSpec") -> dict[str, str]:
+    """The dumper's SGLANG_HS_DUMP_* settings from the inventory (dump contract)."""
+    d = host.dump
+    env = {"SGLANG_HS_DUMP_DIR": d.dir, "SGLANG_HS_DUMP_POLICY": d.policy,
+           "SGLANG_HS_DUMP_BUFFERS": str(d.pinned_buffers), "SGLANG_HS_DUMP_WRITERS": str(d.writer_threads)}
+    if d.layers:
+        env["SGLANG_HS_DUMP_LAYERS"] = ",".join(str(i) for i in d.layers)
+    if d.all_ranks:
+        env["SGLANG_HS_DUMP_ALL_RANKS"] = "1"
+    return env
+
+
+def server_args(host: "HostSpec") -> list[str]:
+    """SGLang launch arguments from the inventory (extraction: radix cache off, big chunks)."""
+    s, m = host.server, host.model
+    args = ["--model-path", m.path, "--served-model-name", m.served_name, "--tp", str(s.tp),
+            "--chunked-prefill-size", str(s.chunked_prefill_size), "--port", str(s.port),
+            "--host", "0.0.0.0"]
+    args += ["--disable-radix-cache"] if s.disable_radix_cache else []
+    args += ["--trust-remote-code"] if m.trust_remote_code else []
+    args += ["--mem-fraction-static", str(s.mem_fraction_static)] if s.mem_fraction_static else []
+    return args + list(s.extra_args)
+
+
+def for_host(host: "HostSpec", image: str) -> RunSpec:
+    """The SGLang server container of an inventory host, labelled with its run-config hash."""
     from .labels import HOST, MANAGED
 
     c, port = host.container, host.server.port
     volumes = (f"{host.model.path}:{host.model.path}:ro", f"{host.dump.dir}:{host.dump.dir}",
                f"{host.logs.dir}:{host.logs.dir}", *c.volumes)
-    return RunSpec(name=c.name, image=image, command=(*host.server.launcher, *legacy.server_args(host)),
-                   env={**legacy.dump_env(host), "SGLANG_PORT": str(port), **c.env},
+    spec = RunSpec(name=c.name, image=image, command=(*host.server.launcher, *server_args(host)),
+                   env={**dump_env(host), "SGLANG_PORT": str(port), **c.env},
                    labels={MANAGED: "1", HOST: host.name}, init=True, restart=c.restart,
                    gpus=c.gpus if isinstance(c.gpus, str) else tuple(c.gpus), shm_size=c.shm_size, ipc=c.ipc,
-                   ports=(PortBinding(c.bind_address, port, port),), volumes=volumes,
-                   runtime=c.runtime).labelled()
+                   ports=(PortBinding(c.bind_address, port, port),), volumes=volumes, runtime=c.runtime)
+    run_config = inventory_run_config(spec, len(host.server.launcher))
+    return replace(spec, labels={**spec.labels, RUN_CONFIG: run_config})

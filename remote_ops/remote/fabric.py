@@ -1,12 +1,11 @@
-"""The one seam to a host: the `Remote` interface and its Fabric implementation.
+"""`FabricRemote`: the `Remote` run protocol over one Fabric/paramiko connection.
 
-Everything else in remote-ops talks to `Remote` (run / put / get / close).
-`FabricRemote` is the only code that imports fabric or paramiko for
-connections.  Its choices, and why:
+Its choices, and why:
 
 - Host keys are checked against known_hosts (the ssh_config's
-  UserKnownHostsFile where given).  Unknown keys are refused unless the policy
-  is `accept-new`, which records them; changed keys are always refused.
+  UserKnownHostsFile where given) by `hostkeys.HostKeyPolicy`, the policy
+  bulk transfers use too.  Unknown keys are refused unless the policy is
+  `accept-new`, which records them; changed keys are always refused.
   Fabric's default (AutoAddPolicy, no known_hosts) is replaced.
 - Connect, banner and auth timeouts, a per-command deadline and keepalive are
   always set: a dead link becomes a typed error, never a hang.
@@ -19,93 +18,30 @@ connections.  Its choices, and why:
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
 import select
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any
 
-from . import shell
-from .errors import (AuthFailed, CommandFailed, CommandTimedOut, HostKeyChanged, HostKeyUnknown,
-                     RemoteOpsError, Unreachable, tail)
-from .sshconfig import SshTarget
-
-#: Called with (stream, line) for each output line while a command runs; stream is "stdout"/"stderr".
-LineSink = Callable[[str, str], None]
+from .. import shell
+from ..errors import AuthFailed, CommandFailed, CommandTimedOut, HostKeyChanged, RemoteOpsError, Unreachable
+from ..sshconfig import SshTarget
+from .base import BaseRemote, LineSink
+from .hostkeys import HostKeyPolicy, fingerprint
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """What a finished remote command gave back."""
-
-    command: str
-    exit_status: int
-    stdout: str
-    stderr: str
-    duration_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_status == 0
-
-
-@runtime_checkable
-class Remote(Protocol):
-    """A connected host.  Commands are strings built by `remote_ops.shell` or argv lists."""
-
-    name: str
-    target: SshTarget
-
-    def run(self, command: str | shell.Argv, *, timeout: float | None = None, check: bool = True,
-            input: bytes | None = None, on_line: LineSink | None = None) -> RunResult: ...
-
-    def put(self, local: str | Path | bytes, remote_path: str, *, mode: int | None = None) -> None: ...
-
-    def get(self, remote_path: str, local: str | Path) -> None: ...
-
-    @property
-    def host_key_fingerprint(self) -> str: ...
-
-    @property
-    def round_trips(self) -> int: ...
-
-    def close(self) -> None: ...
-
-
-def command_deadline(remote) -> float:
-    """The run's per-command deadline in seconds (`--command-timeout`, else the target's default).
-
-    The one number every remote call and every probe is bounded by unless a
-    step has its own named deadline (build, wait for healthy)."""
-    timeouts = getattr(getattr(remote, "target", None), "timeouts", None)
-    return float(getattr(timeouts, "command", 120.0))
-
-
-def fingerprint(key) -> str:
-    """OpenSSH-style SHA256 fingerprint of a paramiko key: `SHA256:base64`."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class FabricRemote:
+class FabricRemote(BaseRemote):
     """`Remote` over one Fabric/paramiko connection, strict about host keys."""
 
-    #: optional `on_command(command, duration_s, exit_status)` called after each `run` (for -v)
-    on_command: "Callable[[str, float, int | None], None] | None" = None
-
     def __init__(self, target: SshTarget, *, gateway: "FabricRemote | None" = None) -> None:
+        super().__init__()
         self.target = target
         self.name = target.name
         self._gateway = gateway
         self._conn = None
         self._sftp = None
         self._fingerprint = ""
-        self._round_trips = 0
 
     # -- connection ---------------------------------------------------------
     def connect(self) -> "FabricRemote":
@@ -122,7 +58,7 @@ class FabricRemote:
                           gateway=self._gateway._fabric() if self._gateway else False,
                           connect_timeout=t.timeouts.connect,
                           connect_kwargs=self._connect_kwargs())
-        conn.client = _strict_client(t)
+        conn.client = HostKeyPolicy.of(t).client()
         try:
             conn.open()
         except Exception as exc:  # paramiko raises a zoo; translate once, here
@@ -174,11 +110,6 @@ class FabricRemote:
         self.connect()
         return self._fingerprint
 
-    @property
-    def round_trips(self) -> int:
-        """Commands and file transfers issued so far (a cost the benchmarks report)."""
-        return self._round_trips
-
     def close(self) -> None:
         if self._sftp is not None:
             self._sftp.close()
@@ -196,36 +127,12 @@ class FabricRemote:
         self.close()
 
     # -- commands -----------------------------------------------------------
-    def run(self, command: str | shell.Argv, *, timeout: float | None = None, check: bool = True,
-            input: bytes | None = None, on_line: LineSink | None = None) -> RunResult:
-        """Run one command; raise CommandFailed/CommandTimedOut/Unreachable as typed errors."""
-        line = shell.cmd(command)
-        deadline_s = self.target.timeouts.command if timeout is None else timeout
-        start = time.monotonic()
-        status, out, err, chan = self._exec(line, input, start + deadline_s, on_line, deadline_s)
-        # --- cli-frame hook (-v): report each command, its round-trip time and exit status (None: timed out)
-        if self.on_command is not None:
-            self.on_command(line, time.monotonic() - start, status)
-        # --- end hook
-        if status is None:
-            raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
-                                  command=line, timeout=deadline_s)
-        if status == -1 and _connection_lost(chan):
-            raise Unreachable(f"connection to {self.target.display} was lost while running a command",
-                              host=self.name, details={"reason": "connection_lost", "command": line})
-        result = RunResult(line, status, out.decode("utf-8", "replace"),
-                           err.decode("utf-8", "replace"), time.monotonic() - start)
-        if check and status != 0:
-            raise CommandFailed(f"command exited {status}", host=self.name, command=line,
-                                exit_status=status, stderr_tail=tail(result.stderr),
-                                stdout_tail=tail(result.stdout, 5))
-        return result
-
-    def _exec(self, line: str, input: bytes | None, deadline: float, on_line: LineSink | None,
-              deadline_s: float | None = None):
-        """Run `line` on a fresh session channel: (exit status or None on timeout, out, err, channel)."""
+    def _execute(self, line: str, input: bytes | None, deadline_s: float,
+                 on_line: LineSink | None) -> tuple[int | None, bytes, bytes]:
+        """Run `line` on a fresh session channel, streaming lines to `on_line`, within the deadline."""
+        deadline = time.monotonic() + deadline_s
         chan = self._open_channel(deadline, line, deadline_s)
-        self._round_trips += 1
+        self._count()
         out, err, status = None, b"", None
         try:
             chan.exec_command(line)
@@ -238,7 +145,17 @@ class FabricRemote:
             status = None
         finally:
             chan.close()
-        return status, out, err, chan
+        if status == -1 and _connection_lost(chan):
+            raise Unreachable(f"connection to {self.target.display} was lost while running a command",
+                              host=self.name, details={"reason": "connection_lost", "command": line})
+        return status, out or b"", err
+
+    def pull(self, root: str, items: list, **kwargs: Any) -> Any:
+        """Bulk pull of `items` under `root` (transfer.py: the system ssh, same target and
+        host-key policy as this connection); returns the `PullReport`."""
+        from . import transfer
+
+        return transfer.pull(self.target, root, items, **kwargs)
 
     def open_stream(self, command: str | shell.Argv):
         """Start `command` on a new session channel of this connection; return the live channel.
@@ -250,7 +167,7 @@ class FabricRemote:
         Counted as one round trip (the requests it carries are not).
         """
         chan = self._open_channel()
-        self._round_trips += 1
+        self._count()
         try:
             chan.exec_command(shell.cmd(command))
         except Exception as exc:  # paramiko: SSHException / EOFError when the session is refused
@@ -293,7 +210,7 @@ class FabricRemote:
         import io
 
         sftp = self._sftp_client()
-        self._round_trips += 1
+        self._count()
         try:
             if isinstance(local, bytes):
                 sftp.putfo(io.BytesIO(local), remote_path)
@@ -308,11 +225,11 @@ class FabricRemote:
     def get(self, remote_path: str, local: str | Path) -> None:
         """Download `remote_path` to `local` (written in place; callers rename)."""
         sftp = self._sftp_client()
-        self._round_trips += 1
+        self._count()
         try:
             sftp.get(remote_path, str(local))
         except FileNotFoundError:
-            from .errors import NotFound
+            from ..errors import NotFound
 
             raise NotFound(f"{remote_path} does not exist", host=self.name) from None
         except (OSError, socket.timeout) as exc:
@@ -397,50 +314,6 @@ def _nodelay(sock) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except (OSError, AttributeError):
         pass  # a ProxyJump channel is not a TCP socket
-
-
-def _strict_client(target: SshTarget):
-    """A paramiko SSHClient that knows only our known_hosts and our policy."""
-    import paramiko
-
-    client = paramiko.SSHClient()
-    for i, path in enumerate(target.known_hosts):
-        p = Path(os.path.expanduser(path))
-        if p.exists():
-            (client.load_host_keys if i == 0 else client.get_host_keys().load)(str(p))
-    client.set_missing_host_key_policy(_policy(target))
-    return client
-
-
-def _policy(target: SshTarget):
-    import paramiko
-
-    class RejectUnknown(paramiko.MissingHostKeyPolicy):
-        """Refuse a host whose key is not in known_hosts (OpenSSH's `yes`)."""
-
-        def missing_host_key(self, client, hostname, key):
-            raise HostKeyUnknown(
-                f"host key for {hostname} is not in {target.known_hosts_file} "
-                f"(server offered {key.get_name()} {fingerprint(key)}); refusing",
-                host=target.name, hint="verify the fingerprint out of band, then re-run with "
-                "--host-key-policy accept-new (or add it with ssh-keyscan)",
-                details={"offered": fingerprint(key)})
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):
-        """Record a first-seen key (OpenSSH's `accept-new`); changed keys still fail."""
-
-        def missing_host_key(self, client, hostname, key):
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            _append_known_host(target.known_hosts_file, hostname, key)
-
-    return AcceptNew() if target.host_key_policy == "accept-new" else RejectUnknown()
-
-
-def _append_known_host(path: Path, hostname: str, key) -> None:
-    """Append one known_hosts line; never rewrite the user's file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 def connect(target: SshTarget) -> FabricRemote:
