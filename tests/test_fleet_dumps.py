@@ -17,6 +17,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dumps_host import _flip, write_real_dumps  # noqa: E402
 
 
+def test_merge_orders_copies_known_bad_last_and_names_conflicts():
+    def recon(recs, missing=()):
+        return dumps.Reconciliation("d", records=recs, missing_files=list(missing))
+    rec = lambda k, sha="s": {"key": k, "file": f"rank0/{k}.safetensors", "bytes": 10, "sha256": sha}  # noqa: E731
+    merged = dumps.merge_hosts({"a": recon([rec("k1"), rec("k2")]), "b": recon([rec("k1"), rec("k2", "other")]),
+                                "c": recon([rec("k3")], missing=["rank0/k3.safetensors"])},
+                               bad={"a": {"rank0/k1.safetensors"}})
+    assert [h for h, _ in merged.copies["k1"]] == ["b", "a"]          # a's copy failed its check: b's first
+    assert merged.conflicts == ["k2"] and "k3" not in merged.copies     # no file on c: nothing to pull
+    items = dumps.merged_items(merged, Path("/x"), {"k1": 1})
+    assert [i.remote for i in items["a"]] == ["rank0/k1.safetensors", "rank0/k2.safetensors"]
+
+
 def _subset(src: Path, dst: Path, keys: list[str]) -> None:
     """A dump dir holding only `keys` of `src` (files + their manifest lines)."""
     (dst / "rank0").mkdir(parents=True)

@@ -156,6 +156,11 @@ def test_a_group_splits_by_content_and_a_dead_host_is_re_split_without_loss(thre
     record = json.loads(next((Path(lab_env["REMOTE_OPS_STATE_DIR"]) / "extract" / "fleet").glob("*.json"))
                         .read_text())
     seen_on_lab3 = set(record["hosts"]["lab3"]["done"])
+    rc, merged, err = cli(lab_env, "extract", "status", "--host", "lab1,lab2,lab3", "--connect-timeout", "3")
+    assert rc == 4 and merged["unreachable"] == ["lab3"] and merged["last_seen"] == ["lab3"], err
+    rc, _, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2,lab3", "--dataset", str(tmp_path / "ds.jsonl"),
+                     "--restart", "--connect-timeout", "3")
+    assert rc == 4 and "cannot read the manifest of lab3" in err and "lab3" in err, err   # nothing stopped or split
 
     rc, final, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2,lab3,!lab3", "--dataset",
                          str(tmp_path / "ds.jsonl"), "--restart", "--concurrency", "4", "--wait", "200")

@@ -151,28 +151,39 @@ def _start_sharded(app, hosts, forks, local: Path, max_samples, kwargs, wait_s, 
 
 
 def _probe_group(app, hosts, forks, restart: bool) -> dict[str, set[str]]:
-    """Every host's done keys; a running client is stopped first with --restart, else refused."""
-    def probe(spec):
-        remote = app.remote(spec)
-        running, keys = extract_mod.probe_done(remote, spec)
-        if running and restart:
-            with hostlock.held(remote, spec, "extract stop"):
-                extract_mod.stop(remote, spec)
-            running, keys = extract_mod.probe_done(remote, spec)
-        return 0, (running, keys)
-    run = fleet.fan_out(hosts, probe, forks=forks)
+    """Every host's done keys.  Any unreadable host stops the start before anything changes; running
+    clients are refused, or with --restart stopped gracefully and read again."""
+    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.probe_done(app.remote(spec), spec)), forks=forks)
     bad = [o for o in run.outcomes if o.error is not None]
     if bad:
-        raise bad[0].error.__class__(
-            f"cannot read the manifest of {', '.join(o.host for o in bad)}: {bad[0].error.message}",
-            host=bad[0].host, hint="leave it out to re-split without it (e.g. --host 'GROUP,!" + bad[0].host
-            + "'): what the local record last saw done there stays counted")
-    running = [o.host for o in run.outcomes if o.result[0]]
-    if running:
-        raise Refused(f"an extraction client is running on {', '.join(running)}: a split needs them stopped",
+        err = bad[0].error                 # its own type and exit code (e.g. unreachable: 4)
+        err.message = f"cannot read the manifest of {', '.join(o.host for o in bad)}: {err.message}"
+        err.hint = (f"leave it out to re-split without it (e.g. --host 'GROUP,!{bad[0].host}'): "
+                    f"what the local record last saw done there stays counted")
+        raise err
+    keys = {o.host: o.result[1] for o in run.outcomes}
+    running = [h for h in hosts if dict((o.host, o.result[0]) for o in run.outcomes)[h.name]]
+    if running and not restart:
+        raise Refused(f"an extraction client is running on {', '.join(h.name for h in running)}: "
+                      f"a split needs them stopped",
                       hint="--restart stops them gracefully first (in-flight requests finish), "
                            "or remote-ops extract stop --host ...")
-    return {o.host: o.result[1] for o in run.outcomes}
+    if running:
+        keys.update(_stop_and_read(app, running, forks))
+    return keys
+
+
+def _stop_and_read(app, hosts, forks) -> dict[str, set[str]]:
+    def work(spec):
+        remote = app.remote(spec)
+        with hostlock.held(remote, spec, "extract stop"):
+            extract_mod.stop(remote, spec)
+        return 0, extract_mod.probe_done(remote, spec)[1]
+    run = fleet.fan_out(hosts, work, forks=forks)
+    for o in run.outcomes:
+        if o.error is not None:
+            raise o.error
+    return {o.host: o.result for o in run.outcomes}
 
 
 def _render_split(console, plan: dict, dry_run: bool) -> None:
