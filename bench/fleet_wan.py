@@ -161,16 +161,31 @@ def single_section(names, r, rtt_s) -> dict:
 
 def extraction_section(lab, names, k: int, per_host: int, tokens: int, r: int, tmp: Path) -> dict:
     group = ",".join(names[:k])
-    one, many = [], []
+    one, many, cpu_one, cpu_many = [], [], [], []
     for i in range(r):
         ds1 = _dataset(tmp / f"x1-{i}.jsonl", per_host, tokens, offset=1000 * i + 1)
         dsk = _dataset(tmp / f"xk-{i}.jsonl", per_host * k, tokens, offset=1000 * i + 500)
+        c = machine_cpu_s()
         one.append(cli("extract", "start", "--host", names[0], "--dataset", str(ds1), "--wait", "600",
                        "--json", "-q", timeout=700, rtt=False)[0])
+        cpu_one.append(machine_cpu_s() - c)
+        c = machine_cpu_s()
         many.append(cli("extract", "start", "--host", group, "--dataset", str(dsk), "--wait", "600",
                         "--json", "-q", timeout=700, rtt=False)[0])
+        cpu_many.append(machine_cpu_s() - c)
+    cores = os.cpu_count() or 1
     return {"hosts": k, "samples_per_host": per_host, "tokens_per_sample": tokens, "one_host_s": med(one),
-            "group_s": med(many), "ratio_vs_ideal": med(many) / med(one), "runs": {"one": one, "group": many}}
+            "group_s": med(many), "ratio_vs_ideal": med(many) / med(one), "runs": {"one": one, "group": many},
+            # the whole machine's CPU (every session's, not only ours) during each run, and the wall
+            # time that much CPU needs at best on this machine's cores
+            "machine_cpu_one_s": med(cpu_one), "machine_cpu_group_s": med(cpu_many),
+            "cpu_floor_group_s": med(cpu_many) / cores}
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds used by the whole machine so far (/proc/stat: user+nice+system+irq+softirq)."""
+    fields = open("/proc/stat").readline().split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
 
 
 def _dataset(path: Path, n: int, tokens: int, offset: int) -> Path:
