@@ -262,7 +262,7 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
     one is left alone, a recorded one with a dead daemon is healed in place (same address, checkout kept),
     anything else starts afresh.  A running sandbox of another size is refused (down it first)."""
     current = status()
-    if current.recorded and len(current.hosts) != hosts:
+    if current.recorded and current.inventory and len(current.hosts) != hosts:     # (after `down`: no inventory)
         raise RemoteOpsError(f"a sandbox of {len(current.hosts)} host(s) is already up; asked for {hosts}",
                              hint="remote-ops sandbox down, then sandbox up --hosts N")
     if current.running:

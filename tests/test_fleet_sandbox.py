@@ -51,6 +51,9 @@ def test_three_sandbox_hosts_are_the_group_sandbox(tmp_path):
         assert rc != 0 and "sandbox down" in err                             # another size: refused
         rc, again, err = _cli(env, "sandbox", "up", "--hosts", "3")
         assert rc == 0 and again["hosts"] == doc["hosts"], err                 # idempotent
+        rc, _, err = _cli(env, "sandbox", "down")
+        rc, one, err = _cli(env, "sandbox", "up", timeout=900)                 # after down: one host, `sandbox`
+        assert rc == 0 and [h["name"] for h in one["hosts"]] == ["sandbox"] and "sshd" in one["daemons"], err
     finally:
         subprocess.run([sys.executable, "-m", "remote_ops", "sandbox", "down"], env=env, capture_output=True,
                        timeout=120, cwd=env["HOME_FOR_TEST"])
