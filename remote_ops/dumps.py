@@ -353,3 +353,71 @@ def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
         tmp.write_text("".join(l + "\n" for l in lines))
         tmp.replace(path)
     return sum(len(v) for v in by_rank.values())
+
+
+# --------------------------------------------------------------------------- a group: one merged tree (pure)
+#
+# Dump files are named by their key (content), so the hosts' trees merge into
+# one: `rank<R>/<key>.safetensors`.  The same key on two hosts (a sample sent
+# twice, e.g. in flight on a host that died and was re-split) is a duplicate:
+# reported, and pulled from one host only - the first whose copy verifies.
+
+@dataclass
+class FleetDumps:
+    """The hosts' reconciliations merged by dump key."""
+
+    hosts: list[str]
+    copies: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)   # key -> [(host, record)]
+    conflicts: list[str] = field(default_factory=list)     # one key, copies of different size/sha256
+
+    @property
+    def duplicates(self) -> dict[str, list[str]]:
+        return {k: [h for h, _ in v] for k, v in self.copies.items() if len(v) > 1}
+
+    def to_dict(self) -> dict:
+        per_host = {h: sum(1 for v in self.copies.values() if any(x == h for x, _ in v)) for h in self.hosts}
+        return {"keys": len(self.copies), "per_host": per_host, "duplicates": self.duplicates,
+                "conflicts": self.conflicts,
+                "bytes": sum(int(v[0][1].get("bytes") or 0) for v in self.copies.values())}
+
+
+def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | None = None) -> FleetDumps:
+    """Every key with a file on some host; its copies ordered: not known bad first, then host order (pure)."""
+    merged = FleetDumps(list(recons))
+    for host, r in recons.items():
+        missing = set(r.missing_files) | {m["file"] for m in r.size_mismatches}
+        for rec in r.records:
+            if str(rec["file"]) not in missing:
+                merged.copies.setdefault(str(rec["key"]), []).append((host, rec))
+    bad = bad or {}
+    for key, copies in merged.copies.items():
+        copies.sort(key=lambda c: (str(c[1]["file"]) in bad.get(c[0], set()), merged.hosts.index(c[0])))
+        if len({(c[1].get("bytes"), c[1].get("sha256")) for c in copies}) > 1:
+            merged.conflicts.append(key)
+    return merged
+
+
+def merged_items(merged: FleetDumps, local_root: Path, choice: dict[str, int]) -> dict[str, list[PullItem]]:
+    """{host: items} taking, for each key, copy number `choice[key]` (0 = preferred); keys past the end: none."""
+    out: dict[str, list[PullItem]] = {}
+    for key, copies in merged.copies.items():
+        n = choice.get(key, 0)
+        if n < len(copies):
+            host, rec = copies[n]
+            out.setdefault(host, []).append(PullItem(str(rec["file"]), local_root / str(rec["file"]),
+                                                     int(rec["bytes"]), rec.get("sha256")))
+    return out
+
+
+def write_merged_manifests(merged: FleetDumps, kept: dict[str, str], local_root: Path) -> int:
+    """Local `rank<R>/manifest.jsonl` for the kept copies, each record naming its `host` (one merged manifest)."""
+    records = [{**rec, "host": host} for key, copies in merged.copies.items()
+               for host, rec in copies if kept.get(key) == host]
+    return write_local_manifests(Reconciliation("merged", records=sorted(records, key=lambda r: r["file"])),
+                                 local_root)
+
+
+def merged_dump_dir() -> Path:
+    from .paths import state_dir
+
+    return state_dir() / "merged" / "dumps"

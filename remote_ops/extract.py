@@ -18,6 +18,7 @@ every wait here has a deadline.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -80,8 +81,10 @@ def launch_command(p: ExtractPaths, server_url: str, concurrency: int, retries: 
             f"echo $!")
 
 
-def status_command(p: ExtractPaths, log_lines: int = 400) -> str:
-    return shell.sections([
+def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False) -> str:
+    """One round trip: alive, pid, log tail, counts, missing, client output (+ every done key)."""
+    keys = [("keys", done_keys_command(p))] if with_keys else []
+    return shell.sections(keys + [
         ("alive", alive_check(p)),
         ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
         ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
@@ -89,6 +92,11 @@ def status_command(p: ExtractPaths, log_lines: int = 400) -> str:
         ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
         ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
     ])
+
+
+def done_keys_command(p: ExtractPaths) -> str:
+    """Every dump key with an `ok` line in the host's manifest, one a line (empty without a manifest)."""
+    return f"python3 {shell.quote(p.client)} done-keys --workdir {shell.quote(p.workdir)}"
 
 
 # --------------------------------------------------------------------------- status (pure parse)
@@ -272,3 +280,196 @@ def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
         time.sleep(0.3)
     remote.run(f"{alive_check(p)} && kill -KILL $(cat {pidfile})", check=False)
     return status(remote, host)
+
+
+# --------------------------------------------------------------------------- a group: sharded (pure)
+#
+# `extract start --host GROUP` splits the samples not yet dumped across the
+# group's hosts.  Done-ness is the union, over the hosts, of the dump keys with
+# an `ok` line in each host's manifest (content, not sample id), plus what a
+# local record (`fleet_ledger`) last saw on hosts of an earlier split that are
+# no longer selected (a dead host).  Each host gets its own shard file and runs
+# its own client against its own server; no scheduler: the manifests decide.
+
+@dataclass(frozen=True)
+class Sample:
+    """One dataset line: its id, dump key, token count and the line itself (sent as is)."""
+
+    id: str
+    key: str
+    tokens: int
+    line: str
+
+
+def read_samples(path: Path, max_samples: int | None = None) -> list[Sample]:
+    """The local dataset as `Sample`s (first `max_samples` only), with the client's key rule."""
+    from .extract_client import dump_key, read_dataset
+
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    parsed = read_dataset(str(path))
+    samples = [Sample(sid, dump_key(ids), len(ids), line) for (sid, ids), line in zip(parsed, lines)]
+    return samples[:max_samples] if max_samples else samples
+
+
+def split_pending(samples: list[Sample], done: set[str], hosts: list[str]) -> dict[str, list[Sample]]:
+    """Samples whose key is not done, split over `hosts` balanced by tokens (pure).
+
+    Samples sharing a key (the same content) go to the same host, so no key is
+    sent by two hosts; each key group goes to the host with the fewest tokens
+    so far, which keeps the dataset's order within a shard.
+    """
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.key not in done:
+            groups.setdefault(s.key, []).append(s)
+    shards: dict[str, list[Sample]] = {h: [] for h in hosts}
+    load = {h: 0 for h in hosts}
+    for group in groups.values():
+        target = min(hosts, key=lambda h: (load[h], hosts.index(h)))
+        shards[target] += group
+        load[target] += group[0].tokens
+    return shards
+
+
+def shard_bytes(samples: list[Sample]) -> bytes:
+    return "".join(s.line + "\n" for s in samples).encode()
+
+
+_KEY = re.compile(r"[0-9a-f]{32}-p\d+")
+
+
+def parse_keys(text: str) -> set[str]:
+    """Dump keys, one a line (anything else, e.g. an error message, is ignored)."""
+    return {ln.strip() for ln in text.splitlines() if _KEY.fullmatch(ln.strip())}
+
+
+@dataclass
+class FleetStatus:
+    """A group's extraction, merged: done by content over every host (and the dead ones last seen)."""
+
+    dataset_id: str | None
+    total: int
+    done: int
+    running: list[str]
+    rate_samples_s: float
+    rate_tokens_s: float
+    eta_s: float | None
+    duplicates: int                      # keys with an ok line on more than one host
+    hosts: list[ExtractStatus]
+    unreachable: list[str]
+    last_seen: list[str]                 # hosts counted from the local record only
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["hosts"] = [h.to_dict() for h in self.hosts]
+        return d
+
+
+def merge_status(ledger: dict | None, statuses: dict[str, ExtractStatus], keys: dict[str, set[str]],
+                 unreachable: list[str]) -> FleetStatus:
+    """Progress over the group: done = dataset keys done anywhere; rate = sum; ETA = slowest host (pure)."""
+    seen = dict(keys)
+    last_seen = []
+    for name, rec in (ledger or {}).get("hosts", {}).items():
+        if name not in seen:
+            seen[name] = set(rec.get("done", []))
+            last_seen.append(name)
+    dataset_keys = set((ledger or {}).get("keys", []))
+    union = set().union(*seen.values()) if seen else set()
+    counts: dict[str, int] = {}
+    for ks in seen.values():
+        for k in ks:
+            counts[k] = counts.get(k, 0) + 1
+    running = [n for n, st in statuses.items() if st.running]
+    etas = [statuses[n].summary.eta_s for n in running if statuses[n].summary.eta_s is not None]
+    total = len(dataset_keys) if ledger else sum(st.dataset_total for st in statuses.values())
+    done = len(dataset_keys & union) if ledger else sum(st.manifest_ok for st in statuses.values())
+    return FleetStatus((ledger or {}).get("dataset_id"), total, done, running,
+                       sum(statuses[n].summary.rate_samples_s or 0 for n in running),
+                       sum(statuses[n].summary.rate_tokens_s or 0 for n in running),
+                       max(etas) if etas else (0.0 if not running else None),
+                       sum(1 for k, c in counts.items() if c > 1 and (not ledger or k in dataset_keys)),
+                       list(statuses.values()), unreachable, last_seen)
+
+
+# --------------------------------------------------------------------------- a group: the local record
+
+def ledger_dir() -> Path:
+    from .paths import state_dir
+
+    return state_dir() / "extract" / "fleet"
+
+
+def new_ledger(dataset_id: str, samples: list[Sample]) -> dict:
+    return {"dataset_id": dataset_id, "keys": list(dict.fromkeys(s.key for s in samples)), "hosts": {},
+            "updated": 0.0}
+
+
+def load_ledger(dataset_id: str) -> dict | None:
+    import json
+
+    path = ledger_dir() / f"{dataset_id}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def latest_ledger(host_names: list[str]) -> dict | None:
+    """The most recent group run that involved any of these hosts (for `extract status`)."""
+    import json
+
+    best = None
+    for path in ledger_dir().glob("*.json") if ledger_dir().is_dir() else []:
+        doc = json.loads(path.read_text())
+        if set(doc.get("hosts", {})) & set(host_names) and (best is None or doc["updated"] > best["updated"]):
+            best = doc
+    return best
+
+
+def record_seen(ledger: dict, keys: dict[str, set[str]], shards: dict[str, list[Sample]] | None = None) -> None:
+    """Write what each reachable host has done (and its new shard) to the local record, atomically."""
+    import json
+
+    for name, ks in keys.items():
+        rec = ledger["hosts"].setdefault(name, {})
+        rec["done"] = sorted(ks)
+        rec["seen"] = time.time()
+        if shards is not None:
+            rec["shard"] = len(shards.get(name, []))
+    ledger["updated"] = time.time()
+    ledger_dir().mkdir(parents=True, exist_ok=True)
+    path = ledger_dir() / f"{ledger['dataset_id']}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(ledger))
+    path.with_suffix(".tmp").replace(path)
+
+
+def absent_done(ledger: dict | None, selected: list[str]) -> set[str]:
+    """Keys last seen done on hosts of the record that are not selected now (a dead host's work)."""
+    out: set[str] = set()
+    for name, rec in (ledger or {}).get("hosts", {}).items():
+        if name not in selected:
+            out |= set(rec.get("done", []))
+    return out
+
+
+# --------------------------------------------------------------------------- a group: edges (one host each)
+
+def probe_done(remote, host) -> tuple[bool, set[str]]:
+    """Ship the client if changed; (is a client running, every key done on this host)."""
+    p = paths_for(host)
+    remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
+    upload_if_changed(remote, client_source(), p.client, 0o755)
+    parts = shell.split_sections(remote.run(shell.sections([("alive", alive_check(p)),
+                                                            ("keys", done_keys_command(p))])).stdout)
+    return parts.get("alive", (1, ""))[0] == 0, parse_keys(parts.get("keys", (1, ""))[1])
+
+
+def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
+    """Put this host's shard file in its work dir and start its client on it."""
+    p = paths_for(host)
+    upload_if_changed(remote, shard_bytes(shard), p.file("shard.jsonl"))
+    return start(remote, host, p.file("shard.jsonl"), local_dataset=False, **kwargs)
+
+
+def status_with_keys(remote, host) -> tuple[ExtractStatus, set[str]]:
+    """`status` plus every done key, in the same round trip."""
+    out = remote.run(status_command(paths_for(host), with_keys=True)).stdout
+    return parse_status(host.name, out), parse_keys(shell.split_sections(out).get("keys", (1, ""))[1])

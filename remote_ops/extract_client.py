@@ -19,6 +19,8 @@ hidden states of the prompt), keeping N requests in flight.
 - `<workdir>/run.json` and `<workdir>/dataset.keys` describe the current
   dataset; `extract_client.py count --workdir W` prints its done/total (what
   `remote-ops extract status` shows), and counts always relate to it.
+- `extract_client.py done-keys --workdir W` prints every dump key with an `ok`
+  line (any dataset), one a line: what a sharded start on a group unions.
 - Transient errors (connection refused/reset, timeouts, HTTP 5xx/429) are
   retried with exponential backoff and jitter; others fail the sample.
 - Progress goes to the log as `<UTC time> <event> key=value ...` lines, parsed
@@ -361,6 +363,12 @@ def count(workdir):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["done-keys"]:
+        ap = argparse.ArgumentParser(prog="extract_client done-keys")
+        ap.add_argument("--workdir", required=True)
+        keys = done_keys(manifest_records(os.path.join(ap.parse_args(argv[1:]).workdir, "manifest.jsonl")))
+        sys.stdout.write("".join(k + "\n" for k in sorted(keys)))
+        return 0
     if argv[:1] == ["count"]:
         ap = argparse.ArgumentParser(prog="extract_client count")
         ap.add_argument("--workdir", required=True)

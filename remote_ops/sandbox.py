@@ -3,7 +3,10 @@
 `up` starts a `HostLab` with one host named `sandbox` (its own sshd on a
 random 127.x address with its own host key, its own dockerd with no registry
 access), kept running after the command exits and recorded under
-`paths.sandbox_dir()`.  It then:
+`paths.sandbox_dir()`.  `up --hosts N` (N > 1) starts N such hosts,
+`sandbox1`..`sandboxN`, sharing the one dockerd (per-host container, image,
+server port and paths, as every lab host), written as one inventory file whose
+hosts form the group `sandbox`.  It then:
 
 - imports the python3 base image (debootstrap, cached) and builds on top of it
   a STAND-IN for `lmsysorg/sglang:v<version>-*`: the real SGLang python tree
@@ -113,6 +116,7 @@ class SandboxStatus:
     startup_s: float | None = None
     daemons: dict = field(default_factory=dict)     # sshd / dockerd / container -> Daemon.to_dict()
     healed: list = field(default_factory=list)      # what `up` restarted in place
+    hosts: list = field(default_factory=list)       # every sandbox host (one, or sandbox1..N)
 
     @property
     def recorded(self) -> bool:
@@ -164,18 +168,42 @@ def judge_container(name: str, dockerd_ok: bool, inspect_rc: int | None, state: 
     return Daemon("container", state or "unknown", state == "running", None, name)
 
 
+def host_names(count: int) -> list[str]:
+    """`sandbox` for one host (as always); `sandbox1`..`sandboxN` for more (pure)."""
+    if count < 1:
+        raise ValueError("a sandbox has at least one host")
+    return [NAME] if count == 1 else [f"{NAME}{i}" for i in range(1, count + 1)]
+
+
+def daemon_key(kind: str, host: str, count: int) -> str:
+    """`sshd`/`container` for a one-host sandbox (unchanged); `sshd:<host>` with several (pure)."""
+    return kind if count == 1 else f"{kind}:{host}"
+
+
 def _probe_daemons(state: dict) -> dict[str, Daemon]:
-    """Check sshd, dockerd and the container of a recorded sandbox (edges: /proc, sockets, docker CLI)."""
+    """Check each sshd, the dockerd and each container of a recorded sandbox (edges: /proc, sockets, docker CLI)."""
     from .hostlab._proc import port_open
     from .hostlab.lab import _ours
 
-    host = (state.get("hosts") or [{}])[0]
-    sshd = judge_sshd(host, bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
-                      port_open(str(host.get("address")), int(host.get("port") or 0)))
+    hosts = state.get("hosts") or [{}]
     d = state.get("dockerd")
     dockerd = judge_dockerd(d, bool(d and d.get("pid")) and _ours(d["pid"], lab_dir()), _dockerd_answers(d))
-    rc, cstate = _container_state(d, CONTAINER) if dockerd.ok else (None, "")
-    return {"sshd": sshd, "dockerd": dockerd, "container": judge_container(CONTAINER, dockerd.ok, rc, cstate)}
+    out = {"dockerd": dockerd}
+    for host in hosts:
+        out[daemon_key("sshd", host.get("name", NAME), len(hosts))] = judge_sshd(
+            host, bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
+            port_open(str(host.get("address")), int(host.get("port") or 0)))
+    for host in hosts:
+        container = f"sglang-eagle3-{host.get('name', NAME)}"
+        rc, cstate = _container_state(d, container) if dockerd.ok else (None, "")
+        out[daemon_key("container", host.get("name", NAME), len(hosts))] = judge_container(container, dockerd.ok,
+                                                                                          rc, cstate)
+    return out
+
+
+def _core_ok(daemons: dict) -> bool:
+    """Running: the dockerd and every sshd (containers may be absent or stopped)."""
+    return bool(daemons) and all(v.ok for k, v in daemons.items() if not k.startswith("container"))
 
 
 def _recorded_dockerd(d: dict):
@@ -222,17 +250,19 @@ def status() -> SandboxStatus:
     inv = sandbox_inventory_file()
     meta = _read_meta()
     daemons = _probe_daemons(state) if state.get("hosts") else {}
-    running = bool(daemons) and daemons["sshd"].ok and daemons["dockerd"].ok and inv.exists()
+    running = _core_ok(daemons) and inv.exists()
     return SandboxStatus(running=running, dir=str(sandbox_dir()), inventory=str(inv) if inv.exists() else None,
                          host=(state.get("hosts") or [{}])[0] if state.get("hosts") else {},
                          base_image=meta.get("base_image"), startup_s=meta.get("startup_s"),
-                         daemons={k: v.to_dict() for k, v in daemons.items()})
+                         daemons={k: v.to_dict() for k, v in daemons.items()},
+                         hosts=list(state.get("hosts") or []))
 
 
-def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
+def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None, hosts: int = 1,
        patch: str = "deepseek-v2") -> SandboxStatus:
-    """Start the sandbox; idempotent: a running one is left alone, a recorded one with a dead daemon
-    is healed in place (same address, checkout kept), anything else starts afresh.
+    """Start the sandbox (`hosts` of them, as group `sandbox` when more than one); idempotent: a running
+    one is left alone, a recorded one with a dead daemon is healed in place (same address, checkout kept),
+    anything else starts afresh.  A running sandbox of another size is refused (down it first).
 
     `patch` is the patch spec a fresh sandbox's inventory names; its model config.json
     carries that spec's first architecture (the checkout holds the whole real tree)."""
@@ -240,6 +270,9 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
 
     patchspec.model(patch)                  # an unknown spec fails before anything starts
     current = status()
+    if current.recorded and current.inventory and len(current.hosts) != hosts:     # (after `down`: no inventory)
+        raise RemoteOpsError(f"a sandbox of {len(current.hosts)} host(s) is already up; asked for {hosts}",
+                             hint="remote-ops sandbox down, then sandbox up --hosts N")
     if current.running:
         progress("sandbox already running")
         return current
@@ -247,10 +280,11 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
         return heal(current, progress)
     down(quiet=True)
     t0 = time.monotonic()
-    lab = _start_lab(version, progress, patch)
+    lab = _start_lab(version, progress, host_names(hosts), patch)
     try:
         base = _prepare_images(lab, version, progress)
-        _prepare_host(lab, version, progress, patch)
+        for host in lab.hosts:
+            _prepare_host(lab, host.name, version, progress, patch)
         _write_inventory(lab, base)
     except BaseException:
         lab.stop()
@@ -267,16 +301,18 @@ def heal(current: SandboxStatus, progress: Callable[[str], None] = lambda s: Non
         progress("dockerd is down: restarting it on the same data root (images and containers kept)")
         state["dockerd"]["pid"] = _restart_dockerd(state["dockerd"])
         healed.append("dockerd")
-    if not current.daemons["sshd"]["ok"]:
-        h = state["hosts"][0]
-        progress(f"sshd is down: restarting it on {h['address']}:{h['port']} (same host key)")
-        h["pid"] = _restart_sshd(h, state["dockerd"])
-        healed.append("sshd")
+    for h in state["hosts"]:
+        key = daemon_key("sshd", h["name"], len(state["hosts"]))
+        if not current.daemons[key]["ok"]:
+            progress(f"{h['name']}: sshd is down: restarting it on {h['address']}:{h['port']} (same host key)")
+            h["pid"] = _restart_sshd(h, state["dockerd"])
+            healed.append(key)
     (lab_dir() / "lab.json").write_text(json.dumps(state, indent=2) + "\n")
     after = status()
     after.healed = healed
     if not after.running:
-        bad = ", ".join(f"{k} {v['state']}" for k, v in after.daemons.items() if k != "container" and not v["ok"])
+        bad = ", ".join(f"{k} {v['state']}" for k, v in after.daemons.items()
+                        if not k.startswith("container") and not v["ok"])
         raise RemoteOpsError(f"sandbox: could not heal {bad}",
                              hint="remote-ops sandbox down && remote-ops sandbox up  (a fresh sandbox: new "
                                   "address, new checkout)")
@@ -313,15 +349,15 @@ def _restart_sshd(h: dict, d: dict | None) -> int:
     return sshd.start().pid
 
 
-def _start_lab(version: str, progress, patch: str = "deepseek-v2"):
+def _start_lab(version: str, progress, names: list[str], patch: str = "deepseek-v2"):
     from .hostlab import HostLab, lab_unavailable
 
     reason = lab_unavailable()
     if reason:
         raise RemoteOpsError(f"sandbox: cannot run here: {reason}", hint="run scripts/setup first (as root)")
-    progress("starting sshd + dockerd on loopback")
+    progress(f"starting {len(names)} sshd + dockerd on loopback")
     lab_dir().mkdir(parents=True, exist_ok=True)
-    return HostLab(lab_dir(), names=[NAME], keep=True, sglang_version=version, patch=patch).start()
+    return HostLab(lab_dir(), names=names, keep=True, sglang_version=version, patch=patch).start()
 
 
 def _prepare_images(lab, version: str, progress) -> str:
@@ -334,18 +370,17 @@ def _prepare_images(lab, version: str, progress) -> str:
     return build_standin_base(lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout), version, base)
 
 
-def _prepare_host(lab, version: str, progress, patch: str = "deepseek-v2") -> None:
+def _prepare_host(lab, name: str, version: str, progress, patch: str = "deepseek-v2") -> None:
     from . import patchspec
 
-    progress(f"real SGLang {version} tree at the host's checkout")
-    lab.install_sglang(NAME, version)
-    write_model_config(lab.host(NAME).paths.model_dir, list(patchspec.model(patch).architectures[:1]))
+    progress(f"{name}: real SGLang {version} tree at the host's checkout")
+    lab.install_sglang(name, version)
+    write_model_config(lab.host(name).paths.model_dir, list(patchspec.model(patch).architectures[:1]))
 
 
 def _write_inventory(lab, base_tag: str) -> Path:
-    """inventory entry `sandbox` (the lab's entry + stand-in base image and launcher)."""
-    entry = lab.host(NAME).inventory_entry(lab, base_tag)
-    doc = {"hosts": {NAME: standin_overrides(entry, base_tag)}}
+    """`sandbox.yaml`: entry `sandbox`, or `sandbox1..N` (a multi-host file: its stem, `sandbox`, is the group)."""
+    doc = {"hosts": {h.name: standin_overrides(h.inventory_entry(lab, base_tag), base_tag) for h in lab.hosts}}
     path = sandbox_inventory_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# written by `remote-ops sandbox up`: a local host on loopback with an SGLang STAND-IN\n"

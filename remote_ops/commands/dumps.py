@@ -8,7 +8,8 @@ import click
 from .. import dumps as dumps_mod
 from .. import transfer
 from ..errors import NoSpace, VerifyFailed
-from ._options import host_command
+from . import _dumps_group
+from ._options import hosts_command
 
 
 @click.group("dumps")
@@ -18,6 +19,7 @@ def dumps_group() -> None:
     \b
     Examples:
       remote-ops dumps status --host gpu-node --samples 10000
+      remote-ops dumps pull --host fleet                 # every host into one merged tree
       remote-ops dumps verify --host gpu-node            # headers on the host, no torch
       remote-ops dumps pull --host gpu-node --jobs 4
     """
@@ -72,10 +74,14 @@ def _reconcile(app, spec):
 @dumps_group.command("status")
 @click.option("--samples", type=int, default=None,
               help="samples the run will have in total (default: from the pulled extraction log)")
-@host_command
-def status_cmd(app, host, samples) -> int:
-    """Manifest vs files (counts, tokens, bytes, bytes/token) and disk projection. One round trip."""
-    spec = app.host(host)
+@hosts_command
+def status_cmd(app, hosts, forks, samples) -> int:
+    """Manifest vs files (counts, tokens, bytes, bytes/token) and disk projection. One round trip.
+
+    A group: each host's counts and the merged view by dump key (duplicates, conflicts)."""
+    if len(hosts) > 1:
+        return _dumps_group.group_status(app, hosts, forks)
+    spec = hosts[0]
     probe, recon = _reconcile(app, spec)
     total = samples or _total_from_log(spec.name)
     local_root = dumps_mod.local_dump_dir(spec.name)
@@ -97,10 +103,14 @@ def _total_from_log(host_name: str) -> int | None:
 @dumps_group.command("verify")
 @click.option("--sha/--no-sha", default=False, show_default=True,
               help="also recompute every file's sha256 on the host (reads all bytes)")
-@host_command
-def verify_cmd(app, host, sha) -> int:
-    """Reconcile, then check every file's header on the host with format.py (no torch)."""
-    spec = app.host(host)
+@hosts_command
+def verify_cmd(app, hosts, forks, sha) -> int:
+    """Reconcile, then check every file's header on the host with format.py (no torch).
+
+    A group: every host checked; a key is good when one of its copies passes."""
+    if len(hosts) > 1:
+        return _dumps_group.group_verify(app, hosts, forks, sha)
+    spec = hosts[0]
     _, recon = _reconcile(app, spec)
     _render_recon(app.console, recon)
     report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
@@ -121,14 +131,14 @@ def verify_cmd(app, host, sha) -> int:
 @dumps_group.command("pull")
 @click.option("--jobs", type=int, default=2, show_default=True, help="concurrent ssh streams")
 @click.option("--dest", type=click.Path(path_type=Path), default=None,
-              help="local dump dir (default <state>/hosts/<host>/dumps)")
+              help="local dump dir (default <state>/hosts/<host>/dumps; a group: <state>/merged/dumps)")
 @click.option("--stall-timeout", type=float, default=60.0, show_default=True,
               help="abort a stream that delivers no byte for this many seconds")
 @click.option("--allow-missing", is_flag=True,
               help="exit 0 although manifest rows have no file on the host or manifest lines are torn "
                    "(they are still named); corrupt files always exit 10")
-@host_command
-def pull_cmd(app, host, jobs, dest, stall_timeout, allow_missing) -> int:
+@hosts_command
+def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int:
     """Pull every manifest-listed file: resumable, sha256-verified, parallel, with progress.
 
     Uses the system ssh (AES-GCM) with the same host-key policy as every other
@@ -137,8 +147,14 @@ def pull_cmd(app, host, jobs, dest, stall_timeout, allow_missing) -> int:
     files are named; the exit is 10 unless --allow-missing (which forgives the
     first two only).  Too little local space, checked before the first byte
     and caught during the pull, exits 14 with the bytes needed and free.
+
+    A group pulls every host into one tree with one merged manifest (records
+    name their host); a key on several hosts is fetched once, from the first
+    copy that verifies on arrival.
     """
-    spec = app.host(host)
+    if len(hosts) > 1:
+        return _dumps_group.group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing)
+    spec = hosts[0]
     _, recon = _reconcile(app, spec)
     local_root = dest or dumps_mod.local_dump_dir(spec.name)
     items = dumps_mod.pull_items(recon, local_root)

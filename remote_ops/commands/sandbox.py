@@ -11,18 +11,24 @@ def _show(app, st: sandbox_mod.SandboxStatus) -> None:
     h = st.host
     if st.healed:
         app.console.status("ok", f"healed in place: {', '.join(st.healed)} (same address, checkout kept)")
-    if st.running:
+    if st.running and len(st.hosts) > 1:
+        app.console.status("ok", f"sandbox running: {len(st.hosts)} hosts as group `sandbox`, base image "
+                                 f"{st.base_image}")
+        for x in st.hosts:
+            app.console.say(f"  {x.get('name')}: ssh root@{x.get('address')}:{x.get('port')}, "
+                            f"server port {x.get('server_port')}")
+    elif st.running:
         app.console.status("ok", f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
                                  f"server port {h.get('server_port')}, base image {st.base_image}")
     elif st.recorded:
-        down = [k for k, v in st.daemons.items() if k != "container" and not v["ok"]]
+        down = [k for k, v in st.daemons.items() if not k.startswith("container") and not v["ok"]]
         app.console.status("fail", f"sandbox degraded: {', '.join(down) or 'inventory entry'} not running "
                                    f"(ssh root@{h.get('address')}:{h.get('port')})")
     else:
         app.console.status("info", f"sandbox not running (state dir {st.dir})")
     _show_daemons(app.console, st)
     if st.running:
-        app.console.say(f"  inventory entry `sandbox`: {st.inventory}")
+        app.console.say(f"  inventory {'group' if len(st.hosts) > 1 else 'entry'} `sandbox`: {st.inventory}")
         app.console.say("  next: remote-ops deploy --host sandbox --yes && remote-ops health --host sandbox")
     elif st.recorded:
         app.console.say("  heal: remote-ops sandbox up  (restarts only what is down, same address, checkout kept)")
@@ -31,7 +37,7 @@ def _show(app, st: sandbox_mod.SandboxStatus) -> None:
 
 def _show_daemons(console, st: sandbox_mod.SandboxStatus) -> None:
     for name, d in st.daemons.items():
-        level = "ok" if d["ok"] else ("warn" if name == "container" else "fail")
+        level = "ok" if d["ok"] else ("warn" if name.startswith("container") else "fail")
         pid = f" pid {d['pid']}" if d.get("pid") else ""
         console.status(level, f"  {name}: {d['state']}{pid}" + (f" - {d['detail']}" if d.get("detail") else ""))
 
@@ -43,16 +49,20 @@ def sandbox_group() -> None:
 
 @sandbox_group.command("up")
 @click.option("--sglang-version", default="0.5.9", show_default=True)
+@click.option("--hosts", "count", type=click.IntRange(min=1, max=16), default=1, show_default=True,
+              help="sandbox hosts: 1 is `sandbox`; N > 1 are sandbox1..sandboxN, the group `sandbox`")
 @click.option("--patch", default="deepseek-v2", show_default=True, metavar="SPEC",
               help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama")
 @app_options
-def up_cmd(app, sglang_version: str, patch: str) -> None:
+def up_cmd(app, sglang_version: str, count: int, patch: str) -> None:
     """Start the sandbox (needs root and scripts/setup's packages; idempotent).
 
     On a sandbox whose sshd or dockerd died, restarts only that one, on the
-    same address, keeping the checkout, images and inventory entry."""
+    same address, keeping the checkout, images and inventory entry.  With
+    --hosts N the N hosts share one dockerd (their own container, server port
+    and paths); `--host sandbox` then names all of them."""
     st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"),
-                        patch=patch)
+                        hosts=count, patch=patch)
     _show(app, st)
 
 

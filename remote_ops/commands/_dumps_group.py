@@ -1,0 +1,162 @@
+"""`dumps status|verify|pull --host GROUP`: every host's dumps as one tree with one merged manifest.
+
+Each host is reconciled (and verified) on its own, `--forks` at a time; the
+results are merged by dump key (`remote_ops.dumps.merge_hosts`).  A key on two
+hosts is a duplicate: reported, and pulled once, from the first host whose copy
+verifies (header check with `verify`; size and sha256 on arrival with `pull`,
+falling back to the next copy when one fails).  A host that cannot be reached
+is reported and sets the exit code; the others go on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from .. import dumps as dumps_mod
+from .. import fleet, transfer
+from ..errors import VerifyFailed
+
+
+def _each(app, hosts, forks, work):
+    run = fleet.fan_out(hosts, work, forks=forks)
+    for o in run.outcomes:
+        if o.error is not None:
+            app.console.error(f"{o.host}: {o.error.message}", o.error.hint)
+    return run, {o.host: o.result for o in run.outcomes if o.error is None}
+
+
+def _recon(app, spec):
+    probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
+    return 0, dumps_mod.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+
+
+def _host_rows(recons: dict) -> list[list]:
+    return [[h, r.manifest_rows, r.files_present, len(r.missing_files), len(r.size_mismatches), r.torn_lines,
+             f"{r.bytes / 1e6:,.1f} MB"] for h, r in recons.items()]
+
+
+def _render_merged(console, merged: dumps_mod.FleetDumps, recons: dict) -> None:
+    console.table(["host", "rows", "files", "no file", "size differs", "torn", "bytes"], _host_rows(recons),
+                  title=f"dumps on {len(recons)} hosts")
+    doc = merged.to_dict()
+    console.status("ok" if not merged.conflicts else "fail",
+                   f"merged: {doc['keys']} distinct keys, {doc['bytes'] / 1e6:,.1f} MB, "
+                   f"{len(doc['duplicates'])} on more than one host, {len(merged.conflicts)} conflicting")
+    for key, hosts in list(doc["duplicates"].items())[:10]:
+        console.say(f"    duplicate {key}: {', '.join(hosts)} (kept from {hosts[0]})", style="dim")
+
+
+def group_status(app, hosts, forks) -> int:
+    run, recons = _each(app, hosts, forks, lambda spec: _recon(app, spec))
+    merged = dumps_mod.merge_hosts(recons)
+    _render_merged(app.console, merged, recons)
+    ok = all(r.ok for r in recons.values()) and not merged.conflicts
+    app.console.emit({"hosts": {h: r.to_dict() for h, r in recons.items()}, "merged": merged.to_dict(),
+                      **run.to_dict()})
+    return fleet.worst_exit([run.exit_code, 0 if ok else VerifyFailed.exit_code])
+
+
+def group_verify(app, hosts, forks, sha: bool) -> int:
+    """Each host's header check; a key is good when one copy passes (the kept one)."""
+    def work(spec):
+        _, recon = _recon(app, spec)
+        report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
+        return 0, (recon, report)
+    run, done = _each(app, hosts, forks, work)
+    recons = {h: v[0] for h, v in done.items()}
+    bad = {h: {str(p["where"]) for p in dumps_mod.errors_of(v[1])} for h, v in done.items()}
+    merged = dumps_mod.merge_hosts(recons, bad)
+    _render_merged(app.console, merged, recons)
+    broken = [k for k, copies in merged.copies.items() if all(str(r["file"]) in bad[h] for h, r in copies)]
+    rescued = [k for k, copies in merged.copies.items() if k not in broken
+               and any(str(r["file"]) in bad[h] for h, r in copies)]
+    app.console.status("fail" if broken else "ok", f"host checks: {len(broken)} key(s) with no good copy, "
+                       f"{len(rescued)} duplicate(s) where one copy fails and another passes (the passing one is kept)")
+    result = {"merged": merged.to_dict(), "broken": broken, "rescued": rescued,
+              "hosts": {h: {"reconciliation": v[0].to_dict(), "host_check": v[1]} for h, v in done.items()},
+              **run.to_dict()}
+    missing = sum(len(r.missing_files) for r in recons.values())
+    if broken or missing:
+        raise VerifyFailed(f"{len(broken)} dump key(s) fail on every host that has them, {missing} manifest "
+                           f"row(s) have no file", details=result)
+    app.console.emit(result)
+    return run.exit_code
+
+
+def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int:
+    """Pull every key once into one tree; a copy that fails on arrival is fetched from the next host."""
+    by_name = {h.name: h for h in hosts}
+    run, recons = _each(app, hosts, forks, lambda spec: _recon(app, spec))
+    merged = dumps_mod.merge_hosts(recons)
+    local_root = Path(dest) if dest else dumps_mod.merged_dump_dir()
+    first = dumps_mod.merged_items(merged, local_root, {})
+    transfer.check_space([i for v in first.values() for i in v if not transfer.is_complete(i)], "group")
+    choice: dict[str, int] = {}
+    kept: dict[str, str] = {}
+    reports: dict[str, list] = {}
+    t0 = time.monotonic()
+    total = sum(i.size for v in first.values() for i in v)
+    with app.console.progress(f"{len(recons)} hosts: dumps", total=total) as advance:
+        lock = threading.Lock()
+
+        def tick(n):
+            with lock:
+                advance(n)
+        items = first
+        while items:
+            failed = _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports)
+            for key in failed:
+                choice[key] = choice.get(key, 0) + 1
+            items = dumps_mod.merged_items(merged, local_root, {k: choice[k] for k in failed})
+            items = {h: [i for i in v if _key_of(i) in failed] for h, v in items.items()}
+            items = {h: v for h, v in items.items() if v}
+    seconds = time.monotonic() - t0
+    written = dumps_mod.write_merged_manifests(merged, kept, local_root)
+    return _pull_result(app, run, recons, merged, kept, reports, seconds, written, local_root, allow_missing)
+
+
+def _key_of(item) -> str:
+    return Path(item.remote).name[:-len(dumps_mod.SUFFIX)]
+
+
+def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports) -> set[str]:
+    """One pull per host (in parallel); returns the keys whose copy failed."""
+    def work(spec):
+        return 0, transfer.pull(app.target(spec), spec.dump.dir, items[spec.name], ssh_config=app.ssh_config_path,
+                                jobs=jobs, stall_timeout=stall_timeout, advance=tick, strict=False)
+    run = fleet.fan_out([by_name[h] for h in items], work, forks=forks)
+    failed: set[str] = set()
+    for o in run.outcomes:
+        reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
+        bad = {Path(f).name[:-len(dumps_mod.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
+        if o.error is not None:
+            bad = {_key_of(i) for i in items[o.host]}
+        for item in items[o.host]:
+            key = _key_of(item)
+            if key in bad:
+                failed.add(key)
+            else:
+                kept[key] = o.host
+    return failed
+
+
+def _pull_result(app, run, recons, merged, kept, reports, seconds, written, local_root, allow_missing) -> int:
+    _render_merged(app.console, merged, recons)
+    nbytes = sum(int(r.get("bytes", 0)) for v in reports.values() for r in v)
+    lost = sorted(set(merged.copies) - set(kept))
+    missing = [f"{h}:{m}" for h, r in recons.items() for m in r.missing_files]
+    torn = [f"{h}:{t}" for h, r in recons.items() for t in r.torn]
+    app.console.status("fail" if lost else "ok",
+                       f"{len(kept)} keys kept, {len(lost)} with no good copy, {nbytes / 1e6:,.1f} MB fetched in "
+                       f"{seconds:.2f}s ({nbytes / 1e6 / seconds if seconds else 0:,.1f} MB/s aggregate) -> "
+                       f"{local_root} ({written} in the merged manifest)")
+    result = {"dest": str(local_root), "merged": merged.to_dict(), "kept_from": kept, "no_good_copy": lost,
+              "missing_on_host": missing, "torn": torn, "pulls": reports, "bytes": nbytes,
+              "seconds": round(seconds, 3), "allow_missing": allow_missing, **run.to_dict()}
+    if lost or (not allow_missing and (missing or torn)):
+        raise VerifyFailed(f"{len(lost)} key(s) had no copy that verified; {len(missing)} manifest row(s) with "
+                           f"no file, {len(torn)} torn line(s)", details=result,
+                           hint="re-run (verified files are kept); --allow-missing accepts missing/torn rows")
+    app.console.emit(result)
+    return run.exit_code
