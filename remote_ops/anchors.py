@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 from dataclasses import dataclass, field
 
 MARKER_RE = re.compile(r"^(?P<indent>[ \t]*)# (?P<kind>>>>|<<<) remote-ops:(?P<patch>[\w.-]+):"
@@ -90,7 +91,7 @@ class Anchor:
 
     def pattern(self):
         """The anchor statement as a tree (exactly one statement)."""
-        body = ast.parse(textwrap.dedent(self.statement).strip("\n") + "\n").body
+        body = parse_python(textwrap.dedent(self.statement).strip("\n") + "\n").body
         if len(body) != 1:
             raise SpecError("anchor statement must be exactly one statement", "anchor.statement")
         return body[0]
@@ -114,7 +115,7 @@ class Block:
         return content_hash(self.text.split("\n"))
 
     def statements(self):
-        return ast.parse(self.text).body
+        return parse_python(self.text).body
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,17 @@ def decode(data):
         raise AnchorRefusal("not_text", "not UTF-8 text (bad byte at offset %d)" % exc.start)
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(text, filename="<unknown>"):
+    """`ast.parse` under one lock: CPython 3.11.7's parser is not thread-safe (gh-106905: parallel
+    parses raise "SystemError: AST constructor recursion depth mismatch"), and `deploy`/`patch`
+    on a group of hosts parse in threads."""
+    with _PARSE_LOCK:
+        return ast.parse(text, filename=filename)
+
+
 def parse_source(data, name="<file>"):
     """Decode and parse; a syntax error is a refusal naming line and message.
 
@@ -273,7 +285,7 @@ def parse_source(data, name="<file>"):
         return data
     text = decode(data)
     try:
-        tree = ast.parse(text, filename=name)
+        tree = parse_python(text, filename=name)
     except SyntaxError as exc:
         raise AnchorRefusal("syntax_error", "syntax error at line %s: %s" % (exc.lineno, exc.msg),
                             [exc.lineno] if exc.lineno else [])
