@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dump.cudadrv import SEM_SLOT_BYTES, Driver  # noqa: E402
+from remote_ops.dumper.cudadrv import SEM_SLOT_BYTES, Driver  # noqa: E402
 
 H = 7168
 

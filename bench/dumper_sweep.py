@@ -43,12 +43,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 if __name__ == "__main__" and sys.argv[1:2] == ["--bg-writer"]:  # a background writer process: no torch
     sys.path.insert(0, os.path.dirname(HERE))
-    from remote_ops.dump import format as fmt  # noqa: E402
+    from remote_ops.dumper import dumpfile  # noqa: E402
 else:
     import torch  # noqa: E402
 
     import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path too)
-    from remote_ops.dump import format as fmt  # noqa: E402
+    from remote_ops.dumper import dumpfile  # noqa: E402
 
 SIZES = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 MS_PER_TOKEN = 77.0 / 8192  # compute step: the reference 8k step's 77 ms, scaled
@@ -152,7 +152,7 @@ class BackgroundWriters:
 
 
 def bg_write_loop(folder, k, file_bytes, stop=None):
-    """Write span-like files (fmt.write_span: sha256, 16 MiB writes, fsync, rename, manifest) until stopped."""
+    """Write span-like files (dumpfile.write_span: sha256, 16 MiB writes, fsync, rename, manifest) until stopped."""
     h = 7168
     tokens = max(1, file_bytes // (4 * h * 2 + 8))
     hidden = os.urandom(tokens * h * 2)
@@ -162,8 +162,8 @@ def bg_write_loop(folder, k, file_bytes, stop=None):
     i = 0
     while not (stop.is_set() if stop is not None else os.path.exists(stop_path)):
         ids = (k * 1000003 + i).to_bytes(4, "little") * tokens
-        fmt.write_span(folder, 0, ids, pos, hidden, aux, h, "BF16", 0, {}, True)
-        os.unlink(os.path.join(folder, "rank0", fmt.dump_file_name(fmt.dump_key(ids, 0))))
+        dumpfile.write_span(folder, 0, ids, pos, hidden, aux, h, "BF16", 0, {}, True)
+        os.unlink(os.path.join(folder, "rank0", dumpfile.dump_file_name(dumpfile.dump_key(ids, 0))))
         i += 1
 
 

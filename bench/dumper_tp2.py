@@ -42,8 +42,8 @@ import torch.distributed as dist  # noqa: E402
 
 import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path)
 from dumper_sweep import steps_for, summary  # noqa: E402
-from remote_ops.dump import attach, format as fmt  # noqa: E402
-from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
+from remote_ops.dumper import attach, format as fmt  # noqa: E402
+from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 WORLD = 2
 for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):

@@ -3,7 +3,7 @@
 Stdlib only (runs with any python3 >= 3.8, like the exporter on a host):
 
 1. writes `--files` Kimi-sized dump files (H = 7168, bf16, `--tokens` each, random
-   bytes) with the dump contract's own writer (`remote_ops/dump/format.py`
+   bytes) with the dump contract's own writer (`remote_ops/dumper/dumpfile.py`
    `write_span`, fsync on) and the matching prepared dataset (ids + loss mask);
 2. for each `--jobs` value, runs `remote_ops/specforge_export.py export` in a
    fresh output dir: it first copies `--probe-mb` of the sources with the same
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "remote_ops" / "dump"))
+sys.path.insert(0, str(ROOT / "remote_ops" / "dumper"))
 import format as fmt  # noqa: E402  (stdlib-only dump contract module)
 
 

@@ -20,7 +20,7 @@ Main entry points (all take the file's bytes or text and a `PatchSpec`):
 
 - `plan(data, spec) -> Plan`: pristine text (blocks stripped), new text (blocks
   inserted right after their anchors), the anchor matches; raises AnchorRefusal.
-- `verify(data, spec) -> Report`: per-block state (absent / applied / outdated /
+- `verify_placement(data, spec) -> Report`: per-block state (absent / applied / outdated /
   modified / misplaced) and an overall status; never raises for a bad placement.
 - `strip(data, spec) -> str`: the file with every marked block removed (revert).
 
@@ -721,7 +721,7 @@ def plan(data, spec):
     _refuse_foreign_capture(pristine, spec)
     anchors = [find_anchor(pristine, b) for b in spec.blocks]
     new_text = insert_blocks(pristine, spec, anchors)
-    state = verify(src, spec).status if regions else NOT_APPLIED
+    state = verify_placement(src, spec).status if regions else NOT_APPLIED
     return Plan(pristine.text, new_text, anchors, regions, APPLIED if new_text == src.text else state)
 
 
@@ -765,7 +765,7 @@ class BlockReport:
 
 @dataclass
 class Report:
-    """verify()/status: overall status, per-block reports and every finding."""
+    """verify_placement()/status: overall status, per-block reports and every finding."""
 
     status: str
     blocks: list
@@ -786,7 +786,7 @@ class Report:
                 "refusal": self.refusal.to_dict() if self.refusal else None}
 
 
-def verify(data, spec):
+def verify_placement(data, spec):
     """Prove each block sits right after its anchor, in scope, after every flag reset.
 
     Also reports hand edits (body hash != marker hash), outdated content
@@ -857,14 +857,14 @@ def _region_state(src, block, region, report):
                                        "%s, marker %s" % (block.name, region.begin, region.end, region.body_hash,
                                                           region.marker_hash), [region.begin, region.end]))
         return MODIFIED
-    misplaced = _placement_problem(src, block, region, report.anchor)
+    misplaced = block_placement_problem(src, block, region, report.anchor)
     if misplaced:
         report.findings.append(misplaced)
         return MISPLACED
     return APPLIED if region.marker_hash == block.hash else OUTDATED
 
 
-def _placement_problem(src, block, region, anchor):
+def block_placement_problem(src, block, region, anchor):
     """None when the region's first statement is the anchor's next sibling, else a Finding."""
     before = _statement_before(src, region.begin)
     if anchor is None:
@@ -928,7 +928,7 @@ def main(argv=None):
 
 def _act(action, path, data, spec):
     if action in ("verify", "status"):
-        report = verify(data, spec)
+        report = verify_placement(data, spec)
         print(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK if report.ok or action == "status" else EXIT_VERIFY
     try:
@@ -938,7 +938,7 @@ def _act(action, path, data, spec):
         return EXIT_REFUSED
     if action == "apply" and p.changes:
         _write_atomic(path, p.new_text)
-    report = verify(p.new_text, spec)
+    report = verify_placement(p.new_text, spec)
     print(json.dumps({"state_before": p.state, "changed": action == "apply" and p.changes,
                       "anchors": [a.to_dict() for a in p.anchors], "verify": report.to_dict()}, indent=2))
     return EXIT_OK if report.ok else EXIT_VERIFY

@@ -119,7 +119,7 @@ def git_apply_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
             errors = [ln for ln in out.splitlines() if ln.startswith("error: patch failed")] or out.splitlines()[-1:]
             return Verdict(False, "rejected: " + "; ".join(e.removeprefix("error: ") for e in errors), out)
         _run(["git", "apply", str(hunk)], Path(tmp))
-        landed = anchors.verify(target.read_bytes(), spec).status
+        landed = anchors.verify_placement(target.read_bytes(), spec).status
     return Verdict(True, f"applies cleanly; tree says {landed}", out, landed=landed)
 
 
@@ -137,7 +137,7 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
             return Verdict(False, f"fails: {_hunk_summary(hunks) or last}",
                            dry.stdout + dry.stderr, hunks)
         _run(argv, Path(tmp))
-        landed = anchors.verify(target.read_bytes(), spec).status
+        landed = anchors.verify_placement(target.read_bytes(), spec).status
     exact = hunks and all(h["offset"] == 0 and h["fuzz"] == 0 for h in hunks)
     summary = "all hunks exact" if exact else _hunk_summary(hunks)
     return Verdict(True, f"{summary}; tree says {landed}", dry.stdout + dry.stderr, hunks, landed)

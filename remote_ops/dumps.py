@@ -1,7 +1,7 @@
 """Dumps on a host: reconcile manifest and files, project disk use, check headers, pull.
 
 The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
-`remote_ops/dump/FORMAT.md`: `<dir>/rank<R>/<key>.safetensors`,
+`remote_ops/dumper/FORMAT.md`: `<dir>/rank<R>/<key>.safetensors`,
 `<dir>/rank<R>/manifest.jsonl` (last line of a key wins), `.tmp-*` never listed.
 
 - `status`: one round trip lists the files (name + size), reads every manifest
@@ -9,7 +9,7 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
   bytes per token (4 * H * 2 = 57,344 for H = 7168 in bf16), files missing from
   the manifest, manifest rows with no file, size mismatches, temp leftovers.
 - `verify`: the same, plus the host-side header check *without torch*: the
-  stdlib-only `remote_ops/dump/format.py` is sent on stdin to the host's
+  stdlib-only `remote_ops/dumper/dumpfile.py` is sent on stdin to the host's
   `python3` (`python3 - verify DIR --json`), one round trip, nothing installed.
 - `project`: space for the remaining samples against free space on the host and
   locally.
@@ -270,7 +270,7 @@ def probe(remote, dump_dir: str, timeout: float | None = None) -> Probe:
 
 def format_script() -> bytes:
     """The stdlib-only dump checker shipped to the host on stdin."""
-    return (Path(__file__).resolve().parent / "dump" / "format.py").read_bytes()
+    return (Path(__file__).resolve().parent / "dumper" / "dumpfile.py").read_bytes()
 
 
 def verify_command(dump_dir: str, hidden_size: int | None, check_sha: bool) -> str:
@@ -296,7 +296,7 @@ def host_verify(remote, dump_dir: str, hidden_size: int | None, check_sha: bool 
 
 
 def errors_of(report: dict) -> list[dict]:
-    """The error-level problems of a format.py report."""
+    """The error-level problems of a dumpfile.py report."""
     return [p for p in report.get("problems", []) if p.get("level") == "error"]
 
 
@@ -341,7 +341,7 @@ def pull_problems(r: Reconciliation, failed: list[tuple[str, str]]) -> PullProbl
 def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
     """Write `rank<R>/manifest.jsonl` locally for the files that were pulled and verified.
 
-    The local copy is then itself a valid dump dir (`format.py verify` works on it).
+    The local copy is then itself a valid dump dir (`dumpfile.py verify` works on it).
     """
     by_rank: dict[str, list[str]] = {}
     for rec in r.records:

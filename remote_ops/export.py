@@ -1,7 +1,7 @@
 """`dumps export --format specforge`: run the stdlib exporter on the host, follow it, read its report.
 
 The work is done on the host by `remote_ops/specforge_export.py` (stdlib only,
-sent on stdin to the host's `python3`, like `dump/format.py`), so the dumps never
+sent on stdin to the host's `python3`, like `dumper/dumpfile.py`), so the dumps never
 travel. This module builds its command line (pure), parses its JSON-lines
 output (pure), and runs it over the `Remote` seam.
 

@@ -1,6 +1,6 @@
-"""The extraction run: start, watch and stop `extract_client.py` on a host.
+"""The extraction run: start, watch and stop `extract_onhost.py` on a host.
 
-The client (stdlib-only, `remote_ops/extract_client.py`) runs beside the
+The client (stdlib-only, `remote_ops/extract_onhost.py`) runs beside the
 container with the host's `python3` and talks to the server's published port
 (`127.0.0.1:<server.port>`).  Everything it needs lives in one work dir on the
 host, `<logs.dir>/extract/`: the client script, the dataset, its manifest
@@ -27,7 +27,7 @@ from . import shell
 from .errors import CommandTimedOut, NotFound, Refused
 from .logs import ExtractionSummary, parse_extraction
 
-CLIENT_NAME = "extract_client.py"
+CLIENT_NAME = "extract_onhost.py"
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ class Sample:
 
 def read_samples(path: Path, max_samples: int | None = None) -> list[Sample]:
     """The local dataset as `Sample`s (first `max_samples` only), with the client's key rule."""
-    from .extract_client import dump_key, read_dataset
+    from .extract_onhost import dump_key, read_dataset
 
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     parsed = read_dataset(str(path))

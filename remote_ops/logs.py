@@ -4,7 +4,7 @@ Three kinds of log live on a host:
 
 - `server`: the SGLang container's output (`docker logs`), container name from
   the inventory (`container.name`);
-- `extraction`: the log of `remote_ops/extract_client.py` (inventory `logs.extraction`);
+- `extraction`: the log of `remote_ops/extract_onhost.py` (inventory `logs.extraction`);
 - `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
 
 Parsing is pure (text in, summaries out).  Pulling is a pure *plan* (what to
@@ -51,7 +51,7 @@ KINDS = ("server", "extraction", "training")
 
 # --------------------------------------------------------------------------- extraction log
 
-#: `extract_client.py` writes `<iso time> progress done=.. total=.. tokens=.. errors=.. elapsed=..`.
+#: `extract_onhost.py` writes `<iso time> progress done=.. total=.. tokens=.. errors=.. elapsed=..`.
 _KV = re.compile(r"(\w+)=(\S+)")
 
 

@@ -298,7 +298,7 @@ def check_file(tf: TargetFile, spec: PatchSpec, force: bool = False) -> CheckRep
     text = None
     try:
         src = anchors.parse_source(tf.data)
-        report.state = anchors.verify(src, spec).status
+        report.state = anchors.verify_placement(src, spec).status
         report.plan = anchors.plan(src, spec)
         report.anchors = report.plan.anchors
         text = srcview.Text.from_source(src)
@@ -387,7 +387,7 @@ class VerifyResult:
 def verify_bytes(host: str, path: str, data: bytes, spec: PatchSpec, compile_rc: int | None,
                  compile_output: str = "") -> VerifyResult:
     """Pure: prove the placement from bytes known to be on the host."""
-    report = anchors.verify(data, spec)
+    report = anchors.verify_placement(data, spec)
     compile_ok = None if compile_rc in (None, 127) else compile_rc == 0
     result = VerifyResult(host, path, report.sha256, report.status, compile_ok, compile_output, report)
     text = _text_or_none(data)
@@ -710,7 +710,7 @@ def status(remote: Remote, target) -> StatusResult:
     target = _as_target(target)
     spec = target.spec()
     tf = read_target(remote, target)
-    report = anchors.verify(tf.data, spec)
+    report = anchors.verify_placement(tf.data, spec)
     return StatusResult(tf.host, tf.path, report.status, tf.sha256, report.pristine_sha256 or tf.sha256,
                         tf.version, tf.backup_sha256, spec.hash, report)
 

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import yaml
 
-from . import templates
+from . import rendering
 from .errors import RemoteOpsError
 from .paths import repo_resource, sandbox_dir, sandbox_inventory_file
 
@@ -71,7 +71,7 @@ def standin_context(dest: Path, version: str, base_image: str) -> Path:
     shutil.rmtree(dest / "unpacked")
     shutil.copytree(repo_resource("docker", "standin"), dest / "standin",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / "Dockerfile").write_text(templates.render("standin-base.Dockerfile.j2", {
+    (dest / "Dockerfile").write_text(rendering.render("standin-base.Dockerfile.j2", {
         "base_image": base_image, "sglang_version": version, "standin_dir": STANDIN_DIR,
         "stands_in_for": f"lmsysorg/sglang:v{version}-cu129"}))
     return dest

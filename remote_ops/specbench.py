@@ -1,6 +1,6 @@
 """`spec bench`: acceptance length and speed of the served model, with and without speculation.
 
-The client (`specbench_client.py`, stdlib) runs on the host against the server's
+The client (`specbench_onhost.py`, stdlib) runs on the host against the server's
 published port and returns SGLang 0.5.9's per-request `meta_info`. Read from the
 0.5.9 source (`srt/managers/tokenizer_manager.py`,
 `_calculate_spec_decoding_metrics`, called for a finished request when the
@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from . import shell
 from .errors import CommandFailed
 
-CLIENT = "specbench_client.py"
+CLIENT = "specbench_onhost.py"
 DEFAULT_PROMPTS = [
     "Explain speculative decoding to a new engineer in three short paragraphs.",
     "Write a Python function that merges two sorted lists, with a docstring and tests.",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dumps -> SpecForge 0.2 offline EAGLE-3 feature files. Runs ON the host, stdlib only (Python 3.8+).
 
-Shipped on stdin (`python3 - export ...`) like `dump/format.py`: no torch, nothing
+Shipped on stdin (`python3 - export ...`) like `dumper/dumpfile.py`: no torch, nothing
 installed, the 924 GB never travel.
 
 What SpecForge 0.2.0 reads (read from the 0.2.0 wheel: `specforge/runtime/data_plane/

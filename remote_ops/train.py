@@ -104,7 +104,7 @@ def run_yaml(spec, p: TrainPaths, draft_config: str, run_id: str, epochs: int, n
 
 def dockerfile(spec, extra_packages: tuple[str, ...] = ("datasets", "yunchang", "openai-harmony")) -> str:
     from . import __version__
-    from .templates import render
+    from .rendering import render
 
     return render("Dockerfile.train.j2", {"remote_ops_version": __version__, "host_name": spec.name,
                                           "sglang_version": spec.sglang.version, "base_image": spec.sglang.base_image,

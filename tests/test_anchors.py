@@ -51,7 +51,7 @@ def test_anchors_found_in_each_release(spec, version, flag_line, if_line):
     assert (init.line, init.scope) == (flag_line, "DeepseekV2ForCausalLM.__init__")
     assert (fwd.line, fwd.end, fwd.scope) == (if_line, if_line + 1, "DeepseekV2ForCausalLM.forward")
     assert plan.state == A.NOT_APPLIED and plan.changes
-    report = A.verify(plan.new_text, spec)
+    report = A.verify_placement(plan.new_text, spec)
     assert report.status == A.APPLIED, report.to_dict()
     assert A.strip(plan.new_text, spec) == text
 
@@ -82,7 +82,7 @@ def test_reapply_is_noop_and_changed_content_replaced_in_place(spec, v059):
     old = A.Block(name="init", text='if os.environ.get("OLD"):\n    pass', anchor=spec.blocks[0].anchor)
     old_spec = A.PatchSpec(id=spec.id, target=spec.target, blocks=(old, spec.blocks[1]))
     outdated = A.plan(v059, old_spec).new_text
-    assert A.verify(outdated, spec).status == A.OUTDATED
+    assert A.verify_placement(outdated, spec).status == A.OUTDATED
     replaced = A.plan(outdated, spec)
     assert replaced.state == A.OUTDATED and replaced.new_text == patched
 
@@ -130,7 +130,7 @@ def test_crlf_file_keeps_its_line_endings(spec, v059):
     inserted = [ln for ln in plan.new_text.split("\n") if "remote-ops:" in ln]
     assert len(inserted) == 4 and all(ln.endswith("\r") for ln in inserted)
     assert "\n" not in plan.new_text.replace("\r\n", "")
-    assert A.verify(plan.new_text, spec).status == A.APPLIED
+    assert A.verify_placement(plan.new_text, spec).status == A.APPLIED
     assert A.strip(plan.new_text, spec) == crlf
     assert A.plan(plan.new_text, spec).new_text == plan.new_text
 
@@ -143,7 +143,7 @@ def test_story_misplaced_marked_block(spec, v059):
     del lines[2838 - 1:2843]
     lines[2828:2828] = block
     bad = "\n".join(lines)
-    report = A.verify(bad, spec)
+    report = A.verify_placement(bad, spec)
     assert report.status == A.MISPLACED
     init = report.blocks[0]
     assert init.state == A.MISPLACED
@@ -157,7 +157,7 @@ def test_story_misplaced_unmarked_code(spec, v059):
     """The story as typed by hand: capture turned on after logits_processor, reset 9 lines later."""
     bad = replace_once(v059, LOGITS, LOGITS + "        self.capture_aux_hidden_states = True\n"
                        "        self.model.layers_to_capture = [2, 30, 58]\n")
-    report = A.verify(bad, spec)
+    report = A.verify_placement(bad, spec)
     assert report.status == A.MISPLACED
     assert {tuple(f.lines) for f in report.findings} >= {(2829, 2839), (2830, 2839)}
     exc = refusal(bad, spec)
@@ -167,7 +167,7 @@ def test_story_misplaced_unmarked_code(spec, v059):
 def test_hand_modified_block(spec, v059):
     patched = A.plan(v059, spec).new_text
     edited = replace_once(patched, "remote_ops_dump.attach(self)", "remote_ops_dump.attach(self, 1)")
-    report = A.verify(edited, spec)
+    report = A.verify_placement(edited, spec)
     assert report.status == A.MODIFIED and report.blocks[0].state == A.MODIFIED
     assert refusal(edited, spec).reason == "modified_by_hand"
     assert A.strip(edited, spec) == v059
@@ -180,9 +180,9 @@ def test_broken_marker_refused(spec, v059):
 
 
 def test_unpatched_and_partial_status(spec, v059):
-    assert A.verify(v059, spec).status == A.NOT_APPLIED
+    assert A.verify_placement(v059, spec).status == A.NOT_APPLIED
     only_init = A.PatchSpec(id=spec.id, target=spec.target, blocks=spec.blocks[:1])
-    assert A.verify(A.plan(v059, only_init).new_text, spec).status == A.PARTIAL
+    assert A.verify_placement(A.plan(v059, only_init).new_text, spec).status == A.PARTIAL
 
 
 def test_scope_of_lines(v059):

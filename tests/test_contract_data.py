@@ -20,7 +20,7 @@ import pytest
 
 from test_extract import fresh_run, standin  # noqa: F401  (fixtures: the stand-in server, a clean work dir)
 
-from remote_ops import extract, extract_client
+from remote_ops import extract, extract_onhost
 
 
 def _cli(env, *args, timeout=180):
@@ -56,8 +56,8 @@ def _dump_keys(host) -> set[str]:
 
 def test_plan_samples_decides_by_dump_key_not_by_id():
     a = [1, 2, 3]
-    records = [{"id": "s0", "key": extract_client.dump_key(a), "status": "ok"}]
-    pending, done, reused, adopt = extract_client.plan_samples([("s0", [9, 9]), ("x", a), ("s0", a)], records)
+    records = [{"id": "s0", "key": extract_onhost.dump_key(a), "status": "ok"}]
+    pending, done, reused, adopt = extract_onhost.plan_samples([("s0", [9, 9]), ("x", a), ("s0", a)], records)
     assert [p[0] for p in pending] == ["s0"] and pending[0][1] == [9, 9]       # same id, new content: sent
     assert [d[0] for d in done] == ["x", "s0"]                                 # same content: done
     assert reused == ["s0"] and [x[0] for x in adopt] == ["x"]
@@ -87,14 +87,14 @@ def test_a_new_dataset_reusing_ids_gets_new_dumps_and_a_rerun_is_a_noop(lab, hos
     assert doc["summary"]["done"] == 4 and doc["summary"]["total"] == 4      # not "9/4": this dataset only
     assert doc["manifest_ok"] == 4 and doc["dataset_total"] == 4 and doc["missing"] == []
     assert doc["reused_ids"] == 3 and "3 sample id(s) of this dataset were done earlier" in err
-    new_keys = {extract_client.dump_key([200 + i, 8, i]) for i in range(3)}
+    new_keys = {extract_onhost.dump_key([200 + i, 8, i]) for i in range(3)}
     assert _dump_keys(host) == keys_a | new_keys                             # three new dumps, none lost
     started = [l for l in (host.paths.logs_dir / "extraction.log").read_text().splitlines() if " started " in l]
     assert " pending=3 " in started[-1] and " reused_ids=3 " in started[-1]
     ok = [(r["id"], r["key"]) for r in _manifest(host) if r["status"] == "ok"]
-    assert ("s9", extract_client.dump_key([104, 7, 4])) in ok                # adopted without a request
+    assert ("s9", extract_onhost.dump_key([104, 7, 4])) in ok                # adopted without a request
     for i in range(3):
-        assert (f"s{i}", extract_client.dump_key([200 + i, 8, i])) in ok
+        assert (f"s{i}", extract_onhost.dump_key([200 + i, 8, i])) in ok
 
     rc, doc, err = _cli(lab_env, "extract", "status", "--host", host.name)
     assert rc == 0 and doc["manifest_ok"] == 4 and doc["dataset_total"] == 4
@@ -107,14 +107,14 @@ H = 64
 
 def _host_dumps(host, count: int, tokens: int, seed: int = 0) -> list[dict]:
     """`count` contract dump files of `tokens` tokens (H=64) in the host's dump dir, via format.write_span."""
-    from remote_ops.dump import format as fmt
+    from remote_ops.dumper import dumpfile
 
     subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=60)
     records = []
     for i in range(count):
-        ids = fmt.token_ids_bytes([(seed * 1000003 + i * 7919 + t) % 32000 for t in range(tokens)])
+        ids = dumpfile.token_ids_bytes([(seed * 1000003 + i * 7919 + t) % 32000 for t in range(tokens)])
         blob = hashlib.sha256(ids).digest() * (tokens * H * 2 // 32 + 1)
-        records.append(fmt.write_span(str(host.paths.dump_dir), 0, ids, fmt.token_ids_bytes(range(tokens)),
+        records.append(dumpfile.write_span(str(host.paths.dump_dir), 0, ids, dumpfile.token_ids_bytes(range(tokens)),
                                       blob[:tokens * H * 2], (blob * 3)[:tokens * 3 * H * 2], H, fsync=False))
     return records
 

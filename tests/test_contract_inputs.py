@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_ops import container, deploy, secrets, shell, templates
+from remote_ops import container, deploy, rendering, secrets, shell
 from remote_ops.errors import CommandFailed, ConfigError, ExitCode
 from remote_ops.inventory import adhoc_host, load_inventory, load_yaml, parse_inventory_data
 from remote_ops.sshconfig import load_ssh_config, resolve_target
@@ -103,15 +103,15 @@ def test_render_refuses_an_unquotable_from():
     ('a"b', r'"a\"b"'), ("$HOME", r'"\$HOME"'), ("a\\b", r'"a\\b"'), ("x\ny\0", r'"x\ny\u0000"'),
 ])
 def test_quoted_filter(value, want):
-    assert templates.dockerfile_quoted(value) == want
+    assert rendering.dockerfile_quoted(value) == want
 
 
 def test_json_filter_and_net():
-    assert templates.dockerfile_json(["a\nb", "é"]) == '["a\\nb", "\\u00e9"]'
+    assert rendering.dockerfile_json(["a\nb", "é"]) == '["a\\nb", "\\u00e9"]'
     with pytest.raises(ConfigError, match="spans lines"):     # the net: an unfiltered value
-        templates.environment().from_string("FROM {{ x }}").render(x="a\nRUN b")
+        rendering.environment().from_string("FROM {{ x }}").render(x="a\nRUN b")
     with pytest.raises(ConfigError):
-        templates.dockerfile_shell("a\nb")
+        rendering.dockerfile_shell("a\nb")
 
 
 def test_render_and_deploy_dry_run_refuse_an_injected_base_image(tmp_path):

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops.dump import config as cfg
-from remote_ops.dump import runtime as rt
+from remote_ops.dumper import config as cfg
+from remote_ops.dumper import runtime as rt
 
 torch = pytest.importorskip("torch")
-from remote_ops.dump import attach  # noqa: E402
+from remote_ops.dumper import attach  # noqa: E402
 
 
 def standin_model(layers=61, hidden=64, communicators=False):

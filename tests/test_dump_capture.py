@@ -26,8 +26,8 @@ import pytest
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
-from remote_ops.dump import attach, dumper as dumper_mod, format as fmt  # noqa: E402
-from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
+from remote_ops.dumper import attach, dumpfile, dumper as dumper_mod  # noqa: E402
+from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 H = 32
@@ -122,7 +122,7 @@ def span_files(batch: Batch, root: Path, rank=0):
     out, start = [], 0
     for n, p in zip(batch.lens, batch.prefixes):
         ids = batch.fb.input_ids[start:start + n].to(torch.int32)
-        key = fmt.dump_key(ids.numpy().tobytes(), p)
+        key = dumpfile.dump_key(ids.numpy().tobytes(), p)
         want = {"hidden_states": batch.hidden[start:start + n],
                 "aux_hidden_states": torch.cat([a[start:start + n] for a in batch.aux], 1),
                 "input_ids": ids, "positions": batch.fb.positions[start:start + n].to(torch.int32)}
@@ -155,12 +155,12 @@ def test_several_requests_random_lengths_and_partial_spans_round_trip_bit_exact(
             got = st_torch.load_file(str(path))
             for name, tensor in want.items():
                 assert torch.equal(got[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), (path, name)
-            meta = fmt.read_header(str(path)).metadata
+            meta = dumpfile.read_header(str(path)).metadata
             assert meta["partial"] == ("true" if prefix else "false") and meta["prefix_len"] == str(prefix)
             assert meta["layers_to_capture"] == "[2, 30, 58]" and meta["eagle_aux_hidden_state_layer_ids"] == "[1, 29, 57]"
             assert meta["sglang_version"] == "0.5.9" and meta["dtype"] == "bfloat16" and meta["rank"] == "0"
             assert meta["hidden_states_norm"] == "post-norm"
-    report = fmt.verify_dir(str(tmp_path), hidden_size=H)
+    report = dumpfile.verify_dir(str(tmp_path), hidden_size=H)
     total_spans = sum(len(b.lens) for b in batches)
     assert report.ok and report.files == total_spans, report.problems
     stats = json.loads((tmp_path / "rank0" / "stats.json").read_text())
@@ -259,7 +259,7 @@ def test_drop_policy_counts_and_never_waits(tmp_path, dumpers):
     d.flush(10)
     snap = d.stats.snapshot()
     assert (snap["files"], snap["dropped_batches"], snap["dropped_spans"], snap["dropped_tokens"]) == (2, 1, 3, 24)
-    assert fmt.verify_dir(str(tmp_path)).ok
+    assert dumpfile.verify_dir(str(tmp_path)).ok
 
 
 def test_backpressure_wait_has_a_deadline(tmp_path, dumpers):
@@ -301,9 +301,9 @@ def test_rank_gating_and_all_ranks_validation(tmp_path, dumpers):
         dumpers.append(d)
         d.capture(b.fb, b.hidden, b.aux)
         d.flush(10)
-    result = fmt.compare_ranks(str(tmp_path / "all"))
+    result = dumpfile.compare_ranks(str(tmp_path / "all"))
     assert result["ok"] and result["compared"] == 2 and result["identical"] == 2
-    assert fmt.verify_dir(str(tmp_path / "all")).ok
+    assert dumpfile.verify_dir(str(tmp_path / "all")).ok
 
 
 def test_positions_are_derived_when_the_batch_has_none(tmp_path, dumpers):
@@ -323,8 +323,8 @@ KILL_CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from types import SimpleNamespace as NS
     from enum import IntEnum
-    from remote_ops.dump import attach
-    from remote_ops.dump.runtime import Runtime, ServerArgsView
+    from remote_ops.dumper import attach
+    from remote_ops.dumper.runtime import Runtime, ServerArgsView
     class ForwardMode(IntEnum):
         EXTEND = 1
     H = 1024
@@ -353,7 +353,7 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
         folder = root / "rank0"
         while time.monotonic() < deadline:
             names = os.listdir(folder) if folder.exists() else []
-            listed = len(fmt.read_manifest(str(folder / fmt.MANIFEST_NAME)).records)
+            listed = len(dumpfile.read_manifest(str(folder / dumpfile.MANIFEST_NAME)).records)
             if listed >= 2 and any(n.startswith(".tmp-") and ".safetensors" in n for n in names):
                 break
             time.sleep(0.002)
@@ -364,11 +364,11 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
         child.wait(10)
-    report = fmt.verify_dir(str(root))
+    report = dumpfile.verify_dir(str(root))
     assert report.ok, [p for p in report.problems if p.level == "error"]
     visible = [p for p in (root / "rank0").iterdir() if p.suffix == ".safetensors" and not p.name.startswith(".tmp-")]
     for path in visible:  # listed or not, nothing visible is partial
-        header = fmt.read_header(str(path))
+        header = dumpfile.read_header(str(path))
         assert header.data_start + header.data_len == path.stat().st_size
     assert report.files >= 2
 
@@ -396,7 +396,7 @@ def test_writer_process_death_drops_counted_and_never_blocks_the_forward(tmp_pat
     assert time.monotonic() - t0 < 1  # no wait for a writer that is gone
     snap = d.stats.snapshot()
     assert snap["files"] == 2 and snap["dropped_batches"] == 2 and snap["dropped_tokens"] == 10
-    assert fmt.verify_dir(str(tmp_path)).ok
+    assert dumpfile.verify_dir(str(tmp_path)).ok
 
 
 def test_two_processes_over_gloo_gate_ranks_and_write_bit_identical_spans(tmp_path, writer_mode):

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.dump import format as fmt
+from remote_ops.dumper import dumpfile
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
-FORMAT_PY = Path(fmt.__file__)
+FORMAT_PY = Path(dumpfile.__file__)
 
 
 def raw(t) -> bytes:
@@ -33,7 +33,7 @@ def write_random_span(root, rank=0, tokens=7, hidden=16, prefix=0, seed=0):
          "aux_hidden_states": torch.randn(tokens, 3 * hidden, generator=g).bfloat16(),
          "input_ids": torch.randint(0, 163840, (tokens,), generator=g, dtype=torch.int32),
          "positions": torch.arange(prefix, prefix + tokens, dtype=torch.int32)}
-    rec = fmt.write_span(str(root), rank, raw(t["input_ids"]), raw(t["positions"]), raw(t["hidden_states"]),
+    rec = dumpfile.write_span(str(root), rank, raw(t["input_ids"]), raw(t["positions"]), raw(t["hidden_states"]),
                          raw(t["aux_hidden_states"]), hidden, "BF16", prefix, {"sglang_version": "0.5.9"})
     return rec, t
 
@@ -53,7 +53,7 @@ def test_read_header_parses_files_written_by_the_safetensors_library(tmp_path):
     path = str(tmp_path / "lib.safetensors")
     st_torch.save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.ones(4, dtype=torch.int64)},
                        path, metadata={"k": "v"})
-    header = fmt.read_header(path)
+    header = dumpfile.read_header(path)
     assert header.metadata == {"k": "v"}
     assert header.tensors["a"].shape == [3, 5] and header.tensors["a"].dtype == "BF16"
     assert header.data_start + header.data_len == os.path.getsize(path)
@@ -62,23 +62,23 @@ def test_read_header_parses_files_written_by_the_safetensors_library(tmp_path):
 def test_key_is_sha256_of_int32_le_ids_plus_prefix():
     ids = [1, 163839, 0, 42]
     want = hashlib.sha256(struct.pack("<4i", *ids)).hexdigest()[:32] + "-p5"
-    assert fmt.dump_key(fmt.token_ids_bytes(ids), 5) == want
+    assert dumpfile.dump_key(dumpfile.token_ids_bytes(ids), 5) == want
 
 
 def test_header_is_padded_to_eight_bytes_and_tensors_follow_the_contract_order(tmp_path):
     rec, _ = write_random_span(tmp_path, tokens=3)
-    header = fmt.read_header(str(tmp_path / rec["file"]))
+    header = dumpfile.read_header(str(tmp_path / rec["file"]))
     assert header.header_len % 8 == 0
     starts = sorted(header.tensors, key=lambda n: header.tensors[n].start)
-    assert starts == list(fmt.TENSOR_ORDER)
+    assert starts == list(dumpfile.TENSOR_ORDER)
 
 
 def test_kimi_size_gives_57344_float_bytes_per_token(tmp_path):
-    rec, _ = write_random_span(tmp_path, tokens=2, hidden=fmt.KIMI_K25_HIDDEN_SIZE)
-    report = fmt.verify_dir(str(tmp_path), hidden_size=7168)
+    rec, _ = write_random_span(tmp_path, tokens=2, hidden=dumpfile.KIMI_K25_HIDDEN_SIZE)
+    report = dumpfile.verify_dir(str(tmp_path), hidden_size=7168)
     assert report.ok, report.problems
     assert report.bytes_per_token == 57344 == 4 * 7168 * 2
-    assert rec["bytes"] == 8 + fmt.read_header(str(tmp_path / rec["file"])).header_len + 2 * (57344 + 8)
+    assert rec["bytes"] == 8 + dumpfile.read_header(str(tmp_path / rec["file"])).header_len + 2 * (57344 + 8)
 
 
 def test_failed_write_leaves_neither_the_file_nor_a_temp(tmp_path, monkeypatch):
@@ -91,7 +91,7 @@ def test_failed_write_leaves_neither_the_file_nor_a_temp(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(fmt.os, "write", failing_write)
+    monkeypatch.setattr(dumpfile.os, "write", failing_write)
     with pytest.raises(OSError):
         write_random_span(tmp_path)
     monkeypatch.undo()
@@ -100,7 +100,7 @@ def test_failed_write_leaves_neither_the_file_nor_a_temp(tmp_path, monkeypatch):
 
 def test_size_mismatch_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="hidden_states"):
-        fmt.write_dump_file(str(tmp_path / "x.safetensors"), {"hidden_states": ("BF16", [2, 4], b"\0" * 15)}, {})
+        dumpfile.write_dump_file(str(tmp_path / "x.safetensors"), {"hidden_states": ("BF16", [2, 4], b"\0" * 15)}, {})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -131,9 +131,9 @@ def corrupt_cases():
 def test_verifier_flags_damaged_files(tmp_path, name, mutate):
     rec, _ = write_random_span(tmp_path, tokens=9)
     write_random_span(tmp_path, tokens=4, seed=1)
-    assert fmt.verify_dir(str(tmp_path)).ok
+    assert dumpfile.verify_dir(str(tmp_path)).ok
     mutate(tmp_path, rec)
-    report = fmt.verify_dir(str(tmp_path))
+    report = dumpfile.verify_dir(str(tmp_path))
     assert not report.ok
     assert any(p.level == "error" and rec["file"] in p.where for p in report.problems)
 
@@ -143,42 +143,42 @@ def test_verifier_checks_hidden_size_and_reports_leftovers_as_warnings(tmp_path)
     folder = tmp_path / "rank0"
     (folder / ".tmp-abc.safetensors.1.2").write_bytes(b"partial")
     shutil.copy(next(folder.glob("*.safetensors")), folder / ("f" * 32 + "-p0.safetensors"))
-    with open(folder / fmt.MANIFEST_NAME, "ab") as fh:
+    with open(folder / dumpfile.MANIFEST_NAME, "ab") as fh:
         fh.write(b'{"key": "torn')
-    report = fmt.verify_dir(str(tmp_path))
+    report = dumpfile.verify_dir(str(tmp_path))
     assert report.ok
     messages = " ".join(p.message for p in report.problems if p.level == "warning")
     assert "temp file" in messages and "not in the manifest" in messages and "torn" in messages
-    assert not fmt.verify_dir(str(tmp_path), hidden_size=7168).ok
+    assert not dumpfile.verify_dir(str(tmp_path), hidden_size=7168).ok
 
 
 def test_repeated_key_keeps_the_last_manifest_line(tmp_path):
     write_random_span(tmp_path, tokens=5)
     write_random_span(tmp_path, tokens=5)
-    manifest = fmt.read_manifest(str(tmp_path / "rank0" / fmt.MANIFEST_NAME))
+    manifest = dumpfile.read_manifest(str(tmp_path / "rank0" / dumpfile.MANIFEST_NAME))
     assert len(manifest.records) == 2 and len(manifest.latest_by_key()) == 1
-    assert fmt.verify_dir(str(tmp_path)).files == 1
+    assert dumpfile.verify_dir(str(tmp_path)).files == 1
 
 
 def test_compare_ranks_sees_identical_and_differing_payloads(tmp_path):
     for rank in (0, 1):
         write_random_span(tmp_path, rank=rank, tokens=6, seed=3)
-    result = fmt.compare_ranks(str(tmp_path))
+    result = dumpfile.compare_ranks(str(tmp_path))
     assert result["ok"] and result["compared"] == 1
     files = list((tmp_path / "rank0").glob("*.safetensors")) + list((tmp_path / "rank1").glob("*.safetensors"))
     assert files[0].read_bytes() != files[1].read_bytes()  # only the rank in the header differs
     b = bytearray(files[1].read_bytes())
     b[-30] ^= 1
     files[1].write_bytes(bytes(b))
-    assert fmt.compare_ranks(str(tmp_path))["differing"] == [files[0].stem]
+    assert dumpfile.compare_ranks(str(tmp_path))["differing"] == [files[0].stem]
 
 
 def test_verifier_runs_standalone_with_plain_python_and_no_torch(tmp_path):
-    """As shipped to a host: format.py alone, `python3 -I -S` (no site-packages, so no torch)."""
+    """As shipped to a host: dumpfile.py alone, `python3 -I -S` (no site-packages, so no torch)."""
     dumps = tmp_path / "dumps"
     for i in range(3):
         write_random_span(dumps, tokens=random.Random(i).randint(1, 20), seed=i)
-    shipped = tmp_path / "bin" / "format.py"
+    shipped = tmp_path / "bin" / "dumpfile.py"
     shipped.parent.mkdir()
     shutil.copy(FORMAT_PY, shipped)
     python = shutil.which("python3") or sys.executable

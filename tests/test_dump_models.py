@@ -20,13 +20,13 @@ from typing import List, Optional
 import pytest
 
 from remote_ops import wheels
-from remote_ops.dump import runtime as rt
+from remote_ops.dumper import runtime as rt
 
 torch = pytest.importorskip("torch")
-import remote_ops.dump as dump_pkg  # noqa: E402
+import remote_ops.dumper as dump_pkg  # noqa: E402
 
 _entry = dump_pkg.__dict__.get("attach")
-_attach_mod = importlib.import_module("remote_ops.dump.attach")
+_attach_mod = importlib.import_module("remote_ops.dumper.attach")
 if callable(_entry):
     dump_pkg.attach = _entry  # importing the submodule rebinds the package's `attach` to it; undo that
 attach, language_model, turn_on = _attach_mod.attach, _attach_mod.language_model, _attach_mod.turn_on

@@ -1,5 +1,5 @@
 """Dumps on a real lab host: files written by the REAL dumper (torch, CPU), then reconciled,
-header-checked on the host (format.py, no torch), and pulled with verification and resume."""
+header-checked on the host (dumpfile.py, no torch), and pulled with verification and resume."""
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +18,9 @@ H = 64
 
 
 def write_real_dumps(root: Path, lens: list[int], hidden_size: int = H, seed: int = 0) -> None:
-    """One EXTEND batch through the real `remote_ops.dump` Dumper on the CPU."""
-    from remote_ops.dump.config import config_from_env
-    from remote_ops.dump.dumper import Dumper
+    """One EXTEND batch through the real `remote_ops.dumper` Dumper on the CPU."""
+    from remote_ops.dumper.config import config_from_env
+    from remote_ops.dumper.dumper import Dumper
 
     cfg = config_from_env({"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_FSYNC": "0",
                            "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64))})
@@ -109,7 +109,7 @@ def test_pull_verifies_each_file_and_refuses_a_corrupt_one(remote, lab, spec, ho
     report = transfer.pull(lab.target(host.name), str(d), items, ssh_config=str(lab.ssh_config))
     assert report.fetched == 6 and not report.failed
     dumps.write_local_manifests(recon, dest)
-    assert subprocess.run([sys.executable, "remote_ops/dump/format.py", "verify", str(dest)],
+    assert subprocess.run([sys.executable, "remote_ops/dumper/dumpfile.py", "verify", str(dest)],
                           capture_output=True, timeout=60).returncode == 0
     _flip(d / host_dumps[3]["file"], 300)                            # same size, different bytes
     (dest / host_dumps[3]["file"]).unlink()

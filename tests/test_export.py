@@ -45,10 +45,10 @@ def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: in
                  prefixes: list[int] | None = None) -> None:
     """The samples' prompts as one EXTEND batch through the REAL dumper on the CPU (`prefixes`: each
     span's prefix length, as a later chunk of chunked prefill has)."""
-    from remote_ops.dump.attach import file_metadata
-    from remote_ops.dump.config import config_from_env
-    from remote_ops.dump.dumper import Dumper
-    from remote_ops.dump.runtime import Runtime
+    from remote_ops.dumper.attach import file_metadata
+    from remote_ops.dumper.config import config_from_env
+    from remote_ops.dumper.dumper import Dumper
+    from remote_ops.dumper.runtime import Runtime
 
     lens = [len(s["input_ids"]) for s in samples]
     cfg = config_from_env({"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_FSYNC": "0",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract, extract_client
+from remote_ops import extract, extract_onhost
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
@@ -23,19 +23,19 @@ STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
 def test_dump_key_matches_the_contract():
     ids = [1, 2, 3, 70000]
     want = hashlib.sha256(struct.pack("<4i", *ids)).hexdigest()[:32] + "-p0"
-    assert extract_client.dump_key(ids) == want
-    from remote_ops.dump import format as fmt
+    assert extract_onhost.dump_key(ids) == want
+    from remote_ops.dumper import dumpfile
 
-    assert fmt.dump_key(fmt.token_ids_bytes(ids), 0) == want
+    assert dumpfile.dump_key(dumpfile.token_ids_bytes(ids), 0) == want
 
 
 def test_dataset_and_manifest_reading(tmp_path):
     ds = tmp_path / "d.jsonl"
     ds.write_text('{"id": "a", "input_ids": [1, 2]}\n\n{"token_ids": [3]}\n')
-    assert extract_client.read_dataset(str(ds)) == [("a", [1, 2]), ("2", [3])]
+    assert extract_onhost.read_dataset(str(ds)) == [("a", [1, 2]), ("2", [3])]
     man = tmp_path / "m.jsonl"
     man.write_text('{"id": "a", "status": "failed"}\n{"id": "a", "status": "ok"}\n{"id": "b", "sta')
-    assert extract_client.read_manifest(str(man)) == {"a": {"id": "a", "status": "ok"}}
+    assert extract_onhost.read_manifest(str(man)) == {"a": {"id": "a", "status": "ok"}}
 
 
 def test_launch_command_runs_detached_in_its_own_session_and_quotes():
@@ -53,7 +53,7 @@ def standin(lab, host, tmp_path):
     """The SGLang stand-in on lab1's server port, dumping into lab1's dump dir; stopped by PID."""
     pkg = tmp_path / "pkgs"
     pkg.mkdir()
-    (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dump")
+    (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dumper")
     env = {**os.environ, "PYTHONPATH": str(pkg), "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
            "STANDIN_LOAD_SECONDS": "0"}
     subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=30)
@@ -90,7 +90,7 @@ def fresh_run(host):
 
 def _is_client(pid: int) -> bool:
     try:
-        return b"extract_client" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"extract_onhost" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -24,7 +24,7 @@ STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
 
 
 def _sample(sid, ids):
-    from remote_ops.extract_client import dump_key
+    from remote_ops.extract_onhost import dump_key
 
     return extract.Sample(sid, dump_key(ids), len(ids), json.dumps({"id": sid, "input_ids": ids}))
 
@@ -60,7 +60,7 @@ def _start_standin(host, tmp_path):
     pkg = tmp_path / "pkgs"
     pkg.mkdir(exist_ok=True)
     if not (pkg / "remote_ops_dump").exists():
-        (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dump")
+        (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dumper")
     env = {**os.environ, "PYTHONPATH": str(pkg), "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
            "STANDIN_LOAD_SECONDS": "0"}
     logf = tmp_path / f"standin-{host.name}.log"
@@ -88,7 +88,7 @@ def _kill_client(host):
     if pidfile.exists():
         pid = int(pidfile.read_text())
         try:
-            if b"extract_client" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"extract_onhost" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
@@ -116,7 +116,7 @@ def cli(env, *args, timeout=240):
 
 
 def _dataset(path: Path, n: int, tokens: int) -> set[str]:
-    from remote_ops.extract_client import dump_key
+    from remote_ops.extract_onhost import dump_key
 
     keys = set()
     with open(path, "w") as fh:
@@ -128,7 +128,7 @@ def _dataset(path: Path, n: int, tokens: int) -> set[str]:
 
 
 def _ok_keys(host) -> set[str]:
-    from remote_ops.extract_client import done_keys, manifest_records
+    from remote_ops.extract_onhost import done_keys, manifest_records
 
     return set(done_keys(manifest_records(str(host.paths.logs_dir / "extract" / "manifest.jsonl"))))
 

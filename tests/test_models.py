@@ -44,7 +44,7 @@ def test_apply_verify_compile_revert(name, version):
     plan = A.plan(text, spec)
     init, fwd = plan.anchors
     assert init.scope == f"{spec.model_class}.__init__" and fwd.scope == f"{spec.model_class}.forward"
-    assert A.verify(plan.new_text, spec).status == A.APPLIED
+    assert A.verify_placement(plan.new_text, spec).status == A.APPLIED
     compile(plan.new_text, spec.target, "exec")                       # what py_compile does
     assert A.strip(plan.new_text, spec) == text                        # revert: byte-identical
     assert A.plan(plan.new_text, spec).changes is False                # re-apply: no-op
@@ -92,11 +92,11 @@ def test_block_moved_after_logits_processor_caught(name):
     logits = _init_stmt("".join(lines), spec.model_class, "logits_processor")
     lines[logits.end_lineno:logits.end_lineno] = block
     moved = "".join(lines)
-    report = A.verify(moved, spec)
+    report = A.verify_placement(moved, spec)
     assert report.status == A.MISPLACED
     assert any("runs before the reset" in f.message for f in report.findings)
     repaired = A.plan(moved, spec)                 # our marked block: apply puts it back after the flag
-    assert repaired.state == A.MISPLACED and A.verify(repaired.new_text, spec).status == A.APPLIED
+    assert repaired.state == A.MISPLACED and A.verify_placement(repaired.new_text, spec).status == A.APPLIED
     unmarked = "".join(ln for ln in lines if "remote-ops:" not in ln)   # a hand copy: refused
     with pytest.raises(A.AnchorRefusal) as info:
         A.plan(unmarked, spec)

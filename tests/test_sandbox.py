@@ -48,7 +48,7 @@ def standin(tmp_path):
         unpack_python_tree(fetch_sglang_wheel("0.5.9"), tmp_path / "tree")
     except Exception as exc:
         pytest.skip(f"no SGLang 0.5.9 wheel: {exc}")
-    shutil.copytree(REPO / "remote_ops" / "dump", tmp_path / "py" / "remote_ops_dump")
+    shutil.copytree(REPO / "remote_ops" / "dumper", tmp_path / "py" / "remote_ops_dump")
     sandbox.write_model_config(tmp_path / "model")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'py'}:{tmp_path / 'tree' / 'python'}",
@@ -82,7 +82,7 @@ def test_standin_generate_writes_contract_dumps(standin):
     body = json.dumps({"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 1}}).encode()
     out = _get(base + "/generate", body)
     assert out["meta_info"]["prompt_tokens"] == 5
-    from remote_ops.dump import format as fmt
+    from remote_ops.dumper import dumpfile
 
-    report = fmt.verify_dir(str(tmp / "dumps"), hidden_size=64)
+    report = dumpfile.verify_dir(str(tmp / "dumps"), hidden_size=64)
     assert report.ok and report.files == 1 and report.tokens == 5

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import deploy, templates
+from remote_ops import deploy, rendering
 from remote_ops.engine import labels as labels_
 from remote_ops.errors import ConfigError
 from remote_ops.inventory import parse_inventory_data
@@ -34,7 +34,7 @@ def test_undefined_variable_is_a_config_error_naming_it():
     variables = golden_variables()
     del variables["base_image"]
     with pytest.raises(ConfigError) as info:
-        templates.render(templates.DOCKERFILE, variables)
+        rendering.render(rendering.DOCKERFILE, variables)
     assert "base_image" in info.value.message and info.value.exit_code == 3
 
 
@@ -42,22 +42,22 @@ def test_missing_nested_attribute_is_named():
     variables = golden_variables()
     del variables["healthcheck"]["start_period_s"]
     with pytest.raises(ConfigError) as info:
-        templates.render(templates.DOCKERFILE, variables)
+        rendering.render(rendering.DOCKERFILE, variables)
     assert "start_period_s" in info.value.message
 
 
 def test_render_string_is_strict_too():
     with pytest.raises(ConfigError, match="nope"):
-        templates.render_string("{{ nope }}", {})
+        rendering.render_string("{{ nope }}", {})
 
 
 def test_golden_dockerfile():
-    text = templates.render(templates.DOCKERFILE, golden_variables())
+    text = rendering.render(rendering.DOCKERFILE, golden_variables())
     assert text == GOLDEN.read_text(), "template changed: review, then regenerate tests/data/Dockerfile.golden"
 
 
 def test_dockerfile_essentials():
-    text = templates.render(templates.DOCKERFILE, golden_variables())
+    text = rendering.render(rendering.DOCKERFILE, golden_variables())
     assert text.splitlines()[2] == "FROM lmsysorg/sglang:v0.5.9-cu129"
     assert "/get_model_info" in text and "/health'" not in text, "HEALTHCHECK must use a cheap endpoint"
     assert "--start-period=1800s" in text
@@ -73,6 +73,6 @@ def test_context_hash_changes_with_the_patched_file():
 
 
 def test_standin_base_template_renders():
-    text = templates.render("standin-base.Dockerfile.j2", {"base_image": "b", "sglang_version": "0.5.9",
+    text = rendering.render("standin-base.Dockerfile.j2", {"base_image": "b", "sglang_version": "0.5.9",
                                                             "standin_dir": "/opt/s", "stands_in_for": "x"})
     assert "STAND-IN" in text and "FROM b" in text

@@ -13,7 +13,7 @@ It accepts SGLang's `launch_server` arguments (unknown ones are ignored) and ser
 - POST /generate                        `input_ids` (list or list of lists) or `text`,
                                         `sampling_params.max_new_tokens`
 With SGLANG_HS_DUMP_DIR set, each request writes a dump file in the format of
-the dump contract (remote_ops_dump.format), with deterministic pseudo-random
+the dump contract (remote_ops_dump.dumpfile), with deterministic pseudo-random
 bf16 "hidden states" of a small hidden size (model config.json's hidden_size,
 default 64), so the logs/dumps tooling can be exercised end to end.
 
@@ -116,12 +116,12 @@ def capture_layers(num_layers):
 
 
 class Dumper:
-    """Writes one dump file per request under $SGLANG_HS_DUMP_DIR via remote_ops_dump.format."""
+    """Writes one dump file per request under $SGLANG_HS_DUMP_DIR via remote_ops_dump.dumpfile."""
 
     def __init__(self, directory, hidden_size, num_layers, tp, version="unknown", arch="DeepseekV3ForCausalLM"):
-        import remote_ops_dump.format as fmt  # the dumper's stdlib-only format module (dump contract)
+        import remote_ops_dump.dumpfile as dumpfile  # the dumper's stdlib-only format module (dump contract)
 
-        self.fmt, self.dir, self.hidden, self.tp = fmt, directory, hidden_size, tp
+        self.dumpfile, self.dir, self.hidden, self.tp = dumpfile, directory, hidden_size, tp
         self.version, self.arch = version, arch
         self.layers = capture_layers(num_layers)
         all_ranks = os.environ.get("SGLANG_HS_DUMP_ALL_RANKS") == "1"
@@ -131,16 +131,16 @@ class Dumper:
 
     def dump(self, ids):
         """One span per request (prefill only, prefix 0), on rank 0 or on every rank."""
-        fmt, n = self.fmt, len(ids)
-        ids_le = fmt.token_ids_bytes(ids)
-        key = fmt.dump_key(ids_le, 0)
+        dumpfile, n = self.dumpfile, len(ids)
+        ids_le = dumpfile.token_ids_bytes(ids)
+        key = dumpfile.dump_key(ids_le, 0)
         hidden = pseudo_bf16(key + ":final", n * self.hidden)
         aux = pseudo_bf16(key + ":aux", n * 3 * self.hidden)
-        positions = fmt.token_ids_bytes(range(n))
+        positions = dumpfile.token_ids_bytes(range(n))
         for rank in self.ranks:
             with self.lock:
-                fmt.write_span(self.dir, rank, ids_le, positions, hidden, aux, self.hidden,
-                               metadata=self.metadata(), fsync=False)
+                dumpfile.write_span(self.dir, rank, ids_le, positions, hidden, aux, self.hidden,
+                                    metadata=self.metadata(), fsync=False)
 
     def metadata(self):
         """Run-wide file metadata (dump contract), marked as stand-in data."""

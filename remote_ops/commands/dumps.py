@@ -9,7 +9,7 @@ from .. import dumps as dumps_mod
 from .. import transfer
 from ..errors import NoSpace, VerifyFailed
 from . import _dumps_group
-from ._options import hosts_command
+from ._options import host_command, hosts_command
 
 
 @click.group("dumps")
@@ -105,7 +105,7 @@ def _total_from_log(host_name: str) -> int | None:
               help="also recompute every file's sha256 on the host (reads all bytes)")
 @hosts_command
 def verify_cmd(app, hosts, forks, sha) -> int:
-    """Reconcile, then check every file's header on the host with format.py (no torch).
+    """Reconcile, then check every file's header on the host with dumpfile.py (no torch).
 
     A group: every host checked; a key is good when one of its copies passes."""
     if len(hosts) > 1:

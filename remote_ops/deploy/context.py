@@ -72,9 +72,9 @@ def dockerfile_variables(host: HostSpec, patch, sha_before: str, sha_after: str,
 
 def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
     """The Dockerfile as it will be built, with its context-hash label."""
-    from .. import templates
+    from .. import rendering
 
-    return templates.render(templates.DOCKERFILE,
+    return rendering.render(rendering.DOCKERFILE,
                             dockerfile_variables(host, patch, sha_before, sha_after, context_hash(host, patch, sha_before, sha_after)))
 
 
@@ -86,7 +86,7 @@ def context_files(patch) -> dict[str, bytes]:
              "patch-spec.json": json.dumps(anchors.spec_to_dict(patch), indent=1, sort_keys=True).encode(),
              "verify_patch.py": repo_resource("docker", "verify_patch.py").read_bytes(),
              "entrypoint.sh": repo_resource("docker", "entrypoint.sh").read_bytes()}
-    dump_dir = Path(__file__).resolve().parents[1] / "dump"
+    dump_dir = Path(__file__).resolve().parents[1] / "dumper"
     for path in sorted(dump_dir.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md"):
             files[f"remote_ops_dump/{path.relative_to(dump_dir).as_posix()}"] = path.read_bytes()

@@ -488,7 +488,7 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
             diffs[host.sglang.target_file] = preview.diff
         text = preview.check.plan.new_text
     if plan.build:
-        before = anchors.verify(text, patch).pristine_sha256
+        before = anchors.verify_placement(text, patch).pristine_sha256
         after = hashlib.sha256(text.encode()).hexdigest()
         diffs["Dockerfile"] = render_dockerfile(host, patch, before, after)
     if plan.start:

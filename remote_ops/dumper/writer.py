@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional
 
-from . import format as fmt
+from . import dumpfile
 from .layout import span_views
 from .staging import BufferPool, Staged
 
@@ -77,7 +77,7 @@ class DumpStats:
             return
         self.last_write = now
         try:
-            fmt.write_json_atomic(self.path, self.snapshot())
+            dumpfile.write_json_atomic(self.path, self.snapshot())
         except OSError as exc:
             log.warning("[hs-dump] could not write %s: %s", self.path, exc)
 
@@ -159,10 +159,10 @@ def write_span_file(root: str, rank: int, job: BatchJob, span: Span, hidden_size
     staged = job.staged
     ids, pos, hidden, aux = span_views(staged.buffer.mem, staged.buffer.layout, span.start, span.tokens,
                                        staged.id_size, staged.pos_size)
-    return fmt.write_span(root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync)
+    return dumpfile.write_span(root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync)
 
 
 def ensure_rank_dir(root: str, rank: int) -> str:
-    folder = os.path.join(root, fmt.rank_dir_name(rank))
+    folder = os.path.join(root, dumpfile.rank_dir_name(rank))
     os.makedirs(folder, exist_ok=True)
     return folder

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from . import format as fmt
+from . import dumpfile
 from .config import DumpConfig
 from .cudadrv import Driver
 from .procwriter import WriterProcess
@@ -64,7 +64,7 @@ class Dumper:
         self.metadata = dict(metadata)
         self.buffer_tokens = buffer_tokens or config.buffer_tokens or DEFAULT_BUFFER_TOKENS
         self.dir = ensure_rank_dir(config.root, rank) if writer else None
-        self.stats = DumpStats(os.path.join(self.dir, fmt.STATS_NAME) if writer else None, self._static())
+        self.stats = DumpStats(os.path.join(self.dir, dumpfile.STATS_NAME) if writer else None, self._static())
         self.pool: Optional[BufferPool] = None
         self.stager = Stager()
         self.driver: Optional[Driver] = None

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Dict, Optional, Tuple
 
-from . import format as fmt
+from . import dumpfile
 from .cudadrv import SEM_SLOT_BYTES, Timespec, load_libc
 from .layout import Layout, span_views
 
@@ -306,7 +306,7 @@ class Child:
         start, tokens, prefix = span
         ids, pos, hidden, aux = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
         c = self.config
-        return fmt.write_span(c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype,
+        return dumpfile.write_span(c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype,
                               prefix, job.metadata, c["fsync"])
 
     def _span_done(self, job: Job) -> None:

@@ -1,9 +1,9 @@
 """The hidden-state dump format: safetensors files, a JSONL manifest, a stats file.
 
 Stdlib only (no torch, no safetensors package) so that the same file serves
-three places: the dumper inside the SGLang image (`remote_ops_dump.format`),
+three places: the dumper inside the SGLang image (`remote_ops_dump.dumpfile`),
 the SGLang stand-in server (which writes contract-conformant dumps without
-torch), and a bare host where `python3 format.py verify DIR` checks what was
+torch), and a bare host where `python3 dumpfile.py verify DIR` checks what was
 written.  Keep it importable by Python 3.8.
 
 Layout (see FORMAT.md): `<dir>/rank<R>/<key>.safetensors`, `<dir>/rank<R>/manifest.jsonl`,
@@ -608,8 +608,8 @@ def _print_report(report: VerifyReport) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`format.py verify DIR [--hidden-size H] [--json] [--no-sha]`, `compare DIR`, `header FILE`."""
-    parser = argparse.ArgumentParser(prog="format.py", description="Check hidden-state dumps.")
+    """`dumpfile.py verify DIR [--hidden-size H] [--json] [--no-sha]`, `compare DIR`, `header FILE`."""
+    parser = argparse.ArgumentParser(prog="dumpfile.py", description="Check hidden-state dumps.")
     sub = parser.add_subparsers(dest="cmd")
     v = sub.add_parser("verify", help="verify files against the manifests")
     v.add_argument("dir")

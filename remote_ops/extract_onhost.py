@@ -17,9 +17,9 @@ hidden states of the prompt), keeping N requests in flight.
   were reused, `reused_ids=N`).  A sample whose key was done under another id
   gets an `ok` line for its own id (`"reused_dump": true`), without a request.
 - `<workdir>/run.json` and `<workdir>/dataset.keys` describe the current
-  dataset; `extract_client.py count --workdir W` prints its done/total (what
+  dataset; `extract_onhost.py count --workdir W` prints its done/total (what
   `remote-ops extract status` shows), and counts always relate to it.
-- `extract_client.py done-keys --workdir W` prints every dump key with an `ok`
+- `extract_onhost.py done-keys --workdir W` prints every dump key with an `ok`
   line (any dataset), one a line: what a sharded start on a group unions.
 - Transient errors (connection refused/reset, timeouts, HTTP 5xx/429) are
   retried with exponential backoff and jitter; others fail the sample.
@@ -305,7 +305,7 @@ def progress_loop(run):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="extract_client", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="extract_onhost", description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", required=True, help="JSONL: {id, input_ids}")
     ap.add_argument("--server", default="http://127.0.0.1:30000")
     ap.add_argument("--workdir", required=True, help="manifest.jsonl, missing.jsonl, client.pid")
@@ -364,13 +364,13 @@ def count(workdir):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["done-keys"]:
-        ap = argparse.ArgumentParser(prog="extract_client done-keys")
+        ap = argparse.ArgumentParser(prog="extract_onhost done-keys")
         ap.add_argument("--workdir", required=True)
         keys = done_keys(manifest_records(os.path.join(ap.parse_args(argv[1:]).workdir, "manifest.jsonl")))
         sys.stdout.write("".join(k + "\n" for k in sorted(keys)))
         return 0
     if argv[:1] == ["count"]:
-        ap = argparse.ArgumentParser(prog="extract_client count")
+        ap = argparse.ArgumentParser(prog="extract_onhost count")
         ap.add_argument("--workdir", required=True)
         print(json.dumps(count(ap.parse_args(argv[1:]).workdir), sort_keys=True))
         return 0

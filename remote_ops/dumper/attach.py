@@ -19,7 +19,7 @@ import logging
 import os
 from typing import Any, Mapping, Optional
 
-from . import format as fmt
+from . import dumpfile
 from .config import DumpConfig, config_from_env, default_layers, eagle_layer_ids, resolve_layers
 from .runtime import Runtime, handle_fusion, hazards, probe_runtime
 
@@ -105,9 +105,9 @@ def refuse(config: Optional[DumpConfig], runtime: Runtime, reasons: list) -> Non
     if config is None or not (config.all_ranks or runtime.rank == 0):
         return
     try:
-        folder = os.path.join(config.root, fmt.rank_dir_name(runtime.rank))
+        folder = os.path.join(config.root, dumpfile.rank_dir_name(runtime.rank))
         os.makedirs(folder, exist_ok=True)
-        fmt.write_json_atomic(os.path.join(folder, fmt.STATS_NAME),
+        dumpfile.write_json_atomic(os.path.join(folder, dumpfile.STATS_NAME),
                               {"state": "refused", "reason": reasons, "rank": runtime.rank,
                                "sglang_version": runtime.version, "files": 0})
     except OSError as exc:

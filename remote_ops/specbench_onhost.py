@@ -52,7 +52,7 @@ def one(url, prompt, max_new, timeout):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="specbench_client.py")
+    ap = argparse.ArgumentParser(prog="specbench_onhost.py")
     ap.add_argument("--url", required=True)
     ap.add_argument("--prompts", required=True, help="JSONL: {\"text\": ...} or {\"input_ids\": [...]}")
     ap.add_argument("--max-new-tokens", type=int, default=256)
