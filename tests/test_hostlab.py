@@ -145,3 +145,17 @@ def test_a_kept_lab_restarts_on_a_new_address(tmp_path):
         assert f"ListenAddress {second.host('box').address}:" in second.host("box").sshd.config_file.read_text()
     finally:
         second.stop()
+
+
+def test_a_recorded_lab_stopped_from_another_process_is_recorded_as_stopped(tmp_path):
+    """`sandbox down` stops the lab by its lab.json; `sandbox status` must then read "not running"."""
+    import json
+
+    from conftest import require
+    from remote_ops.hostlab import HostLab, lab_unavailable
+
+    require(lab_unavailable())
+    HostLab(tmp_path / "lab", names=["h"], docker=False, keep=True).start()
+    HostLab.attach(tmp_path / "lab").stop()
+    state = json.loads((tmp_path / "lab" / "lab.json").read_text())
+    assert state["stopped"] is True and not HostLab.attach(tmp_path / "lab").running()

@@ -440,6 +440,13 @@ class RecordedLab:
         from .faults import heal_recorded
 
         heal_recorded(s.get("id", ""))
+        self._mark_stopped(s)
+
+    def _mark_stopped(self, state: dict) -> None:
+        """Record that the lab was stopped, so a later `status` says "not running", not "degraded"."""
+        path = self.dir / "lab.json"
+        if path.exists():
+            path.write_text(json.dumps({**state, "stopped": True}, indent=2) + "\n")
 
 
 def _ours(pid: int, lab_dir: Path) -> bool:
