@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dumper import attach, format as fmt  # noqa: E402
+from remote_ops.dumper import attach, dumpfile  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 GB = 1e9
@@ -257,14 +257,14 @@ def bit_exact_after_reuse(step, lens, folder, samples):
     for hidden, aux, ids, pos in refs:
         start = 0
         for n in lens:
-            key = fmt.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
+            key = dumpfile.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
             got = load_file(os.path.join(folder, "rank0", key + ".safetensors"))
             same = (torch.equal(got["hidden_states"].view(torch.int16), hidden[start:start + n].view(torch.int16))
                     and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start:start + n].view(torch.int16))
                     and torch.equal(got["input_ids"], ids[start:start + n].to(torch.int32))
                     and torch.equal(got["positions"], pos[start:start + n].to(torch.int32)))
             checked, equal, start = checked + 1, equal + int(same), start + n
-    report = fmt.verify_dir(folder, step.hidden, check_sha=True)
+    report = dumpfile.verify_dir(folder, step.hidden, check_sha=True)
     dumper.close()
     return {"spans_checked": checked, "spans_bit_exact": equal, "all_bit_exact": checked == equal,
             "verify_ok": report.ok, "verify_files": report.files, "bytes_per_token": report.bytes_per_token,
@@ -274,7 +274,7 @@ def bit_exact_after_reuse(step, lens, folder, samples):
 # --------------------------------------------------------------------------- main
 
 def written_bytes(folder):
-    return sum(r["bytes"] for r in fmt.read_manifest(os.path.join(folder, "rank0", fmt.MANIFEST_NAME)).records)
+    return sum(r["bytes"] for r in dumpfile.read_manifest(os.path.join(folder, "rank0", dumpfile.MANIFEST_NAME)).records)
 
 
 def fresh(path):

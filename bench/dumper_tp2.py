@@ -42,7 +42,7 @@ import torch.distributed as dist  # noqa: E402
 
 import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path)
 from dumper_sweep import steps_for, summary  # noqa: E402
-from remote_ops.dumper import attach, format as fmt  # noqa: E402
+from remote_ops.dumper import attach, dumpfile  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 WORLD = 2
@@ -128,8 +128,8 @@ def phase_gating(rank, args, dev):
                   "spans_bit_exact": mine[1] if mine else 0}
         if rank == 0:
             dirs = sorted(d for d in os.listdir(folder) if d.startswith("rank"))
-            cmp = fmt.compare_ranks(folder)
-            report = fmt.verify_dir(folder, args.hidden)
+            cmp = dumpfile.compare_ranks(folder)
+            report = dumpfile.verify_dir(folder, args.hidden)
             result.update(rank_dirs=dirs, verify_ok=report.ok, files=report.files,
                           compared=cmp.get("compared"), identical=cmp.get("identical"), compare_ok=cmp.get("ok"))
         out["all_ranks" if all_ranks else "default"] = result
@@ -160,8 +160,8 @@ def check_spans(folder, rank, refs, lens):
     for hidden, aux, ids, pos in refs:
         start = 0
         for n in lens:
-            key = fmt.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
-            got = load_file(os.path.join(folder, fmt.rank_dir_name(rank), key + ".safetensors"))
+            key = dumpfile.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
+            got = load_file(os.path.join(folder, dumpfile.rank_dir_name(rank), key + ".safetensors"))
             same = (torch.equal(got["hidden_states"].view(torch.int16), hidden[start:start + n].view(torch.int16))
                     and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start:start + n].view(torch.int16))
                     and torch.equal(got["input_ids"], ids[start:start + n].to(torch.int32))

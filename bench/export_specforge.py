@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "remote_ops" / "dumper"))
-import format as fmt  # noqa: E402  (stdlib-only dump contract module)
+import dumpfile  # noqa: E402  (stdlib-only dump contract module)
 
 
 def make_dumps(root: Path, files: int, tokens: int, hidden: int) -> Path:
@@ -38,9 +38,9 @@ def make_dumps(root: Path, files: int, tokens: int, hidden: int) -> Path:
     floats = os.urandom(tokens * hidden * 2 * 4)            # reused payload: the bytes do not matter
     for i in range(files):
         ids = [rng.randrange(160000) for _ in range(tokens)]
-        raw_ids = fmt.token_ids_bytes(ids)
-        pos = fmt.token_ids_bytes(range(tokens))
-        fmt.write_span(str(root), 0, raw_ids, pos, memoryview(floats)[:tokens * hidden * 2],
+        raw_ids = dumpfile.token_ids_bytes(ids)
+        pos = dumpfile.token_ids_bytes(range(tokens))
+        dumpfile.write_span(str(root), 0, raw_ids, pos, memoryview(floats)[:tokens * hidden * 2],
                        memoryview(floats)[tokens * hidden * 2:], hidden, metadata={"hidden_states_norm": "post-norm"})
         rows.append({"id": f"b{i}", "input_ids": ids, "loss_mask": [i % 2] * tokens})
     dataset = root / "prepared.jsonl"

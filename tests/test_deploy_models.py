@@ -13,6 +13,7 @@ import json
 import pytest
 
 from remote_ops import container, deploy, health, patching
+from remote_ops.engine import labels
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -34,7 +35,7 @@ def test_deploy_llama_derived_from_config_json(sglang_remote, llama_spec, sglang
         assert "remote_ops_dump.attach(self)" in llama.read_text()
         assert "remote-ops:" not in (sglang_host.paths.checkout / "python/sglang/srt/models/deepseek_v2.py").read_text()
         img = container.inspect_image(sglang_remote, result.image)
-        assert img.labels[deploy.LABELS["sha_after"]] == result.shas["after"]
+        assert img.labels[labels.SHA_AFTER] == result.shas["after"]
         assert container.inspect_container(sglang_remote, host.container.name).running
         result_h = health.check_host(lambda _h: sglang_remote, host, expected_image=deploy.image_ref(host))
         by = {f"{c.tier}/{c.name}": c for c in result_h.checks}
