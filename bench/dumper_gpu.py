@@ -31,7 +31,8 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dump import attach, format as fmt  # noqa: E402
+from remote_ops.dump import attach  # noqa: E402
+from remote_ops.dump import format as fmt
 from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
 
 GB = 1e9

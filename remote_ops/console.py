@@ -124,8 +124,14 @@ class Console:
     @contextmanager
     def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
         """A rich progress bar on stderr; yields a callable `advance(n, description=None)`."""
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         if self.quiet:
             yield lambda n=0, description=None: None

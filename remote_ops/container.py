@@ -30,9 +30,18 @@ from typing import Any
 from . import secrets, shell
 from .engine import labels
 from .engine import probe as engine_probe
-from .engine.cli import (TOOL_DIR, build_cmd, buildx_cmd, remove_cmd, restart_cmd, start_cmd, stop_cmd,
-                         verify_in_container_cmd, verify_in_image_cmd)
-from .engine.spec import cli_argv, dump_env, for_host, server_args, gpu_flags
+from .engine.cli import (
+    TOOL_DIR,
+    build_cmd,
+    buildx_cmd,
+    remove_cmd,
+    restart_cmd,
+    start_cmd,
+    stop_cmd,
+    verify_in_container_cmd,
+    verify_in_image_cmd,
+)
+from .engine.spec import cli_argv, dump_env, for_host, gpu_flags, server_args
 from .engine.types import ContainerInfo, ImageInfo
 from .errors import NotFound, RemoteOpsError
 from .inventory import HostSpec

@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, NotFound
-
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------
 #: The docker reference grammar (github.com/distribution/reference, regexp.go).

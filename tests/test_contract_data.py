@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_extract import fresh_run, standin  # noqa: F401  (fixtures: the stand-in server, a clean work dir)
 
 from remote_ops import extract, extract_client
@@ -291,6 +290,7 @@ def test_patch_apply_on_a_full_disk_names_the_cause_and_leaves_no_temp_file(sgla
 
 def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tmp_path):
     from conftest import require
+
     from remote_ops.hostlab import lab_unavailable
     from remote_ops.hostlab._proc import alive
 

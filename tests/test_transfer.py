@@ -3,8 +3,8 @@ and pulls of many small files over a real lab host."""
 from __future__ import annotations
 
 import hashlib
-import os
 import io
+import os
 import tarfile
 
 import pytest

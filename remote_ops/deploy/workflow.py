@@ -50,8 +50,16 @@ from ..engine import labels
 from ..errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from ..inventory import HostSpec
 from ..remote import Remote
-from .context import (context_files, context_hash, context_tar, copy_tree_cmd, image_tag, load_patch,
-                      render_dockerfile, staging_dir)
+from .context import (
+    context_files,
+    context_hash,
+    context_tar,
+    copy_tree_cmd,
+    image_tag,
+    load_patch,
+    render_dockerfile,
+    staging_dir,
+)
 from .plan import Plan, Probe, make_plan, preflight_problems, probe
 from .records import _audit_line, _error_doc, _failed_step, write_record
 
@@ -473,9 +481,7 @@ class Deploy:
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
     """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
-    from .. import anchors
-
-    from .. import patching
+    from .. import anchors, patching
 
     diffs: dict[str, str] = {}
     text = ""

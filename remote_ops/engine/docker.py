@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import docker
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 from docker.constants import DEFAULT_DOCKER_API_VERSION
 from docker.utils import version_lt
+
+import docker
 
 from ..errors import CommandFailed, CommandTimedOut, NotFound, RemoteOpsError, Unreachable, tail
 from . import probe, types

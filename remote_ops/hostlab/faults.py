@@ -21,8 +21,8 @@ import shutil
 import signal
 from typing import TYPE_CHECKING
 
-from ._proc import LabError, descendants, run, signal_all
 from ..shell import join
+from ._proc import LabError, descendants, run, signal_all
 
 if TYPE_CHECKING:
     from .lab import HostLab, LabHost
