@@ -31,8 +31,10 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dump import attach  # noqa: E402
-from remote_ops.dump import format as fmt
+from remote_ops.dump import (
+    attach,  # noqa: E402
+    format as fmt,
+)
 from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
 
 GB = 1e9
@@ -180,7 +182,7 @@ def loop_none(step, lens, steps):
     fbs = [step.inputs(s) for s in range(steps)]
     sync(step.dev)
     t0 = time.perf_counter()
-    for x0, ids in fbs:
+    for x0, _ids in fbs:
         step.run(x0)
         main_stream_sync(step.dev)
     return (time.perf_counter() - t0) / steps

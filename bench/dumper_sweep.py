@@ -76,7 +76,7 @@ class LaunchStep:
                 aux.append(x + x0)  # "hidden_states + residual": a fresh allocation, as in the model
             h = torch.nn.functional.rms_norm(x, (self.hidden,))
             s = h[:, :self.NARROW]
-            for k in range(self.SMALL_OPS // 3):
+            for _ in range(self.SMALL_OPS // 3):
                 s = s @ self.w
                 s = torch.sigmoid(s)
                 s = s * 1.5

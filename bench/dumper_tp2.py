@@ -42,8 +42,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from dumper_sweep import steps_for, summary  # noqa: E402
 
-from remote_ops.dump import attach  # noqa: E402
-from remote_ops.dump import format as fmt
+from remote_ops.dump import attach, format as fmt  # noqa: E402
 from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
 
 WORLD = 2

@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import secrets, shell
-from .engine import labels
-from .engine import probe as engine_probe
+from .engine import labels, probe as engine_probe
 from .engine.cli import (
     TOOL_DIR,
     build_cmd,
@@ -225,7 +224,7 @@ def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int
             call = getattr(engine, step)
             call(name, timeout=timeout) if step == "start" else call(name, grace_s=grace_s, timeout=timeout)
     except RemoteOpsError as exc:
-        raise secrets.mask_error(exc)
+        raise secrets.mask_error(exc) from None  # the cause carries unmasked secrets
     return None
 
 
@@ -237,7 +236,7 @@ def _run_masked(remote: Remote, command: str | list[str], timeout: float):
     except RemoteOpsError as exc:
         if isinstance(command, list) and getattr(exc, "command", None):
             exc.command = shell.join(secrets.mask_argv(command))
-        raise secrets.mask_error(exc)
+        raise secrets.mask_error(exc) from None  # the cause carries unmasked secrets
 
 
 def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None = None, grace_s: int = 30,

@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import anchors, hostlock, patchspec, shell
-from . import source as srcview
+from . import anchors, hostlock, patchspec, shell, source as srcview
 from .anchors import AnchorRefusal, PatchSpec
 from .errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
 from .remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)

@@ -326,7 +326,8 @@ def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tm
             after = json.loads(lab_json.read_text())
             assert (after["hosts"][0]["address"], after["hosts"][0]["port"]) == where
             assert after["id"] == first["id"]                       # the same sandbox, not a new one
-            other_pid = (lambda s: s["dockerd"]["pid"] if other == "dockerd" else s["hosts"][0]["pid"])
+            def other_pid(s, other=other):
+                return s["dockerd"]["pid"] if other == "dockerd" else s["hosts"][0]["pid"]
             assert other_pid(after) == other_pid(before)            # the live daemon was left alone
             assert marker.read_text() == "the checkout is kept"
             rc, doc, err = _cli(env, "inspect-source", "--host", "sandbox", "--lines", "1:2")

@@ -26,9 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
-from remote_ops.dump import attach  # noqa: E402
-from remote_ops.dump import dumper as dumper_mod
-from remote_ops.dump import format as fmt
+from remote_ops.dump import attach, dumper as dumper_mod, format as fmt  # noqa: E402
 from remote_ops.dump.runtime import Runtime, ServerArgsView  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

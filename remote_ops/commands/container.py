@@ -5,8 +5,7 @@ from dataclasses import dataclass
 
 import click
 
-from .. import container as ctr
-from .. import deploy, hostlock
+from .. import container as ctr, deploy, hostlock
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from .. import container, facts, hostlock, shell
-from ..engine import labels
-from ..engine import probe as engine_probe
+from ..engine import labels, probe as engine_probe
 from ..engine.types import ContainerInfo, ImageInfo
 from ..inventory import HostSpec
 from ..remote import Remote, command_deadline
