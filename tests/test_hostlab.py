@@ -135,8 +135,7 @@ def test_a_kept_lab_restarts_on_a_new_address(tmp_path):
     """A kept lab (the sandbox) started again picks a new address; its sshd_config must follow."""
     from conftest import require
 
-    from remote_ops.errors import RemoteOpsError
-from remote_ops.hostlab import HostLab, lab_unavailable
+    from remote_ops.hostlab import HostLab, lab_unavailable
 
     require(lab_unavailable())
     first = HostLab(tmp_path / "lab", names=["box"], docker=False, keep=True).start()
