@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import ipaddress
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ConfigError, UsageError
 
@@ -131,7 +131,7 @@ def _suggest(inventory: _Inventory, term: str) -> str:
 _ADHOC = "\0adhoc:"
 
 
-def _host(inventory: _Inventory, name: str):
+def _host(inventory: _Inventory, name: str) -> Any:
     if name.startswith(_ADHOC):
         from .inventory import adhoc_host
 
