@@ -28,8 +28,11 @@ from .errors import ConfigError, UsageError
 
 
 class _Inventory(Protocol):
-    hosts: dict
-    groups: dict
+    @property
+    def hosts(self) -> dict[str, Any]: ...
+
+    @property
+    def groups(self) -> dict[str, Any]: ...
 
 
 def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = False,

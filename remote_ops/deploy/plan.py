@@ -131,7 +131,7 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     build = not patched or img is None or img.labels.get(labels.CONTEXT_HASH) != want_ctx
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = build or ctr is None or not ctr.running or ctr.image_id != img.id \
+    start = build or img is None or ctr is None or not ctr.running or ctr.image_id != img.id \
         or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
     if start:
         reasons["start"] = _start_reason(host, ctr, img, ref, build)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import docker
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
