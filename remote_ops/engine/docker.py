@@ -33,8 +33,6 @@ import urllib3.exceptions
 from docker.constants import DEFAULT_DOCKER_API_VERSION
 from docker.utils import version_lt
 
-import docker
-
 from ..errors import CommandFailed, CommandTimedOut, NotFound, RemoteOpsError, Unreachable, tail
 from . import probe, types
 from .dialstdio import DOCKER_DIAL, DialStdioAdapter, StreamOpener
