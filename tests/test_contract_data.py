@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_extract import fresh_run, standin  # noqa: F401  (fixtures: the stand-in server, a clean work dir)
 
-from remote_ops import extract, extract_client
+from remote_ops import extract_client
 
 
 def _cli(env, *args, timeout=180):
