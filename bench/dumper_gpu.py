@@ -179,7 +179,7 @@ def loop_none(step, lens, steps):
     fbs = [step.inputs(s) for s in range(steps)]
     sync(step.dev)
     t0 = time.perf_counter()
-    for x0, ids in fbs:
+    for x0, _ids in fbs:
         step.run(x0)
         main_stream_sync(step.dev)
     return (time.perf_counter() - t0) / steps

@@ -64,9 +64,9 @@ def probe_bandwidth(drv, tokens=8192):
     out["memfd_register_s"] = round(time.perf_counter() - t0, 3)
     out["shared_is_pinned"] = bool(shared.is_pinned())
     for name, host in (("torch_pinned", pinned), ("memfd_registered", shared)):
-        ms = gpu_ms(lambda: drv.d2h(host.data_ptr(), src.data_ptr(), nbytes, side.cuda_stream), side)
+        ms = gpu_ms(lambda host=host: drv.d2h(host.data_ptr(), src.data_ptr(), nbytes, side.cuda_stream), side)
         out[name] = {"ms": ms, "GBps": round(nbytes / ms / 1e6, 1)}
-    ms = gpu_ms(lambda: shared.copy_(src.view(torch.uint8), non_blocking=True), side)
+    ms = gpu_ms(lambda shared=shared: shared.copy_(src.view(torch.uint8), non_blocking=True), side)
     out["memfd_registered_torch_copy"] = {"ms": ms, "GBps": round(nbytes / ms / 1e6, 1)}
     drv.unregister(shared.data_ptr())
     del shared

@@ -45,9 +45,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--bg-writer"]:  # a background 
     sys.path.insert(0, os.path.dirname(HERE))
     from remote_ops.dumper import dumpfile  # noqa: E402
 else:
+    import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path too)
     import torch  # noqa: E402
 
-    import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path too)
     from remote_ops.dumper import dumpfile  # noqa: E402
 
 SIZES = [512, 1024, 2048, 4096, 8192, 16384, 32768]
@@ -76,7 +76,7 @@ class LaunchStep:
                 aux.append(x + x0)  # "hidden_states + residual": a fresh allocation, as in the model
             h = torch.nn.functional.rms_norm(x, (self.hidden,))
             s = h[:, :self.NARROW]
-            for k in range(self.SMALL_OPS // 3):
+            for _ in range(self.SMALL_OPS // 3):
                 s = s @ self.w
                 s = torch.sigmoid(s)
                 s = s * 1.5

@@ -37,11 +37,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path)
 from dumper_sweep import steps_for, summary  # noqa: E402
+
 from remote_ops.dumper import attach, dumpfile  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 

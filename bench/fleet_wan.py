@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import deploy_noop  # noqa: E402
+
 from remote_ops import deploy, fleet, sandbox  # noqa: E402
 from remote_ops.hostlab import HostLab, base_python_image  # noqa: E402
 from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
@@ -136,10 +137,10 @@ def fanout_section(lab, specs, names, r) -> dict:
     for tag in ("0ms", "rtt"):
         rtt = tag == "rtt"
         out[tag] = {
-            "health_1": med(repeat(lambda: cli("health", "--host", names[0], "-q", ok=health_ok, rtt=rtt)[0], r)),
-            "health_n": med(repeat(lambda: cli("health", "--host", "fleet", "-q", ok=health_ok, rtt=rtt)[0], r)),
-            "deploy_1": med(repeat(lambda: inprocess_deploy(lab, specs[tag], names[:1]), r)),
-            "deploy_n": med(repeat(lambda: inprocess_deploy(lab, specs[tag], names), r)),
+            "health_1": med(repeat(lambda rtt=rtt: cli("health", "--host", names[0], "-q", ok=health_ok, rtt=rtt)[0], r)),
+            "health_n": med(repeat(lambda rtt=rtt: cli("health", "--host", "fleet", "-q", ok=health_ok, rtt=rtt)[0], r)),
+            "deploy_1": med(repeat(lambda tag=tag: inprocess_deploy(lab, specs[tag], names[:1]), r)),
+            "deploy_n": med(repeat(lambda tag=tag: inprocess_deploy(lab, specs[tag], names), r)),
         }
         out[tag]["health_ratio"] = out[tag]["health_n"] / out[tag]["health_1"]
         out[tag]["deploy_ratio"] = out[tag]["deploy_n"] / out[tag]["deploy_1"]

@@ -75,7 +75,10 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
             fan = [timed(lambda: list(pool.map(lambda n: check(lab, n), names))) for _ in range(args.repeat)]
         seq = [timed(lambda: [check(lab, n) for n in names]) for _ in range(args.repeat)]
-    med = lambda xs, i: statistics.median(x[i] for x in xs)
+
+    def med(xs, i):
+        return statistics.median(x[i] for x in xs)
+
     result = {"hosts": args.hosts, "cpus": __import__("os").cpu_count(),
               "one_host_s": med(one, 0), "all_parallel_s": med(fan, 0), "all_sequential_s": med(seq, 0),
               "ratio_parallel_vs_one": med(fan, 0) / med(one, 0),

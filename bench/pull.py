@@ -9,7 +9,7 @@ times (median reported; the machine is shared, so single runs are noisy):
   rsync-gcm    the same with `-c aes128-gcm@openssh.com` (what a tuned rsync gets)
   tar-ssh      `ssh host tar cf - ... | tar xf -` (default cipher)
   fabric       Fabric `Connection.get` per file, as shipped (strict known_hosts loaded)
-  remote-ops   `remote_ops.transfer.pull` (ssh AES-GCM streams, tar batches, sha256 verified, 2 jobs)
+  remote-ops   `remote_ops.remote.transfer.pull` (ssh AES-GCM streams, tar batches, sha256 verified, 2 jobs)
 
 Every method's output is checked (size; remote-ops also checks sha256 while it
 receives).  Source files stay in the page cache for every method alike.
@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from remote_ops import transfer
 from remote_ops.hostlab import HostLab
+from remote_ops.remote import transfer
 
 SMALL_SIZE = 256 << 10
 

@@ -166,7 +166,7 @@ def spec_from_dict(data, base_dir=""):
                 with open(path, encoding="utf-8") as fh:
                     text = fh.read()
             except OSError as exc:
-                raise SpecError("cannot read block file: %s" % exc, where + "file")
+                raise SpecError("cannot read block file: %s" % exc, where + "file") from exc
         en = b.get("enablers") or {}
         block = Block(name=need(b, "name", where), text=normalise_block(text),
                       anchor=Anchor(anchor.get("class") or need(data, "class", where + "anchor."),
@@ -193,7 +193,7 @@ def _check_block(block, where):
         block.anchor.pattern()
         block.statements()
     except SyntaxError as exc:
-        raise SpecError("does not parse as Python: %s" % exc, where + "text")
+        raise SpecError("does not parse as Python: %s" % exc, where + "text") from exc
 
 
 def spec_to_dict(spec):
@@ -212,7 +212,7 @@ def load_spec(path):
         try:
             data = json.load(fh)
         except ValueError as exc:
-            raise SpecError("not valid JSON: %s" % exc)
+            raise SpecError("not valid JSON: %s" % exc) from exc
     return spec_from_dict(data, os.path.dirname(os.path.abspath(path)))
 
 
@@ -263,7 +263,7 @@ def decode(data):
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise AnchorRefusal("not_text", "not UTF-8 text (bad byte at offset %d)" % exc.start)
+        raise AnchorRefusal("not_text", "not UTF-8 text (bad byte at offset %d)" % exc.start) from exc
 
 
 _PARSE_LOCK = threading.Lock()
@@ -288,7 +288,7 @@ def parse_source(data, name="<file>"):
         tree = parse_python(text, filename=name)
     except SyntaxError as exc:
         raise AnchorRefusal("syntax_error", "syntax error at line %s: %s" % (exc.lineno, exc.msg),
-                            [exc.lineno] if exc.lineno else [])
+                            [exc.lineno] if exc.lineno else []) from exc
     return Source(text, split_lines(text), tree, list(iter_statements(tree)))
 
 

@@ -55,7 +55,7 @@ class Console:
         self.verbose = 0
         self.err = _rich(stderr or sys.stderr)
         self._stdout = stdout or sys.stdout
-        self._data = None
+        self._data: RichConsole | None = None
 
     @property
     def data(self) -> RichConsole:
@@ -124,8 +124,14 @@ class Console:
     @contextmanager
     def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
         """A rich progress bar on stderr; yields a callable `advance(n, description=None)`."""
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         if self.quiet:
             yield lambda n=0, description=None: None
@@ -137,7 +143,7 @@ class Console:
             task = prog.add_task(description, total=total)
 
             def advance(n: float = 0, description: str | None = None) -> None:
-                prog.update(task, advance=n, **({"description": description} if description else {}))
+                prog.update(task, advance=n, description=description or None)  # None: keep the description
             yield advance
 
     # -- machine -------------------------------------------------------------
@@ -166,4 +172,4 @@ def _rich(file) -> RichConsole:
     wide = None if getattr(file, "isatty", lambda: False)() else 160
     plain = os.environ.get("NO_COLOR", "") != ""            # https://no-color.org: no styling at all
     return RichConsole(file=file, highlight=False, soft_wrap=True, width=wide,
-                       **({"color_system": None, "no_color": True} if plain else {}))
+                       color_system=None if plain else "auto", no_color=True if plain else None)

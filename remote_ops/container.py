@@ -22,17 +22,25 @@ with `--pull=false`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import secrets, shell
-from .engine import labels
-from .engine import probe as engine_probe
-from .engine.cli import (TOOL_DIR, build_cmd, buildx_cmd, remove_cmd, restart_cmd, start_cmd, stop_cmd,
-                         verify_in_container_cmd, verify_in_image_cmd)
-from .engine.spec import cli_argv, dump_env, for_host, server_args, gpu_flags
+from .engine import labels, probe as engine_probe
+from .engine.cli import (
+    TOOL_DIR,
+    build_cmd,
+    buildx_cmd,
+    remove_cmd,
+    restart_cmd,
+    start_cmd,
+    stop_cmd,
+    verify_in_container_cmd,
+    verify_in_image_cmd,
+)
+from .engine.spec import cli_argv, dump_env, for_host, gpu_flags, server_args
 from .engine.types import ContainerInfo, ImageInfo
 from .errors import NotFound, RemoteOpsError
 from .inventory import HostSpec
@@ -145,7 +153,7 @@ def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, imag
                    grace_s: int = 30) -> list[str | list[str]]:
     """`lifecycle_steps` as the equivalent docker command lines (what `--dry-run` prints; pure)."""
     name = host.container.name
-    as_cli = {"remove": lambda: remove_cmd(name), "run": lambda: run_argv(host, image or ""),
+    as_cli: dict[str, Callable[[], str | list[str]]] = {"remove": lambda: remove_cmd(name), "run": lambda: run_argv(host, image or ""),
               "start": lambda: start_cmd(name), "stop": lambda: stop_cmd(name, grace_s),
               "restart": lambda: restart_cmd(name, grace_s)}
     return [as_cli[step]() for step in lifecycle_steps(action, host, info, image)]
@@ -216,7 +224,7 @@ def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int
             call = getattr(engine, step)
             call(name, timeout=timeout) if step == "start" else call(name, grace_s=grace_s, timeout=timeout)
     except RemoteOpsError as exc:
-        raise secrets.mask_error(exc)
+        raise secrets.mask_error(exc) from None  # the cause carries unmasked secrets
     return None
 
 
@@ -227,8 +235,8 @@ def _run_masked(remote: Remote, command: str | list[str], timeout: float):
         return remote.run(command, timeout=timeout)
     except RemoteOpsError as exc:
         if isinstance(command, list) and getattr(exc, "command", None):
-            exc.command = shell.join(secrets.mask_argv(command))
-        raise secrets.mask_error(exc)
+            setattr(exc, "command", shell.join(secrets.mask_argv(command)))  # noqa: B010  (not every error has it)
+        raise secrets.mask_error(exc) from None  # the cause carries unmasked secrets
 
 
 def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None = None, grace_s: int = 30,
@@ -251,18 +259,25 @@ def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None 
     return shown, before, after
 
 
+def _after(result: tuple[list[str], ContainerInfo | None, ContainerInfo | None]) -> ContainerInfo:
+    """The state after a lifecycle that was not a dry run (it raised `NotFound` rather than give None)."""
+    after = result[2]
+    assert after is not None, "lifecycle raises NotFound when the container is gone"
+    return after
+
+
 def start(remote: Remote, host: HostSpec, image: str | None) -> ContainerInfo:
     """Start the existing container, or run a new one from `image` when there is none."""
-    return lifecycle(remote, host, "start", image=image)[2]
+    return _after(lifecycle(remote, host, "start", image=image))
 
 
 def stop(remote: Remote, host: HostSpec, grace_s: int = 30) -> ContainerInfo:
     """Stop the container (it keeps its configuration; `start` resumes it)."""
-    return lifecycle(remote, host, "stop", grace_s=grace_s)[2]
+    return _after(lifecycle(remote, host, "stop", grace_s=grace_s))
 
 
 def restart(remote: Remote, host: HostSpec, grace_s: int = 30) -> ContainerInfo:
-    return lifecycle(remote, host, "restart", grace_s=grace_s)[2]
+    return _after(lifecycle(remote, host, "restart", grace_s=grace_s))
 
 
 def status(remote: Remote, host: HostSpec) -> ContainerInfo | None:

@@ -13,7 +13,7 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
   `python3` (`python3 - verify DIR --json`), one round trip, nothing installed.
 - `project`: space for the remaining samples against free space on the host and
   locally.
-- `pull_items`: what `remote_ops.transfer` must fetch to mirror the manifest.
+- `pull_items`: what `remote_ops.remote.transfer` must fetch to mirror the manifest.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import shell
 from .errors import CommandFailed, NotFound
-from .transfer import PullItem
+from .remote.transfer import PullItem
 
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
@@ -166,7 +166,7 @@ def reconcile(dump_dir: str, files: dict[str, int], manifest_text: str,
     complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
-    listed = set()
+    listed: set[str] = set()
     for rec in latest.values():
         _account_record(r, rec, complete, listed)
     r.unlisted_files = sorted(set(complete) - listed)

@@ -57,6 +57,12 @@ class ExportRun:
     error: str | None = None
     noise: list[str] = field(default_factory=list)
 
+    @property
+    def final(self) -> dict:
+        """The final report: `run_export` raises when the exporter gave none."""
+        assert self.report is not None, "run_export returns only runs with a report"
+        return self.report
+
     def take(self, line: str) -> dict | None:
         """Parse one stdout line; returns the event (None for non-JSON noise)."""
         try:

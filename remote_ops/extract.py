@@ -381,7 +381,7 @@ def merge_status(ledger: dict | None, statuses: dict[str, ExtractStatus], keys: 
         for k in ks:
             counts[k] = counts.get(k, 0) + 1
     running = [n for n, st in statuses.items() if st.running]
-    etas = [statuses[n].summary.eta_s for n in running if statuses[n].summary.eta_s is not None]
+    etas = [eta for n in running if (eta := statuses[n].summary.eta_s) is not None]
     total = len(dataset_keys) if ledger else sum(st.dataset_total for st in statuses.values())
     done = len(dataset_keys & union) if ledger else sum(st.manifest_ok for st in statuses.values())
     return FleetStatus((ledger or {}).get("dataset_id"), total, done, running,

@@ -183,10 +183,10 @@ def generate(url, token_ids, timeout):
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:200].decode("utf-8", "replace")
         if exc.code in RETRY_HTTP:
-            raise Transient("HTTP %d %s" % (exc.code, detail))
-        raise ValueError("HTTP %d %s" % (exc.code, detail))
+            raise Transient("HTTP %d %s" % (exc.code, detail)) from None
+        raise ValueError("HTTP %d %s" % (exc.code, detail)) from None
     except (urllib.error.URLError, socket.timeout, ConnectionError, TimeoutError) as exc:
-        raise Transient("%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc)))
+        raise Transient("%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc))) from None
 
 
 class Run:

@@ -77,7 +77,7 @@ def worst_exit(codes: Iterable[int]) -> int:
     return ExitCode.HEALTH_WARN if ExitCode.HEALTH_WARN in codes else ExitCode.OK
 
 
-def run_one(host, work: Callable[[Any], tuple[int, Any]]) -> HostOutcome:
+def run_one(host: Any, work: Callable[[Any], tuple[int, Any]]) -> HostOutcome:
     """`work(host) -> (exit_code, result)`, with a typed error turned into that host's outcome."""
     t0 = time.monotonic()
     try:

@@ -43,8 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import facts, shell
-from .engine import labels
-from .engine import probe as engine_probe
+from .engine import labels, probe as engine_probe
 from .engine.types import ContainerInfo, ImageInfo
 from .errors import ExitCode
 from .inventory import HostSpec

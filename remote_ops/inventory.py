@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, NotFound
-
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------
 #: The docker reference grammar (github.com/distribution/reference, regexp.go).
@@ -397,8 +395,9 @@ class StrictLoader(yaml.SafeLoader):
                     raise ConfigError(f"duplicate key '{key}' (line {line}; first at line {first[key]}); "
                                       "YAML would silently keep the last one", source=source,
                                       field=".".join((*path, key)))
-                first[key], lines[(*path, key)] = line, line
-                self._walk(value_node, (*path, key), lines, source, seen)
+                where = (*path, key)
+                first[key], lines[where] = line, line
+                self._walk(value_node, where, lines, source, seen)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 lines.setdefault((*path, str(i)), item.start_mark.line + 1)

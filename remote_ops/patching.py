@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import anchors, hostlock, patchspec, shell
-from . import source as srcview
+from . import anchors, hostlock, patchspec, shell, source as srcview
 from .anchors import AnchorRefusal, PatchSpec
 from .errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
 from .remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
@@ -567,6 +566,7 @@ def apply(remote: Remote, target, force: bool = False, dry_run: bool = False, lo
 def _apply_once(remote: Remote, target: PatchTarget, force: bool, dry_run: bool, lock: bool) -> ApplyResult:
     start, trips = time.monotonic(), _trips(remote)
     spec = target.spec()
+    assert spec is not None, "apply is only called with a patch spec"
     tf = read_target(remote, target)
     report = check_file(tf, spec, force)
     report.raise_if_refused()
@@ -602,6 +602,7 @@ def _restore_after_failed_verify(remote: Remote, target: PatchTarget, result: Ap
     _write(remote, target, sha_now, None, backup="keep", lock=lock, what="patch apply: restore backup",
            new_sha=result.backup_sha256 or result.sha_before)
     result.action = "restored"
+    assert result.verify is not None, "set by the apply that failed"
     result.verify.raise_if_failed(restored=f"; the backup {result.backup_path} was restored "
                                            f"(sha256 {result.backup_sha256})")
     raise VerifyFailed(f"{target.path} did not have the expected sha256 after the write; backup restored",

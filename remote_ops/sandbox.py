@@ -187,7 +187,8 @@ def _probe_daemons(state: dict) -> dict[str, Daemon]:
 
     hosts = state.get("hosts") or [{}]
     d = state.get("dockerd")
-    dockerd = judge_dockerd(d, bool(d and d.get("pid")) and _ours(d["pid"], lab_dir()), _dockerd_answers(d))
+    dockerd_pid = d.get("pid") if d else None
+    dockerd = judge_dockerd(d, dockerd_pid is not None and _ours(int(dockerd_pid), lab_dir()), _dockerd_answers(d))
     out = {"dockerd": dockerd}
     for host in hosts:
         out[daemon_key("sshd", host.get("name", NAME), len(hosts))] = judge_sshd(
@@ -195,7 +196,7 @@ def _probe_daemons(state: dict) -> dict[str, Daemon]:
             port_open(str(host.get("address")), int(host.get("port") or 0)))
     for host in hosts:
         container = f"sglang-eagle3-{host.get('name', NAME)}"
-        rc, cstate = _container_state(d, container) if dockerd.ok else (None, "")
+        rc, cstate = _container_state(d, container) if d and dockerd.ok else (None, "")
         out[daemon_key("container", host.get("name", NAME), len(hosts))] = judge_container(container, dockerd.ok,
                                                                                           rc, cstate)
     return out
@@ -346,7 +347,9 @@ def _restart_sshd(h: dict, d: dict | None) -> int:
         env["DOCKER_HOST"] = _recorded_dockerd(d).host
     sshd = SshdHost(h["name"], h["address"], int(h["port"]), lab_dir() / "hosts" / h["name"] / "sshd",
                     KeyPair(lab_dir() / "client" / "id_ed25519"), env=env)
-    return sshd.start().pid
+    pid = sshd.start().pid
+    assert pid is not None, "a started sshd has a PID"
+    return pid
 
 
 def _start_lab(version: str, progress, names: list[str], patch: str = "deepseek-v2"):

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 MASK = "***"
 
@@ -77,13 +79,13 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
 def mask_text(text: str) -> str:
     """Free text (a rendered command, an error message) with `SECRET=value` and
     `--secret value` masked.  Quoted values (`'HF_TOKEN=a b'`) are masked whole."""
-    def assign(m: re.Match) -> str:
+    def assign(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]):
             return m[0]
         q = m["value"][0] if m["value"][0] in "'\"" else ""
         return f"{m['flag'] or ''}{m['name']}={q}{MASK}{q}"
 
-    def pair(m: re.Match) -> str:
+    def pair(m: re.Match[str]) -> str:
         return f"--{m['name']}{m['sep']}{MASK}" if is_secret_name(m["name"]) else m[0]
 
     text = _FLAG_PAIR.sub(pair, text)
@@ -104,7 +106,7 @@ def mask_data(obj: Any) -> Any:
     return mask_text(obj) if isinstance(obj, str) else obj
 
 
-def mask_error(exc):
+def mask_error(exc: E) -> E:
     """Mask the message, command and output tails a typed error carries (in place); returns it."""
     for attr in ("message", "command", "stderr_tail", "stdout_tail"):
         value = getattr(exc, attr, None)

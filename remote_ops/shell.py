@@ -132,10 +132,11 @@ def split_sections(output: str) -> dict[str, tuple[int, str]]:
     no final newline); that text belongs to the section.
     """
     result: dict[str, tuple[int, str]] = {}
-    name, lines = None, []
+    name: str | None = None
+    lines: list[str] = []
     for line in output.splitlines():
         end = line.find(SECTION + name + ":end") if name is not None else -1
-        if end >= 0:
+        if name is not None and end >= 0:
             lines += [line[:end]] if end > 0 else []
             status = line.rsplit(" ", 1)[-1]
             result[name] = (int(status) if status.lstrip("-").isdigit() else -1, "\n".join(lines))

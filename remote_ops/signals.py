@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from .errors import Interrupted
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_state = {"deferring": 0, "pending": None}
+_state: dict[str, int] = {"deferring": 0, "pending": 0}  # pending: a signal number, 0 for none
 
 
 def _handler(signum, _frame) -> None:
@@ -53,5 +53,5 @@ def deferred() -> Iterator[None]:
     finally:
         _state["deferring"] -= 1
     if not _state["deferring"] and _state["pending"]:
-        pending, _state["pending"] = _state["pending"], None
+        pending, _state["pending"] = _state["pending"], 0
         raise Interrupted(pending)

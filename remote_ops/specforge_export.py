@@ -272,7 +272,7 @@ def _write_parts(parts, fout, ids, mask):
     for name, record in (("hidden_states", "data/2"), ("aux_hidden_states", "data/3")):
         total = sum(p[2][name]["data_offsets"][1] - p[2][name]["data_offsets"][0] for p in parts)
         with z.open(record, total) as dst:
-            for path, hlen, header, part_ids in parts:
+            for path, hlen, header, _part_ids in parts:
                 read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
     for path, hlen, header, part_ids in parts:
         start, end = header["input_ids"]["data_offsets"]

@@ -22,14 +22,17 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import ipaddress
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ConfigError, UsageError
 
 
 class _Inventory(Protocol):
-    hosts: dict
-    groups: dict
+    @property
+    def hosts(self) -> dict[str, Any]: ...
+
+    @property
+    def groups(self) -> dict[str, Any]: ...
 
 
 def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = False,
@@ -131,7 +134,7 @@ def _suggest(inventory: _Inventory, term: str) -> str:
 _ADHOC = "\0adhoc:"
 
 
-def _host(inventory: _Inventory, name: str):
+def _host(inventory: _Inventory, name: str) -> Any:
     if name.startswith(_ADHOC):
         from .inventory import adhoc_host
 

@@ -356,7 +356,8 @@ class _Lifecycle:
     def __init__(self, remote, spec, p: TrainPaths, action: str, standin: bool, events=None) -> None:
         self.remote, self.spec, self.p, self.action = remote, spec, p, action
         self.result = TrainResult(spec.name, action, False, standin)
-        self.current, self.token, self.t0 = "lock", None, time.monotonic()
+        self.current, self.t0 = "lock", time.monotonic()
+        self.token: str | None = None
         self.events = events
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> None:
@@ -472,6 +473,7 @@ def read_run_json(remote, p: TrainPaths) -> str:
 
 def plan_commands(spec, p: TrainPaths, plan: RunPlan) -> list[str]:
     if plan.standin:
+        assert plan.steps_per_epoch is not None and plan.step_s is not None, "a stand-in plan sets them"
         return [standin_command(p, plan.run_id, plan.epochs, plan.steps_per_epoch, plan.step_s)]
     return real_commands(spec, p)
 
@@ -530,6 +532,7 @@ def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
     else:
         remote.run(["mkdir", "-p", p.file("context")])
         remote.put(dockerfile(spec).encode(), p.file("context/Dockerfile"))
+        assert plan.draft_config is not None and plan.nproc is not None, "a real plan sets them"
         remote.put(run_yaml(spec, p, plan.draft_config, plan.run_id, plan.epochs, plan.nproc).encode(),
                    p.file("context/run.yaml"))
     remote.put(plan.run_json().encode(), p.file("run.json"))

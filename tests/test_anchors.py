@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors as A
-from remote_ops import patchspec, wheels
+from remote_ops import anchors as A, patchspec, wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

@@ -92,8 +92,9 @@ from remote_ops.container import lifecycle_plan  # noqa: E402
 
 
 def _info(running: bool):
-    from remote_ops.container import parse_container_inspect
     import json as _json
+
+    from remote_ops.container import parse_container_inspect
 
     doc = [{"Id": "c1", "Name": "/x", "Image": "sha256:i", "RestartCount": 0, "Config": {"Image": "r", "Labels": {}},
             "State": {"Running": running, "Status": "running" if running else "exited", "OOMKilled": False}}]
@@ -114,6 +115,7 @@ def test_lifecycle_plans_are_noops_when_state_matches():
 
 def test_lifecycle_without_container_or_image_is_not_found():
     import pytest
+
     from remote_ops.errors import NotFound
     from remote_ops.inventory import HostSpec
 

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_extract import fresh_run, standin  # noqa: F401  (fixtures: the stand-in server, a clean work dir)
 
-from remote_ops import extract, extract_onhost
+from remote_ops import extract_onhost
 
 
 def _cli(env, *args, timeout=180):
@@ -291,6 +290,7 @@ def test_patch_apply_on_a_full_disk_names_the_cause_and_leaves_no_temp_file(sgla
 
 def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tmp_path):
     from conftest import require
+
     from remote_ops.hostlab import lab_unavailable
     from remote_ops.hostlab._proc import alive
 
@@ -326,7 +326,8 @@ def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tm
             after = json.loads(lab_json.read_text())
             assert (after["hosts"][0]["address"], after["hosts"][0]["port"]) == where
             assert after["id"] == first["id"]                       # the same sandbox, not a new one
-            other_pid = (lambda s: s["dockerd"]["pid"] if other == "dockerd" else s["hosts"][0]["pid"])
+            def other_pid(s, other=other):
+                return s["dockerd"]["pid"] if other == "dockerd" else s["hosts"][0]["pid"]
             assert other_pid(after) == other_pid(before)            # the live daemon was left alone
             assert marker.read_text() == "the checkout is kept"
             rc, doc, err = _cli(env, "inspect-source", "--host", "sandbox", "--lines", "1:2")

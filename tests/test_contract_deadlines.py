@@ -15,11 +15,10 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from test_contract_locks import cli, inventory_env, lock_info, records, slow_spec, start_deploy, wait_for_text
 
 from remote_ops import facts, health
 from remote_ops.errors import ExitCode
-
-from test_contract_locks import cli, inventory_env, lock_info, records, slow_spec, start_deploy, wait_for_text
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

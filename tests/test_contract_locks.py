@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import connect
 
 from remote_ops import container, hostlock
 from remote_ops.errors import ExitCode
-
-from conftest import connect
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

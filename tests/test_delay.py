@@ -7,11 +7,10 @@ import sys
 import time
 
 import pytest
+from conftest import require
 
 from remote_ops.hostlab import HostLab, lab_unavailable
 from remote_ops.hostlab.delay import release_time
-
-from conftest import require
 
 
 def test_release_time_is_one_way_later_without_a_cap():

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops.dumper import config as cfg
-from remote_ops.dumper import runtime as rt
+from remote_ops.dumper import config as cfg, runtime as rt
 
 torch = pytest.importorskip("torch")
 from remote_ops.dumper import attach  # noqa: E402

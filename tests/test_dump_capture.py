@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
-from remote_ops.dumper import attach, dumpfile, dumper as dumper_mod  # noqa: E402
+from remote_ops.dumper import attach, dumper as dumper_mod, dumpfile  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

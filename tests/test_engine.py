@@ -10,14 +10,13 @@ import time
 import uuid
 
 import pytest
+from conftest import connect
 
 from remote_ops.engine import Engine, RunSpec, labels, open_engine
 from remote_ops.engine.docker import DockerEngine
 from remote_ops.engine.spec import PortBinding, create_request
 from remote_ops.engine.types import api_time, demux, parse_container, parse_logs, unix_time
 from remote_ops.errors import CommandFailed, CommandTimedOut, ExitCode, NotFound, Unreachable
-
-from conftest import connect
 
 
 # -- pure ----------------------------------------------------------------------------------------

@@ -256,8 +256,6 @@ def test_export_refuses_a_dataset_without_loss_mask(lab_env, host, exported_setu
 # --------------------------------------------------------------------------- which hidden state (source proof)
 
 def _method(tree, cls: str, name: str):
-    import ast
-
     klass = next(n for n in tree.body if getattr(n, "name", None) == cls)
     return next(f for f in klass.body if getattr(f, "name", None) == name)
 

@@ -8,7 +8,7 @@ import pytest
 
 from remote_ops import fleet, targets
 from remote_ops.errors import CommandFailed, ConfigError, ExitCode, UsageError
-from remote_ops.inventory import parse_inventory_data, Inventory
+from remote_ops.inventory import Inventory, parse_inventory_data
 
 
 def _inventory() -> Inventory:

@@ -31,8 +31,9 @@ def _cli(env, *args, timeout=120):
 
 
 def test_three_sandbox_hosts_are_the_group_sandbox(tmp_path):
-    from remote_ops.hostlab import lab_unavailable
     from conftest import require
+
+    from remote_ops.hostlab import lab_unavailable
 
     require(lab_unavailable())
     (tmp_path / "cwd").mkdir()

@@ -6,6 +6,7 @@ import urllib.request
 
 import pytest
 
+from remote_ops.errors import RemoteOpsError
 from remote_ops.hostlab import HostLab, lab_unavailable
 from remote_ops.hostlab._proc import alive, free_port
 
@@ -87,7 +88,7 @@ def test_crash_kills_open_sessions_and_restart_keeps_key(lab, faults, spare_host
     fp = r.host_key_fingerprint
     r.run("true")
     faults.crash(spare_host)
-    with pytest.raises(Exception):
+    with pytest.raises(RemoteOpsError):  # the seam turns a dead session into a typed error
         r.run("true", timeout=10)
     r.close()
     faults.restart(spare_host)
@@ -152,6 +153,7 @@ def test_a_recorded_lab_stopped_from_another_process_is_recorded_as_stopped(tmp_
     import json
 
     from conftest import require
+
     from remote_ops.hostlab import HostLab, lab_unavailable
 
     require(lab_unavailable())

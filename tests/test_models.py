@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors as A
-from remote_ops import patching, patchspec, wheels
+from remote_ops import anchors as A, patching, patchspec, wheels
 from remote_ops.cli import main
 from remote_ops.errors import Refused
 

@@ -12,10 +12,9 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from conftest import connect
-from remote_ops.errors import (CommandFailed, CommandTimedOut, ExitCode, HostKeyChanged, HostKeyUnknown,
-                               Unreachable)
+
+from remote_ops.errors import CommandFailed, CommandTimedOut, ExitCode, HostKeyChanged, HostKeyUnknown, Unreachable
 from remote_ops.hostlab import hang_command
 from remote_ops.hostlab.lab import random_loopback
 from remote_ops.hostlab.sshd import make_key

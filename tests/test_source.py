@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 
-from remote_ops import source as S
-from remote_ops import wheels
+from remote_ops import source as S, wheels
 from remote_ops.cli import main
 from remote_ops.errors import NotFound, UsageError
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import hostlock, logs, shell
-from remote_ops import train as t
+from remote_ops import hostlock, logs, shell, train as t
 from remote_ops.inventory import HostSpec
 
 STANDIN = Path(__file__).resolve().parents[1] / "docker" / "standin" / "specforge_standin_train.py"

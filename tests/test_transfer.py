@@ -3,13 +3,13 @@ and pulls of many small files over a real lab host."""
 from __future__ import annotations
 
 import hashlib
-import os
 import io
+import os
 import tarfile
 
 import pytest
 
-from remote_ops import transfer
+from remote_ops.remote import transfer
 from remote_ops.sshconfig import SshTarget, Timeouts
 
 

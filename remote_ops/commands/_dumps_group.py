@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import dumps as dumps_mod
-from .. import fleet, transfer
+from .. import dumps as dumps_mod, fleet
 from ..errors import VerifyFailed
+from ..remote import transfer
 
 
 def _each(app, hosts, forks, work):

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
-from .. import container as ctr
-from .. import deploy, hostlock
+from .. import container as ctr, deploy, hostlock
 from ._fleet import run_on_hosts
 from ._options import hosts_command
+
+if TYPE_CHECKING:
+    from ..engine.types import ContainerInfo
 
 
 def _show(console, spec, view: "ContainerView") -> None:
@@ -31,7 +34,7 @@ class ContainerView:
     """One host's JSON document and the inspect result it came from (for the human view)."""
 
     doc: dict
-    info: object = None
+    info: ContainerInfo | None = None
 
     def to_dict(self) -> dict:
         return self.doc

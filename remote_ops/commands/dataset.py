@@ -6,8 +6,7 @@ from pathlib import Path, PurePosixPath
 
 import click
 
-from .. import dataset as ds
-from .. import shell
+from .. import dataset as ds, shell
 from ..errors import CommandFailed, ConfigError
 from ._options import app_options, host_option
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .. import deploy as deploy_mod
-from .. import patching
+from .. import deploy as deploy_mod, patching
 from ..errors import Refused
 from ._fleet import run_on_hosts
 from ._options import hosts_command

@@ -6,8 +6,8 @@ from pathlib import Path
 import click
 
 from .. import dumps as dumps_mod
-from .. import transfer
 from ..errors import NoSpace, VerifyFailed
+from ..remote import transfer
 from . import _dumps_group
 from ._options import host_command, hosts_command
 
@@ -269,7 +269,7 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
     cmd = export_mod.export_command(spec.dump.dir, on_host, out, jobs=jobs, limit=limit, probe_mb=probe_mb,
                                     mask_all=mask_all, fsync=not no_fsync, plan_only=dry_run)
     if dry_run:
-        plan = export_mod.run_export(remote, cmd).report
+        plan = export_mod.run_export(remote, cmd).final
         app.console.status("info", f"would export {plan['todo']} samples ({_gb(plan['bytes_to_read'])}, "
                            f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
                            f"{plan['missing_count']} without a full dump")
@@ -277,7 +277,7 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
         return 0
     with app.console.progress(f"{spec.name}: export", total=None) as advance:
         run = export_mod.run_export(remote, cmd, on_event=_export_progress(advance, spec.name))
-    report = run.report
+    report = run.final
     _render_export(app.console, report)
     result = {"host": spec.name, "format": fmt, "dataset": on_host, **report}
     if report["failed"]:

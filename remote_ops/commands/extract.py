@@ -13,11 +13,9 @@ from pathlib import Path
 
 import click
 
-from .. import extract as extract_mod
-from .. import fleet, hostlock
+from .. import extract as extract_mod, fleet, hostlock
 from ..errors import CommandTimedOut, Refused, UsageError
-from ._fleet import _render_outcome as _fleet_render_outcome
-from ._fleet import run_on_hosts, summarize
+from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
 from ._options import hosts_command
 from .logs import _render_extraction
 
@@ -157,6 +155,7 @@ def _probe_group(app, hosts, forks, restart: bool) -> dict[str, set[str]]:
     bad = [o for o in run.outcomes if o.error is not None]
     if bad:
         err = bad[0].error                 # its own type and exit code (e.g. unreachable: 4)
+        assert err is not None
         err.message = f"cannot read the manifest of {', '.join(o.host for o in bad)}: {err.message}"
         err.hint = (f"leave it out to re-split without it (e.g. --host 'GROUP,!{bad[0].host}'): "
                     f"what the local record last saw done there stays counted")

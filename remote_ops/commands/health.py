@@ -77,7 +77,7 @@ def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     while True:
         results: list[health_mod.HostHealth] = []
 
-        def work(spec):
+        def work(spec, results=results):
             code, r = _check(app, spec, deep)
             results.append(r)
             return code, r

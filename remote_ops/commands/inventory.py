@@ -14,10 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ._options import app_options
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 #: HostSpec fields the loader fills in; they are not written in a file.
 _INTERNAL = ("name", "source", "groups")
@@ -110,7 +114,7 @@ def host_problems(name: str, body, defaults: dict, source: str, lines) -> list[P
         return [_from_pydantic(err, name, source, lines) for err in exc.errors()]
 
 
-def _from_pydantic(err: dict, name: str, source: str, lines) -> Problem:
+def _from_pydantic(err: ErrorDetails, name: str, source: str, lines) -> Problem:
     from .. import inventory as inv
 
     loc = tuple(str(p) for p in err["loc"])

@@ -109,7 +109,7 @@ def summary_cmd(app, hosts, forks, do_pull, plot) -> int:
     return run_on_hosts(app, hosts, work, _render_summary, forks=forks)
 
 
-def _summary_one(app, spec, do_pull: bool, plot: bool) -> dict:
+def _summary_one(app, spec, do_pull: bool, plot: bool) -> LogSummary:
     """Pull (optionally), parse and plot one host's logs."""
     if do_pull:
         logs_mod.pull_logs(app.remote(spec), spec, ("extraction", "training"))
@@ -126,8 +126,8 @@ class LogSummary:
     """One host's summary: the parsed extraction and training logs and the plots written."""
 
     host: str
-    extraction: object
-    training: object
+    extraction: logs_mod.ExtractionSummary
+    training: logs_mod.TrainingSummary
     plots: list
 
     def to_dict(self) -> dict:

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import click
 
-from .. import patching
-from .. import source as srcview
+from .. import patching, source as srcview
 from ..errors import UsageError
 from ._fleet import run_on_hosts
 from ._options import hosts_command

@@ -68,15 +68,15 @@ def speculative_settings(spec, draft: str | None, num_steps: int | None, eagle_t
     from ..inventory import check_speculative
 
     inv = spec.speculative
-    out = {"draft": draft or inv.draft_model_path,
-           "num_steps": inv.num_steps if num_steps is None else num_steps,
-           "eagle_topk": inv.eagle_topk if eagle_topk is None else eagle_topk,
-           "num_draft_tokens": inv.num_draft_tokens if num_draft_tokens is None else num_draft_tokens}
+    steps = inv.num_steps if num_steps is None else num_steps
+    topk = inv.eagle_topk if eagle_topk is None else eagle_topk
+    tokens = inv.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    out = {"draft": draft or inv.draft_model_path, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": tokens}
     if not out["draft"]:
         raise UsageError(f"{spec.name}: no drafter: pass --draft DIR or set speculative.draft_model_path "
                          f"in the inventory ({spec.source or 'inventory'})")
     try:
-        check_speculative(out["num_steps"], out["eagle_topk"], out["num_draft_tokens"])
+        check_speculative(steps, topk, tokens)
     except ValueError as exc:
         raise UsageError(f"{spec.name}: speculative settings: {exc}") from None
     return out

@@ -77,7 +77,8 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
     before = r.before
     was = f"{before.state} (run {before.run_id or '-'}, plan {before.fingerprint or '-'})" if before else "unknown"
     if r.action == "start":
-        after = "unchanged" if r.noop else f"running (run {r.plan['run_id']}, plan {r.plan['fingerprint']})"
+        plan = r.plan or {}
+        after = "unchanged" if r.noop else f"running (run {plan.get('run_id')}, plan {plan.get('fingerprint')})"
     else:
         after = "unchanged" if r.noop else "stopped"
     console.say(f"--- training on {r.host}: {was}\n+++ after train {r.action}: {after}"
@@ -117,7 +118,7 @@ def start_cmd(app, host, data, output, draft_config, run_id, epochs, nproc, stan
         raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
     if dry_run and not plan.standin:
         app.console.text_block(train_mod.dockerfile(spec))
-        app.console.text_block(train_mod.run_yaml(spec, p, plan.draft_config, run_id, epochs, nproc))
+        app.console.text_block(train_mod.run_yaml(spec, p, plan.draft_config or "<--draft-config>", run_id, epochs, nproc))
     if plan.standin:
         app.console.say("STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
                         "no drafter is trained", style="yellow")

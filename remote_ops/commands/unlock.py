@@ -53,7 +53,7 @@ def _unlock(app, spec, force: bool, dry_run: bool) -> dict:
         audit = hostlock.audit_record("unlock", spec.name, holder, forced=force and not stale, reason=stale)
         # only the lock shown above (its token), so a run that took it meanwhile keeps its lock
         remote.run(hostlock.release_cmd(spec.lock_dir, holder.token or None, spec.audit_log, audit))
-        app.console.status("ok", f"released {spec.lock_dir} (" + ("forced" if force and not stale else stale)
+        app.console.status("ok", f"released {spec.lock_dir} (" + ("forced" if force and not stale else stale or "")
                            + f"); recorded in {spec.audit_log}")
     return doc
 

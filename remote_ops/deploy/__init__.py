@@ -10,14 +10,49 @@ seam (`remote_ops.engine`).  Commands import from here.
 """
 from __future__ import annotations
 
-from .context import (HEALTHCHECK_PATH, context_files, context_hash, context_tar, copy_tree_cmd,
-                      dockerfile_variables, image_ref, image_tag, load_patch, patch_spec_path, render_dockerfile,
-                      render_for_host, staging_dir)
-from .plan import (SKIPPED_FACTS, Plan, Probe, lock_info, make_plan, parse_lock, parse_probe, preflight_problems,
-                   probe, probe_commands)
+from .context import (
+                      HEALTHCHECK_PATH,
+                      context_files,
+                      context_hash,
+                      context_tar,
+                      copy_tree_cmd,
+                      dockerfile_variables,
+                      image_ref,
+                      image_tag,
+                      load_patch,
+                      patch_spec_path,
+                      render_dockerfile,
+                      render_for_host,
+                      staging_dir,
+)
+from .plan import (
+                      SKIPPED_FACTS,
+                      Plan,
+                      Probe,
+                      lock_info,
+                      make_plan,
+                      parse_lock,
+                      parse_probe,
+                      preflight_problems,
+                      probe,
+                      probe_commands,
+)
 from .records import write_record
-from .workflow import (BUILD_TIMEOUT_S, Deploy, DeployResult, Events, StepResult, apply_patch, build_image,
-                       deploy, dry_run_diffs, push, unlock_and_audit_cmd, verify_on_host, wait_until_healthy)
+from .workflow import (
+                      BUILD_TIMEOUT_S,
+                      Deploy,
+                      DeployResult,
+                      Events,
+                      StepResult,
+                      apply_patch,
+                      build_image,
+                      deploy,
+                      dry_run_diffs,
+                      push,
+                      unlock_and_audit_cmd,
+                      verify_on_host,
+                      wait_until_healthy,
+)
 
 __all__ = ["BUILD_TIMEOUT_S", "Deploy", "DeployResult", "Events", "HEALTHCHECK_PATH", "Plan", "Probe",
            "SKIPPED_FACTS", "StepResult", "apply_patch", "build_image", "context_files", "context_hash",

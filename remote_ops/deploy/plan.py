@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from .. import container, facts, hostlock, shell
-from ..engine import labels
-from ..engine import probe as engine_probe
+from ..engine import labels, probe as engine_probe
 from ..engine.types import ContainerInfo, ImageInfo
 from ..inventory import HostSpec
 from ..remote import Remote, command_deadline
@@ -132,7 +131,7 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     build = not patched or img is None or img.labels.get(labels.CONTEXT_HASH) != want_ctx
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = build or ctr is None or not ctr.running or ctr.image_id != img.id \
+    start = build or img is None or ctr is None or not ctr.running or ctr.image_id != img.id \
         or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
     if start:
         reasons["start"] = _start_reason(host, ctr, img, ref, build)

@@ -50,8 +50,16 @@ from ..engine import labels
 from ..errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from ..inventory import HostSpec
 from ..remote import Remote
-from .context import (context_files, context_hash, context_tar, copy_tree_cmd, image_tag, load_patch,
-                      render_dockerfile, staging_dir)
+from .context import (
+    context_files,
+    context_hash,
+    context_tar,
+    copy_tree_cmd,
+    image_tag,
+    load_patch,
+    render_dockerfile,
+    staging_dir,
+)
 from .plan import Plan, Probe, make_plan, preflight_problems, probe
 from .records import _audit_line, _error_doc, _failed_step, write_record
 
@@ -365,6 +373,7 @@ class Deploy:
         current = p.image is not None and p.image.labels.get(labels.CONTEXT_HASH) == context_hash(
             self.host, self.patch, shas["before"] or "", shas["after"] or "")
         if not plan.build or current:
+            assert p.image is not None, "the plan builds when there is no image"
             self._step("build", "ok", f"{self.ref} up to date ({p.image.id[:19]})")
             return p.image.id
         builder = container.detect_builder(self.remote)
@@ -375,7 +384,7 @@ class Deploy:
             self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name)
         self.result.image_id = image_id
         self._step("build", "changed", f"{self.ref} {image_id[:19]}; patch verified in image "
-                   f"(sha {verification.sha256[:12]} = label)", t)
+                   f"(sha {(verification.sha256 or '')[:12]} = label)", t)
         return image_id
 
     def _start(self, plan: Plan, image_id: str, p: Probe) -> None:
@@ -386,8 +395,9 @@ class Deploy:
                        == container.expected_run_config(self.host, self.ref))
         if not plan.start or current:
             plan.start = False
-            plan.wait = c is not None and c.health not in ("healthy", None)
-            self.result.container_id = p.container.id
+            assert c is not None, "the plan starts when there is no container"
+            plan.wait = c.health not in ("healthy", None)
+            self.result.container_id = c.id
             self._step("start", "ok", f"{self.host.container.name} running {image_id[:19]}")
             return
         try:
@@ -449,7 +459,7 @@ class Deploy:
             self._step("unlock", "failed", f"{exc}")
             doc["lock_hint"] = hint
             target = failure if failure is not None else _named(exc, "unlock")
-            target.hint = "; ".join(x for x in (getattr(target, "hint", None), hint) if x)
+            setattr(target, "hint", "; ".join(x for x in (getattr(target, "hint", None), hint) if x))  # noqa: B010
             return "maybe held", exc
         if self._locked:
             self._step("unlock", "ok", self.host.lock_dir)
@@ -473,9 +483,7 @@ class Deploy:
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
     """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
-    from .. import anchors
-
-    from .. import patching
+    from .. import anchors, patching
 
     diffs: dict[str, str] = {}
     text = ""

@@ -64,7 +64,8 @@ class Dumper:
         self.metadata = dict(metadata)
         self.buffer_tokens = buffer_tokens or config.buffer_tokens or DEFAULT_BUFFER_TOKENS
         self.dir = ensure_rank_dir(config.root, rank) if writer else None
-        self.stats = DumpStats(os.path.join(self.dir, dumpfile.STATS_NAME) if writer else None, self._static())
+        self.stats = DumpStats(os.path.join(self.dir, dumpfile.STATS_NAME) if writer and self.dir is not None else None,
+                               self._static())
         self.pool: Optional[BufferPool] = None
         self.stager = Stager()
         self.driver: Optional[Driver] = None
@@ -115,8 +116,8 @@ class Dumper:
 
     def _capture(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> None:
         reason = self._skip_reason(fb, hidden, aux)
-        if reason:
-            self.stats.skip(reason)
+        if reason or aux is None:  # no aux always has a reason ("no_aux")
+            self.stats.skip(reason or "no_aux")
             return
         spans = split_spans(fb)
         rows = sum(s.tokens for s in spans)
@@ -125,6 +126,7 @@ class Dumper:
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
             return
+        assert self.pool is not None, "_acquire made the pool"
         try:
             if fb.positions is None:
                 positions_into(buf, _positions_from_spans(spans))
@@ -138,10 +140,12 @@ class Dumper:
         if self.sink is not None:
             self._submit_to_process(buf, staged, spans, rows, hidden.is_cuda)
         else:
+            assert self.writers is not None, "no writer process: the writer threads run"
             self.writers.submit(BatchJob(staged, spans, self.pool))
 
     def _submit_to_process(self, buf: HostBuffer, staged, spans: List[Span], rows: int, on_gpu: bool) -> None:
         """One `job` message; on CPU the copies are done, so post the slot's semaphore right away."""
+        assert self.sink is not None and self.pool is not None, "called with the writer process running"
         self.inflight[buf.slot] = (len(spans), rows)
         try:
             self.sink.job(buf.slot, buf.gen, rows, self.hidden_size, buf.esize, staged.id_size, staged.pos_size,
@@ -198,7 +202,10 @@ class Dumper:
         return buf
 
     def _writer_alive(self) -> bool:
-        return self.sink.alive() if self.sink is not None else self.writers.alive()
+        if self.sink is not None:
+            return self.sink.alive()
+        assert self.writers is not None, "no writer process: the writer threads run"
+        return self.writers.alive()
 
     def _pool_for(self, hidden: torch.Tensor) -> BufferPool:
         """Create the pool at the first captured batch (pinned when the tensors live on a GPU)."""
@@ -232,6 +239,7 @@ class Dumper:
         """A slot's buffer; a shared one is handed to the writer process before any job names it."""
         buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver)
         if shared:
+            assert self.sink is not None, "shared buffers exist only with the writer process"
             self.sink.segment(slot, gen, buf.layout.nbytes, buf.capacity, buf.fd)
             os.close(buf.fd)
             buf.fd = -1
@@ -257,6 +265,7 @@ class Dumper:
         self.stats.add(files=files, spans=files, tokens=tokens, bytes=nbytes, errors=errors)
         if errors:
             log.error("[hs-dump] writing %d span(s) failed: %s", errors, first_error)
+        assert self.pool is not None, "a job was sent, so the pool exists"
         self.pool.release(slot)
         self.stats.maybe_write()
 
@@ -282,6 +291,7 @@ class Dumper:
             if not self.sink.stop(min(10.0, timeout)):
                 self.sink.kill()
         else:
+            assert self.writers is not None, "no writer process: the writer threads run"
             self.writers.stop(min(5.0, timeout))
         if self.pool is not None:
             self.pool.close(free=drained)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 FORMAT_NAME = "remote-ops-hs-dump"
 FORMAT_VERSION = "1"
@@ -46,7 +46,9 @@ FLOAT_DTYPES = ("BF16", "F16", "F32")
 WRITE_CHUNK = 16 << 20  # bytes per write() call: bounded syscalls, writeback started per chunk
 
 # A tensor to write: (safetensors dtype string, shape, bytes-like of exactly that size).
-TensorBytes = Tuple[str, Sequence[int], object]
+# Raw tensor bytes: anything memoryview() takes (bytes, bytearray, mmap, numpy array).
+BytesLike = Any
+TensorBytes = Tuple[str, Sequence[int], BytesLike]
 
 
 # --------------------------------------------------------------------------- keys, names
@@ -57,7 +59,7 @@ def token_ids_bytes(token_ids: Iterable[int]) -> bytes:
     return struct.pack("<%di" % len(ids), *ids)
 
 
-def dump_key(ids_int32_le: bytes, prefix_len: int) -> str:
+def dump_key(ids_int32_le: BytesLike, prefix_len: int) -> str:
     """`sha256(token ids as int32 LE).hexdigest()[:32] + "-p<prefix_len>"` (the contract key)."""
     digest = hashlib.sha256(bytes(memoryview(ids_int32_le).cast("B"))).hexdigest()
     return "%s-p%d" % (digest[:KEY_HASH_CHARS], int(prefix_len))
@@ -182,7 +184,7 @@ def _check_tensor_sizes(tensors: Mapping[str, TensorBytes]) -> None:
             raise ValueError("tensor %s: %d bytes for %s%s (want %d)" % (name, got, dtype, list(shape), want))
 
 
-def _write_all(fd: int, data: object, hashers: Sequence, offset: int = 0) -> int:
+def _write_all(fd: int, data: BytesLike, hashers: Sequence, offset: int = 0) -> int:
     """Write a bytes-like fully, in bounded chunks, feeding the running digests; returns the new offset.
 
     After each chunk the kernel is asked to start writing it back (see
@@ -354,8 +356,8 @@ def manifest_record(root: str, written: WrittenFile, key: str, tokens: int, pref
             "time": round(time.time(), 3)}
 
 
-def write_span(root: str, rank: int, ids_int32_le: object, positions_int32_le: object,
-               hidden: object, aux: object, hidden_size: int, dtype: str = "BF16",
+def write_span(root: str, rank: int, ids_int32_le: BytesLike, positions_int32_le: BytesLike,
+               hidden: BytesLike, aux: BytesLike, hidden_size: int, dtype: str = "BF16",
                prefix_len: int = 0, metadata: Optional[Mapping[str, str]] = None,
                fsync: bool = True) -> Dict[str, object]:
     """Write one request span as a contract-conformant file and append its manifest line.
@@ -465,7 +467,7 @@ def _offset_errors(header: SafetensorsHeader, file_size: int) -> List[str]:
     return errs
 
 
-def verify_record(root: str, rec: Mapping[str, object], hidden_size: Optional[int],
+def verify_record(root: str, rec: Mapping[str, Any], hidden_size: Optional[int],
                   check_sha: bool, report: VerifyReport) -> None:
     """Verify one manifest record against its file; findings go into `report`."""
     where = str(rec.get("file"))
@@ -488,7 +490,7 @@ def verify_record(root: str, rec: Mapping[str, object], hidden_size: Optional[in
     _account(report, rec, h, per_token, size)
 
 
-def _identity_errors(path: str, header: SafetensorsHeader, rec: Mapping[str, object]) -> List[str]:
+def _identity_errors(path: str, header: SafetensorsHeader, rec: Mapping[str, Any]) -> List[str]:
     """Key, prefix length and partial flag must agree between file name, metadata, manifest and ids."""
     errs, meta = [], header.metadata
     key = str(rec.get("key"))
@@ -507,7 +509,7 @@ def _identity_errors(path: str, header: SafetensorsHeader, rec: Mapping[str, obj
     return errs
 
 
-def _account(report: VerifyReport, rec: Mapping[str, object], h: int, per_token: int, size: int) -> None:
+def _account(report: VerifyReport, rec: Mapping[str, Any], h: int, per_token: int, size: int) -> None:
     """Add a verified file to the totals and the per-rank summary."""
     report.files += 1
     report.tokens += int(rec.get("tokens", 0))

@@ -193,6 +193,7 @@ class Job:
         self.remaining = len(self.spans)
         self.files = self.tokens = self.bytes = self.errors = 0
         self.first_error = ""
+        self.metadata: Dict[str, str] = {}  # the writer's metadata when the job arrived
         self.lock = threading.Lock()
 
 
@@ -214,6 +215,7 @@ class Child:
 
     def run(self) -> None:
         msg, fds = recv(self.sock)
+        assert msg is not None, "the parent closed the socket before sending the config"
         self.config = msg[1]
         self.metadata = dict(self.config.get("metadata", {}))
         threads = [threading.Thread(target=self._write_loop, daemon=True) for _ in range(int(self.config["writers"]))]

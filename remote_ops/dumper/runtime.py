@@ -34,7 +34,7 @@ class ServerArgsView:
         """Set a flag in place (all ranks do the same in their own process); False if impossible."""
         try:
             if isinstance(self.source, Mapping):
-                self.source[name] = value
+                self.source[name] = value  # type: ignore[index]  # a read-only one raises, caught below
             elif self.source is not None:
                 setattr(self.source, name, value)
             return self.source is not None
@@ -189,7 +189,7 @@ def handle_fusion(model: Any, runtime: Runtime, mode: str, layers: List[int]) ->
 
 def _unfuse_capture_layers(model: Any, layers: List[int]) -> bool:
     """Override `should_fuse_mlp_allreduce_with_next_layer` on the layers before each capture."""
-    decoder_layers = getattr(getattr(model, "model", None), "layers", None)
+    decoder_layers: Any = getattr(getattr(model, "model", None), "layers", None)
     try:
         comms = [getattr(decoder_layers[i - 1], "layer_communicator", None) for i in layers]
     except Exception:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
@@ -46,7 +47,8 @@ class HostBuffer:
         self.slot, self.gen, self.driver = slot, gen, None
         self.esize = torch.empty((), dtype=dtype).element_size()
         self.layout = Layout(capacity, hidden_size, self.esize)
-        self.fd, self.map = -1, None
+        self.fd = -1
+        self.map: Optional[mmap.mmap] = None
         if shared:
             self._shared(pin, driver)
         else:
@@ -59,9 +61,10 @@ class HostBuffer:
     def _shared(self, pin: bool, driver) -> None:
         from .procwriter import shared_segment
 
-        self.fd, self.map = shared_segment(self.layout.nbytes, "hs-dump-slot%d" % self.slot)
-        self.flat = torch.frombuffer(self.map, dtype=torch.uint8)
-        self.mem = memoryview(self.map)
+        self.fd, mapped = shared_segment(self.layout.nbytes, "hs-dump-slot%d" % self.slot)
+        self.map = mapped
+        self.flat = torch.frombuffer(mapped, dtype=torch.uint8)
+        self.mem = memoryview(mapped)
         if pin:
             try:
                 driver.register(self.flat.data_ptr(), self.layout.nbytes)
@@ -135,8 +138,8 @@ class BufferPool:
         if old is not None:
             old.free()
         gen = old.gen + 1 if old is not None else 0
-        self.buffers[slot] = self.make_buffer(slot, gen, rows, hidden_size, dtype)
-        return self.buffers[slot]
+        buf = self.buffers[slot] = self.make_buffer(slot, gen, rows, hidden_size, dtype)
+        return buf
 
     def preallocate(self, rows: int, hidden_size: int, dtype: torch.dtype) -> None:
         """Make every free slot's buffer now (pinning is slow: keep it out of timed loops)."""
@@ -197,7 +200,7 @@ class Staged:
     """
     buffer: HostBuffer
     rows: int
-    ready: Optional[object]
+    ready: Optional[Any]  # a torch.cuda.Event (or stream) to synchronize on
     id_size: int = 8
     pos_size: int = 8
 

@@ -15,8 +15,7 @@ Main entry points:
 from ._proc import LabError
 from .dockerd import Dockerd
 from .faults import Faults, crash, drop, freeze, hang_command, iptables_available, refuse, thaw, unblock
-from .images import (BASE_PYTHON_TAG, BUSYBOX_TAG, base_python_image, base_python_tarball, busybox_image,
-                     import_tar)
+from .images import BASE_PYTHON_TAG, BUSYBOX_TAG, base_python_image, base_python_tarball, busybox_image, import_tar
 from .lab import LAB_TIMEOUTS, HostLab, HostPaths, LabHost, RecordedLab, lab_unavailable
 from .sshd import SshdHost
 

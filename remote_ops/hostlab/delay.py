@@ -25,6 +25,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
 
 CHUNK = 256 * 1024
 
@@ -145,7 +149,7 @@ class DelayProxy:
     rtt_ms: float
     dir: Path
     rate_mbit: float | None = None
-    proc: object = None
+    proc: subprocess.Popen[Any] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -162,13 +166,13 @@ class DelayProxy:
         from ._proc import port_open, spawn, wait_for
 
         repo = Path(__file__).resolve().parents[2]
-        self.proc = spawn(self.argv(), self.dir / f"delay-{self.listen_address}-{self.listen_port}.log", cwd=repo)
-        wait_for(lambda: port_open(self.listen_address, self.listen_port) or self.proc.poll() is not None,
+        proc = self.proc = spawn(self.argv(), self.dir / f"delay-{self.listen_address}-{self.listen_port}.log", cwd=repo)
+        wait_for(lambda: port_open(self.listen_address, self.listen_port) or proc.poll() is not None,
                  timeout, f"delay proxy on {self.listen_address}:{self.listen_port}")
-        if self.proc.poll() is not None:
+        if proc.poll() is not None:
             from ._proc import LabError
 
-            raise LabError(f"delay proxy exited with {self.proc.returncode}; see {self.dir}")
+            raise LabError(f"delay proxy exited with {proc.returncode}; see {self.dir}")
         return self
 
     def stop(self) -> None:

@@ -100,9 +100,9 @@ class Dockerd:
         (self.dir / "daemon.json").write_text("{}\n")
         self._clear_stale_pidfile()
         self.proxy_port = free_port()
-        self.proc = spawn(self.argv(), self.log_file, env=self.env())
+        proc = self.proc = spawn(self.argv(), self.log_file, env=self.env())
         wait_for(self._answers, timeout, f"dockerd (log: {self.log_file})", interval=0.1,
-                 alive=lambda: self.proc.poll() is None)
+                 alive=lambda: proc.poll() is None)
         return self
 
     def _clear_stale_pidfile(self) -> None:

@@ -21,8 +21,8 @@ import shutil
 import signal
 from typing import TYPE_CHECKING
 
-from ._proc import LabError, descendants, run, signal_all
 from ..shell import join
+from ._proc import LabError, descendants, run, signal_all
 
 if TYPE_CHECKING:
     from .lab import HostLab, LabHost
@@ -87,16 +87,16 @@ def crash(host: "LabHost") -> None:
 
 def freeze(host: "LabHost") -> None:
     """SIGSTOP sshd and all its sessions: the host stops answering but TCP still connects."""
-    if not host.sshd.running:
-        raise LabError(f"{host.name} is not running")
     pid = host.sshd.pid
+    if not host.sshd.running or pid is None:
+        raise LabError(f"{host.name} is not running")
     signal_all([pid, *descendants(pid)], signal.SIGSTOP)
 
 
 def thaw(host: "LabHost") -> None:
     """SIGCONT everything `freeze` stopped."""
-    if host.sshd.running:
-        pid = host.sshd.pid
+    pid = host.sshd.pid
+    if host.sshd.running and pid is not None:
         signal_all([pid, *descendants(pid)], signal.SIGCONT)
 
 

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def lab_unavailable() -> str | None:
     return sshd_available() or dockerd_available()
 
 
-def random_loopback(port: int = 22, taken: set[str] = frozenset(), tries: int = 200) -> str:
+def random_loopback(port: int = 22, taken: AbstractSet[str] = frozenset(), tries: int = 200) -> str:
     """A random 127.A.B.C (A >= 2) where `port` is free to listen on."""
     for _ in range(tries):
         addr = f"127.{random.randint(2, 254)}.{random.randint(0, 255)}.{random.randint(2, 254)}"

@@ -110,11 +110,11 @@ class SshdHost:
         if self.running:
             return self
         self.prepare()  # always: a kept lab (the sandbox) restarts on a new address
-        self.proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
+        self.proc = proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
         try:
             wait_for(lambda: port_open(self.address, self.port), timeout,
                      f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
-                     alive=lambda: self.proc.poll() is None)
+                     alive=lambda: proc.poll() is None)
         except BaseException:
             self.stop()  # not yet known to the lab: nobody else would stop it
             raise

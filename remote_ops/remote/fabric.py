@@ -39,8 +39,8 @@ class FabricRemote(BaseRemote):
         self.target = target
         self.name = target.name
         self._gateway = gateway
-        self._conn = None
-        self._sftp = None
+        self._conn: Any = None  # fabric.Connection (untyped library)
+        self._sftp: Any = None  # paramiko.SFTPClient
         self._fingerprint = ""
 
     # -- connection ---------------------------------------------------------
@@ -70,20 +70,20 @@ class FabricRemote(BaseRemote):
         self._conn = conn
         return self
 
-    def _fabric(self):
+    def _fabric(self) -> Any:
         self.connect()
         return self._conn
 
-    def _connect_kwargs(self) -> dict:
+    def _connect_kwargs(self) -> dict[str, Any]:
         t = self.target
-        kwargs = {"banner_timeout": t.timeouts.banner, "auth_timeout": t.timeouts.auth,
+        kwargs: dict[str, Any] = {"banner_timeout": t.timeouts.banner, "auth_timeout": t.timeouts.auth,
                   "channel_timeout": t.timeouts.connect, "allow_agent": True,
                   "look_for_keys": not t.identity_files}
         if t.identity_files:
             kwargs["key_filename"] = [f for f in t.identity_files if Path(f).exists()] or list(t.identity_files)
         return kwargs
 
-    def _translate_connect_error(self, exc: Exception, conn) -> RemoteOpsError:
+    def _translate_connect_error(self, exc: Exception, conn: Any) -> RemoteOpsError:
         """Map what paramiko/socket raised while connecting to one typed error (exit 4, 5 or 6)."""
         import paramiko
 
@@ -97,7 +97,7 @@ class FabricRemote(BaseRemote):
         reason, text = _unreachable_reason(exc, self.target)
         return Unreachable(text, host=self.name, details={"reason": reason})
 
-    def _host_key_changed(self, exc) -> HostKeyChanged:
+    def _host_key_changed(self, exc: Any) -> HostKeyChanged:
         offered, expected = fingerprint(exc.key), fingerprint(exc.expected_key)
         return HostKeyChanged(
             f"host key for {self.target.display} CHANGED: known_hosts has {expected}, server offered "
@@ -123,7 +123,7 @@ class FabricRemote(BaseRemote):
     def __enter__(self) -> "FabricRemote":
         return self.connect()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- commands -----------------------------------------------------------
@@ -157,7 +157,7 @@ class FabricRemote(BaseRemote):
 
         return transfer.pull(self.target, root, items, **kwargs)
 
-    def open_stream(self, command: str | shell.Argv):
+    def open_stream(self, command: str | shell.Argv) -> Any:
         """Start `command` on a new session channel of this connection; return the live channel.
 
         For byte-stream protocols spoken over the command's stdin/stdout (the
@@ -176,7 +176,7 @@ class FabricRemote(BaseRemote):
                               host=self.name, details={"reason": "session"}) from None
         return chan
 
-    def _open_channel(self, deadline: float | None = None, line: str = "", deadline_s: float | None = None):
+    def _open_channel(self, deadline: float | None = None, line: str = "", deadline_s: float | None = None) -> Any:
         """A session channel, opened within the command's deadline (and the connect timeout).
 
         On a live connection whose host stops answering (frozen), that is the
@@ -199,7 +199,7 @@ class FabricRemote(BaseRemote):
                               host=self.name, details={"reason": "session"}) from None
 
     # -- files --------------------------------------------------------------
-    def _sftp_client(self):
+    def _sftp_client(self) -> Any:
         if self._sftp is None:
             self._sftp = self._fabric().client.open_sftp()
             self._sftp.get_channel().settimeout(self.target.timeouts.command)
@@ -255,15 +255,15 @@ def _unreachable_reason(exc: Exception, t: SshTarget) -> tuple[str, str]:
     return "other", f"cannot connect to {where}: {type(exc).__name__}: {exc}"
 
 
-def _chain(hops: tuple[SshTarget, ...]) -> FabricRemote:
+def _chain(hops: tuple[SshTarget, ...]) -> FabricRemote | None:
     """ProxyJump hops, first hop first, each one strict about its own host key."""
-    gateway = None
+    gateway: FabricRemote | None = None
     for hop in hops:
         gateway = FabricRemote(hop, gateway=gateway)
     return gateway
 
 
-def _pump(chan, deadline: float, on_line: LineSink | None) -> tuple[bytes | None, bytes]:
+def _pump(chan: Any, deadline: float, on_line: LineSink | None) -> tuple[bytes | None, bytes]:
     """Read stdout/stderr until EOF and exit status, or return (None, …) at the deadline."""
     out, err = bytearray(), bytearray()
     pending = {"stdout": b"", "stderr": b""}
@@ -285,7 +285,7 @@ def _pump(chan, deadline: float, on_line: LineSink | None) -> tuple[bytes | None
     return bytes(out), bytes(err)
 
 
-def _connection_lost(chan, grace: float = 1.0) -> bool:
+def _connection_lost(chan: Any, grace: float = 1.0) -> bool:
     """True if a channel that closed without an exit status (paramiko's -1) lost its connection.
 
     -1 alone would read as a failed command (exit 7); it is also what a command
@@ -300,7 +300,7 @@ def _connection_lost(chan, grace: float = 1.0) -> bool:
     return not transport.is_active()
 
 
-def _take(stream: str, data: bytes, buf: bytearray, pending: dict, on_line: LineSink | None) -> None:
+def _take(stream: str, data: bytes, buf: bytearray, pending: dict[str, bytes], on_line: LineSink | None) -> None:
     buf += data
     if on_line and data:
         lines = (pending[stream] + data).split(b"\n")
@@ -309,7 +309,7 @@ def _take(stream: str, data: bytes, buf: bytearray, pending: dict, on_line: Line
             on_line(stream, line.decode("utf-8", "replace"))
 
 
-def _nodelay(sock) -> None:
+def _nodelay(sock: Any) -> None:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except (OSError, AttributeError):

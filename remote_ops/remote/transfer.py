@@ -45,10 +45,14 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 from ..errors import CommandFailed, CommandTimedOut, NoSpace, VerifyFailed
 from ..sshconfig import SshTarget
@@ -348,8 +352,9 @@ class Puller:
         names = b"".join(i.remote.encode() + b"\0" for i in job)
         # -b 512: 256 KiB records, so sshd gets big writes instead of tar's default 10 KiB
         proc = self._spawn(f"tar -C {shlex.quote(self.root)} -b 512 -cf - --null -T - --ignore-failed-read")
-        proc.stdin.write(names)
-        proc.stdin.close()
+        stdin = _pipe(proc.stdin)
+        stdin.write(names)
+        stdin.close()
         reader = _StallReader(proc, self.stall_timeout, self.host)
         lane = _FileLane(job, self._mkdir, self._files_pool)
         try:
@@ -387,7 +392,7 @@ class Puller:
             self.report.fetched += 1
 
     # -- shared --------------------------------------------------------------
-    def _finish(self, item: PullItem, size: int, digest, report_failure: bool = False) -> str | None:
+    def _finish(self, item: PullItem, size: int, digest: _Hash, report_failure: bool = False) -> str | None:
         """Compare size and sha256 with the manifest; rename on success."""
         problem = None
         if size != item.size:
@@ -408,14 +413,14 @@ class Puller:
         with self._lock:
             self.report.failed.append((item.remote, reason))
 
-    def _spawn(self, command: str, stdin=subprocess.PIPE) -> subprocess.Popen:
+    def _spawn(self, command: str, stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
         """Start one ssh (own session: Ctrl-C reaches us, we stop it by its handle)."""
         if self._stop.is_set():
             raise KeyboardInterrupt
         proc = subprocess.Popen(self.argv + [command], stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
         try:
-            fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+            fcntl.fcntl(_pipe(proc.stdout).fileno(), F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:
             pass
         with self._lock:
@@ -431,9 +436,10 @@ class Puller:
     def _buffer(self) -> memoryview:
         if not hasattr(self._local, "view"):
             self._local.view = memoryview(bytearray(BUF))
-        return self._local.view
+        view: memoryview = self._local.view
+        return view
 
-    def _copy_from(self, reader: "_StallReader", fd: int, digest, limit: int, eof_ok: bool = False) -> int:
+    def _copy_from(self, reader: "_StallReader", fd: int, digest: _Hash, limit: int, eof_ok: bool = False) -> int:
         """Copy `limit` bytes (or to EOF) from the reader to `fd`, hashing and counting them."""
         view = self._buffer()
         total = 0
@@ -456,10 +462,10 @@ class Puller:
         if self._stop.is_set():
             raise KeyboardInterrupt
 
-    def _reap(self, proc: subprocess.Popen) -> tuple[int, str]:
-        proc.stdout.close()
+    def _reap(self, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+        _pipe(proc.stdout).close()
         try:
-            err = proc.stderr.read().decode("utf-8", "replace")
+            err = _pipe(proc.stderr).read().decode("utf-8", "replace")
             rc = proc.wait(timeout=self.stall_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -496,9 +502,9 @@ class _FileLane:
         self.mkdir = mkdir
         self.queue = list(reversed(items))
         self.names = {i.remote for i in items}
-        self.pending: dict[str, tuple[PullItem, object]] = {}
+        self.pending: dict[str, tuple[PullItem, Future[int]]] = {}
         self.unseen: list[PullItem] = []
-        self.renames: list = []
+        self.renames: list[Future[None]] = []
         for _ in range(self.AHEAD):
             self._ahead()
 
@@ -526,7 +532,7 @@ class _FileLane:
                 return item, future.result()
             self._discard(item, future)
 
-    def _discard(self, item: PullItem, future) -> None:
+    def _discard(self, item: PullItem, future: Future[int]) -> None:
         self.unseen.append(item)
         os.close(future.result())
         item.part.unlink(missing_ok=True)
@@ -541,16 +547,22 @@ class _FileLane:
         self.unseen.extend(reversed(self.queue))
         self.pending.clear()
         self.queue.clear()
-        for future in self.renames:
-            future.result()
+        for done in self.renames:
+            done.result()
         return self.unseen
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """A pipe of a process started with `subprocess.PIPE` for it (never None then)."""
+    assert stream is not None, "the process was started without this pipe"
+    return stream
 
 
 def _remote_path(root: str, rel: str) -> str:
     return rel if rel.startswith("/") else f"{root.rstrip('/')}/{rel}"
 
 
-def _hash_prefix(part: Path, offset: int):
+def _hash_prefix(part: Path, offset: int) -> _Hash:
     """sha256 of the bytes already on disk (resume), read once in big blocks."""
     digest = hashlib.sha256()
     if offset:
@@ -568,8 +580,8 @@ class _StallReader:
     empty, and a stalled link becomes a typed error instead of a hang.
     """
 
-    def __init__(self, proc: subprocess.Popen, stall_timeout: float, host: str) -> None:
-        self.proc, self.fd, self.stall, self.host = proc, proc.stdout.fileno(), stall_timeout, host
+    def __init__(self, proc: subprocess.Popen[bytes], stall_timeout: float, host: str) -> None:
+        self.proc, self.fd, self.stall, self.host = proc, _pipe(proc.stdout).fileno(), stall_timeout, host
         os.set_blocking(self.fd, False)
         self.buf = bytearray(1 << 16)
         self.start = self.end = 0
@@ -620,7 +632,7 @@ def _skip(reader: _StallReader, n: int) -> None:
         n -= got
 
 
-def _tar_members(reader: _StallReader):
+def _tar_members(reader: _StallReader) -> Iterator[tuple[str, int]]:
     """Yield (name, size) of each regular file in a tar stream, leaving the reader at its data.
 
     Handles ustar names (prefix + name), GNU long names ('L') and base-256 sizes.
