@@ -24,6 +24,7 @@ Usage (root; scripts/setup done):  .venv/bin/python bench/deploy_noop.py [--runs
 Ansible: `python3 -m venv /tmp/ansible-venv && /tmp/ansible-venv/bin/pip install ansible-core`.
 Everything stays on 127.0.0.0/8; no registry is contacted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ def setup(tmp: Path):
     """Lab host + stand-in image + real tree + inventory + a first full deploy."""
     lab = HostLab(tmp / "lab", names=[NAME]).start()
     base = base_python_image(lab.dockerd.socket)
-    standin = sandbox.build_standin_base(lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout),
-                                         "0.5.9", base)
+    standin = sandbox.build_standin_base(
+        lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout), "0.5.9", base
+    )
     lab.install_sglang(NAME)
     sandbox.write_model_config(lab.host(NAME).paths.model_dir)
     entry = sandbox.standin_overrides(lab.host(NAME).inventory_entry(lab, standin), standin)
@@ -90,8 +92,14 @@ def bench_cli(runs: int) -> list[dict]:
     out = []
     for _ in range(runs):
         t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "remote_ops", "deploy", "--host", NAME, "--yes", "--json", "-q"],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO)
+        p = subprocess.run(
+            [sys.executable, "-m", "remote_ops", "deploy", "--host", NAME, "--yes", "--json", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+        )
         wall = time.perf_counter() - t
         doc = json.loads(p.stdout)
         assert p.returncode == 0 and doc["up_to_date"], (p.returncode, p.stderr[-500:])
@@ -106,8 +114,14 @@ def bench_health(lab, spec, runs: int) -> dict:
     cli, inproc, trips = [], [], []
     for _ in range(runs):
         t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "remote_ops", "health", "--host", NAME, "--json"],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO)
+        p = subprocess.run(
+            [sys.executable, "-m", "remote_ops", "health", "--host", NAME, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+        )
         cli.append(time.perf_counter() - t)
         assert p.returncode in (0, 11), (p.returncode, p.stderr[-500:])
         t = time.perf_counter()
@@ -115,8 +129,13 @@ def bench_health(lab, spec, runs: int) -> dict:
             r = health.check_host(lambda _h: remote, spec, expected_image=deploy.image_ref(spec))
         inproc.append(time.perf_counter() - t)
         trips.append(r.round_trips)
-    return {"cli_s": statistics.median(cli), "inprocess_s": statistics.median(inproc), "round_trips": trips[0],
-            "cli_all_s": cli, "inprocess_all_s": inproc}
+    return {
+        "cli_s": statistics.median(cli),
+        "inprocess_s": statistics.median(inproc),
+        "round_trips": trips[0],
+        "cli_all_s": cli,
+        "inprocess_all_s": inproc,
+    }
 
 
 def bench_compare(other: Path, runs: int) -> dict:
@@ -126,14 +145,24 @@ def bench_compare(other: Path, runs: int) -> dict:
     out: dict = {}
     for _ in range(runs):
         for label, tree in (("this", REPO), ("other", other)):
-            row = out.setdefault(label, {"deploy_cli_s": [], "deploy_inner_s": [], "health_cli_s": [],
-                                         "health_inner_s": [], "deploy_round_trips": 0, "health_round_trips": 0})
+            row = out.setdefault(
+                label,
+                {
+                    "deploy_cli_s": [],
+                    "deploy_inner_s": [],
+                    "health_cli_s": [],
+                    "health_inner_s": [],
+                    "deploy_round_trips": 0,
+                    "health_round_trips": 0,
+                },
+            )
             for cmd in ("deploy", "health"):
                 argv = [sys.executable, "-m", "remote_ops", cmd, "--host", NAME, "--json"]
                 argv += ["--yes", "-q"] if cmd == "deploy" else []
                 t = time.perf_counter()
-                p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                                   cwd=tree)
+                p = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=tree
+                )
                 row[f"{cmd}_cli_s"].append(time.perf_counter() - t)
                 doc = json.loads(p.stdout)
                 if cmd == "deploy":
@@ -145,8 +174,9 @@ def bench_compare(other: Path, runs: int) -> dict:
                     row["health_inner_s"].append(host["duration_s"])
                     row["health_round_trips"] = host["round_trips"]
                     row["health_exit"] = p.returncode
-    return {k: {m: (statistics.median(v) if isinstance(v, list) else v) for m, v in row.items()}
-            for k, row in out.items()}
+    return {
+        k: {m: (statistics.median(v) if isinstance(v, list) else v) for m, v in row.items()} for k, row in out.items()
+    }
 
 
 def bench_inprocess(lab, spec, runs: int) -> list[dict]:
@@ -172,8 +202,17 @@ def noop_commands(spec) -> list[str]:
 
 def bench_openssh(lab, spec, runs: int, tmp: Path) -> dict:
     ctl = tmp / "ctl"
-    base = ["ssh", "-F", str(lab.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={ctl}",
-            "-o", "ControlPersist=60"]
+    base = [
+        "ssh",
+        "-F",
+        str(lab.ssh_config),
+        "-o",
+        "ControlMaster=auto",
+        "-o",
+        f"ControlPath={ctl}",
+        "-o",
+        "ControlPersist=60",
+    ]
     cmds = noop_commands(spec)
     cold, warm = [], []
     for i in range(runs + 1):
@@ -243,22 +282,43 @@ PLAYBOOK = """
 def bench_ansible(ansible: str, lab, spec, runs: int, tmp: Path, pipelining: bool) -> dict:
     t = lab.target(NAME)
     inv = tmp / "ansible-inventory.ini"
-    inv.write_text(f"{NAME} ansible_host={t.hostname} ansible_port={t.port} ansible_user={t.user} "
-                   f"ansible_ssh_private_key_file={t.identity_files[0]} ansible_python_interpreter=/usr/bin/python3\n")
+    inv.write_text(
+        f"{NAME} ansible_host={t.hostname} ansible_port={t.port} ansible_user={t.user} "
+        f"ansible_ssh_private_key_file={t.identity_files[0]} ansible_python_interpreter=/usr/bin/python3\n"
+    )
     play = tmp / "noop.yml"
-    play.write_text(PLAYBOOK.format(name=NAME, target=spec.sglang.target_file, ref=deploy.image_tag(spec, deploy.load_patch(spec)),
-                                    dump_parent=str(Path(spec.dump.dir)), container=spec.container.name,
-                                    version_py=spec.sglang.checkout + "/python/sglang/_version.py",
-                                    lock=spec.lock_dir, audit=spec.audit_log))
-    env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": str(pipelining),
-           "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
-                               "-o ControlMaster=auto -o ControlPersist=60s",
-           "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"), "ANSIBLE_NOCOLOR": "1"}
+    play.write_text(
+        PLAYBOOK.format(
+            name=NAME,
+            target=spec.sglang.target_file,
+            ref=deploy.image_tag(spec, deploy.load_patch(spec)),
+            dump_parent=str(Path(spec.dump.dir)),
+            container=spec.container.name,
+            version_py=spec.sglang.checkout + "/python/sglang/_version.py",
+            lock=spec.lock_dir,
+            audit=spec.audit_log,
+        )
+    )
+    env = {
+        **os.environ,
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_PIPELINING": str(pipelining),
+        "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
+        "-o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
     times = []
     for _ in range(runs):
         s = time.perf_counter()
-        p = subprocess.run([ansible, "-i", str(inv), str(play)], capture_output=True, text=True, env=env,
-                           timeout=300, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [ansible, "-i", str(inv), str(play)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - s)
         if p.returncode != 0:
             raise SystemExit(f"ansible failed:\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}")
@@ -269,18 +329,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
-    ap.add_argument("--compare", type=Path, default=None,
-                    help="another checkout (e.g. `git worktree add /tmp/old HEAD~1`) to time interleaved with this one")
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="another checkout (e.g. `git worktree add /tmp/old HEAD~1`) to time interleaved with this one",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ro-bench-noop-") as d:
         tmp = Path(d)
         lab, spec, first = setup(tmp)
         try:
-            res = {"first_deploy_s": first.wall_s, "first_deploy_round_trips": first.round_trips,
-                   "cli": bench_cli(args.runs), "inprocess": bench_inprocess(lab, spec, args.runs),
-                   "health": bench_health(lab, spec, args.runs),
-                   **({"compare": bench_compare(args.compare.resolve(), args.runs)} if args.compare else {}),
-                   "openssh": bench_openssh(lab, spec, args.runs, tmp)}
+            res = {
+                "first_deploy_s": first.wall_s,
+                "first_deploy_round_trips": first.round_trips,
+                "cli": bench_cli(args.runs),
+                "inprocess": bench_inprocess(lab, spec, args.runs),
+                "health": bench_health(lab, spec, args.runs),
+                **({"compare": bench_compare(args.compare.resolve(), args.runs)} if args.compare else {}),
+                "openssh": bench_openssh(lab, spec, args.runs, tmp),
+            }
             if os.path.exists(args.ansible):
                 res["ansible"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, False)
                 res["ansible_pipelining"] = bench_ansible(args.ansible, lab, spec, max(2, args.runs // 2), tmp, True)
@@ -292,23 +360,35 @@ def main() -> None:
 def report(res: dict) -> None:
     cli = statistics.median(r["wall_s"] for r in res["cli"])
     inproc = statistics.median(r["wall_s"] for r in res["inprocess"])
-    rows = [("remote-ops deploy (CLI, new process)", cli, res["cli"][0]["round_trips"]),
-            ("remote-ops deploy (in-process: connect + deploy)", inproc, res["inprocess"][0]["round_trips"]),
-            ("remote-ops health (CLI, new process)", res["health"]["cli_s"], res["health"]["round_trips"]),
-            ("remote-ops health (in-process: connect + check_host)", res["health"]["inprocess_s"],
-             res["health"]["round_trips"]),
-            ("OpenSSH ControlMaster, same 2 commands, cold (incl. master connect)", res["openssh"]["cold_s"], 2),
-            ("OpenSSH ControlMaster, same 2 commands, warm", res["openssh"]["warm_s"], 2)]
-    for key, label in (("ansible", "Ansible playbook (defaults)"), ("ansible_pipelining", "Ansible playbook (pipelining)")):
+    rows = [
+        ("remote-ops deploy (CLI, new process)", cli, res["cli"][0]["round_trips"]),
+        ("remote-ops deploy (in-process: connect + deploy)", inproc, res["inprocess"][0]["round_trips"]),
+        ("remote-ops health (CLI, new process)", res["health"]["cli_s"], res["health"]["round_trips"]),
+        (
+            "remote-ops health (in-process: connect + check_host)",
+            res["health"]["inprocess_s"],
+            res["health"]["round_trips"],
+        ),
+        ("OpenSSH ControlMaster, same 2 commands, cold (incl. master connect)", res["openssh"]["cold_s"], 2),
+        ("OpenSSH ControlMaster, same 2 commands, warm", res["openssh"]["warm_s"], 2),
+    ]
+    for key, label in (
+        ("ansible", "Ansible playbook (defaults)"),
+        ("ansible_pipelining", "Ansible playbook (pipelining)"),
+    ):
         if key in res:
             rows.append((f"{label}, {res[key]['tasks']} tasks", res[key]["median_s"], None))
     print(f"first full deploy: {res['first_deploy_s']:.2f}s, {res['first_deploy_round_trips']} round trips")
     for label, row in res.get("compare", {}).items():
-        print(f"compare {label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in row.items()))
+        print(
+            f"compare {label}: "
+            + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+        )
     h = res["health"]
-    print(f"health on the deployed host: CLI {h['cli_s']:.3f}s, in-process {h['inprocess_s']:.3f}s, "
-          f"{h['round_trips']} round trip(s)")
+    print(
+        f"health on the deployed host: CLI {h['cli_s']:.3f}s, in-process {h['inprocess_s']:.3f}s, "
+        f"{h['round_trips']} round trip(s)"
+    )
     print("| contender | median wall (s) | round trips | vs remote-ops CLI |")
     print("|---|---|---|---|")
     for label, wall, trips in rows:

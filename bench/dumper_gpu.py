@@ -16,6 +16,7 @@ i.e. T * 57,344 bytes to dump (~470 MB for T=8192).  Phases, all on one machine:
 Usage: python3 bench/dumper_gpu.py [--out results.json] [--dir DUMPDIR]
 Goals: loop overhead <= 3 %, sustained write rate >= 90 % of raw disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ GB = 1e9
 
 class ForwardMode(IntEnum):
     """Stand-in for sglang's ForwardMode (only the names matter to the dumper)."""
+
     EXTEND = 1
     DECODE = 2
 
@@ -56,14 +58,16 @@ def main_stream_sync(dev):
 
 # --------------------------------------------------------------------------- the step
 
+
 class Step:
     """A matmul chain standing in for one prefill forward of T tokens."""
 
     def __init__(self, tokens, hidden, dev, target_ms, seed=0):
         g = torch.Generator(device=dev).manual_seed(seed)
         self.tokens, self.hidden, self.dev = tokens, hidden, dev
-        self.weights = [torch.randn(hidden, hidden, device=dev, generator=g, dtype=torch.bfloat16) / hidden ** 0.5
-                        for _ in range(4)]
+        self.weights = [
+            torch.randn(hidden, hidden, device=dev, generator=g, dtype=torch.bfloat16) / hidden**0.5 for _ in range(4)
+        ]
         self.n_mm = 4
         self.n_mm = self._calibrate(target_ms)
 
@@ -109,12 +113,19 @@ def request_lengths(tokens, mean=1730, seed=0):
 
 def forward_batch(ids, lens, dev):
     positions = torch.cat([torch.arange(n, device=dev) for n in lens])
-    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, input_ids=ids, positions=positions,
-                           extend_seq_lens_cpu=list(lens), extend_prefix_lens_cpu=[0] * len(lens),
-                           can_run_tbo=False, batch_size=len(lens))
+    return SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        input_ids=ids,
+        positions=positions,
+        extend_seq_lens_cpu=list(lens),
+        extend_prefix_lens_cpu=[0] * len(lens),
+        can_run_tbo=False,
+        batch_size=len(lens),
+    )
 
 
 # --------------------------------------------------------------------------- disk and safetensors
+
 
 def raw_disk_single(folder, total=4 << 30, chunk=64 << 20):
     """One file, 64 MiB writes, fsync: the plain sequential write bandwidth."""
@@ -151,8 +162,13 @@ def raw_disk_files(folder, threads, file_bytes, total=4 << 30):
     dt = time.perf_counter() - t0
     for i in range(count):
         os.unlink(os.path.join(folder, "raw-%d.bin" % i))
-    return {"threads": threads, "file_bytes": file_bytes, "files": count, "seconds": round(dt, 3),
-            "GBps": round(count * file_bytes / dt / GB, 3)}
+    return {
+        "threads": threads,
+        "file_bytes": file_bytes,
+        "files": count,
+        "seconds": round(dt, 3),
+        "GBps": round(count * file_bytes / dt / GB, 3),
+    }
 
 
 def safetensors_throughput(folder, nbytes=1 << 30):
@@ -169,11 +185,15 @@ def safetensors_throughput(folder, nbytes=1 << 30):
     os.close(fd)
     t2 = time.perf_counter()
     os.unlink(path)
-    return {"bytes": t.numel() * 2, "save_file_GBps": round(t.numel() * 2 / (t1 - t0) / GB, 3),
-            "save_file_plus_fsync_GBps": round(t.numel() * 2 / (t2 - t0) / GB, 3)}
+    return {
+        "bytes": t.numel() * 2,
+        "save_file_GBps": round(t.numel() * 2 / (t1 - t0) / GB, 3),
+        "save_file_plus_fsync_GBps": round(t.numel() * 2 / (t2 - t0) / GB, 3),
+    }
 
 
 # --------------------------------------------------------------------------- loops
+
 
 def loop_none(step, lens, steps):
     fbs = [step.inputs(s) for s in range(steps)]
@@ -196,10 +216,14 @@ def loop_naive(step, lens, steps, folder):
         hidden, aux = step.run(x0)
         start = 0
         for r, n in enumerate(lens):
-            save_file({"hidden_states": hidden[start:start + n].cpu(),
-                       "aux_hidden_states": torch.cat([a[start:start + n] for a in aux], 1).cpu(),
-                       "input_ids": ids[start:start + n].to(torch.int32).cpu()},
-                      os.path.join(folder, "naive-%d-%d.safetensors" % (k, r)))
+            save_file(
+                {
+                    "hidden_states": hidden[start : start + n].cpu(),
+                    "aux_hidden_states": torch.cat([a[start : start + n] for a in aux], 1).cpu(),
+                    "input_ids": ids[start : start + n].to(torch.int32).cpu(),
+                },
+                os.path.join(folder, "naive-%d-%d.safetensors" % (k, r)),
+            )
             start += n
         main_stream_sync(step.dev)
     return (time.perf_counter() - t0) / steps
@@ -208,11 +232,17 @@ def loop_naive(step, lens, steps, folder):
 def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env=None):
     """attach() on a DeepseekV2ForCausalLM-shaped object, as the init block does."""
     cfg = SimpleNamespace(num_hidden_layers=61, hidden_size=step.hidden, architectures=["BenchStep"])
-    model = SimpleNamespace(config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]),
-                            capture_aux_hidden_states=False)
-    env = {"SGLANG_HS_DUMP_DIR": folder, "SGLANG_HS_DUMP_BUFFERS": str(buffers),
-           "SGLANG_HS_DUMP_WRITERS": str(writers), "SGLANG_HS_DUMP_POLICY": policy,
-           "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens), **(extra_env or {})}
+    model = SimpleNamespace(
+        config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]), capture_aux_hidden_states=False
+    )
+    env = {
+        "SGLANG_HS_DUMP_DIR": folder,
+        "SGLANG_HS_DUMP_BUFFERS": str(buffers),
+        "SGLANG_HS_DUMP_WRITERS": str(writers),
+        "SGLANG_HS_DUMP_POLICY": policy,
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens),
+        **(extra_env or {}),
+    }
     runtime = Runtime("bench", 0, 1, ServerArgsView({"tp_size": 1}), "bench")
     dumper = attach(model, env=env, runtime=runtime)
     probe = torch.empty(1, step.hidden, device=step.dev, dtype=torch.bfloat16)
@@ -236,6 +266,7 @@ def loop_dumper(step, lens, steps, dumper, seed0):
 
 # --------------------------------------------------------------------------- bit-exactness
 
+
 def bit_exact_after_reuse(step, lens, folder, samples):
     """Capture, free the tensors, overwrite GPU memory at once, then compare every file bit for bit."""
     from safetensors.torch import load_file
@@ -249,32 +280,45 @@ def bit_exact_after_reuse(step, lens, folder, samples):
         dumper.capture(fb, hidden, aux)
         refs.append((hidden.cpu(), torch.cat([a.cpu() for a in aux], 1), ids.cpu(), fb.positions.cpu()))
         del hidden, aux, x0, fb
-        trash = [torch.full((step.tokens, step.hidden), float("nan"), device=step.dev, dtype=torch.bfloat16)
-                 for _ in range(8)]
+        trash = [
+            torch.full((step.tokens, step.hidden), float("nan"), device=step.dev, dtype=torch.bfloat16)
+            for _ in range(8)
+        ]
         del trash
     dumper.flush(600)
     checked, equal = 0, 0
     for hidden, aux, ids, pos in refs:
         start = 0
         for n in lens:
-            key = dumpfile.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
+            key = dumpfile.dump_key(ids[start : start + n].to(torch.int32).numpy().tobytes(), 0)
             got = load_file(os.path.join(folder, "rank0", key + ".safetensors"))
-            same = (torch.equal(got["hidden_states"].view(torch.int16), hidden[start:start + n].view(torch.int16))
-                    and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start:start + n].view(torch.int16))
-                    and torch.equal(got["input_ids"], ids[start:start + n].to(torch.int32))
-                    and torch.equal(got["positions"], pos[start:start + n].to(torch.int32)))
+            same = (
+                torch.equal(got["hidden_states"].view(torch.int16), hidden[start : start + n].view(torch.int16))
+                and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start : start + n].view(torch.int16))
+                and torch.equal(got["input_ids"], ids[start : start + n].to(torch.int32))
+                and torch.equal(got["positions"], pos[start : start + n].to(torch.int32))
+            )
             checked, equal, start = checked + 1, equal + int(same), start + n
     report = dumpfile.verify_dir(folder, step.hidden, check_sha=True)
     dumper.close()
-    return {"spans_checked": checked, "spans_bit_exact": equal, "all_bit_exact": checked == equal,
-            "verify_ok": report.ok, "verify_files": report.files, "bytes_per_token": report.bytes_per_token,
-            "problems": [p.message for p in report.problems][:5]}
+    return {
+        "spans_checked": checked,
+        "spans_bit_exact": equal,
+        "all_bit_exact": checked == equal,
+        "verify_ok": report.ok,
+        "verify_files": report.files,
+        "bytes_per_token": report.bytes_per_token,
+        "problems": [p.message for p in report.problems][:5],
+    }
 
 
 # --------------------------------------------------------------------------- main
 
+
 def written_bytes(folder):
-    return sum(r["bytes"] for r in dumpfile.read_manifest(os.path.join(folder, "rank0", dumpfile.MANIFEST_NAME)).records)
+    return sum(
+        r["bytes"] for r in dumpfile.read_manifest(os.path.join(folder, "rank0", dumpfile.MANIFEST_NAME)).records
+    )
 
 
 def fresh(path):
@@ -289,9 +333,16 @@ def sustained(step, lens, base, args, writers):
     dumper = make_dumper(folder, step, args.buffers, writers)
     per_step, total = loop_dumper(step, lens, args.sustained_steps, dumper, 2000)
     nbytes = written_bytes(folder)
-    out = {"buffers": args.buffers, "writers": writers, "steps": args.sustained_steps, "step_s": per_step,
-           "seconds": round(total, 3), "file_bytes": nbytes, "GBps": round(nbytes / total / GB, 3),
-           "stats": dumper.stats.snapshot()}
+    out = {
+        "buffers": args.buffers,
+        "writers": writers,
+        "steps": args.sustained_steps,
+        "step_s": per_step,
+        "seconds": round(total, 3),
+        "file_bytes": nbytes,
+        "GBps": round(nbytes / total / GB, 3),
+        "stats": dumper.stats.snapshot(),
+    }
     dumper.close()
     shutil.rmtree(folder)
     return out
@@ -312,16 +363,22 @@ def sha256_rate(nbytes=1 << 30):
 def run(args):
     dev = torch.device(args.device)
     base = fresh(args.dir)
-    res = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "torch": torch.__version__, "tokens_per_step": args.tokens, "hidden_size": args.hidden,
-           "bytes_per_step": args.tokens * 4 * args.hidden * 2, "dump_dir": base,
-           "du": shutil.disk_usage(base)._asdict()}
+    res = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "tokens_per_step": args.tokens,
+        "hidden_size": args.hidden,
+        "bytes_per_step": args.tokens * 4 * args.hidden * 2,
+        "dump_dir": base,
+        "du": shutil.disk_usage(base)._asdict(),
+    }
     lens = request_lengths(args.tokens)
     res["requests_per_step"] = lens
     res["raw_disk_single"] = raw_disk_single(fresh(os.path.join(base, "raw")), args.raw_bytes)
     span_bytes = int(sum(lens) / len(lens)) * (4 * args.hidden * 2 + 8)
-    res["raw_disk_files_runs"] = [raw_disk_files(fresh(os.path.join(base, "raw")), w, span_bytes, args.raw_bytes)
-                                  for w in args.sustained_writers]
+    res["raw_disk_files_runs"] = [
+        raw_disk_files(fresh(os.path.join(base, "raw")), w, span_bytes, args.raw_bytes) for w in args.sustained_writers
+    ]
     res["raw_disk_files"] = max(res["raw_disk_files_runs"], key=lambda r: r["GBps"])
     res["sha256_GBps_one_thread"] = sha256_rate()
     res["safetensors"] = safetensors_throughput(fresh(os.path.join(base, "st")))
@@ -336,7 +393,11 @@ def run(args):
     res["step_s_none_again"] = loop_none(step, lens, args.steps)
     per_step, total = loop_dumper(step, lens, args.steps, dumper, 600)
     res["step_s_dumper"] = per_step
-    res["dumper_roomy"] = {"buffers": args.steps + 2, "drain_total_s": round(total, 3), "stats": dumper.stats.snapshot()}
+    res["dumper_roomy"] = {
+        "buffers": args.steps + 2,
+        "drain_total_s": round(total, 3),
+        "stats": dumper.stats.snapshot(),
+    }
     dumper.close()
     shutil.rmtree(os.path.join(base, "roomy"))
     res["sustained_runs"] = [sustained(step, lens, base, args, w) for w in args.sustained_writers]
@@ -376,8 +437,12 @@ def parse(argv=None):
     p.add_argument("--sustained-steps", type=int, default=24)
     p.add_argument("--buffers", type=int, default=4, help="pool size of the sustained run")
     p.add_argument("--writers", type=int, default=8, help="writer threads of the loop-overhead run (the default)")
-    p.add_argument("--sustained-writers", type=lambda v: [int(x) for x in v.split(",")], default=[4, 8],
-                   help="writer-thread counts to try in the sustained run (and the raw per-file run)")
+    p.add_argument(
+        "--sustained-writers",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[4, 8],
+        help="writer-thread counts to try in the sustained run (and the raw per-file run)",
+    )
     p.add_argument("--exact-samples", type=int, default=4)
     p.add_argument("--raw-bytes", type=int, default=4 << 30)
     p.add_argument("--dir", default=os.path.abspath(".bench-dump"))

@@ -12,6 +12,7 @@
 
 Usage: python3 bench/dumper_probe.py [--out probe.json]
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -87,7 +88,9 @@ def probe_aux(drv, tokens=8192):
 
     def strided():
         for k, a in enumerate(aux):
-            drv.d2h_2d(host_b.data_ptr() + k * H * 2, row, a.data_ptr(), a.stride(0) * 2, H * 2, tokens, side.cuda_stream)
+            drv.d2h_2d(
+                host_b.data_ptr() + k * H * 2, row, a.data_ptr(), a.stride(0) * 2, H * 2, tokens, side.cuda_stream
+            )
 
     out = {"cat_then_copy_ms": gpu_ms(cat_copy, side), "three_2d_copies_ms": gpu_ms(strided, side)}
     torch.cuda.synchronize()
@@ -179,8 +182,11 @@ def probe_host_func_order(drv):
 
 def main():
     drv = Driver.load()
-    res = {"driver_loaded": drv is not None, "torch": torch.__version__,
-           "cudart_has_register": hasattr(torch.cuda.cudart(), "cudaHostRegister")}
+    res = {
+        "driver_loaded": drv is not None,
+        "torch": torch.__version__,
+        "cudart_has_register": hasattr(torch.cuda.cudart(), "cudaHostRegister"),
+    }
     res["bandwidth"] = probe_bandwidth(drv)
     res["aux"] = probe_aux(drv)
     res["host_func_order"] = probe_host_func_order(drv)

@@ -26,6 +26,7 @@ Diagnosis variants (`--variants`), each the same loop:
 Usage: python3 bench/dumper_sweep.py --out sweep.json [--sizes 512,1024,...]
        [--kinds compute,launch] [--reps 3] [--variants dump] [--writer process]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,7 @@ class LaunchStep:
             if i in self.capture_at:
                 aux.append(x + x0)  # "hidden_states + residual": a fresh allocation, as in the model
             h = torch.nn.functional.rms_norm(x, (self.hidden,))
-            s = h[:, :self.NARROW]
+            s = h[:, : self.NARROW]
             for _ in range(self.SMALL_OPS // 3):
                 s = s @ self.w
                 s = torch.sigmoid(s)
@@ -91,6 +92,7 @@ def make_step(kind, tokens, hidden, dev):
 
 
 # --------------------------------------------------------------------------- loops
+
 
 def timed_loop(step, lens, inputs, dumper=None, cap_times=None):
     """Seconds per step of the scheduler-like loop; `cap_times` collects capture() CPU seconds.
@@ -131,12 +133,25 @@ class BackgroundWriters:
         os.makedirs(self.folder, exist_ok=True)
         if self.mode == "threads":
             self.stop = threading.Event()
-            self.threads = [threading.Thread(target=bg_write_loop, args=(self.folder, k, self.file_bytes, self.stop))
-                            for k in range(self.count)]
+            self.threads = [
+                threading.Thread(target=bg_write_loop, args=(self.folder, k, self.file_bytes, self.stop))
+                for k in range(self.count)
+            ]
             [t.start() for t in self.threads]
         else:
-            self.procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--bg-writer", self.folder,
-                                            str(k), str(self.file_bytes)]) for k in range(self.count)]
+            self.procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--bg-writer",
+                        self.folder,
+                        str(k),
+                        str(self.file_bytes),
+                    ]
+                )
+                for k in range(self.count)
+            ]
         time.sleep(0.5)  # let them reach full speed
         return self
 
@@ -169,10 +184,15 @@ def bg_write_loop(folder, k, file_bytes, stop=None):
 
 # --------------------------------------------------------------------------- one point of the sweep
 
+
 def summary(values):
     vals = sorted(values)
-    return {"median": round(statistics.median(vals), 2), "min": round(vals[0], 2), "max": round(vals[-1], 2),
-            "runs": [round(v, 2) for v in values]}
+    return {
+        "median": round(statistics.median(vals), 2),
+        "min": round(vals[0], 2),
+        "max": round(vals[-1], 2),
+        "runs": [round(v, 2) for v in values],
+    }
 
 
 def sweep_point(kind, tokens, args, dev, variants):
@@ -185,8 +205,14 @@ def sweep_point(kind, tokens, args, dev, variants):
     step_bytes = tokens * 4 * args.hidden * 2
     n = steps_for(probe, step_bytes, args.min_loop_s, args.max_loop_bytes)
     inputs = make_inputs(step, lens, range(10, 10 + n))
-    out = {"kind": kind, "tokens": tokens, "steps": n, "requests": len(lens),
-           "kernels_or_matmuls": getattr(step, "kernels", getattr(step, "n_mm", None)), "variants": {}}
+    out = {
+        "kind": kind,
+        "tokens": tokens,
+        "steps": n,
+        "requests": len(lens),
+        "kernels_or_matmuls": getattr(step, "kernels", getattr(step, "n_mm", None)),
+        "variants": {},
+    }
     for variant in variants:
         out["variants"][variant] = run_variant(variant, step, lens, inputs, args, n, step_bytes)
     del inputs
@@ -229,17 +255,27 @@ def run_variant(variant, step, lens, inputs, args, n, step_bytes):
                 withs.append(timed_loop(step, lens, inputs))
         if rep % 2 == 1:
             nones.append(timed_loop(step, lens, inputs))
-    res = {"step_ms_none": summary([v * 1e3 for v in nones]), "step_ms_with": summary([v * 1e3 for v in withs]),
-           "overhead_pct": summary([(w / z - 1) * 100 for w, z in zip(withs, nones)])}
+    res = {
+        "step_ms_none": summary([v * 1e3 for v in nones]),
+        "step_ms_with": summary([v * 1e3 for v in withs]),
+        "overhead_pct": summary([(w / z - 1) * 100 for w, z in zip(withs, nones)]),
+    }
     if caps:
         cs = sorted(caps)
-        res["capture_us"] = {"median": round(statistics.median(cs) * 1e6, 1), "p90": round(cs[int(len(cs) * 0.9)] * 1e6, 1),
-                             "max": round(cs[-1] * 1e6, 1), "calls": len(cs)}
+        res["capture_us"] = {
+            "median": round(statistics.median(cs) * 1e6, 1),
+            "p90": round(cs[int(len(cs) * 0.9)] * 1e6, 1),
+            "max": round(cs[-1] * 1e6, 1),
+            "calls": len(cs),
+        }
         res["capture_parts_us"] = {k: round(statistics.median(v) * 1e6, 1) for k, v in parts.items() if v}
         res["capture_parts_max_us"] = {k: round(max(v) * 1e6, 1) for k, v in parts.items() if v}
         res["drain_s"] = [round(d, 2) for d in drains]
-        res["stats"] = {k: v for k, v in dumper.stats.snapshot().items()
-                        if k in ("files", "bytes", "errors", "dropped_batches", "backpressure_waits", "queue_high_water")}
+        res["stats"] = {
+            k: v
+            for k, v in dumper.stats.snapshot().items()
+            if k in ("files", "bytes", "errors", "dropped_batches", "backpressure_waits", "queue_high_water")
+        }
     if dumper is not None:
         dumper.close()
     shutil.rmtree(folder, ignore_errors=True)
@@ -249,9 +285,13 @@ def run_variant(variant, step, lens, inputs, args, n, step_bytes):
 def instrument(dumper):
     """Time the parts of capture() (pool, staging, hand-over, counters) in place; returns their lists."""
     parts = {}
-    targets = [("acquire", getattr(dumper, "pool", None), "acquire"), ("stage", dumper.stager, "stage"),
-               ("hand_over", getattr(dumper, "sink", None), "job"), ("hand_over", getattr(dumper, "writers", None), "submit"),
-               ("counters", dumper.stats, "add")]
+    targets = [
+        ("acquire", getattr(dumper, "pool", None), "acquire"),
+        ("stage", dumper.stager, "stage"),
+        ("hand_over", getattr(dumper, "sink", None), "job"),
+        ("hand_over", getattr(dumper, "writers", None), "submit"),
+        ("counters", dumper.stats, "add"),
+    ]
     for name, obj, attr in targets:
         if obj is None or not hasattr(obj, attr):
             continue
@@ -267,6 +307,7 @@ def _timed(fn, times):
             return fn(*a, **k)
         finally:
             times.append(time.perf_counter() - t0)
+
     return wrapper
 
 
@@ -278,6 +319,7 @@ def disable_writing(dumper):
 
 
 # --------------------------------------------------------------------------- profiler
+
 
 def profile_point(kind, tokens, args, dev, steps=4):
     """torch.profiler over a few steps with the dumper: where the forward thread's time goes."""
@@ -309,12 +351,19 @@ def profile_point(kind, tokens, args, dev, steps=4):
 
 # --------------------------------------------------------------------------- main
 
+
 def run(args):
     dev = torch.device(args.device)
     base.fresh(args.dir)
-    res = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-           "cpus": os.cpu_count(), "writers": args.writers, "extra_env": args.extra_env, "reps": args.reps,
-           "points": []}
+    res = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "writers": args.writers,
+        "extra_env": args.extra_env,
+        "reps": args.reps,
+        "points": [],
+    }
     for kind in args.kinds:
         for tokens in args.sizes:
             t0 = time.perf_counter()
@@ -335,8 +384,13 @@ def compact(point):
     for name, v in point["variants"].items():
         o = v["overhead_pct"]
         out[name] = "%.2f%% [%.2f..%.2f] none %.2fms cap %s %s" % (
-            o["median"], o["min"], o["max"], v["step_ms_none"]["median"], v.get("capture_us", {}).get("median"),
-            v.get("capture_parts_us"))
+            o["median"],
+            o["min"],
+            o["max"],
+            v["step_ms_none"]["median"],
+            v.get("capture_us", {}).get("median"),
+            v.get("capture_parts_us"),
+        )
     return out
 
 

@@ -24,6 +24,7 @@ Usage:
   CPU:   python3 bench/dumper_tp2.py --device cpu --hidden 256 --sizes 256,512 --reps 2 --no-sustained
 Goals: loop overhead <= 1 % with NCCL traffic, sustained write >= 90 % of raw disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,11 @@ from remote_ops.dumper import attach, dumpfile  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 WORLD = 2
-for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+for name, value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
     os.environ.setdefault(name, value)  # no NVLink multicast (device README)
 
 
@@ -58,8 +63,9 @@ class TPStep:
     def __init__(self, tokens, hidden, dev, seed=0):
         g = torch.Generator(device=dev).manual_seed(seed)  # same weights on every rank
         self.tokens, self.hidden, self.dev = tokens, hidden, dev
-        self.w = [torch.randn(hidden, hidden, device=dev, generator=g, dtype=torch.bfloat16) / hidden ** 0.5
-                  for _ in range(2)]
+        self.w = [
+            torch.randn(hidden, hidden, device=dev, generator=g, dtype=torch.bfloat16) / hidden**0.5 for _ in range(2)
+        ]
 
     def inputs(self, seed):
         return base.Step.inputs(self, seed)
@@ -78,10 +84,15 @@ class TPStep:
 def make_dumper(folder, rank, tokens, hidden, dev, buffers, writers, all_ranks=False):
     """attach() as the init block does on TP rank `rank` of 2."""
     cfg = base.SimpleNamespace(num_hidden_layers=61, hidden_size=hidden, architectures=["BenchTP2Step"])
-    model = base.SimpleNamespace(config=cfg, model=base.SimpleNamespace(layers_to_capture=[], layers=[]),
-                                 capture_aux_hidden_states=False)
-    env = {"SGLANG_HS_DUMP_DIR": folder, "SGLANG_HS_DUMP_BUFFERS": str(buffers),
-           "SGLANG_HS_DUMP_WRITERS": str(writers), "SGLANG_HS_DUMP_BUFFER_TOKENS": str(tokens)}
+    model = base.SimpleNamespace(
+        config=cfg, model=base.SimpleNamespace(layers_to_capture=[], layers=[]), capture_aux_hidden_states=False
+    )
+    env = {
+        "SGLANG_HS_DUMP_DIR": folder,
+        "SGLANG_HS_DUMP_BUFFERS": str(buffers),
+        "SGLANG_HS_DUMP_WRITERS": str(writers),
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": str(tokens),
+    }
     if all_ranks:
         env["SGLANG_HS_DUMP_ALL_RANKS"] = "1"
     runtime = Runtime("bench", rank, WORLD, ServerArgsView({"tp_size": WORLD}), "bench")
@@ -108,6 +119,7 @@ def make_inputs(step, lens, seeds):
 
 # --------------------------------------------------------------------------- phases
 
+
 def phase_gating(rank, args, dev):
     """Files only where they belong, bit-identical to the tensors and across ranks."""
     out = {}
@@ -124,14 +136,23 @@ def phase_gating(rank, args, dev):
         dumper.close()
         dist.barrier()
         mine = check_spans(folder, rank, refs, lens) if dumper.writer else None
-        result = {"writer": dumper.writer, "spans_checked": mine[0] if mine else 0,
-                  "spans_bit_exact": mine[1] if mine else 0}
+        result = {
+            "writer": dumper.writer,
+            "spans_checked": mine[0] if mine else 0,
+            "spans_bit_exact": mine[1] if mine else 0,
+        }
         if rank == 0:
             dirs = sorted(d for d in os.listdir(folder) if d.startswith("rank"))
             cmp = dumpfile.compare_ranks(folder)
             report = dumpfile.verify_dir(folder, args.hidden)
-            result.update(rank_dirs=dirs, verify_ok=report.ok, files=report.files,
-                          compared=cmp.get("compared"), identical=cmp.get("identical"), compare_ok=cmp.get("ok"))
+            result.update(
+                rank_dirs=dirs,
+                verify_ok=report.ok,
+                files=report.files,
+                compared=cmp.get("compared"),
+                identical=cmp.get("identical"),
+                compare_ok=cmp.get("ok"),
+            )
         out["all_ranks" if all_ranks else "default"] = result
         dist.barrier()
     return out
@@ -147,8 +168,10 @@ def capture_and_trash(step, lens, dumper, samples):
         dumper.capture(fb, hidden, aux)
         refs.append((hidden.cpu(), torch.cat([a.cpu() for a in aux], 1), ids.cpu(), fb.positions.cpu()))
         del hidden, aux, x0, fb
-        trash = [torch.full((step.tokens, step.hidden), float("nan"), device=step.dev, dtype=torch.bfloat16)
-                 for _ in range(8)]
+        trash = [
+            torch.full((step.tokens, step.hidden), float("nan"), device=step.dev, dtype=torch.bfloat16)
+            for _ in range(8)
+        ]
         del trash
     return refs
 
@@ -160,12 +183,14 @@ def check_spans(folder, rank, refs, lens):
     for hidden, aux, ids, pos in refs:
         start = 0
         for n in lens:
-            key = dumpfile.dump_key(ids[start:start + n].to(torch.int32).numpy().tobytes(), 0)
+            key = dumpfile.dump_key(ids[start : start + n].to(torch.int32).numpy().tobytes(), 0)
             got = load_file(os.path.join(folder, dumpfile.rank_dir_name(rank), key + ".safetensors"))
-            same = (torch.equal(got["hidden_states"].view(torch.int16), hidden[start:start + n].view(torch.int16))
-                    and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start:start + n].view(torch.int16))
-                    and torch.equal(got["input_ids"], ids[start:start + n].to(torch.int32))
-                    and torch.equal(got["positions"], pos[start:start + n].to(torch.int32)))
+            same = (
+                torch.equal(got["hidden_states"].view(torch.int16), hidden[start : start + n].view(torch.int16))
+                and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start : start + n].view(torch.int16))
+                and torch.equal(got["input_ids"], ids[start : start + n].to(torch.int32))
+                and torch.equal(got["positions"], pos[start : start + n].to(torch.int32))
+            )
             checked, equal, start = checked + 1, equal + int(same), start + n
     return checked, equal
 
@@ -199,11 +224,26 @@ def phase_overhead(rank, args, dev):
             if rep % 2 == 1:
                 nones.append(loop(step, inputs))
         dumper.close()
-        points.append({"tokens": tokens, "steps": n, "step_ms_none": summary([v * 1e3 for v in nones]),
-                       "step_ms_with": summary([v * 1e3 for v in withs]),
-                       "overhead_pct": summary([(w / z - 1) * 100 for w, z in zip(withs, nones)])})
-        print(json.dumps({"rank": rank, "tokens": tokens, "overhead_pct": points[-1]["overhead_pct"],
-                          "none_ms": points[-1]["step_ms_none"]["median"]}), flush=True)
+        points.append(
+            {
+                "tokens": tokens,
+                "steps": n,
+                "step_ms_none": summary([v * 1e3 for v in nones]),
+                "step_ms_with": summary([v * 1e3 for v in withs]),
+                "overhead_pct": summary([(w / z - 1) * 100 for w, z in zip(withs, nones)]),
+            }
+        )
+        print(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "tokens": tokens,
+                    "overhead_pct": points[-1]["overhead_pct"],
+                    "none_ms": points[-1]["step_ms_none"]["median"],
+                }
+            ),
+            flush=True,
+        )
         del inputs
         dist.barrier()
     return points
@@ -233,12 +273,17 @@ def phase_sustained(rank, args, dev):
     dist.barrier()
     if rank == 0:
         nbytes = base.written_bytes(folder)
-        out.update(seconds=round(total, 3), file_bytes=nbytes, GBps=round(nbytes / total / base.GB, 3),
-                   vs_raw_pct=round(nbytes / total / base.GB / out["raw_disk_files"]["GBps"] * 100, 1))
+        out.update(
+            seconds=round(total, 3),
+            file_bytes=nbytes,
+            GBps=round(nbytes / total / base.GB, 3),
+            vs_raw_pct=round(nbytes / total / base.GB / out["raw_disk_files"]["GBps"] * 100, 1),
+        )
     return out
 
 
 # --------------------------------------------------------------------------- processes
+
 
 def worker(rank, args, port):
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -277,11 +322,16 @@ def summarize(ranks):
     r0 = ranks[0]
     g = r0["gating"]
     out = {
-        "gating_default_only_rank0": g["default"]["rank_dirs"] == ["rank0"] and not ranks[1]["gating"]["default"]["writer"],
+        "gating_default_only_rank0": g["default"]["rank_dirs"] == ["rank0"]
+        and not ranks[1]["gating"]["default"]["writer"],
         "gating_all_ranks_both": g["all_ranks"]["rank_dirs"] == ["rank0", "rank1"],
-        "ranks_identical": bool(g["all_ranks"]["compare_ok"]) and g["all_ranks"]["identical"] == g["all_ranks"]["compared"] > 0,
-        "bit_exact": all(r["gating"][k]["spans_checked"] == r["gating"][k]["spans_bit_exact"]
-                         for r in ranks for k in ("default", "all_ranks")),
+        "ranks_identical": bool(g["all_ranks"]["compare_ok"])
+        and g["all_ranks"]["identical"] == g["all_ranks"]["compared"] > 0,
+        "bit_exact": all(
+            r["gating"][k]["spans_checked"] == r["gating"][k]["spans_bit_exact"]
+            for r in ranks
+            for k in ("default", "all_ranks")
+        ),
         "verify_ok": g["default"]["verify_ok"] and g["all_ranks"]["verify_ok"],
     }
     if "overhead" in r0:
@@ -296,7 +346,11 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",") if x], default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument(
+        "--sizes",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[512, 1024, 2048, 4096, 8192, 16384, 32768],
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--writers", type=int, default=8)
     p.add_argument("--gating-tokens", type=int, default=2048)

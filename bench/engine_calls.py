@@ -26,6 +26,7 @@ outside 127.0.0.0/8 is contacted; no image is pulled.
 
     .venv/bin/python bench/engine_calls.py [--reps 30] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
 from remote_ops.remote import FabricRemote  # noqa: E402
 
 NAME = "bench"
-DOCKER_SECTIONS = {"docker", "objects", "container"}    # the engine's part of deploy's / health's probe
+DOCKER_SECTIONS = {"docker", "objects", "container"}  # the engine's part of deploy's / health's probe
 
 
 def setup(tmp: Path):
@@ -56,11 +57,14 @@ def setup(tmp: Path):
     sock = lab.dockerd.socket
     spec = lab.spec(NAME)
     ref = deploy.image_tag(spec, deploy.load_patch(spec))
-    dockerfile = (f"FROM {busybox_image(sock)}\nLABEL {labels.PATCH_HASH}=bench {labels.SHA_AFTER}=bench "
-                  f"{labels.CONTEXT_HASH}=bench\n").encode()
+    dockerfile = (
+        f"FROM {busybox_image(sock)}\nLABEL {labels.PATCH_HASH}=bench {labels.SHA_AFTER}=bench "
+        f"{labels.CONTEXT_HASH}=bench\n"
+    ).encode()
     lab_docker(sock, "build", "--pull=false", "-q", "-t", ref, "-", input=dockerfile)
-    lab_docker(sock, "run", "-d", "--pull=never", "--init", "--name", spec.container.name, ref,
-               "sh", "-c", "exec sleep 3600")
+    lab_docker(
+        sock, "run", "-d", "--pull=never", "--init", "--name", spec.container.name, ref, "sh", "-c", "exec sleep 3600"
+    )
     return lab, spec, ref
 
 
@@ -81,11 +85,11 @@ def cold_engine(remote, fn):
 
 def variants(remote, spec, ref, warm: DockerEngine) -> dict:
     name = spec.container.name
-    deploy_probe = deploy.probe_commands(spec, ref)                       # read-only form (no lock taken)
+    deploy_probe = deploy.probe_commands(spec, ref)  # read-only form (no lock taken)
     deploy_rest = [(n, c) for n, c in deploy_probe if n not in DOCKER_SECTIONS]
     health_probe = health.probes(spec, expected_image=ref)
     health_rest = [(n, c) for n, c in health_probe if n not in DOCKER_SECTIONS]
-    api_objects = lambda e: (e.version(), e.objects(name, ref))          # noqa: E731
+    api_objects = lambda e: (e.version(), e.objects(name, ref))  # noqa: E731
 
     def split(script: str):
         with ThreadPoolExecutor(2) as pool:
@@ -99,23 +103,30 @@ def variants(remote, spec, ref, warm: DockerEngine) -> dict:
         "inspect: CLI per call (docker inspect NAME)": lambda: remote.run(["docker", "inspect", name], timeout=30),
         "inspect: API, first call on a new engine": lambda: cold_engine(remote, lambda e: e.container(name)),
         "inspect: API, later call (kept-alive channel)": lambda: warm.container(name),
-        "probe objects: CLI (docker inspect NAME REF)": lambda: remote.run(["docker", "inspect", name, ref],
-                                                                            timeout=30),
+        "probe objects: CLI (docker inspect NAME REF)": lambda: remote.run(
+            ["docker", "inspect", name, ref], timeout=30
+        ),
         "probe objects: API cold (version + container + image)": lambda: cold_engine(remote, api_objects),
         "probe objects: API warm (container + image)": lambda: warm.objects(name, ref),
-        "deploy probe: as now (sections, docker CLI inside)": lambda: remote.run(shell.sections(deploy_probe),
-                                                                                  check=False, timeout=60),
-        "deploy probe: without its docker sections": lambda: remote.run(shell.sections(deploy_rest),
-                                                                        check=False, timeout=60),
+        "deploy probe: as now (sections, docker CLI inside)": lambda: remote.run(
+            shell.sections(deploy_probe), check=False, timeout=60
+        ),
+        "deploy probe: without its docker sections": lambda: remote.run(
+            shell.sections(deploy_rest), check=False, timeout=60
+        ),
         "deploy probe: without docker sections || API cold": lambda: split(shell.sections(deploy_rest)),
         "container start, no-op (check+verify): CLI, container.lifecycle": lambda: container.lifecycle(
-            remote, spec, "start"),
+            remote, spec, "start"
+        ),
         "container start, no-op (check+verify): API cold": lambda: cold_engine(
-            remote, lambda e: (e.container(name), e.container(name))),
+            remote, lambda e: (e.container(name), e.container(name))
+        ),
         "health probe: as now (parallel, docker CLI inside)": lambda: remote.run(
-            shell.parallel_sections(health_probe), check=False, timeout=90),
-        "health probe: without its docker sections": lambda: remote.run(shell.parallel_sections(health_rest),
-                                                                        check=False, timeout=90),
+            shell.parallel_sections(health_probe), check=False, timeout=90
+        ),
+        "health probe: without its docker sections": lambda: remote.run(
+            shell.parallel_sections(health_rest), check=False, timeout=90
+        ),
         "health probe: without docker sections || API cold": lambda: split(shell.parallel_sections(health_rest)),
     }
 
@@ -124,14 +135,16 @@ def measure(remote, spec, ref, reps: int) -> dict:
     warm = DockerEngine(remote)
     warm.version()
     runs = variants(remote, spec, ref, warm)
-    for fn in runs.values():                                              # one untimed warm-up each
+    for fn in runs.values():  # one untimed warm-up each
         fn()
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(reps):
         for label, fn in runs.items():
             times[label].append(timed(fn))
-    counts = {"channels_opened_by_warm_engine": warm.adapter.channels_opened,
-              "requests_on_warm_engine": warm.adapter.requests}
+    counts = {
+        "channels_opened_by_warm_engine": warm.adapter.channels_opened,
+        "requests_on_warm_engine": warm.adapter.requests,
+    }
     warm.close()
     return {"times": times, "counts": counts}
 

@@ -29,6 +29,7 @@ Timed (each `--repeat` times, medians):
 
 Everything stays on 127.0.0.0/8; no registry is contacted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,16 +71,23 @@ def setup(tmp: Path, n: int, rtt_ms: float):
 
 def _prepare(lab, tmp: Path, names: list[str], rtt_ms: float):
     base = base_python_image(lab.dockerd.socket)
-    standin = sandbox.build_standin_base(lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout),
-                                         "0.5.9", base)
+    standin = sandbox.build_standin_base(
+        lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout), "0.5.9", base
+    )
     for name in names:
         lab.install_sglang(name)
         sandbox.write_model_config(lab.host(name).paths.model_dir)
         lab.add_delay(name, rtt_ms, alias=f"{name}-far")
     near = {nm: sandbox.standin_overrides(lab.host(nm).inventory_entry(lab, standin), standin) for nm in names}
     # the same host names through the proxies (a host's name is part of its build inputs, so no aliases here)
-    far = {nm: {**near[nm], "address": lab.delayed[f"{nm}-far"][1].listen_address,
-                "port": lab.delayed[f"{nm}-far"][1].listen_port} for nm in names}
+    far = {
+        nm: {
+            **near[nm],
+            "address": lab.delayed[f"{nm}-far"][1].listen_address,
+            "port": lab.delayed[f"{nm}-far"][1].listen_port,
+        }
+        for nm in names
+    }
     from remote_ops.inventory import load_inventory
 
     specs = {}
@@ -108,8 +116,15 @@ def cli(*args, ok=(0,), timeout=300, rtt=True) -> tuple[float, dict | None]:
     """One CLI run in a new process against the direct (`rtt=False`) or the delayed inventory."""
     env = {**os.environ, "REMOTE_OPS_INVENTORY": str(TMP / ("inv-rtt" if rtt else "inv-0ms"))}
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], capture_output=True, text=True, cwd=REPO,
-                       timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     wall = time.perf_counter() - t
     assert p.returncode in ok, (args, p.returncode, p.stderr[-800:])
     return wall, (json.loads(p.stdout) if p.stdout.strip().startswith("{") else None)
@@ -125,6 +140,7 @@ def inprocess_deploy(lab, specs, hosts: list[str]) -> float:
             r = deploy.deploy(remote, spec)
         assert r.up_to_date, json.dumps(r.to_dict(), default=str)[:3000]
         return 0, r
+
     t = time.perf_counter()
     run = fleet.fan_out([specs[h] for h in hosts], one)
     assert run.exit_code == 0, run.to_dict()
@@ -137,8 +153,12 @@ def fanout_section(lab, specs, names, r) -> dict:
     for tag in ("0ms", "rtt"):
         rtt = tag == "rtt"
         out[tag] = {
-            "health_1": med(repeat(lambda rtt=rtt: cli("health", "--host", names[0], "-q", ok=health_ok, rtt=rtt)[0], r)),
-            "health_n": med(repeat(lambda rtt=rtt: cli("health", "--host", "fleet", "-q", ok=health_ok, rtt=rtt)[0], r)),
+            "health_1": med(
+                repeat(lambda rtt=rtt: cli("health", "--host", names[0], "-q", ok=health_ok, rtt=rtt)[0], r)
+            ),
+            "health_n": med(
+                repeat(lambda rtt=rtt: cli("health", "--host", "fleet", "-q", ok=health_ok, rtt=rtt)[0], r)
+            ),
             "deploy_1": med(repeat(lambda tag=tag: inprocess_deploy(lab, specs[tag], names[:1]), r)),
             "deploy_n": med(repeat(lambda tag=tag: inprocess_deploy(lab, specs[tag], names), r)),
         }
@@ -153,8 +173,13 @@ def single_section(names, r, rtt_s) -> dict:
     dep = repeat(lambda: cli("deploy", "--host", far, "--yes", "--json", "-q"), r)
     hea = repeat(lambda: cli("health", "--host", far, "--json", "-q", ok=(0, 11)), r)
     dep_trips = dep[0][1]["round_trips"]
-    out = {"startup_s": startup, "deploy_s": med(w for w, _ in dep), "deploy_round_trips": dep_trips,
-           "health_s": med(w for w, _ in hea), "health_round_trips": 1}
+    out = {
+        "startup_s": startup,
+        "deploy_s": med(w for w, _ in dep),
+        "deploy_round_trips": dep_trips,
+        "health_s": med(w for w, _ in hea),
+        "health_round_trips": 1,
+    }
     out["deploy_floor_s"] = startup + (5 + dep_trips) * rtt_s
     out["health_floor_s"] = startup + (5 + 1) * rtt_s
     return out
@@ -167,20 +192,56 @@ def extraction_section(lab, names, k: int, per_host: int, tokens: int, r: int, t
         ds1 = _dataset(tmp / f"x1-{i}.jsonl", per_host, tokens, offset=1000 * i + 1)
         dsk = _dataset(tmp / f"xk-{i}.jsonl", per_host * k, tokens, offset=1000 * i + 500)
         c = machine_cpu_s()
-        one.append(cli("extract", "start", "--host", names[0], "--dataset", str(ds1), "--wait", "600",
-                       "--json", "-q", timeout=700, rtt=False)[0])
+        one.append(
+            cli(
+                "extract",
+                "start",
+                "--host",
+                names[0],
+                "--dataset",
+                str(ds1),
+                "--wait",
+                "600",
+                "--json",
+                "-q",
+                timeout=700,
+                rtt=False,
+            )[0]
+        )
         cpu_one.append(machine_cpu_s() - c)
         c = machine_cpu_s()
-        many.append(cli("extract", "start", "--host", group, "--dataset", str(dsk), "--wait", "600",
-                        "--json", "-q", timeout=700, rtt=False)[0])
+        many.append(
+            cli(
+                "extract",
+                "start",
+                "--host",
+                group,
+                "--dataset",
+                str(dsk),
+                "--wait",
+                "600",
+                "--json",
+                "-q",
+                timeout=700,
+                rtt=False,
+            )[0]
+        )
         cpu_many.append(machine_cpu_s() - c)
     cores = os.cpu_count() or 1
-    return {"hosts": k, "samples_per_host": per_host, "tokens_per_sample": tokens, "one_host_s": med(one),
-            "group_s": med(many), "ratio_vs_ideal": med(many) / med(one), "runs": {"one": one, "group": many},
-            # the whole machine's CPU (every session's, not only ours) during each run, and the wall
-            # time that much CPU needs at best on this machine's cores
-            "machine_cpu_one_s": med(cpu_one), "machine_cpu_group_s": med(cpu_many),
-            "cpu_floor_group_s": med(cpu_many) / cores}
+    return {
+        "hosts": k,
+        "samples_per_host": per_host,
+        "tokens_per_sample": tokens,
+        "one_host_s": med(one),
+        "group_s": med(many),
+        "ratio_vs_ideal": med(many) / med(one),
+        "runs": {"one": one, "group": many},
+        # the whole machine's CPU (every session's, not only ours) during each run, and the wall
+        # time that much CPU needs at best on this machine's cores
+        "machine_cpu_one_s": med(cpu_one),
+        "machine_cpu_group_s": med(cpu_many),
+        "cpu_floor_group_s": med(cpu_many) / cores,
+    }
 
 
 def machine_cpu_s() -> float:
@@ -192,8 +253,12 @@ def machine_cpu_s() -> float:
 def _dataset(path: Path, n: int, tokens: int, offset: int) -> Path:
     with open(path, "w") as fh:
         for i in range(n):
-            fh.write(json.dumps({"id": f"s{offset}-{i}",
-                                 "input_ids": [(offset * 31 + i * 7919 + t) % 32000 for t in range(tokens)]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {"id": f"s{offset}-{i}", "input_ids": [(offset * 31 + i * 7919 + t) % 32000 for t in range(tokens)]}
+                )
+                + "\n"
+            )
     return path
 
 
@@ -206,8 +271,19 @@ def pull_section(names, k: int, r: int, tmp: Path) -> dict:
             rates, sizes = [], []
             for i in range(r):
                 dest = tmp / f"pull-{tag}-{label}-{i}"
-                _, doc = cli("dumps", "pull", "--host", pattern, "--dest", str(dest), "--json", "-q",
-                             "--allow-missing", timeout=600, rtt=tag == "rtt")
+                _, doc = cli(
+                    "dumps",
+                    "pull",
+                    "--host",
+                    pattern,
+                    "--dest",
+                    str(dest),
+                    "--json",
+                    "-q",
+                    "--allow-missing",
+                    timeout=600,
+                    rtt=tag == "rtt",
+                )
                 nbytes = doc["bytes"] if label == "group" else doc["pull"]["bytes"]
                 secs = doc["seconds"] if label == "group" else doc["pull"]["seconds"]
                 rates.append(nbytes / 1e6 / secs)
@@ -220,7 +296,7 @@ def pull_section(names, k: int, r: int, tmp: Path) -> dict:
 
 
 def comparison_section(lab, specs, names, r: int, tmp: Path, ansible: str) -> dict:
-    deploy_noop.NAME = f"{names[0]}-far"         # the lab's own alias (ssh_config, inventory) through the proxy
+    deploy_noop.NAME = f"{names[0]}-far"  # the lab's own alias (ssh_config, inventory) through the proxy
     spec = specs["rtt"][names[0]]
     out = {"openssh": deploy_noop.bench_openssh(lab, spec, r, tmp)}
     if os.path.exists(ansible):
@@ -251,13 +327,18 @@ def main() -> None:
         lab, specs, names = setup(tmp, args.hosts, args.rtt_ms)
         res["setup_s"] = time.perf_counter() - t0
         try:
-            for key, fn in (("fanout", lambda: fanout_section(lab, specs, names, args.repeat)),
-                            ("single", lambda: single_section(names, args.repeat, args.rtt_ms / 1000)),
-                            ("compare", lambda: comparison_section(lab, specs, names, args.repeat, tmp,
-                                                                   args.ansible)),
-                            ("extract", lambda: extraction_section(lab, names, args.extract_hosts, args.samples,
-                                                                   args.tokens, args.repeat, tmp)),
-                            ("pull", lambda: pull_section(names, args.extract_hosts, args.repeat, tmp))):
+            for key, fn in (
+                ("fanout", lambda: fanout_section(lab, specs, names, args.repeat)),
+                ("single", lambda: single_section(names, args.repeat, args.rtt_ms / 1000)),
+                ("compare", lambda: comparison_section(lab, specs, names, args.repeat, tmp, args.ansible)),
+                (
+                    "extract",
+                    lambda: extraction_section(
+                        lab, names, args.extract_hosts, args.samples, args.tokens, args.repeat, tmp
+                    ),
+                ),
+                ("pull", lambda: pull_section(names, args.extract_hosts, args.repeat, tmp)),
+            ):
                 if key in only:
                     res[key] = fn()
                     print(f"{key}: {json.dumps(res[key], default=str)}", file=sys.stderr, flush=True)

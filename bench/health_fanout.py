@@ -19,6 +19,7 @@ is max(one-host wall, client CPU for all hosts) / one-host wall.
 
     .venv/bin/python bench/health_fanout.py [--hosts 8] [--repeat 3] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ def check(lab: HostLab, name: str) -> health.HostHealth:
     def connect(spec):
         remotes.append(FabricRemote(lab.target(spec.name)).connect())
         return remotes[-1]
+
     try:
         return health.check_host(connect, lab.spec(name))
     finally:
@@ -79,16 +81,25 @@ def main() -> int:
     def med(xs, i):
         return statistics.median(x[i] for x in xs)
 
-    result = {"hosts": args.hosts, "cpus": __import__("os").cpu_count(),
-              "one_host_s": med(one, 0), "all_parallel_s": med(fan, 0), "all_sequential_s": med(seq, 0),
-              "ratio_parallel_vs_one": med(fan, 0) / med(one, 0),
-              "ratio_sequential_vs_one": med(seq, 0) / med(one, 0),
-              "client_cpu_one_host_s": med(one, 1), "client_cpu_all_s": med(fan, 1),
-              "machine_cpu_one_host_s": med(one, 2), "machine_cpu_all_s": med(fan, 2)}
+    result = {
+        "hosts": args.hosts,
+        "cpus": __import__("os").cpu_count(),
+        "one_host_s": med(one, 0),
+        "all_parallel_s": med(fan, 0),
+        "all_sequential_s": med(seq, 0),
+        "ratio_parallel_vs_one": med(fan, 0) / med(one, 0),
+        "ratio_sequential_vs_one": med(seq, 0) / med(one, 0),
+        "client_cpu_one_host_s": med(one, 1),
+        "client_cpu_all_s": med(fan, 1),
+        "machine_cpu_one_host_s": med(one, 2),
+        "machine_cpu_all_s": med(fan, 2),
+    }
     # With 8 real hosts the remote work runs on 8 machines; only the client is shared.
     # Lower bound for the wall time here: all CPU work of the fan-out spread over this machine's cores.
     result["cpu_bound_floor_s"] = result["machine_cpu_all_s"] / result["cpus"]
-    result["ratio_if_hosts_were_separate"] = max(result["one_host_s"], result["client_cpu_all_s"]) / result["one_host_s"]
+    result["ratio_if_hosts_were_separate"] = (
+        max(result["one_host_s"], result["client_cpu_all_s"]) / result["one_host_s"]
+    )
     print(json.dumps(result, indent=2))
     if args.json:
         open(args.json, "w").write(json.dumps(result, indent=2))

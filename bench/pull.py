@@ -22,6 +22,7 @@ which measured the order of the methods rather than the methods.
 
     .venv/bin/python bench/pull.py [--reps 3] [--big-mib 2048] [--small 2000] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,11 @@ def make_data(root: Path, big_mib: int, small: int) -> dict[str, list[tuple[str,
     (root / "small").mkdir(parents=True, exist_ok=True)
     big = root / "big" / "dump.bin"
     if not big.exists() or big.stat().st_size != big_mib << 20:
-        subprocess.run(["dd", "if=/dev/urandom", f"of={big}", "bs=4M", f"count={big_mib // 4}", "status=none"],
-                       check=True, timeout=600)
+        subprocess.run(
+            ["dd", "if=/dev/urandom", f"of={big}", "bs=4M", f"count={big_mib // 4}", "status=none"],
+            check=True,
+            timeout=600,
+        )
     sets = {"big": [("big/dump.bin", big.stat().st_size, _sha(big))], "small": []}
     for i in range(small):
         path = root / "small" / f"f{i:04d}.bin"
@@ -76,15 +80,20 @@ def ssh_cmd(target, ciphers=None) -> list[str]:
 def run_rsync(target, root, files, dest, ciphers=None):
     rsh = shlex.join(ssh_cmd(target, ciphers))
     names = "\n".join(n for n, _, _ in files).encode()
-    subprocess.run(["rsync", "-W", "--files-from=-", "-e", rsh,
-                    f"{target.user}@{target.hostname}:{root}/", str(dest)], input=names, check=True, timeout=900)
+    subprocess.run(
+        ["rsync", "-W", "--files-from=-", "-e", rsh, f"{target.user}@{target.hostname}:{root}/", str(dest)],
+        input=names,
+        check=True,
+        timeout=900,
+    )
 
 
 def run_tar(target, root, files, dest):
     remote = f"tar -C {shlex.quote(str(root))} -cf - --null -T -"
     names = b"".join(n.encode() + b"\0" for n, _, _ in files)
-    ssh = subprocess.Popen(ssh_cmd(target) + ["--", target.hostname, remote], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE)
+    ssh = subprocess.Popen(
+        ssh_cmd(target) + ["--", target.hostname, remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     untar = subprocess.Popen(["tar", "-C", str(dest), "-xf", "-"], stdin=ssh.stdout)
     ssh.stdout.close()
     ssh.stdin.write(names)
@@ -98,10 +107,13 @@ def run_fabric(target, root, files, dest):
     import paramiko
     from fabric import Config, Connection
 
-    conn = Connection(target.hostname, user=target.user, port=target.port,
-                      config=Config(overrides={"load_ssh_configs": False}),
-                      connect_kwargs={"key_filename": list(target.identity_files), "look_for_keys": False,
-                                      "allow_agent": False})
+    conn = Connection(
+        target.hostname,
+        user=target.user,
+        port=target.port,
+        config=Config(overrides={"load_ssh_configs": False}),
+        connect_kwargs={"key_filename": list(target.identity_files), "look_for_keys": False, "allow_agent": False},
+    )
     conn.client.load_host_keys(os.path.expanduser(target.known_hosts[0]))
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
@@ -133,8 +145,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--dest-dir", default=None, help="where the pulled copies go (default: /tmp)")
     args = ap.parse_args()
-    methods = {"rsync": run_rsync, "rsync-gcm": lambda *a: run_rsync(*a, ciphers=transfer.CIPHERS),
-               "tar-ssh": run_tar, "fabric": run_fabric, "remote-ops": run_remote_ops}
+    methods = {
+        "rsync": run_rsync,
+        "rsync-gcm": lambda *a: run_rsync(*a, ciphers=transfer.CIPHERS),
+        "tar-ssh": run_tar,
+        "fabric": run_fabric,
+        "remote-ops": run_remote_ops,
+    }
     chosen = args.methods.split(",")
     results: dict[str, dict[str, list[float]]] = {}
     with HostLab(hosts=1, docker=False) as lab:
@@ -142,8 +159,11 @@ def main() -> int:
         root = host.paths.dump_dir / "bench"
         t0 = time.monotonic()
         sets = make_data(root, args.big_mib, args.small)
-        print(f"data ready in {time.monotonic() - t0:.1f}s on {host.name} ({target.display}); "
-              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"data ready in {time.monotonic() - t0:.1f}s on {host.name} ({target.display}); "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         scratch = Path(tempfile.mkdtemp(prefix="ro-bench-pull-", dir=args.dest_dir))
         try:
             for rep in range(args.reps):
@@ -159,17 +179,17 @@ def main() -> int:
                         check(dest, files)
                         mbps = total / 1e6 / elapsed
                         results.setdefault(set_name, {}).setdefault(method, []).append(mbps)
-                        print(f"rep {rep + 1} {set_name:5s} {method:10s} {mbps:8.1f} MB/s ({elapsed:.2f}s)",
-                              flush=True)
-                        if set_name == "big":       # small outputs stay until the end, see below
+                        print(f"rep {rep + 1} {set_name:5s} {method:10s} {mbps:8.1f} MB/s ({elapsed:.2f}s)", flush=True)
+                        if set_name == "big":  # small outputs stay until the end, see below
                             shutil.rmtree(dest, ignore_errors=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     summary = report(results)
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": results, "median": summary}, indent=1))
-    ratios = [summary[s]["remote-ops"]["x_rsync"] for s in summary if "remote-ops" in summary[s]
-              and "rsync" in summary[s]]
+    ratios = [
+        summary[s]["remote-ops"]["x_rsync"] for s in summary if "remote-ops" in summary[s] and "rsync" in summary[s]
+    ]
     return 0 if ratios and min(ratios) >= 1.2 else 1
 
 
@@ -184,7 +204,11 @@ def report(results) -> dict:
         for method, runs in per.items():
             med = statistics.median(runs)
             ratio = round(med / base, 2) if base else None
-            summary[set_name][method] = {"mb_per_s": round(med, 1), "x_rsync": ratio, "runs": [round(r, 1) for r in runs]}
+            summary[set_name][method] = {
+                "mb_per_s": round(med, 1),
+                "x_rsync": ratio,
+                "runs": [round(r, 1) for r in runs],
+            }
             line.append(f"{method} {med:.0f} ({ratio}x)")
         print(f"  {set_name:5s}: " + ", ".join(line))
     return summary

@@ -13,6 +13,7 @@ process, as an operator's shell starts them):
     .venv/bin/python bench/startup.py [--repeat 20] [--before /tmp/before] [--json out.json]
     REMOTE_OPS_STATE_DIR=... .venv/bin/python bench/startup.py --health-host sandbox
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--before", default=None, help="a tree (holding remote_ops/) to compare against")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--health-host", default=None, metavar="NAME",
-                    help="time `health --host NAME` with this environment's inventory (e.g. sandbox, "
-                         "after `remote-ops sandbox up` and `deploy --host sandbox --yes`) instead of a lab host")
+    ap.add_argument(
+        "--health-host",
+        default=None,
+        metavar="NAME",
+        help="time `health --host NAME` with this environment's inventory (e.g. sandbox, "
+        "after `remote-ops sandbox up` and `deploy --host sandbox --yes`) instead of a lab host",
+    )
     args = ap.parse_args()
     py, env = sys.executable, {**os.environ}
     rows: dict[str, float] = {
@@ -66,7 +71,9 @@ def main() -> None:
         "remote-ops --help": wall([py, "-m", "remote_ops", "--help"], env, args.repeat),
     }
     if args.before:
-        rows["before: remote-ops --version"] = wall([py, "-m", "remote_ops", "--version"], env, args.repeat, args.before)
+        rows["before: remote-ops --version"] = wall(
+            [py, "-m", "remote_ops", "--version"], env, args.repeat, args.before
+        )
         rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], env, args.repeat, args.before)
     if args.health_host:
         argv = [py, "-m", "remote_ops", "health", "--host", args.health_host]
@@ -79,8 +86,14 @@ def main() -> None:
     print(f"(load average {load:.1f} on {os.cpu_count()} cores)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"wall_s": {k: round(v, 4) for k, v in rows.items()},
-                       "cpu_s": dict(zip(rows, (round(c, 4) for c in CPU.values())))}, fh, indent=2)
+            json.dump(
+                {
+                    "wall_s": {k: round(v, 4) for k, v in rows.items()},
+                    "cpu_s": dict(zip(rows, (round(c, 4) for c in CPU.values()))),
+                },
+                fh,
+                indent=2,
+            )
 
 
 def health_rows(py: str, env: dict, repeat: int, before: str | None) -> dict[str, float]:

@@ -27,6 +27,7 @@ Main entry points (all take the file's bytes or text and a `PatchSpec`):
 Blocks are framed by marker comments carrying the patch id, block name and a
 content hash, in the file's own indentation and line endings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,22 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-MARKER_RE = re.compile(r"^(?P<indent>[ \t]*)# (?P<kind>>>>|<<<) remote-ops:(?P<patch>[\w.-]+):"
-                       r"(?P<block>[\w.-]+) (?P<hash>[0-9a-f]{16})(?P<rest>.*?)\r?\n?$")
+MARKER_RE = re.compile(
+    r"^(?P<indent>[ \t]*)# (?P<kind>>>>|<<<) remote-ops:(?P<patch>[\w.-]+):"
+    r"(?P<block>[\w.-]+) (?P<hash>[0-9a-f]{16})(?P<rest>.*?)\r?\n?$"
+)
 BEGIN_NOTE = " begin (inserted by remote-ops; `remote-ops patch revert` removes it)"
 END_NOTE = " end"
 
 # Overall statuses, worst last.
 NOT_APPLIED, APPLIED, OUTDATED, PARTIAL, MODIFIED, MISPLACED = (
-    "not_applied", "applied", "outdated", "partial", "modified", "misplaced")
+    "not_applied",
+    "applied",
+    "outdated",
+    "partial",
+    "modified",
+    "misplaced",
+)
 EXIT_OK, EXIT_USAGE, EXIT_CONFIG, EXIT_REFUSED, EXIT_VERIFY = 0, 2, 3, 9, 10
 
 
@@ -62,7 +71,7 @@ class AnchorRefusal(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-        self.lines = list(lines or [])   # [line number, ...] worth showing as evidence
+        self.lines = list(lines or [])  # [line number, ...] worth showing as evidence
 
     def to_dict(self):
         return {"reason": self.reason, "message": self.message, "lines": self.lines}
@@ -83,7 +92,7 @@ class Anchor:
 
     cls: str
     method: str
-    statement: str          # source text of the statement, parsed and compared as a tree
+    statement: str  # source text of the statement, parsed and compared as a tree
 
     @property
     def scope(self):
@@ -150,6 +159,7 @@ def spec_from_dict(data, base_dir=""):
     """Build a PatchSpec from its JSON form; block text inline (`text`) or in `file`.
 
     An anchor without "class" takes the spec's top-level "class" (one patch, many models)."""
+
     def need(obj, key, where):
         if not isinstance(obj, dict) or key not in obj:
             raise SpecError("missing key %r" % key, where + key)
@@ -168,21 +178,34 @@ def spec_from_dict(data, base_dir=""):
             except OSError as exc:
                 raise SpecError("cannot read block file: %s" % exc, where + "file") from exc
         en = b.get("enablers") or {}
-        block = Block(name=need(b, "name", where), text=normalise_block(text),
-                      anchor=Anchor(anchor.get("class") or need(data, "class", where + "anchor."),
-                                    need(anchor, "method", where + "anchor."),
-                                    need(anchor, "statement", where + "anchor.")),
-                      after_assignments_to=b.get("after_assignments_to", ""),
-                      enabler_assigns=tuple(en.get("assign", ())), enabler_calls=tuple(en.get("call", ())))
+        block = Block(
+            name=need(b, "name", where),
+            text=normalise_block(text),
+            anchor=Anchor(
+                anchor.get("class") or need(data, "class", where + "anchor."),
+                need(anchor, "method", where + "anchor."),
+                need(anchor, "statement", where + "anchor."),
+            ),
+            after_assignments_to=b.get("after_assignments_to", ""),
+            enabler_assigns=tuple(en.get("assign", ())),
+            enabler_calls=tuple(en.get("call", ())),
+        )
         _check_block(block, where)
         blocks.append(block)
     if not blocks:
         raise SpecError("a patch spec needs at least one block", "blocks")
-    return PatchSpec(id=need(data, "id", ""), target=data.get("target", ""), blocks=tuple(blocks),
-                     description=data.get("description", ""), grep=data.get("grep", ""),
-                     validated_versions=tuple(data.get("validated_versions", ())),
-                     known_sha256=dict(data.get("known_sha256", {})), name=data.get("name", ""),
-                     model_class=data.get("class", ""), architectures=tuple(data.get("architectures", ())))
+    return PatchSpec(
+        id=need(data, "id", ""),
+        target=data.get("target", ""),
+        blocks=tuple(blocks),
+        description=data.get("description", ""),
+        grep=data.get("grep", ""),
+        validated_versions=tuple(data.get("validated_versions", ())),
+        known_sha256=dict(data.get("known_sha256", {})),
+        name=data.get("name", ""),
+        model_class=data.get("class", ""),
+        architectures=tuple(data.get("architectures", ())),
+    )
 
 
 def _check_block(block, where):
@@ -198,13 +221,27 @@ def _check_block(block, where):
 
 def spec_to_dict(spec):
     """The self-contained JSON form (block text inline): what gets shipped to hosts."""
-    return {"id": spec.id, "name": spec.name, "class": spec.model_class, "architectures": list(spec.architectures),
-            "target": spec.target, "description": spec.description, "grep": spec.grep,
-            "validated_versions": list(spec.validated_versions), "known_sha256": dict(spec.known_sha256),
-            "blocks": [{"name": b.name, "text": b.text, "after_assignments_to": b.after_assignments_to,
-                        "enablers": {"assign": list(b.enabler_assigns), "call": list(b.enabler_calls)},
-                        "anchor": {"class": b.anchor.cls, "method": b.anchor.method,
-                                   "statement": b.anchor.statement}} for b in spec.blocks]}
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "class": spec.model_class,
+        "architectures": list(spec.architectures),
+        "target": spec.target,
+        "description": spec.description,
+        "grep": spec.grep,
+        "validated_versions": list(spec.validated_versions),
+        "known_sha256": dict(spec.known_sha256),
+        "blocks": [
+            {
+                "name": b.name,
+                "text": b.text,
+                "after_assignments_to": b.after_assignments_to,
+                "enablers": {"assign": list(b.enabler_assigns), "call": list(b.enabler_calls)},
+                "anchor": {"class": b.anchor.cls, "method": b.anchor.method, "statement": b.anchor.statement},
+            }
+            for b in spec.blocks
+        ],
+    }
 
 
 def load_spec(path):
@@ -287,8 +324,9 @@ def parse_source(data, name="<file>"):
     try:
         tree = parse_python(text, filename=name)
     except SyntaxError as exc:
-        raise AnchorRefusal("syntax_error", "syntax error at line %s: %s" % (exc.lineno, exc.msg),
-                            [exc.lineno] if exc.lineno else []) from exc
+        raise AnchorRefusal(
+            "syntax_error", "syntax error at line %s: %s" % (exc.lineno, exc.msg), [exc.lineno] if exc.lineno else []
+        ) from exc
     return Source(text, split_lines(text), tree, list(iter_statements(tree)))
 
 
@@ -300,7 +338,7 @@ class Stmt:
     scope: tuple
     body: list
     index: int
-    nested: bool     # inside an if/for/with/try of its function, not a direct statement
+    nested: bool  # inside an if/for/with/try of its function, not a direct statement
 
     @property
     def line(self):
@@ -317,6 +355,7 @@ class Stmt:
 
 def iter_statements(tree):
     """Every statement of the module, depth first, with its enclosing def/class scope."""
+
     def visit(body, scope, nested):
         for i, node in enumerate(body):
             yield Stmt(node, scope, body, i, nested)
@@ -327,6 +366,7 @@ def iter_statements(tree):
             for child in _child_bodies(node):
                 for s in visit(child, scope, True):
                     yield s
+
     return visit(tree.body, (), False)
 
 
@@ -336,7 +376,7 @@ def _child_bodies(node):
         if isinstance(value, list) and value:
             if isinstance(value[0], ast.stmt):
                 yield value
-            elif hasattr(value[0], "body"):       # ExceptHandler, match_case
+            elif hasattr(value[0], "body"):  # ExceptHandler, match_case
                 for item in value:
                     yield item.body
 
@@ -350,7 +390,7 @@ def scope_of_lines(src):
             full = ".".join(s.scope + (s.node.name,))
             for n in range(first, s.end + 1):
                 names[n - 1] = full
-    return names[:len(src.lines)]
+    return names[: len(src.lines)]
 
 
 def dotted(node):
@@ -378,8 +418,11 @@ def capture_classes(data, flag="self.capture_aux_hidden_states"):
     for s in src.stmts:
         if len(s.scope) == 2 and s.scope[1] == "__init__" and not s.nested and isinstance(s.node, ast.Assign):
             n = s.node
-            if (any(dotted(t) == flag for t in n.targets) and isinstance(n.value, ast.Constant)
-                    and n.value.value is False):
+            if (
+                any(dotted(t) == flag for t in n.targets)
+                and isinstance(n.value, ast.Constant)
+                and n.value.value is False
+            ):
                 out.append((s.scope[0], s.line))
     return out
 
@@ -392,14 +435,24 @@ def pick_class(data, wanted=None):
     if wanted:
         if wanted in names:
             return wanted
-        raise AnchorRefusal("no_class", "class %s does not reset capture_aux_hidden_states in its __init__ "
-                            "(classes that do: %s)" % (wanted, listed or "none"), [n for _, n in found])
+        raise AnchorRefusal(
+            "no_class",
+            "class %s does not reset capture_aux_hidden_states in its __init__ "
+            "(classes that do: %s)" % (wanted, listed or "none"),
+            [n for _, n in found],
+        )
     if not found:
-        raise AnchorRefusal("no_capture_class", "no class in this file assigns `self.capture_aux_hidden_states "
-                            "= False` in its __init__: no EAGLE-3 capture to hook")
+        raise AnchorRefusal(
+            "no_capture_class",
+            "no class in this file assigns `self.capture_aux_hidden_states "
+            "= False` in its __init__: no EAGLE-3 capture to hook",
+        )
     if len(set(names)) > 1:
-        raise AnchorRefusal("ambiguous_class", "%d classes reset the capture flag in __init__: %s; pick one "
-                            "with --model-class" % (len(found), listed), [n for _, n in found])
+        raise AnchorRefusal(
+            "ambiguous_class",
+            "%d classes reset the capture flag in __init__: %s; pick one with --model-class" % (len(found), listed),
+            [n for _, n in found],
+        )
     return names[0]
 
 
@@ -462,12 +515,20 @@ def find_anchor(src, block):
         raise _missing(src, anchor, hits)
     if len(inside) > 1:
         lines = [s.line for s in inside]
-        raise AnchorRefusal("ambiguous", "anchor `%s` matches %d statements in %s (lines %s); refusing to guess"
-                            % (_short(anchor), len(inside), anchor.scope, _join(lines)), lines)
+        raise AnchorRefusal(
+            "ambiguous",
+            "anchor `%s` matches %d statements in %s (lines %s); refusing to guess"
+            % (_short(anchor), len(inside), anchor.scope, _join(lines)),
+            lines,
+        )
     hit = inside[0]
     if hit.nested:
-        raise AnchorRefusal("nested", "anchor `%s` at line %d is inside a compound statement of %s, not a direct "
-                            "statement of the method" % (_short(anchor), hit.line, anchor.scope), [hit.line])
+        raise AnchorRefusal(
+            "nested",
+            "anchor `%s` at line %d is inside a compound statement of %s, not a direct "
+            "statement of the method" % (_short(anchor), hit.line, anchor.scope),
+            [hit.line],
+        )
     return _match(src, block.name, hit)
 
 
@@ -478,27 +539,38 @@ def _require_scope(src, anchor):
         raise AnchorRefusal("no_class", "class %s is not defined in this file" % anchor.cls)
     if len(classes) > 1:
         lines = [c.line for c in classes]
-        raise AnchorRefusal("ambiguous_class", "class %s is defined %d times (lines %s)"
-                            % (anchor.cls, len(classes), _join(lines)), lines)
-    methods = [n for n in classes[0].node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.name == anchor.method]
+        raise AnchorRefusal(
+            "ambiguous_class",
+            "class %s is defined %d times (lines %s)" % (anchor.cls, len(classes), _join(lines)),
+            lines,
+        )
+    methods = [
+        n
+        for n in classes[0].node.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == anchor.method
+    ]
     if len(methods) != 1:
         reason = "no_method" if not methods else "ambiguous_method"
-        raise AnchorRefusal(reason, "class %s (line %d) defines method %s %d times"
-                            % (anchor.cls, classes[0].line, anchor.method, len(methods)),
-                            [classes[0].line] + [m.lineno for m in methods])
+        raise AnchorRefusal(
+            reason,
+            "class %s (line %d) defines method %s %d times"
+            % (anchor.cls, classes[0].line, anchor.method, len(methods)),
+            [classes[0].line] + [m.lineno for m in methods],
+        )
 
 
 def _missing(src, anchor, hits):
     """Refusal for zero matches in scope: elsewhere (wrong scope) or not code at all."""
     if hits:
         where = ", ".join("line %d in %s" % (s.line, s.scope_name) for s in hits)
-        return AnchorRefusal("wrong_scope", "anchor `%s` is not in %s; found only at %s"
-                             % (_short(anchor), anchor.scope, where), [s.line for s in hits])
+        return AnchorRefusal(
+            "wrong_scope",
+            "anchor `%s` is not in %s; found only at %s" % (_short(anchor), anchor.scope, where),
+            [s.line for s in hits],
+        )
     needle = _short(anchor)
     textual = [i + 1 for i, ln in enumerate(src.lines) if needle in ln]
-    extra = ("; the text appears at line %s but not as code (comment or string)" % _join(textual)
-             if textual else "")
+    extra = "; the text appears at line %s but not as code (comment or string)" % _join(textual) if textual else ""
     return AnchorRefusal("not_found", "anchor `%s` not found in %s%s" % (needle, anchor.scope, extra), textual)
 
 
@@ -507,12 +579,18 @@ def _match(src, block_name, hit):
     prev = body[i - 1] if i > 0 else None
     nxt = body[i + 1] if i + 1 < len(body) else None
     line = first_line(src, hit.line)
-    return AnchorMatch(block=block_name, scope=hit.scope_name, line=hit.line, end=hit.end,
-                       indent=line[:len(line) - len(line.lstrip())], text=line.strip(),
-                       prev_line=prev.lineno if prev else 0,
-                       prev_text=first_line(src, prev.lineno).strip() if prev else "",
-                       next_line=nxt.lineno if nxt else 0,
-                       next_text=first_line(src, nxt.lineno).strip() if nxt else "")
+    return AnchorMatch(
+        block=block_name,
+        scope=hit.scope_name,
+        line=hit.line,
+        end=hit.end,
+        indent=line[: len(line) - len(line.lstrip())],
+        text=line.strip(),
+        prev_line=prev.lineno if prev else 0,
+        prev_text=first_line(src, prev.lineno).strip() if prev else "",
+        next_line=nxt.lineno if nxt else 0,
+        next_text=first_line(src, nxt.lineno).strip() if nxt else "",
+    )
 
 
 def _short(anchor):
@@ -552,8 +630,11 @@ def find_regions(src, spec):
             continue
         if m.group("kind") == ">>>":
             if open_:
-                raise AnchorRefusal("broken_markers", "begin marker at line %d inside block opened at line %d"
-                                    % (n, open_[0]), [open_[0], n])
+                raise AnchorRefusal(
+                    "broken_markers",
+                    "begin marker at line %d inside block opened at line %d" % (n, open_[0]),
+                    [open_[0], n],
+                )
             open_ = (n, m)
         else:
             if not open_ or open_[1].group("block") != m.group("block"):
@@ -567,8 +648,8 @@ def find_regions(src, spec):
 
 def _region(src, begin, end, m):
     indent = m.group("indent")
-    body = [ln.rstrip("\r\n") for ln in src.lines[begin:end - 1]]
-    body = [ln[len(indent):] if ln.startswith(indent) else ln for ln in body]
+    body = [ln.rstrip("\r\n") for ln in src.lines[begin : end - 1]]
+    body = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in body]
     return Region(m.group("block"), begin, end, m.group("hash"), content_hash(body), indent)
 
 
@@ -598,7 +679,7 @@ def strip(data, spec):
 class Finding:
     """One thing wrong with the placement, with the lines that show it."""
 
-    kind: str           # misplaced | modified | outdated | absent | duplicate
+    kind: str  # misplaced | modified | outdated | absent | duplicate
     block: str
     message: str
     lines: list = field(default_factory=list)
@@ -622,9 +703,15 @@ def capture_findings(src, spec, regions):
         last = max(resets)
         for line, what in _enablers(src, block, regions):
             if line < last:
-                out.append(Finding("misplaced", block.name, "%s at line %d runs before the reset `%s` at line "
-                                   "%d, which undoes it" % (what, line, first_line(src, last).strip(), last),
-                                   [line, last]))
+                out.append(
+                    Finding(
+                        "misplaced",
+                        block.name,
+                        "%s at line %d runs before the reset `%s` at line "
+                        "%d, which undoes it" % (what, line, first_line(src, last).strip(), last),
+                        [line, last],
+                    )
+                )
     return out
 
 
@@ -657,8 +744,9 @@ def _enablers(src, block, regions):
 def _enabler_kind(node, block, sigs):
     if isinstance(node, ast.Assign):
         names = [dotted(t) for t in node.targets]
-        if block.after_assignments_to in names and not (isinstance(node.value, ast.Constant)
-                                                        and node.value.value is False):
+        if block.after_assignments_to in names and not (
+            isinstance(node.value, ast.Constant) and node.value.value is False
+        ):
             return "`%s = ...` (turns capture on)" % block.after_assignments_to
         if any(n in block.enabler_assigns for n in names):
             return "`%s = ...`" % next(n for n in names if n in block.enabler_assigns)
@@ -685,8 +773,14 @@ def unmarked_copies(src, spec, regions):
         sigs = _signatures(_distinctive(block))
         for s in src.stmts:
             if s.line not in marked and matches_any(s.node, sigs):
-                out.append(Finding("modified", block.name, "unmarked copy of block %s at line %d (%s)"
-                                   % (block.name, s.line, s.scope_name), [s.line]))
+                out.append(
+                    Finding(
+                        "modified",
+                        block.name,
+                        "unmarked copy of block %s at line %d (%s)" % (block.name, s.line, s.scope_name),
+                        [s.line],
+                    )
+                )
     return out
 
 
@@ -715,8 +809,12 @@ def plan(data, spec):
     regions = find_regions(src, spec)
     for r in regions:
         if r.hand_modified:
-            raise AnchorRefusal("modified_by_hand", "block %s (lines %d-%d) was edited by hand (hash %s, marker "
-                                "says %s)" % (r.block, r.begin, r.end, r.body_hash, r.marker_hash), [r.begin, r.end])
+            raise AnchorRefusal(
+                "modified_by_hand",
+                "block %s (lines %d-%d) was edited by hand (hash %s, marker "
+                "says %s)" % (r.block, r.begin, r.end, r.body_hash, r.marker_hash),
+                [r.begin, r.end],
+            )
     pristine = parse_source(strip_text(src, regions)) if regions else src
     _refuse_foreign_capture(pristine, spec)
     anchors = [find_anchor(pristine, b) for b in spec.blocks]
@@ -742,7 +840,7 @@ def insert_blocks(src, spec, anchors):
         newline = "\r\n" if lines[match.end - 1].endswith("\r\n") else src.newline
         if not lines[match.end - 1].endswith("\n"):
             lines[match.end - 1] += newline
-        lines[match.end:match.end] = [ln + newline for ln in render_block(spec.id, block, match.indent)]
+        lines[match.end : match.end] = [ln + newline for ln in render_block(spec.id, block, match.indent)]
     return "".join(lines)
 
 
@@ -750,17 +848,21 @@ def insert_blocks(src, spec, anchors):
 @dataclass
 class BlockReport:
     name: str
-    state: str                    # absent | applied | outdated | modified | misplaced
+    state: str  # absent | applied | outdated | modified | misplaced
     spec_hash: str
-    anchor: object = None         # AnchorMatch or None
-    region: object = None         # Region or None
+    anchor: object = None  # AnchorMatch or None
+    region: object = None  # Region or None
     findings: list = field(default_factory=list)
 
     def to_dict(self):
-        return {"name": self.name, "state": self.state, "spec_hash": self.spec_hash,
-                "anchor": self.anchor.to_dict() if self.anchor else None,
-                "region": self.region.to_dict() if self.region else None,
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "name": self.name,
+            "state": self.state,
+            "spec_hash": self.spec_hash,
+            "anchor": self.anchor.to_dict() if self.anchor else None,
+            "region": self.region.to_dict() if self.region else None,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 @dataclass
@@ -770,7 +872,7 @@ class Report:
     status: str
     blocks: list
     findings: list
-    refusal: object = None        # AnchorRefusal when the file could not be analysed
+    refusal: object = None  # AnchorRefusal when the file could not be analysed
     sha256: str = ""
     pristine_sha256: str = ""
 
@@ -779,11 +881,15 @@ class Report:
         return self.status == APPLIED
 
     def to_dict(self):
-        return {"status": self.status, "ok": self.ok, "sha256": self.sha256,
-                "pristine_sha256": self.pristine_sha256,
-                "blocks": [b.to_dict() for b in self.blocks],
-                "findings": [f.to_dict() for f in self.findings],
-                "refusal": self.refusal.to_dict() if self.refusal else None}
+        return {
+            "status": self.status,
+            "ok": self.ok,
+            "sha256": self.sha256,
+            "pristine_sha256": self.pristine_sha256,
+            "blocks": [b.to_dict() for b in self.blocks],
+            "findings": [f.to_dict() for f in self.findings],
+            "refusal": self.refusal.to_dict() if self.refusal else None,
+        }
 
 
 def verify_placement(data, spec):
@@ -843,8 +949,14 @@ def _block_report(src, spec, block, regions):
     report.region = mine[0]
     if len(mine) > 1:
         report.state = MODIFIED
-        report.findings.append(Finding(MODIFIED, block.name, "block %s appears %d times (lines %s)" % (
-            block.name, len(mine), _join(r.begin for r in mine)), [r.begin for r in mine]))
+        report.findings.append(
+            Finding(
+                MODIFIED,
+                block.name,
+                "block %s appears %d times (lines %s)" % (block.name, len(mine), _join(r.begin for r in mine)),
+                [r.begin for r in mine],
+            )
+        )
         return report
     report.state = _region_state(src, block, mine[0], report)
     return report
@@ -853,9 +965,15 @@ def _block_report(src, spec, block, regions):
 def _region_state(src, block, region, report):
     """applied / outdated / modified / misplaced for the one marked region of a block."""
     if region.hand_modified:
-        report.findings.append(Finding(MODIFIED, block.name, "block %s (lines %d-%d) was edited by hand: body hash "
-                                       "%s, marker %s" % (block.name, region.begin, region.end, region.body_hash,
-                                                          region.marker_hash), [region.begin, region.end]))
+        report.findings.append(
+            Finding(
+                MODIFIED,
+                block.name,
+                "block %s (lines %d-%d) was edited by hand: body hash "
+                "%s, marker %s" % (block.name, region.begin, region.end, region.body_hash, region.marker_hash),
+                [region.begin, region.end],
+            )
+        )
         return MODIFIED
     misplaced = block_placement_problem(src, block, region, report.anchor)
     if misplaced:
@@ -868,18 +986,35 @@ def block_placement_problem(src, block, region, anchor):
     """None when the region's first statement is the anchor's next sibling, else a Finding."""
     before = _statement_before(src, region.begin)
     if anchor is None:
-        return Finding(MISPLACED, block.name, "block %s at lines %d-%d has no anchor to follow"
-                       % (block.name, region.begin, region.end), [region.begin])
+        return Finding(
+            MISPLACED,
+            block.name,
+            "block %s at lines %d-%d has no anchor to follow" % (block.name, region.begin, region.end),
+            [region.begin],
+        )
     first = next((s for s in src.stmts if region.begin < s.line < region.end), None)
-    ok = (before is not None and before.line == anchor.line and first is not None
-          and first.scope == before.scope and first.body is before.body and first.index == before.index + 1)
+    ok = (
+        before is not None
+        and before.line == anchor.line
+        and first is not None
+        and first.scope == before.scope
+        and first.body is before.body
+        and first.index == before.index + 1
+    )
     if ok:
         return None
-    after = ("after line %d `%s` (%s)" % (before.end, first_line(src, before.end).strip(), before.scope_name)
-             if before else "at the top of the file")
-    return Finding(MISPLACED, block.name, "block %s at lines %d-%d is %s, not right after its anchor `%s` at line "
-                   "%d" % (block.name, region.begin, region.end, after, anchor.text, anchor.line),
-                   [n for n in (before.end if before else 0, region.begin, anchor.line) if n])
+    after = (
+        "after line %d `%s` (%s)" % (before.end, first_line(src, before.end).strip(), before.scope_name)
+        if before
+        else "at the top of the file"
+    )
+    return Finding(
+        MISPLACED,
+        block.name,
+        "block %s at lines %d-%d is %s, not right after its anchor `%s` at line "
+        "%d" % (block.name, region.begin, region.end, after, anchor.text, anchor.line),
+        [n for n in (before.end if before else 0, region.begin, anchor.line) if n],
+    )
 
 
 def _statement_before(src, line):
@@ -894,8 +1029,9 @@ def _statement_before(src, line):
 # ------------------------------------------------------------------- standalone
 def _write_atomic(path, text):
     """Same-directory temp file, fsync, keep mode, rename: the file is old or new, never half."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), ".%s.remote-ops-tmp.%d" % (
-        os.path.basename(path), os.getpid()))
+    tmp = os.path.join(
+        os.path.dirname(os.path.abspath(path)), ".%s.remote-ops-tmp.%d" % (os.path.basename(path), os.getpid())
+    )
     st = os.stat(path)
     with open(tmp, "wb") as fh:
         fh.write(text.encode("utf-8"))
@@ -939,8 +1075,17 @@ def _act(action, path, data, spec):
     if action == "apply" and p.changes:
         _write_atomic(path, p.new_text)
     report = verify_placement(p.new_text, spec)
-    print(json.dumps({"state_before": p.state, "changed": action == "apply" and p.changes,
-                      "anchors": [a.to_dict() for a in p.anchors], "verify": report.to_dict()}, indent=2))
+    print(
+        json.dumps(
+            {
+                "state_before": p.state,
+                "changed": action == "apply" and p.changes,
+                "anchors": [a.to_dict() for a in p.anchors],
+                "verify": report.to_dict(),
+            },
+            indent=2,
+        )
+    )
     return EXIT_OK if report.ok else EXIT_VERIFY
 
 

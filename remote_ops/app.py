@@ -4,6 +4,7 @@ Commands receive an `App`; it loads the inventory once, resolves hosts to SSH
 targets and keeps one connection per host for the whole run (closed at exit).
 Workflows take a `Remote` (not an App) so they stay testable over any host.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ class App:
     host_key_policy: str = "strict"
     connect_timeout: float | None = None
     command_timeout: float | None = None
-    verbose: int = 0                 # -v: each remote command and its time; -vv: whole commands + SSH events
+    verbose: int = 0  # -v: each remote command and its time; -vv: whole commands + SSH events
     _inventory: Inventory | None = None
     _ssh_config: object | None = None
     _remotes: dict[str, FabricRemote] = field(default_factory=dict)
@@ -39,8 +40,9 @@ class App:
         name is a ConfigError with close matches; ad-hoc hosts need an address form)."""
         hosts = self.select(ref)
         if len(hosts) != 1:
-            raise ConfigError(f"{ref!r} names {len(hosts)} hosts; this command takes one",
-                              field="--host", hint="name one host")
+            raise ConfigError(
+                f"{ref!r} names {len(hosts)} hosts; this command takes one", field="--host", hint="name one host"
+            )
         return hosts[0]
 
     def hosts(self, ref: str) -> list[HostSpec]:
@@ -84,6 +86,7 @@ class App:
             text = mask_text(command) if self.verbose > 1 else _one_line(mask_text(command))
             exit_ = "timed out" if status is None else f"exit {status}"
             self.console.trace(f"{name}: {duration_s * 1000:.0f} ms, {exit_}: {text}")
+
         return trace
 
     def forget(self, host_name: str) -> None:

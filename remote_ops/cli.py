@@ -10,6 +10,7 @@ Start-up is lazy: `remote-ops --help` lists the commands from `COMMAND_HELP`
 neither loads SSH, pydantic, Jinja2 or rich.  A command's module (and what it
 needs) is imported only when that command runs or its own help is asked for.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,8 +22,25 @@ from . import __version__
 from .errors import ExitCode, Interrupted, RemoteOpsError
 
 #: Command modules under remote_ops.commands, in help order.  One line per module.
-COMMAND_MODULES = ("hosts", "inventory", "facts", "source", "patch", "render", "container", "health",
-                   "deploy", "unlock", "sandbox", "logs", "dumps", "extract", "dataset", "spec", "train")
+COMMAND_MODULES = (
+    "hosts",
+    "inventory",
+    "facts",
+    "source",
+    "patch",
+    "render",
+    "container",
+    "health",
+    "deploy",
+    "unlock",
+    "sandbox",
+    "logs",
+    "dumps",
+    "extract",
+    "dataset",
+    "spec",
+    "train",
+)
 
 #: command name -> (its module, its one-line help): what `--help` shows without importing
 #: the module.  A module listed above but not here still works (imported to list it);
@@ -51,9 +69,13 @@ COMMAND_HELP = {
 def _versions() -> str:
     """remote-ops and its SSH/template/engine libraries' versions, from package metadata only."""
     found = _dist_versions(("fabric", "paramiko", "jinja2", "docker"))
-    return "\n".join([f"remote-ops {__version__}"] +
-                     [f"{d} {found.get(d) or _metadata_version(d) or '(not installed)'}"
-                      for d in ("fabric", "paramiko", "jinja2", "docker")])
+    return "\n".join(
+        [f"remote-ops {__version__}"]
+        + [
+            f"{d} {found.get(d) or _metadata_version(d) or '(not installed)'}"
+            for d in ("fabric", "paramiko", "jinja2", "docker")
+        ]
+    )
 
 
 def _dist_versions(names: tuple[str, ...]) -> dict[str, str]:
@@ -107,8 +129,15 @@ class LazyGroup(click.Group):
         """Like click's, but from the static table (imports nothing for indexed commands)."""
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(name, _short(COMMAND_HELP[name][1], limit) if name in COMMAND_HELP
-                 else self.commands[name].get_short_help_str(limit=limit)) for name in names]
+        rows = [
+            (
+                name,
+                _short(COMMAND_HELP[name][1], limit)
+                if name in COMMAND_HELP
+                else self.commands[name].get_short_help_str(limit=limit),
+            )
+            for name in names
+        ]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -139,8 +168,14 @@ def _short(text: str, limit: int) -> str:
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="show versions of remote-ops, fabric, paramiko, jinja2 and docker")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="show versions of remote-ops, fabric, paramiko, jinja2 and docker",
+)
 def cli() -> None:
     """Prepare a GPU host over SSH for EAGLE-3 hidden-state extraction with SGLang.
 

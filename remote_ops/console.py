@@ -13,6 +13,7 @@ prints.  The streams rule:
 
 Colour only on a terminal and never with NO_COLOR set (rich's own rules).
 """
+
 from __future__ import annotations
 
 import json
@@ -144,6 +145,7 @@ class Console:
 
             def advance(n: float = 0, description: str | None = None) -> None:
                 prog.update(task, advance=n, description=description or None)  # None: keep the description
+
             yield advance
 
     # -- machine -------------------------------------------------------------
@@ -170,6 +172,12 @@ def _rich(file) -> RichConsole:
     """A rich console on `file`: colour only on a terminal and without NO_COLOR (rich honours
     both, and NO_COLOR drops bold/dim too); 160 columns when not a terminal, so piped tables are not cut at 80."""
     wide = None if getattr(file, "isatty", lambda: False)() else 160
-    plain = os.environ.get("NO_COLOR", "") != ""            # https://no-color.org: no styling at all
-    return RichConsole(file=file, highlight=False, soft_wrap=True, width=wide,
-                       color_system=None if plain else "auto", no_color=True if plain else None)
+    plain = os.environ.get("NO_COLOR", "") != ""  # https://no-color.org: no styling at all
+    return RichConsole(
+        file=file,
+        highlight=False,
+        soft_wrap=True,
+        width=wide,
+        color_system=None if plain else "auto",
+        no_color=True if plain else None,
+    )

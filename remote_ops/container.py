@@ -19,6 +19,7 @@ Safety: images we built are never pulled: the engine creates containers
 with `POST /containers/create` (a missing image is NotFound), and builds run
 with `--pull=false`.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ from .remote import LineSink, Remote, command_deadline
 class PatchInImage:
     """Result of the anchor verification run with the image's (or container's) python3."""
 
-    where: str                  # "image <id>" or "container <name>"
+    where: str  # "image <id>" or "container <name>"
     ok: bool
     file: str | None = None
     sha256: str | None = None
@@ -101,9 +102,15 @@ def parse_patch_verification(where: str, status: int, text: str, expected_sha256
     if not isinstance(doc, dict):
         reason = (text.strip().splitlines() or [f"exit status {status}"])[-1]
         return PatchInImage(where, False, expected_sha256=expected_sha256, reason=reason)
-    return PatchInImage(where, bool(doc.get("ok")) and status == 0, file=doc.get("file"),
-                        sha256=doc.get("sha256"), expected_sha256=expected_sha256,
-                        detail=doc.get("verify") or {}, reason=doc.get("reason", ""))
+    return PatchInImage(
+        where,
+        bool(doc.get("ok")) and status == 0,
+        file=doc.get("file"),
+        sha256=doc.get("sha256"),
+        expected_sha256=expected_sha256,
+        detail=doc.get("verify") or {},
+        reason=doc.get("reason", ""),
+    )
 
 
 # -- the host's server container (pure) ---------------------------------------------------------
@@ -137,8 +144,9 @@ def lifecycle_steps(action: str, host: HostSpec, info: ContainerInfo | None, ima
     name = host.container.name
     if action == "start" and info is None:
         if not image:
-            raise NotFound(f"no container {name} and no image to run", host=host.name,
-                           hint="run `remote-ops deploy` first")
+            raise NotFound(
+                f"no container {name} and no image to run", host=host.name, hint="run `remote-ops deploy` first"
+            )
         return ["remove", "run"]
     if info is None:
         raise NotFound(f"container {name} does not exist", host=host.name, hint="run `remote-ops deploy` first")
@@ -149,13 +157,18 @@ def lifecycle_steps(action: str, host: HostSpec, info: ContainerInfo | None, ima
     return ["restart"]
 
 
-def lifecycle_plan(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None,
-                   grace_s: int = 30) -> list[str | list[str]]:
+def lifecycle_plan(
+    action: str, host: HostSpec, info: ContainerInfo | None, image: str | None, grace_s: int = 30
+) -> list[str | list[str]]:
     """`lifecycle_steps` as the equivalent docker command lines (what `--dry-run` prints; pure)."""
     name = host.container.name
-    as_cli: dict[str, Callable[[], str | list[str]]] = {"remove": lambda: remove_cmd(name), "run": lambda: run_argv(host, image or ""),
-              "start": lambda: start_cmd(name), "stop": lambda: stop_cmd(name, grace_s),
-              "restart": lambda: restart_cmd(name, grace_s)}
+    as_cli: dict[str, Callable[[], str | list[str]]] = {
+        "remove": lambda: remove_cmd(name),
+        "run": lambda: run_argv(host, image or ""),
+        "start": lambda: start_cmd(name),
+        "stop": lambda: stop_cmd(name, grace_s),
+        "restart": lambda: restart_cmd(name, grace_s),
+    }
     return [as_cli[step]() for step in lifecycle_steps(action, host, info, image)]
 
 
@@ -191,15 +204,24 @@ def inspect_container(remote: Remote, name: str, engine: Any = None) -> Containe
 
 def detect_builder(remote: Remote) -> str:
     """One round trip: buildx presence + CLI version -> 'buildkit' | 'legacy'."""
-    out = remote.run(shell.sections([("buildx", buildx_cmd()), ("version", engine_probe.version_command())]),
-                     check=False).stdout
+    out = remote.run(
+        shell.sections([("buildx", buildx_cmd()), ("version", engine_probe.version_command())]), check=False
+    ).stdout
     sec = shell.split_sections(out)
-    return choose_builder(sec.get("buildx", (1, ""))[0],
-                          engine_probe.parse_version_line(sec.get("version", (1, ""))[1]))
+    return choose_builder(
+        sec.get("buildx", (1, ""))[0], engine_probe.parse_version_line(sec.get("version", (1, ""))[1])
+    )
 
 
-def build(remote: Remote, context_dir: str, tag: str, builder: str, *, on_line: LineSink | None = None,
-          timeout: float = 3600.0) -> str:
+def build(
+    remote: Remote,
+    context_dir: str,
+    tag: str,
+    builder: str,
+    *,
+    on_line: LineSink | None = None,
+    timeout: float = 3600.0,
+) -> str:
     """Build on the host, streaming output; return the new image id."""
     iidfile = f"{context_dir}/.image-id"
     remote.run(build_cmd(context_dir, tag, builder, iidfile), timeout=timeout, on_line=on_line)
@@ -239,9 +261,16 @@ def _run_masked(remote: Remote, command: str | list[str], timeout: float):
         raise secrets.mask_error(exc) from None  # the cause carries unmasked secrets
 
 
-def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None = None, grace_s: int = 30,
-              dry_run: bool = False, engine: Any = None
-              ) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
+def lifecycle(
+    remote: Remote,
+    host: HostSpec,
+    action: str,
+    *,
+    image: str | None = None,
+    grace_s: int = 30,
+    dry_run: bool = False,
+    engine: Any = None,
+) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
     """Check -> act -> verify for start/stop/restart over one engine channel:
     (the equivalent docker commands, state before, state after)."""
     with engine_for(remote, engine) as e:
@@ -254,8 +283,9 @@ def lifecycle(remote: Remote, host: HostSpec, action: str, *, image: str | None 
             _act(e, host, step, image, grace_s, command_deadline(remote))
         after = e.container(host.container.name)
     if after is None:
-        raise NotFound(f"container {host.container.name} does not exist", host=host.name,
-                       hint="run `remote-ops deploy` first")
+        raise NotFound(
+            f"container {host.container.name} does not exist", host=host.name, hint="run `remote-ops deploy` first"
+        )
     return shown, before, after
 
 
@@ -284,8 +314,9 @@ def status(remote: Remote, host: HostSpec) -> ContainerInfo | None:
     return inspect_container(remote, host.container.name)
 
 
-def verify_patch(remote: Remote, *, image: str | None = None, container_name: str | None = None,
-                 expected_sha256: str | None = None) -> PatchInImage:
+def verify_patch(
+    remote: Remote, *, image: str | None = None, container_name: str | None = None, expected_sha256: str | None = None
+) -> PatchInImage:
     """Run the anchor verification with the image's / container's own python3."""
     if image:
         where, argv = f"image {image}", verify_in_image_cmd(image, expected_sha256)
@@ -300,11 +331,26 @@ def require_ok(result: PatchInImage, host: str) -> PatchInImage:
     from .errors import VerifyFailed
 
     if not result.ok:
-        raise VerifyFailed(f"verify: patch check failed in {result.where}: "
-                           f"{result.reason or 'anchor verification failed'}", host=host,
-                           details={"verification": result.to_dict()})
+        raise VerifyFailed(
+            f"verify: patch check failed in {result.where}: {result.reason or 'anchor verification failed'}",
+            host=host,
+            details={"verification": result.to_dict()},
+        )
     return result
 
 
-__all__ = ["ImageInfo", "ContainerInfo", "PatchInImage", "TOOL_DIR", "build_cmd", "dump_env", "server_args",
-           "lifecycle", "lifecycle_plan", "lifecycle_steps", "run", "run_argv", "expected_run_config"]
+__all__ = [
+    "ImageInfo",
+    "ContainerInfo",
+    "PatchInImage",
+    "TOOL_DIR",
+    "build_cmd",
+    "dump_env",
+    "server_args",
+    "lifecycle",
+    "lifecycle_plan",
+    "lifecycle_steps",
+    "run",
+    "run_argv",
+    "expected_run_config",
+]

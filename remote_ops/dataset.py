@@ -25,15 +25,26 @@ Samples longer than `max_length` tokens are truncated (default; the mask is cut
 with the ids) or dropped (`overflow="drop"`); a sample left with no assistant
 token is dropped. Every decision is counted in the `PrepareReport`.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import asdict, dataclass, field
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
-                  "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
 OVERFLOW = ("truncate", "drop")
 
 
@@ -43,14 +54,16 @@ class DatasetError(ValueError):
 
 # --------------------------------------------------------------------------- records (pure)
 
+
 def messages_of(record: dict, line_no: int) -> list[dict]:
     """OpenAI `messages` or ShareGPT `conversations` -> [{"role", "content"}] (roles normalised)."""
     if isinstance(record.get("messages"), list):
-        turns = [{"role": str(m.get("role")), "content": _text(m.get("content"), line_no)}
-                 for m in record["messages"]]
+        turns = [{"role": str(m.get("role")), "content": _text(m.get("content"), line_no)} for m in record["messages"]]
     elif isinstance(record.get("conversations"), list):
-        turns = [{"role": _sharegpt_role(m, line_no), "content": _text(m.get("value"), line_no)}
-                 for m in record["conversations"]]
+        turns = [
+            {"role": _sharegpt_role(m, line_no), "content": _text(m.get("value"), line_no)}
+            for m in record["conversations"]
+        ]
     else:
         raise DatasetError(f"line {line_no}: no `messages` or `conversations` list")
     if not any(t["role"] == "assistant" for t in turns):
@@ -80,6 +93,7 @@ def sample_id(record: dict, line_no: int) -> str:
 
 # --------------------------------------------------------------------------- spans (pure, given a renderer)
 
+
 def assistant_spans(render, messages: list[dict]) -> tuple[str, list[tuple[int, int]], bool]:
     """(rendered text, [(start, end)] char spans of the assistant turns, prefix_stable).
 
@@ -103,7 +117,7 @@ def assistant_spans(render, messages: list[dict]) -> tuple[str, list[tuple[int, 
 def _prefix_span(render, messages: list[dict], i: int, text: str) -> tuple[int, int] | None:
     """The turn from the end of the generation prompt to the end of the turn, when prefixes agree."""
     head = render(messages[:i], True)
-    upto = render(messages[:i + 1], False)
+    upto = render(messages[: i + 1], False)
     if not (text.startswith(head) and text.startswith(upto) and upto.startswith(head)):
         return None
     end = len(upto.rstrip())
@@ -131,13 +145,16 @@ def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int
 
 # --------------------------------------------------------------------------- tokenizer edge
 
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The model's tokenizer (transformers AutoTokenizer); it must be a fast one (offsets)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise DatasetError("transformers is not installed (pip install 'remote-ops[dataset]', "
-                           "or run with --on-host inside the SGLang image)") from None
+        raise DatasetError(
+            "transformers is not installed (pip install 'remote-ops[dataset]', "
+            "or run with --on-host inside the SGLang image)"
+        ) from None
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if not getattr(tok, "is_fast", False):
         raise DatasetError(f"tokenizer at {path} is not a fast tokenizer: no offset mapping")
@@ -148,9 +165,10 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 def renderer(tokenizer):
     """render(messages, add_generation_prompt) -> text, through the tokenizer's chat template."""
+
     def render(messages, add_generation_prompt):
-        return tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
     return render
 
 
@@ -162,6 +180,7 @@ def encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
 
 # --------------------------------------------------------------------------- one sample, the whole file
 
+
 @dataclass
 class PrepareReport:
     """What `prepare` did: counts for every decision it made."""
@@ -172,7 +191,7 @@ class PrepareReport:
     dropped_too_long: int = 0
     dropped_no_assistant: int = 0
     bad_records: list[str] = field(default_factory=list)
-    template_fallback: int = 0          # samples whose template was not prefix-stable
+    template_fallback: int = 0  # samples whose template was not prefix-stable
     tokens: int = 0
     assistant_tokens: int = 0
     max_length: int | None = None
@@ -217,6 +236,7 @@ def prepare_lines(tokenizer, lines, max_length: int | None = None, overflow: str
             out = _one(tokenizer, line, line_no, max_length, overflow, report)
             if out is not None:
                 yield out
+
     return records(), report
 
 
@@ -242,8 +262,9 @@ def _one(tokenizer, line: str, line_no: int, max_length, overflow, report: Prepa
     return {"id": sample_id(record, line_no), "input_ids": ids, "loss_mask": mask}
 
 
-def prepare_file(tokenizer, src: str, dest: str, max_length: int | None = None,
-                 overflow: str = "truncate") -> PrepareReport:
+def prepare_file(
+    tokenizer, src: str, dest: str, max_length: int | None = None, overflow: str = "truncate"
+) -> PrepareReport:
     """Stream `src` JSONL to `dest` JSONL (written to a temp name, renamed at the end)."""
     import os
 
@@ -257,6 +278,7 @@ def prepare_file(tokenizer, src: str, dest: str, max_length: int | None = None,
 
 
 # --------------------------------------------------------------------------- standalone entry (host side)
+
 
 def main(argv: list[str] | None = None) -> int:
     """`prepare --tokenizer DIR --input IN --output OUT [--max-length N] [--overflow drop]`: JSON report on stdout."""

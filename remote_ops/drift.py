@@ -15,6 +15,7 @@ For each release (the real wheel from PyPI, cached by `remote_ops.wheels`):
 
 Runs locally only; nothing touches a host.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,9 @@ from . import anchors, patchspec, wheels
 from .anchors import AnchorRefusal, PatchSpec
 from .errors import RemoteOpsError
 
-HUNK_RE = re.compile(r"Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?")
+HUNK_RE = re.compile(
+    r"Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
+)
 TOOL_TIMEOUT_S = 60
 
 
@@ -41,7 +44,7 @@ class Verdict:
     summary: str
     output: str = ""
     hunks: list = field(default_factory=list)
-    landed: str | None = None          # tree status of the text-patched file
+    landed: str | None = None  # tree status of the text-patched file
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -52,16 +55,19 @@ class DriftRow:
     version: str
     sha256: str = ""
     lines: int = 0
-    anchors: list = field(default_factory=list)     # AnchorMatch
+    anchors: list = field(default_factory=list)  # AnchorMatch
     tree: Verdict | None = None
     git_apply: Verdict | None = None
     gnu_patch: Verdict | None = None
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "sha256": self.sha256, "lines": self.lines,
-                "anchors": [a.to_dict() for a in self.anchors],
-                **{k: getattr(self, k).to_dict() if getattr(self, k) else None
-                   for k in ("tree", "git_apply", "gnu_patch")}}
+        return {
+            "version": self.version,
+            "sha256": self.sha256,
+            "lines": self.lines,
+            "anchors": [a.to_dict() for a in self.anchors],
+            **{k: getattr(self, k).to_dict() if getattr(self, k) else None for k in ("tree", "git_apply", "gnu_patch")},
+        }
 
 
 @dataclass
@@ -95,8 +101,9 @@ def tree_verdict(data: bytes, spec: PatchSpec, row: DriftRow) -> Verdict:
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, stdin=subprocess.DEVNULL
+    )
 
 
 def _tree(data: bytes, spec: PatchSpec, rel: str, work: Path) -> Path:
@@ -134,8 +141,7 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
         hunks = [_hunk(m) for m in HUNK_RE.finditer(dry.stdout)]
         if dry.returncode != 0:
             last = (dry.stdout.strip().splitlines() or ["no output"])[-1]
-            return Verdict(False, f"fails: {_hunk_summary(hunks) or last}",
-                           dry.stdout + dry.stderr, hunks)
+            return Verdict(False, f"fails: {_hunk_summary(hunks) or last}", dry.stdout + dry.stderr, hunks)
         _run(argv, Path(tmp))
         landed = anchors.verify_placement(target.read_bytes(), spec).status
     exact = hunks and all(h["offset"] == 0 and h["fuzz"] == 0 for h in hunks)
@@ -144,15 +150,23 @@ def gnu_patch_verdict(data: bytes, spec: PatchSpec, hunk: Path) -> Verdict:
 
 
 def _hunk(m: re.Match) -> dict:
-    return {"hunk": int(m.group(1)), "status": m.group(2), "line": int(m.group(3)),
-            "fuzz": int(m.group(4) or 0), "offset": int(m.group(5) or 0)}
+    return {
+        "hunk": int(m.group(1)),
+        "status": m.group(2),
+        "line": int(m.group(3)),
+        "fuzz": int(m.group(4) or 0),
+        "offset": int(m.group(5) or 0),
+    }
 
 
 def _hunk_summary(hunks: list[dict]) -> str:
     parts = []
     for h in hunks:
-        extra = ", ".join(x for x in (f"offset {h['offset']:+d}" if h["offset"] else "",
-                                      f"fuzz {h['fuzz']}" if h["fuzz"] else "") if x)
+        extra = ", ".join(
+            x
+            for x in (f"offset {h['offset']:+d}" if h["offset"] else "", f"fuzz {h['fuzz']}" if h["fuzz"] else "")
+            if x
+        )
         parts.append(f"#{h['hunk']} {h['status']} at {h['line']}" + (f" ({extra})" if extra else ""))
     return "; ".join(parts)
 

@@ -15,6 +15,7 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
   locally.
 - `pull_items`: what `remote_ops.remote.transfer` must fetch to mirror the manifest.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,9 @@ from .remote.transfer import PullItem
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.jsonl"
-SOURCE_MARK = "#== "                  # probe output: the manifest file the following lines come from
+SOURCE_MARK = "#== "  # probe output: the manifest file the following lines come from
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
-TYPICAL_TOKENS_PER_SAMPLE = 1730      # the user's run: 17.3 M tokens / 10,000 samples
+TYPICAL_TOKENS_PER_SAMPLE = 1730  # the user's run: 17.3 M tokens / 10,000 samples
 
 
 def float_bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
@@ -41,19 +42,25 @@ def float_bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
 
 # --------------------------------------------------------------------------- remote probe
 
+
 def status_command(dump_dir: str) -> str:
     """One round trip: file listing, all manifests, stats files, free bytes of the dump dir."""
     d = shell.quote(dump_dir.rstrip("/") or "/")
-    return shell.sections([
-        ("exists", f"test -d {d}"),
-        ("files", f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\t%s\\n'"),
-        # a marker line before each manifest (and a newline after it, so a torn last line
-        # never joins the next marker): torn lines can then be named by file and line
-        ("manifest", f"for f in {d}/rank*/{MANIFEST}; do [ -f \"$f\" ] && "
-                     f"{{ echo \"{SOURCE_MARK}$f\"; cat \"$f\"; echo; }}; done; true"),
-        ("stats", f"for f in {d}/rank*/stats.json; do [ -f \"$f\" ] && {{ echo \"$f\"; cat \"$f\"; echo; }}; done; true"),
-        ("df", f"df -PB1 {d} | tail -n 1"),
-    ])
+    return shell.sections(
+        [
+            ("exists", f"test -d {d}"),
+            ("files", f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\t%s\\n'"),
+            # a marker line before each manifest (and a newline after it, so a torn last line
+            # never joins the next marker): torn lines can then be named by file and line
+            (
+                "manifest",
+                f'for f in {d}/rank*/{MANIFEST}; do [ -f "$f" ] && '
+                f'{{ echo "{SOURCE_MARK}$f"; cat "$f"; echo; }}; done; true',
+            ),
+            ("stats", f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ echo "$f"; cat "$f"; echo; }}; done; true'),
+            ("df", f"df -PB1 {d} | tail -n 1"),
+        ]
+    )
 
 
 @dataclass
@@ -61,7 +68,7 @@ class Probe:
     """Raw facts about a dump dir, parsed from `status_command` output."""
 
     exists: bool
-    files: dict[str, int]                  # relative path -> size
+    files: dict[str, int]  # relative path -> size
     manifest_text: str
     free_bytes: int | None
 
@@ -81,25 +88,26 @@ def parse_probe(output: str) -> Probe:
 
 # --------------------------------------------------------------------------- reconciliation (pure)
 
+
 @dataclass
 class Reconciliation:
     """Manifest vs files present on the host."""
 
     dump_dir: str
-    manifest_rows: int = 0                 # distinct keys (last line of a key wins)
-    files_present: int = 0                 # complete *.safetensors files
+    manifest_rows: int = 0  # distinct keys (last line of a key wins)
+    files_present: int = 0  # complete *.safetensors files
     tokens: int = 0
-    bytes: int = 0                         # of manifest rows whose file is present
+    bytes: int = 0  # of manifest rows whose file is present
     partial_rows: int = 0
     hidden_size: int | None = None
-    float_bytes_per_token: int | None = None     # 4*H*dtype: 57,344 for H=7168 bf16
-    file_bytes_per_token: float | None = None    # observed, headers and ids included
-    unlisted_files: list[str] = field(default_factory=list)   # present, not in the manifest
-    missing_files: list[str] = field(default_factory=list)    # in the manifest, no file
+    float_bytes_per_token: int | None = None  # 4*H*dtype: 57,344 for H=7168 bf16
+    file_bytes_per_token: float | None = None  # observed, headers and ids included
+    unlisted_files: list[str] = field(default_factory=list)  # present, not in the manifest
+    missing_files: list[str] = field(default_factory=list)  # in the manifest, no file
     size_mismatches: list[dict] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
     torn_lines: int = 0
-    torn: list[str] = field(default_factory=list)          # "rank0/manifest.jsonl:7: <start of line>"
+    torn: list[str] = field(default_factory=list)  # "rank0/manifest.jsonl:7: <start of line>"
     records: list[dict] = field(default_factory=list, repr=False)
 
     @property
@@ -136,7 +144,7 @@ def torn_entries(manifest_text: str, dump_dir: str = "") -> list[str]:
     out, source, number = [], "manifest", 0
     for line in manifest_text.splitlines():
         if line.startswith(SOURCE_MARK):
-            source, number = _relative(line[len(SOURCE_MARK):], dump_dir), 0
+            source, number = _relative(line[len(SOURCE_MARK) :], dump_dir), 0
             continue
         number += 1
         if line.strip() and not _is_record(line):
@@ -146,7 +154,7 @@ def torn_entries(manifest_text: str, dump_dir: str = "") -> list[str]:
 
 def _relative(path: str, dump_dir: str) -> str:
     root = dump_dir.rstrip("/") + "/"
-    return path[len(root):] if dump_dir and path.startswith(root) else path
+    return path[len(root) :] if dump_dir and path.startswith(root) else path
 
 
 def _is_record(line: str) -> bool:
@@ -157,12 +165,12 @@ def _is_record(line: str) -> bool:
     return isinstance(rec, dict) and "key" in rec and "file" in rec
 
 
-def reconcile(dump_dir: str, files: dict[str, int], manifest_text: str,
-              hidden_size: int | None = None) -> Reconciliation:
+def reconcile(
+    dump_dir: str, files: dict[str, int], manifest_text: str, hidden_size: int | None = None
+) -> Reconciliation:
     """Compare the manifest with the files present (pure)."""
     latest, torn = latest_records(manifest_text)
-    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn,
-                       torn=torn_entries(manifest_text, dump_dir))
+    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn, torn=torn_entries(manifest_text, dump_dir))
     complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
@@ -204,6 +212,7 @@ def _bytes_per_token(r: Reconciliation, latest: dict, hidden_size: int | None) -
 
 # --------------------------------------------------------------------------- disk projection (pure)
 
+
 @dataclass
 class Projection:
     """Space the rest of the run needs, against free space on the host and locally."""
@@ -211,21 +220,27 @@ class Projection:
     samples_done: int
     samples_total: int | None
     bytes_per_sample: float
-    remaining_bytes: int                  # still to be written on the host
+    remaining_bytes: int  # still to be written on the host
     host_free: int | None
     host_ok: bool | None
-    local_needed: int                     # to pull everything (done + remaining) not yet local
+    local_needed: int  # to pull everything (done + remaining) not yet local
     local_free: int | None
     local_ok: bool | None
-    basis: str                            # how bytes_per_sample was estimated
+    basis: str  # how bytes_per_sample was estimated
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def project(r: Reconciliation, samples_total: int | None, host_free: int | None,
-            local_free: int | None, local_bytes: int = 0, margin: float = 0.05,
-            hidden_size: int = 7168) -> Projection:
+def project(
+    r: Reconciliation,
+    samples_total: int | None,
+    host_free: int | None,
+    local_free: int | None,
+    local_bytes: int = 0,
+    margin: float = 0.05,
+    hidden_size: int = 7168,
+) -> Projection:
     """Project disk use from the average file so far (or the typical sample when none yet)."""
     done = r.manifest_rows - len(r.missing_files)
     if done and r.bytes:
@@ -235,10 +250,18 @@ def project(r: Reconciliation, samples_total: int | None, host_free: int | None,
         basis = f"typical sample ({TYPICAL_TOKENS_PER_SAMPLE} tokens)"
     remaining = int(max((samples_total or done) - done, 0) * per_sample * (1 + margin))
     local_needed = max(r.bytes + remaining - local_bytes, 0)
-    return Projection(done, samples_total, round(per_sample, 1), remaining, host_free,
-                      None if host_free is None else host_free >= remaining,
-                      local_needed, local_free, None if local_free is None else local_free >= local_needed,
-                      basis)
+    return Projection(
+        done,
+        samples_total,
+        round(per_sample, 1),
+        remaining,
+        host_free,
+        None if host_free is None else host_free >= remaining,
+        local_needed,
+        local_free,
+        None if local_free is None else local_free >= local_needed,
+        basis,
+    )
 
 
 def local_free_bytes(path: Path) -> int | None:
@@ -258,13 +281,17 @@ def local_bytes(root: Path) -> int:
 
 # --------------------------------------------------------------------------- edges
 
+
 def probe(remote, dump_dir: str, timeout: float | None = None) -> Probe:
     """Run the status probe on the host (one round trip)."""
     result = remote.run(status_command(dump_dir), timeout=timeout)
     found = parse_probe(result.stdout)
     if not found.exists:
-        raise NotFound(f"dump dir {dump_dir} does not exist", host=remote.name,
-                       hint="check dump.dir in the inventory, or start the server with dumps on")
+        raise NotFound(
+            f"dump dir {dump_dir} does not exist",
+            host=remote.name,
+            hint="check dump.dir in the inventory, or start the server with dumps on",
+        )
     return found
 
 
@@ -282,17 +309,23 @@ def verify_command(dump_dir: str, hidden_size: int | None, check_sha: bool) -> s
     return shell.join(argv)
 
 
-def host_verify(remote, dump_dir: str, hidden_size: int | None, check_sha: bool = False,
-                timeout: float | None = None) -> dict:
+def host_verify(
+    remote, dump_dir: str, hidden_size: int | None, check_sha: bool = False, timeout: float | None = None
+) -> dict:
     """Header (and optionally sha256) check on the host with its own python3, no torch."""
-    result = remote.run(verify_command(dump_dir, hidden_size, check_sha), input=format_script(),
-                        check=False, timeout=timeout)
+    result = remote.run(
+        verify_command(dump_dir, hidden_size, check_sha), input=format_script(), check=False, timeout=timeout
+    )
     try:
         return json.loads(result.stdout)
     except ValueError:
-        raise CommandFailed("host-side dump check gave no report (is python3 on the host?)",
-                            host=remote.name, command=result.command, exit_status=result.exit_status,
-                            stderr_tail=result.stderr[-2000:]) from None
+        raise CommandFailed(
+            "host-side dump check gave no report (is python3 on the host?)",
+            host=remote.name,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        ) from None
 
 
 def errors_of(report: dict) -> list[dict]:
@@ -309,17 +342,20 @@ def local_dump_dir(host_name: str) -> Path:
 def pull_items(r: Reconciliation, local_root: Path) -> list[PullItem]:
     """One item per manifest row whose file is on the host (missing ones cannot be pulled)."""
     missing = set(r.missing_files)
-    return [PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]),
-                     rec.get("sha256")) for rec in r.records if str(rec["file"]) not in missing]
+    return [
+        PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]), rec.get("sha256"))
+        for rec in r.records
+        if str(rec["file"]) not in missing
+    ]
 
 
 @dataclass
 class PullProblems:
     """What a pull could not bring home intact, each entry named (pure verdict of `pull_problems`)."""
 
-    missing: list[str] = field(default_factory=list)     # manifest rows with no file on the host
-    torn: list[str] = field(default_factory=list)        # unreadable manifest lines (their file is unknown)
-    corrupt: list[str] = field(default_factory=list)     # fetched but size/sha256 differ, or the link broke
+    missing: list[str] = field(default_factory=list)  # manifest rows with no file on the host
+    torn: list[str] = field(default_factory=list)  # unreadable manifest lines (their file is unknown)
+    corrupt: list[str] = field(default_factory=list)  # fetched but size/sha256 differ, or the link broke
 
     def blocking(self, allow_missing: bool) -> bool:
         """Exit 10?  Corrupt entries always; missing and torn ones unless --allow-missing."""
@@ -334,7 +370,8 @@ def pull_problems(r: Reconciliation, failed: list[tuple[str, str]]) -> PullProbl
     p = PullProblems(missing=list(r.missing_files), torn=list(r.torn))
     for name, reason in failed:
         (p.missing if reason == "missing on the host" else p.corrupt).append(
-            name if reason == "missing on the host" else f"{name}: {reason}")
+            name if reason == "missing on the host" else f"{name}: {reason}"
+        )
     return p
 
 
@@ -362,13 +399,14 @@ def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
 # twice, e.g. in flight on a host that died and was re-split) is a duplicate:
 # reported, and pulled from one host only - the first whose copy verifies.
 
+
 @dataclass
 class FleetDumps:
     """The hosts' reconciliations merged by dump key."""
 
     hosts: list[str]
-    copies: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)   # key -> [(host, record)]
-    conflicts: list[str] = field(default_factory=list)     # one key, copies of different size/sha256
+    copies: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)  # key -> [(host, record)]
+    conflicts: list[str] = field(default_factory=list)  # one key, copies of different size/sha256
 
     @property
     def duplicates(self) -> dict[str, list[str]]:
@@ -376,9 +414,13 @@ class FleetDumps:
 
     def to_dict(self) -> dict:
         per_host = {h: sum(1 for v in self.copies.values() if any(x == h for x, _ in v)) for h in self.hosts}
-        return {"keys": len(self.copies), "per_host": per_host, "duplicates": self.duplicates,
-                "conflicts": self.conflicts,
-                "bytes": sum(int(v[0][1].get("bytes") or 0) for v in self.copies.values())}
+        return {
+            "keys": len(self.copies),
+            "per_host": per_host,
+            "duplicates": self.duplicates,
+            "conflicts": self.conflicts,
+            "bytes": sum(int(v[0][1].get("bytes") or 0) for v in self.copies.values()),
+        }
 
 
 def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | None = None) -> FleetDumps:
@@ -404,17 +446,18 @@ def merged_items(merged: FleetDumps, local_root: Path, choice: dict[str, int]) -
         n = choice.get(key, 0)
         if n < len(copies):
             host, rec = copies[n]
-            out.setdefault(host, []).append(PullItem(str(rec["file"]), local_root / str(rec["file"]),
-                                                     int(rec["bytes"]), rec.get("sha256")))
+            out.setdefault(host, []).append(
+                PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]), rec.get("sha256"))
+            )
     return out
 
 
 def write_merged_manifests(merged: FleetDumps, kept: dict[str, str], local_root: Path) -> int:
     """Local `rank<R>/manifest.jsonl` for the kept copies, each record naming its `host` (one merged manifest)."""
-    records = [{**rec, "host": host} for key, copies in merged.copies.items()
-               for host, rec in copies if kept.get(key) == host]
-    return write_local_manifests(Reconciliation("merged", records=sorted(records, key=lambda r: r["file"])),
-                                 local_root)
+    records = [
+        {**rec, "host": host} for key, copies in merged.copies.items() for host, rec in copies if kept.get(key) == host
+    ]
+    return write_local_manifests(Reconciliation("merged", records=sorted(records, key=lambda r: r["file"])), local_root)
 
 
 def merged_dump_dir() -> Path:

@@ -8,6 +8,7 @@ with code 1 and a traceback.
 
 The exit codes are API: scripts and CI jobs branch on them.  Never renumber.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,23 +19,23 @@ class ExitCode:
     """The documented exit codes (README: "Exit codes")."""
 
     OK = 0
-    INTERNAL = 1          # a bug in remote-ops: traceback printed
-    USAGE = 2             # bad option or argument (click's own code)
-    CONFIG = 3            # inventory / ssh_config / template variables invalid
-    UNREACHABLE = 4       # DNS, refused, no route, connect timeout, host down
-    AUTH = 5              # authentication failed
-    HOST_KEY = 6          # host key unknown or changed
-    COMMAND_FAILED = 7    # a remote command exited non-zero
-    TIMEOUT = 8           # a command or wait ran past its deadline
-    REFUSED = 9           # a pre-check refused to act (anchor, version gate, lock held)
-    VERIFY_FAILED = 10    # post-check failed (patch misplaced, image mismatch, corrupt dump)
-    HEALTH_WARN = 11      # health: worst result was "warn"
-    HEALTH_FAIL = 12      # health: worst result was "fail"
-    NOT_FOUND = 13        # a file, container, image or run that should exist does not
-    NO_SPACE = 14         # local disk too small or full: free space (or --dest elsewhere), re-run resumes
-    HANGUP = 129          # SIGHUP (terminal closed)
-    INTERRUPTED = 130     # SIGINT (Ctrl-C)
-    TERMINATED = 143      # SIGTERM (`timeout`, CI cancel, `kill`)
+    INTERNAL = 1  # a bug in remote-ops: traceback printed
+    USAGE = 2  # bad option or argument (click's own code)
+    CONFIG = 3  # inventory / ssh_config / template variables invalid
+    UNREACHABLE = 4  # DNS, refused, no route, connect timeout, host down
+    AUTH = 5  # authentication failed
+    HOST_KEY = 6  # host key unknown or changed
+    COMMAND_FAILED = 7  # a remote command exited non-zero
+    TIMEOUT = 8  # a command or wait ran past its deadline
+    REFUSED = 9  # a pre-check refused to act (anchor, version gate, lock held)
+    VERIFY_FAILED = 10  # post-check failed (patch misplaced, image mismatch, corrupt dump)
+    HEALTH_WARN = 11  # health: worst result was "warn"
+    HEALTH_FAIL = 12  # health: worst result was "fail"
+    NOT_FOUND = 13  # a file, container, image or run that should exist does not
+    NO_SPACE = 14  # local disk too small or full: free space (or --dest elsewhere), re-run resumes
+    HANGUP = 129  # SIGHUP (terminal closed)
+    INTERRUPTED = 130  # SIGINT (Ctrl-C)
+    TERMINATED = 143  # SIGTERM (`timeout`, CI cancel, `kill`)
 
 
 def tail(text: str | bytes | None, lines: int = 20) -> str:
@@ -67,8 +68,14 @@ class RemoteOpsError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view for `--json` output."""
-        return {"error": self.kind, "exit_code": self.exit_code, "message": self.message,
-                "host": self.host, "hint": self.hint, **self.details}
+        return {
+            "error": self.kind,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "host": self.host,
+            "hint": self.hint,
+            **self.details,
+        }
 
 
 class ConfigError(RemoteOpsError):
@@ -80,11 +87,13 @@ class ConfigError(RemoteOpsError):
     exit_code = ExitCode.CONFIG
     kind = "config"
 
-    def __init__(self, message: str, *, source: str | None = None, field: str | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, source: str | None = None, field: str | None = None, hint: str | None = None
+    ) -> None:
         where = ":".join(x for x in (source, field) if x)
-        super().__init__(f"{where}: {message}" if where else message, hint=hint,
-                         details={"source": source, "field": field})
+        super().__init__(
+            f"{where}: {message}" if where else message, hint=hint, details={"source": source, "field": field}
+        )
 
 
 class UsageError(RemoteOpsError):
@@ -137,8 +146,12 @@ class CommandFailed(RemoteOpsError):
     kind: ClassVar[str] = "command_failed"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "command": self.command, "exit_status": self.exit_status,
-                "stderr_tail": self.stderr_tail}
+        return {
+            **super().to_dict(),
+            "command": self.command,
+            "exit_status": self.exit_status,
+            "stderr_tail": self.stderr_tail,
+        }
 
 
 @dataclass(eq=False)
@@ -199,5 +212,4 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": "interrupted", "exit_code": self.exit_code, "signal": self.signal_name,
-                "message": str(self)}
+        return {"error": "interrupted", "exit_code": self.exit_code, "signal": self.signal_name, "message": str(self)}

@@ -11,6 +11,7 @@ client and the dumps need not carry it. The dataset is the one the extraction
 used: by default `<logs.dir>/extract/dataset.jsonl` on the host (where
 `extract start` puts an uploaded dataset); a local file is uploaded next to the output.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,38 @@ def default_dataset(spec) -> str:
     return str(PurePosixPath(spec.logs.dir) / "extract" / "dataset.jsonl")
 
 
-def export_command(dump_dir: str, dataset: str, out: str, *, jobs: int = 4, limit: int | None = None,
-                   probe_mb: int = 1024, mask_all: bool = False, fsync: bool = True, rank: int = 0,
-                   plan_only: bool = False) -> str:
+def export_command(
+    dump_dir: str,
+    dataset: str,
+    out: str,
+    *,
+    jobs: int = 4,
+    limit: int | None = None,
+    probe_mb: int = 1024,
+    mask_all: bool = False,
+    fsync: bool = True,
+    rank: int = 0,
+    plan_only: bool = False,
+) -> str:
     """`python3 - export ...` (the script comes on stdin)."""
-    argv = ["python3", "-u", "-", "export", "--dump-dir", dump_dir, "--dataset", dataset, "--out", out,
-            "--jobs", str(jobs), "--probe-mb", str(probe_mb), "--rank", str(rank)]
+    argv = [
+        "python3",
+        "-u",
+        "-",
+        "export",
+        "--dump-dir",
+        dump_dir,
+        "--dataset",
+        dataset,
+        "--out",
+        out,
+        "--jobs",
+        str(jobs),
+        "--probe-mb",
+        str(probe_mb),
+        "--rank",
+        str(rank),
+    ]
     argv += ["--limit", str(limit)] if limit is not None else []
     argv += ["--mask-all"] if mask_all else []
     argv += [] if fsync else ["--no-fsync"]
@@ -98,8 +125,11 @@ def place_dataset(remote, spec, dataset: str | None, out: str) -> str:
         remote.put(Path(dataset).expanduser(), target)
         return target
     if remote.run(["test", "-f", dataset], check=False).exit_status != 0:
-        raise NotFound(f"dataset {dataset} is neither a local file nor a file on the host", host=remote.name,
-                       hint="pass --dataset with the prepared JSONL the extraction used")
+        raise NotFound(
+            f"dataset {dataset} is neither a local file nor a file on the host",
+            host=remote.name,
+            hint="pass --dataset with the prepared JSONL the extraction used",
+        )
     return dataset
 
 
@@ -112,11 +142,16 @@ def run_export(remote, command: str, on_event=None, timeout: float = 7 * 24 * 36
             event = run.take(text)
             if event and on_event:
                 on_event(event)
+
     result = remote.run(command, input=script_source(), check=False, timeout=timeout, on_line=line)
-    if not run.events:                        # a Remote that does not stream lines
+    if not run.events:  # a Remote that does not stream lines
         run = parse_output(result.stdout)
     if run.report is None:
-        raise CommandFailed(f"specforge export failed: {run.error or 'no report'}", host=remote.name,
-                            command=result.command, exit_status=result.exit_status,
-                            stderr_tail=result.stderr[-2000:])
+        raise CommandFailed(
+            f"specforge export failed: {run.error or 'no report'}",
+            host=remote.name,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
     return run

@@ -15,6 +15,7 @@ It is started detached in its own session (`setsid`), its PID recorded, and
 stopped by that PID (after checking the PID still belongs to the client);
 every wait here has a deadline.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,38 +61,67 @@ def client_source() -> bytes:
 
 # --------------------------------------------------------------------------- commands (pure)
 
+
 def alive_check(p: ExtractPaths) -> str:
     """Shell test: the recorded PID is alive and still runs our client (not a reused PID)."""
     pidfile = shell.quote(p.file("client.pid"))
-    return (f"pid=$(cat {pidfile} 2>/dev/null) && [ -n \"$pid\" ] && "
-            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(CLIENT_NAME)}")
+    return (
+        f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && '
+        f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(CLIENT_NAME)}"
+    )
 
 
-def launch_command(p: ExtractPaths, server_url: str, concurrency: int, retries: int,
-                   dataset: str, limit: int | None = None, dump_grace: float = 30.0) -> str:
+def launch_command(
+    p: ExtractPaths,
+    server_url: str,
+    concurrency: int,
+    retries: int,
+    dataset: str,
+    limit: int | None = None,
+    dump_grace: float = 30.0,
+) -> str:
     """Start the client detached in its own session; print its PID."""
-    argv = ["python3", p.client, "--dataset", dataset, "--server", server_url, "--workdir", p.workdir,
-            "--log", p.log, "--dump-dir", p.dump_dir, "--concurrency", str(concurrency),
-            "--retries", str(retries), "--dump-grace", f"{dump_grace:g}"]
+    argv = [
+        "python3",
+        p.client,
+        "--dataset",
+        dataset,
+        "--server",
+        server_url,
+        "--workdir",
+        p.workdir,
+        "--log",
+        p.log,
+        "--dump-dir",
+        p.dump_dir,
+        "--concurrency",
+        str(concurrency),
+        "--retries",
+        str(retries),
+        "--dump-grace",
+        f"{dump_grace:g}",
+    ]
     if limit:
         argv += ["--limit", str(limit)]
     out = shell.quote(p.file("client.out"))
     # `cd || exit; cmd &` - not `cd && cmd &`, which backgrounds a subshell holding the channel open
-    return (f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
-            f"echo $!")
+    return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"
 
 
 def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False) -> str:
     """One round trip: alive, pid, log tail, counts, missing, client output (+ every done key)."""
     keys = [("keys", done_keys_command(p))] if with_keys else []
-    return shell.sections(keys + [
-        ("alive", alive_check(p)),
-        ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
-        ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
-        ("counts", f"python3 {shell.quote(p.client)} count --workdir {shell.quote(p.workdir)}"),
-        ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
-        ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
-    ])
+    return shell.sections(
+        keys
+        + [
+            ("alive", alive_check(p)),
+            ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
+            ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
+            ("counts", f"python3 {shell.quote(p.client)} count --workdir {shell.quote(p.workdir)}"),
+            ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
+            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
+        ]
+    )
 
 
 def done_keys_command(p: ExtractPaths) -> str:
@@ -101,18 +131,19 @@ def done_keys_command(p: ExtractPaths) -> str:
 
 # --------------------------------------------------------------------------- status (pure parse)
 
+
 @dataclass
 class ExtractStatus:
     host: str
     running: bool
     pid: int | None
     summary: ExtractionSummary
-    manifest_ok: int                     # samples of the CURRENT dataset done (ok line for their dump key)
+    manifest_ok: int  # samples of the CURRENT dataset done (ok line for their dump key)
     missing: list[dict]
     client_out: str
-    dataset_total: int = 0               # samples in the current dataset (after --limit)
-    dataset_id: str | None = None        # sha256 of the dataset file, 16 hex
-    reused_ids: int = 0                  # ids done earlier with OTHER token ids: sent again (new dumps)
+    dataset_total: int = 0  # samples in the current dataset (after --limit)
+    dataset_id: str | None = None  # sha256 of the dataset file, 16 hex
+    reused_ids: int = 0  # ids done earlier with OTHER token ids: sent again (new dumps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -132,12 +163,18 @@ def parse_status(host: str, output: str) -> ExtractStatus:
         except ValueError:
             pass
     counts = _json_or_empty(parts.get("counts", (1, ""))[1])
-    return ExtractStatus(host, parts.get("alive", (1, ""))[0] == 0,
-                         int(pid_text) if pid_text.isdigit() else None,
-                         parse_extraction(parts.get("log", (1, ""))[1]),
-                         int(counts.get("done") or 0), missing, parts.get("out", (1, ""))[1],
-                         int(counts.get("total") or 0), counts.get("dataset_id"),
-                         _reused_ids(parts.get("log", (1, ""))[1]))
+    return ExtractStatus(
+        host,
+        parts.get("alive", (1, ""))[0] == 0,
+        int(pid_text) if pid_text.isdigit() else None,
+        parse_extraction(parts.get("log", (1, ""))[1]),
+        int(counts.get("done") or 0),
+        missing,
+        parts.get("out", (1, ""))[1],
+        int(counts.get("total") or 0),
+        counts.get("dataset_id"),
+        _reused_ids(parts.get("log", (1, ""))[1]),
+    )
 
 
 def _reused_ids(log_text: str) -> int:
@@ -160,6 +197,7 @@ def _json_or_empty(text: str) -> dict:
 
 # --------------------------------------------------------------------------- edges
 
+
 def status(remote, host) -> ExtractStatus:
     """One round trip: is the client alive, the log's tail, manifest and missing counts."""
     return parse_status(host.name, remote.run(status_command(paths_for(host))).stdout)
@@ -178,15 +216,28 @@ def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool
     return True
 
 
-def start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
-          server_url: str | None = None, limit: int | None = None, wait_s: float = 30.0,
-          local_dataset: bool | None = None, dump_grace: float = 30.0) -> ExtractStatus:
+def start(
+    remote,
+    host,
+    dataset: str,
+    *,
+    concurrency: int = 8,
+    retries: int = 5,
+    server_url: str | None = None,
+    limit: int | None = None,
+    wait_s: float = 30.0,
+    local_dataset: bool | None = None,
+    dump_grace: float = 30.0,
+) -> ExtractStatus:
     """Ship client (+ dataset when it is a local file), refuse if one is running, launch, await `started`."""
     p = paths_for(host)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
     if remote.run(alive_check(p), check=False).exit_status == 0:
-        raise Refused("an extraction client is already running on this host", host=host.name,
-                      hint=f"remote-ops extract status --host {host.name}  (or extract stop)")
+        raise Refused(
+            "an extraction client is already running on this host",
+            host=host.name,
+            hint=f"remote-ops extract status --host {host.name}  (or extract stop)",
+        )
     upload_if_changed(remote, client_source(), p.client, 0o755)
     remote_dataset = _place_dataset(remote, p, dataset, local_dataset)
     url = server_url or f"http://127.0.0.1:{host.server.port}"
@@ -215,39 +266,61 @@ def _log_size(remote, p: ExtractPaths) -> int:
 def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float) -> None:
     """Wait (bounded) for the client's `started` line; a client that died shows its output."""
     deadline = time.monotonic() + wait_s
-    probe = shell.sections([("log", f"tail -c +{log_offset + 1} {shell.quote(p.log)}"),
-                            ("alive", alive_check(p)),
-                            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}")])
+    probe = shell.sections(
+        [
+            ("log", f"tail -c +{log_offset + 1} {shell.quote(p.log)}"),
+            ("alive", alive_check(p)),
+            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
+        ]
+    )
     while time.monotonic() < deadline:
         parts = shell.split_sections(remote.run(probe, check=False).stdout)
         if " started " in parts.get("log", (1, ""))[1]:
             return
         if parts.get("alive", (1, ""))[0] != 0 and time.monotonic() > deadline - wait_s + 2:
-            raise Refused("the extraction client exited at start", host=host.name,
-                          details={"client_out": parts.get("out", (1, ""))[1]},
-                          hint=parts.get("out", (1, ""))[1][-300:] or None)
+            raise Refused(
+                "the extraction client exited at start",
+                host=host.name,
+                details={"client_out": parts.get("out", (1, ""))[1]},
+                hint=parts.get("out", (1, ""))[1][-300:] or None,
+            )
         time.sleep(0.3)
-    raise CommandTimedOut(f"extraction client did not log `started` within {wait_s:g}s", host=host.name,
-                          command="extract start", timeout=wait_s)
+    raise CommandTimedOut(
+        f"extraction client did not log `started` within {wait_s:g}s",
+        host=host.name,
+        command="extract start",
+        timeout=wait_s,
+    )
 
 
-def plan_start(remote, host, dataset: str, *, concurrency: int = 8, retries: int = 5,
-               server_url: str | None = None, limit: int | None = None, dump_grace: float = 30.0) -> dict:
+def plan_start(
+    remote,
+    host,
+    dataset: str,
+    *,
+    concurrency: int = 8,
+    retries: int = 5,
+    server_url: str | None = None,
+    limit: int | None = None,
+    dump_grace: float = 30.0,
+) -> dict:
     """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff)."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
     remote_dataset = p.dataset if local.is_file() else dataset
-    probe = shell.sections([("alive", alive_check(p)),
-                            ("client", shell.sha256_of(p.client)),
-                            ("dataset", shell.sha256_of(remote_dataset))])
+    probe = shell.sections(
+        [("alive", alive_check(p)), ("client", shell.sha256_of(p.client)), ("dataset", shell.sha256_of(remote_dataset))]
+    )
     sec = shell.split_sections(remote.run(probe, check=False).stdout)
     have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
     url = server_url or f"http://127.0.0.1:{host.server.port}"
-    return {"already_running": sec.get("alive", (1, ""))[0] == 0,
-            "upload_client": have["client"] != _sha256(client_source()),
-            "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
-            "dataset_on_host": remote_dataset,
-            "command": launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace)}
+    return {
+        "already_running": sec.get("alive", (1, ""))[0] == 0,
+        "upload_client": have["client"] != _sha256(client_source()),
+        "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
+        "dataset_on_host": remote_dataset,
+        "command": launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace),
+    }
 
 
 def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: float = 2.0) -> ExtractStatus:
@@ -260,9 +333,12 @@ def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: fl
         if not st.running:
             return st
         if time.monotonic() + interval_s > deadline:
-            raise CommandTimedOut(f"extraction still running after {timeout_s:g}s (it goes on; "
-                                  f"`extract status` follows it)", host=host.name,
-                                  command="extract start --wait", timeout=timeout_s)
+            raise CommandTimedOut(
+                f"extraction still running after {timeout_s:g}s (it goes on; `extract status` follows it)",
+                host=host.name,
+                command="extract start --wait",
+                timeout=timeout_s,
+            )
         time.sleep(interval_s)
 
 
@@ -290,6 +366,7 @@ def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
 # local record (`fleet_ledger`) last saw on hosts of an earlier split that are
 # no longer selected (a dead host).  Each host gets its own shard file and runs
 # its own client against its own server; no scheduler: the manifests decide.
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -354,10 +431,10 @@ class FleetStatus:
     rate_samples_s: float
     rate_tokens_s: float
     eta_s: float | None
-    duplicates: int                      # keys with an ok line on more than one host
+    duplicates: int  # keys with an ok line on more than one host
     hosts: list[ExtractStatus]
     unreachable: list[str]
-    last_seen: list[str]                 # hosts counted from the local record only
+    last_seen: list[str]  # hosts counted from the local record only
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -365,8 +442,9 @@ class FleetStatus:
         return d
 
 
-def merge_status(ledger: dict | None, statuses: dict[str, ExtractStatus], keys: dict[str, set[str]],
-                 unreachable: list[str]) -> FleetStatus:
+def merge_status(
+    ledger: dict | None, statuses: dict[str, ExtractStatus], keys: dict[str, set[str]], unreachable: list[str]
+) -> FleetStatus:
     """Progress over the group: done = dataset keys done anywhere; rate = sum; ETA = slowest host (pure)."""
     seen = dict(keys)
     last_seen = []
@@ -384,15 +462,23 @@ def merge_status(ledger: dict | None, statuses: dict[str, ExtractStatus], keys: 
     etas = [eta for n in running if (eta := statuses[n].summary.eta_s) is not None]
     total = len(dataset_keys) if ledger else sum(st.dataset_total for st in statuses.values())
     done = len(dataset_keys & union) if ledger else sum(st.manifest_ok for st in statuses.values())
-    return FleetStatus((ledger or {}).get("dataset_id"), total, done, running,
-                       sum(statuses[n].summary.rate_samples_s or 0 for n in running),
-                       sum(statuses[n].summary.rate_tokens_s or 0 for n in running),
-                       max(etas) if etas else (0.0 if not running else None),
-                       sum(1 for k, c in counts.items() if c > 1 and (not ledger or k in dataset_keys)),
-                       list(statuses.values()), unreachable, last_seen)
+    return FleetStatus(
+        (ledger or {}).get("dataset_id"),
+        total,
+        done,
+        running,
+        sum(statuses[n].summary.rate_samples_s or 0 for n in running),
+        sum(statuses[n].summary.rate_tokens_s or 0 for n in running),
+        max(etas) if etas else (0.0 if not running else None),
+        sum(1 for k, c in counts.items() if c > 1 and (not ledger or k in dataset_keys)),
+        list(statuses.values()),
+        unreachable,
+        last_seen,
+    )
 
 
 # --------------------------------------------------------------------------- a group: the local record
+
 
 def ledger_dir() -> Path:
     from .paths import state_dir
@@ -401,8 +487,7 @@ def ledger_dir() -> Path:
 
 
 def new_ledger(dataset_id: str, samples: list[Sample]) -> dict:
-    return {"dataset_id": dataset_id, "keys": list(dict.fromkeys(s.key for s in samples)), "hosts": {},
-            "updated": 0.0}
+    return {"dataset_id": dataset_id, "keys": list(dict.fromkeys(s.key for s in samples)), "hosts": {}, "updated": 0.0}
 
 
 def load_ledger(dataset_id: str) -> dict | None:
@@ -452,13 +537,15 @@ def absent_done(ledger: dict | None, selected: list[str]) -> set[str]:
 
 # --------------------------------------------------------------------------- a group: edges (one host each)
 
+
 def probe_done(remote, host) -> tuple[bool, set[str]]:
     """Ship the client if changed; (is a client running, every key done on this host)."""
     p = paths_for(host)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
     upload_if_changed(remote, client_source(), p.client, 0o755)
-    parts = shell.split_sections(remote.run(shell.sections([("alive", alive_check(p)),
-                                                            ("keys", done_keys_command(p))])).stdout)
+    parts = shell.split_sections(
+        remote.run(shell.sections([("alive", alive_check(p)), ("keys", done_keys_command(p))])).stdout
+    )
     return parts.get("alive", (1, ""))[0] == 0, parse_keys(parts.get("keys", (1, ""))[1])
 
 

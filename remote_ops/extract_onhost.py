@@ -33,6 +33,7 @@ hidden states of the prompt), keeping N requests in flight.
 
 Stop it with SIGTERM (it finishes the requests in flight and logs `stopped`).
 """
+
 import argparse
 import glob
 import hashlib
@@ -174,8 +175,7 @@ class Transient(Exception):
 
 def generate(url, token_ids, timeout):
     """POST one prompt to /generate with max_new_tokens=1; raise Transient or ValueError."""
-    body = json.dumps({"input_ids": token_ids,
-                       "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
+    body = json.dumps({"input_ids": token_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -203,11 +203,11 @@ class Run:
         self.dataset_id = dataset_id
         pending, done, self.reused_ids, adopt = plan_samples(samples, records)
         self.total = len(samples)
-        self.done = len(done)                       # of THIS dataset, by dump key
+        self.done = len(done)  # of THIS dataset, by dump key
         self.tokens = sum(len(ids) for _, ids, _ in done)
         self.done_keys = [key for _, _, key in done]
         self.errors = self.failed = self.session_done = self.session_tokens = 0
-        for sid, ids, key in adopt:                 # same content under a new id: no request needed
+        for sid, ids, key in adopt:  # same content under a new id: no request needed
             self._append(sid, key, ids, "ok", 0, reused_dump=True)
         self.queue = Queue()
         for item in pending:
@@ -215,9 +215,16 @@ class Run:
         self.started = time.time()
 
     def counters(self):
-        return dict(done=self.done, total=self.total, tokens=self.tokens, errors=self.errors,
-                    failed=self.failed, session_done=self.session_done,
-                    session_tokens=self.session_tokens, elapsed=round(time.time() - self.started, 3))
+        return dict(
+            done=self.done,
+            total=self.total,
+            tokens=self.tokens,
+            errors=self.errors,
+            failed=self.failed,
+            session_done=self.session_done,
+            session_tokens=self.session_tokens,
+            elapsed=round(time.time() - self.started, 3),
+        )
 
     def worker(self):
         while not self.stop.is_set():
@@ -240,16 +247,24 @@ class Run:
                     self.errors += 1
                 self.log.event("error", id=sid, attempt=attempt, error=str(exc)[:200])
                 if attempt > self.args.retries or self.stop.is_set():
-                    return self.record(sid, key, ids, "failed" if not self.stop.is_set() else "interrupted",
-                                       attempt, str(exc))
+                    return self.record(
+                        sid, key, ids, "failed" if not self.stop.is_set() else "interrupted", attempt, str(exc)
+                    )
                 self.stop.wait(min(delay, self.args.max_backoff) * (0.5 + random.random()))
                 delay *= 2
             except ValueError as exc:
                 return self.record(sid, key, ids, "failed", attempt, str(exc))
 
     def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False):
-        rec = {"id": sid, "key": key, "tokens": len(ids), "status": status, "attempts": attempts,
-               "dataset": self.dataset_id, "time": round(time.time(), 3)}
+        rec = {
+            "id": sid,
+            "key": key,
+            "tokens": len(ids),
+            "status": status,
+            "attempts": attempts,
+            "dataset": self.dataset_id,
+            "time": round(time.time(), 3),
+        }
         if error:
             rec["error"] = error[:300]
         if reused_dump:
@@ -258,7 +273,7 @@ class Run:
 
     def record(self, sid, key, ids, status, attempts, error=None):
         if status == "interrupted":
-            return                      # not recorded: the next run sends it again
+            return  # not recorded: the next run sends it again
         self._append(sid, key, ids, status, attempts, error)
         with self.lock:
             if status == "ok":
@@ -285,8 +300,10 @@ def missing_dumps(args, workdir, samples, keys_done):
             wanted.setdefault(key, sid)
     deadline = time.time() + args.dump_grace
     while True:
-        present = {os.path.basename(p)[:-len(".safetensors")]
-                   for p in glob.glob(os.path.join(args.dump_dir, "rank*", "*.safetensors"))}
+        present = {
+            os.path.basename(p)[: -len(".safetensors")]
+            for p in glob.glob(os.path.join(args.dump_dir, "rank*", "*.safetensors"))
+        }
         missing = {k: i for k, i in wanted.items() if k not in present}
         if not missing or time.time() >= deadline:
             break
@@ -339,11 +356,23 @@ def write_atomic(path, text):
 def describe_run(args, samples, dataset_id):
     """run.json + dataset.keys: what the current run is, for `count` and `extract status`."""
     write_atomic(os.path.join(args.workdir, "dataset.keys"), "".join(dump_key(ids) + "\n" for _, ids in samples))
-    write_atomic(os.path.join(args.workdir, "run.json"), json.dumps(
-        {"dataset": os.path.abspath(args.dataset), "dataset_id": dataset_id, "total": len(samples),
-         "limit": args.limit, "started": utc_now(), "pid": os.getpid()}, sort_keys=True) + "\n")
+    write_atomic(
+        os.path.join(args.workdir, "run.json"),
+        json.dumps(
+            {
+                "dataset": os.path.abspath(args.dataset),
+                "dataset_id": dataset_id,
+                "total": len(samples),
+                "limit": args.limit,
+                "started": utc_now(),
+                "pid": os.getpid(),
+            },
+            sort_keys=True,
+        )
+        + "\n",
+    )
     try:
-        os.unlink(os.path.join(args.workdir, "missing.jsonl"))   # it described an earlier run
+        os.unlink(os.path.join(args.workdir, "missing.jsonl"))  # it described an earlier run
     except FileNotFoundError:
         pass
 
@@ -378,17 +407,28 @@ def main(argv=None):
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "client.pid"), "w") as fh:
         fh.write("%d\n" % os.getpid())
-    samples = read_dataset(args.dataset)[:args.limit]
+    samples = read_dataset(args.dataset)[: args.limit]
     dataset_id = file_sha256(args.dataset)[:16]
     describe_run(args, samples, dataset_id)
     run = Run(args, samples, manifest_records(os.path.join(args.workdir, "manifest.jsonl")), dataset_id)
     signal.signal(signal.SIGTERM, lambda *_: run.stop.set())
     signal.signal(signal.SIGINT, lambda *_: run.stop.set())
-    run.log.event("started", pending=run.queue.qsize(), concurrency=args.concurrency, pid=os.getpid(),
-                  dataset=dataset_id, reused_ids=len(run.reused_ids), **run.counters())
+    run.log.event(
+        "started",
+        pending=run.queue.qsize(),
+        concurrency=args.concurrency,
+        pid=os.getpid(),
+        dataset=dataset_id,
+        reused_ids=len(run.reused_ids),
+        **run.counters(),
+    )
     if run.reused_ids:
-        run.log.event("note", reused_ids=len(run.reused_ids), first=run.reused_ids[0],
-                      meaning="ids done earlier with other token ids: sent again as new samples")
+        run.log.event(
+            "note",
+            reused_ids=len(run.reused_ids),
+            first=run.reused_ids[0],
+            meaning="ids done earlier with other token ids: sent again as new samples",
+        )
     threading.Thread(target=progress_loop, args=(run,), daemon=True).start()
     workers = [threading.Thread(target=run.worker) for _ in range(max(1, args.concurrency))]
     for w in workers:

@@ -11,6 +11,7 @@ that (`bounded`: coreutils `timeout` on the host), so one hung probe (a
 frozen dockerd) is that probe's own failure ("no answer within Ns") and every
 other fact is still reported.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,10 @@ from .remote import Remote, command_deadline
 #: The engine's sections in the facts probe (commands and parsing live in `remote_ops.engine.probe`).
 ENGINE_SECTIONS = engine_probe.SectionNames(version="docker", objects=None, runtimes="runtimes")
 
-GPU_QUERY = ("index,name,memory.total,memory.used,temperature.gpu,"
-             "ecc.errors.uncorrected.volatile.total,compute_cap,driver_version")
+GPU_QUERY = (
+    "index,name,memory.total,memory.used,temperature.gpu,"
+    "ecc.errors.uncorrected.volatile.total,compute_cap,driver_version"
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,8 @@ class Facts:
     mem_total_bytes: int | None = None
     mem_available_bytes: int | None = None
     gpus: list[Gpu] = field(default_factory=list)
-    gpu_error: str | None = None          # "no NVIDIA driver" or nvidia-smi's complaint
-    docker: dict = field(default_factory=dict)      # server/client versions, or {"error": ...}
+    gpu_error: str | None = None  # "no NVIDIA driver" or nvidia-smi's complaint
+    docker: dict = field(default_factory=dict)  # server/client versions, or {"error": ...}
     docker_runtimes: list[str] = field(default_factory=list)
     nvidia_runtime: bool = False
     dump_dir: str = ""
@@ -72,28 +75,37 @@ def gpu_query_cmd() -> str:
 
 def existing_parent_df(path: str) -> str:
     """`df` of `path`, or of its nearest existing parent (the dump dir may not exist yet)."""
-    return (f"d={shell.quote(path)}; while [ ! -e \"$d\" ]; do d=$(dirname \"$d\"); done; "
-            f"df -P -B1 \"$d\"")
+    return f'd={shell.quote(path)}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; df -P -B1 "$d"'
 
 
 def probes(host: HostSpec) -> list[tuple[str, str]]:
     """The commands `facts` runs (one round trip via `shell.sections`)."""
-    target = host.sglang.target_file if host.sglang.patch else None     # unbound: no spec, no target
+    target = host.sglang.target_file if host.sglang.patch else None  # unbound: no spec, no target
     pkg = host.sglang.checkout.rstrip("/") + "/python/sglang/"
-    return [p for p in [
-        ("os", "cat /etc/os-release"),
-        ("kernel", "uname -srm"),
-        ("cpu", "nproc; grep -m1 'model name' /proc/cpuinfo"),
-        ("mem", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
-        ("gpus", f"command -v nvidia-smi >/dev/null || {{ echo 'no NVIDIA driver'; exit 127; }}; {gpu_query_cmd()}"),
-        *engine_probe.probe_sections(None, runtimes=True, names=ENGINE_SECTIONS),
-        ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
-        ("disk", existing_parent_df(host.dump.dir)),
-        ("sglang_version", shell.seq(shell.quiet(["cat", pkg + "version.py"]),
-                                     shell.quiet(["cat", pkg + "_version.py"]))),
-        ("target", shell.and_then(shell.sha256_of(target), shell.read_stdin(["wc", "-l"], target)))
-        if target else None,
-    ] if p]
+    return [
+        p
+        for p in [
+            ("os", "cat /etc/os-release"),
+            ("kernel", "uname -srm"),
+            ("cpu", "nproc; grep -m1 'model name' /proc/cpuinfo"),
+            ("mem", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
+            (
+                "gpus",
+                f"command -v nvidia-smi >/dev/null || {{ echo 'no NVIDIA driver'; exit 127; }}; {gpu_query_cmd()}",
+            ),
+            *engine_probe.probe_sections(None, runtimes=True, names=ENGINE_SECTIONS),
+            ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
+            ("disk", existing_parent_df(host.dump.dir)),
+            (
+                "sglang_version",
+                shell.seq(shell.quiet(["cat", pkg + "version.py"]), shell.quiet(["cat", pkg + "_version.py"])),
+            ),
+            ("target", shell.and_then(shell.sha256_of(target), shell.read_stdin(["wc", "-l"], target)))
+            if target
+            else None,
+        ]
+        if p
+    ]
 
 
 def probe_deadline(command_s: float) -> float:
@@ -115,8 +127,13 @@ def bounded(named: list[tuple[str, str]], seconds: float) -> list[tuple[str, str
     out = []
     for name, command in named:
         inner = shell.join(["sh", "-c", shell.cmd(command)])
-        out.append((name, f"if command -v timeout >/dev/null 2>&1; then timeout -k 1 {limit:g} {inner}; "
-                          f"rc=$?; [ $rc -eq 124 ] && echo {note}; exit $rc; else {inner}; fi"))
+        out.append(
+            (
+                name,
+                f"if command -v timeout >/dev/null 2>&1; then timeout -k 1 {limit:g} {inner}; "
+                f"rc=$?; [ $rc -eq 124 ] && echo {note}; exit $rc; else {inner}; fi",
+            )
+        )
     return out
 
 
@@ -129,8 +146,7 @@ def gather(remote: Remote, host: HostSpec) -> Facts:
 
 def parse(host: HostSpec, sec: dict[str, tuple[int, str]]) -> Facts:
     """Turn probe output into `Facts` (pure; tested from captured text)."""
-    f = Facts(host=host.name, dump_dir=host.dump.dir,
-              target_file=host.sglang.target_file if host.sglang.patch else "")
+    f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=host.sglang.target_file if host.sglang.patch else "")
     f.os = parse_os_release(_text(sec, "os"))
     f.kernel = _text(sec, "kernel").strip()
     f.cpus, f.cpu_model = parse_cpu(_text(sec, "cpu"))
@@ -186,16 +202,28 @@ def parse_gpus(status: int, text: str) -> tuple[list[Gpu], str | None]:
         cols = [c.strip() for c in line.split(",")]
         if len(cols) < 8 or not cols[0].isdigit():
             continue
-        gpus.append(Gpu(int(cols[0]), cols[1], _num(cols[2]), _num(cols[3]), _num(cols[4]),
-                        _num(cols[5]), cols[6] if _num(cols[6]) is not None or "." in cols[6] else None,
-                        cols[7] or None))
+        gpus.append(
+            Gpu(
+                int(cols[0]),
+                cols[1],
+                _num(cols[2]),
+                _num(cols[3]),
+                _num(cols[4]),
+                _num(cols[5]),
+                cols[6] if _num(cols[6]) is not None or "." in cols[6] else None,
+                cols[7] or None,
+            )
+        )
     return gpus, None
 
 
 def engine_summary(snap: engine_probe.Snapshot) -> dict:
     """The engine part of facts: {"client", "server", "api"} (+ "error" when the daemon did not answer)."""
-    out = {"client": snap.client_version, "server": snap.version.server if snap.version else None,
-           "api": snap.version.api if snap.version else None}
+    out = {
+        "client": snap.client_version,
+        "server": snap.version.server if snap.version else None,
+        "api": snap.version.api if snap.version else None,
+    }
     if snap.version is None:
         out["error"] = snap.error or "docker not available"
     return out

@@ -10,6 +10,7 @@ batch with a failure unless told to go on (Ansible's `serial` and
 The exit code of a fleet run is the worst host's (`worst_exit`): 0 if every
 host is ok, 11 if the worst is a health warning, else the highest failing code.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,12 @@ class HostOutcome:
         return not self.skipped and self.exit_code not in (ExitCode.OK, ExitCode.HEALTH_WARN)
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"host": self.host, "exit_code": self.exit_code,
-                               "duration_s": round(self.duration_s, 3), "skipped": self.skipped}
+        doc: dict[str, Any] = {
+            "host": self.host,
+            "exit_code": self.exit_code,
+            "duration_s": round(self.duration_s, 3),
+            "skipped": self.skipped,
+        }
         if self.error is not None:
             doc["error"] = self.error.to_dict()
         if self.result is not None:
@@ -63,9 +68,12 @@ class FleetRun:
         return worst_exit(o.exit_code for o in self.outcomes if not o.skipped)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "hosts": [o.to_dict() for o in self.outcomes],
-                "failed": [o.host for o in self.outcomes if o.failed],
-                "skipped": [o.host for o in self.outcomes if o.skipped]}
+        return {
+            "exit_code": self.exit_code,
+            "hosts": [o.to_dict() for o in self.outcomes],
+            "failed": [o.host for o in self.outcomes if o.failed],
+            "skipped": [o.host for o in self.outcomes if o.skipped],
+        }
 
 
 def worst_exit(codes: Iterable[int]) -> int:
@@ -89,8 +97,13 @@ def run_one(host: Any, work: Callable[[Any], tuple[int, Any]]) -> HostOutcome:
         return HostOutcome(host.name, exc.exit_code, error=exc, duration_s=time.monotonic() - t0)
 
 
-def fan_out(hosts: list, work: Callable[[Any], tuple[int, Any]], *, forks: int = DEFAULT_FORKS,
-            on_done: Callable[[HostOutcome], None] | None = None) -> FleetRun:
+def fan_out(
+    hosts: list,
+    work: Callable[[Any], tuple[int, Any]],
+    *,
+    forks: int = DEFAULT_FORKS,
+    on_done: Callable[[HostOutcome], None] | None = None,
+) -> FleetRun:
     """Run `work` on every host, at most `forks` at a time; outcomes keep the hosts' order."""
     if len(hosts) == 1:
         outcome = run_one(hosts[0], work)
@@ -106,12 +119,19 @@ def fan_out(hosts: list, work: Callable[[Any], tuple[int, Any]], *, forks: int =
     return FleetRun([by_name[h.name] for h in hosts])
 
 
-def rolling(hosts: list, work: Callable[[Any], tuple[int, Any]], *, serial: int, forks: int = DEFAULT_FORKS,
-            keep_going: bool = False, on_done: Callable[[HostOutcome], None] | None = None) -> FleetRun:
+def rolling(
+    hosts: list,
+    work: Callable[[Any], tuple[int, Any]],
+    *,
+    serial: int,
+    forks: int = DEFAULT_FORKS,
+    keep_going: bool = False,
+    on_done: Callable[[HostOutcome], None] | None = None,
+) -> FleetRun:
     """Batches of `serial` hosts one after another; after a failed batch the rest are skipped."""
     run = FleetRun()
     for i in range(0, len(hosts), max(1, serial)):
-        batch = hosts[i:i + max(1, serial)]
+        batch = hosts[i : i + max(1, serial)]
         if not keep_going and any(o.failed for o in run.outcomes):
             run.outcomes += [HostOutcome(h.name, ExitCode.REFUSED, skipped=True) for h in batch]
             continue

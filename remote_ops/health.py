@@ -34,6 +34,7 @@ Exit codes: a host that cannot be connected to is listed as the failing
 `ssh/connect` check, and the run exits with that error's own code (4
 unreachable, 5 auth, 6 host key) rather than 12, as every other command does.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,7 @@ ENGINE_SECTIONS = engine_probe.SectionNames(version="docker", objects="container
 class Check:
     tier: str
     name: str
-    status: str           # ok | warn | fail | skip
+    status: str  # ok | warn | fail | skip
     reason: str
     data: dict = field(default_factory=dict)
 
@@ -68,17 +69,21 @@ class HostHealth:
     checks: list[Check]
     duration_s: float = 0.0
     round_trips: int = 0
-    error_exit: int | None = None    # the exit code of a connection/SSH error, if one ended the run
-
+    error_exit: int | None = None  # the exit code of a connection/SSH error, if one ended the run
 
     @property
     def worst(self) -> str:
         return max((c.status for c in self.checks), key=lambda s: ORDER[s], default="ok")
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "worst": self.worst, "duration_s": round(self.duration_s, 3),
-                "round_trips": self.round_trips, "exit_code": self.error_exit,
-                "checks": [asdict(c) for c in self.checks]}
+        return {
+            "host": self.host,
+            "worst": self.worst,
+            "duration_s": round(self.duration_s, 3),
+            "round_trips": self.round_trips,
+            "exit_code": self.error_exit,
+            "checks": [asdict(c) for c in self.checks],
+        }
 
 
 def exit_code(results: list[HostHealth]) -> int:
@@ -97,7 +102,7 @@ def exit_code(results: list[HostHealth]) -> int:
 
 ENDPOINTS = [["/model_info", "/get_model_info"], ["/server_info", "/get_server_info"], ["/v1/models"]]
 
-HTTP_PROBE = r'''
+HTTP_PROBE = r"""
 import json, sys, time, urllib.error, urllib.request
 base, groups, deep = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 call_s, generate_s = float(sys.argv[4]), float(sys.argv[5])
@@ -124,37 +129,41 @@ if deep:
     body = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
     out["/generate"] = call("/generate", body, timeout=generate_s)
 print(json.dumps(out))
-'''
+"""
 
 
 def gpu_process_probe(host: HostSpec) -> str:
     """GPU compute processes, each marked `ours` when its cgroup names our container."""
-    return ("command -v nvidia-smi >/dev/null || exit 127; "
-            f"cid=$({engine_probe.container_id_command(host.container.name)}); "
-            "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | "
-            "while IFS=', ' read -r pid mem; do [ -n \"$pid\" ] || continue; "
-            "if [ -n \"$cid\" ] && grep -q \"$cid\" /proc/$pid/cgroup 2>/dev/null; "
-            "then echo \"$pid $mem ours\"; else echo \"$pid $mem stray\"; fi; done")
+    return (
+        "command -v nvidia-smi >/dev/null || exit 127; "
+        f"cid=$({engine_probe.container_id_command(host.container.name)}); "
+        "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | "
+        "while IFS=', ' read -r pid mem; do [ -n \"$pid\" ] || continue; "
+        'if [ -n "$cid" ] && grep -q "$cid" /proc/$pid/cgroup 2>/dev/null; '
+        'then echo "$pid $mem ours"; else echo "$pid $mem stray"; fi; done'
+    )
 
 
 def patch_probe(host: HostSpec) -> str:
     """sha256 + marker count of the patched file the container's Python would import: the
     target named by the patch spec shipped in the image ($REMOTE_OPS_TOOL_DIR/patch-spec.json)."""
-    locate = ("import importlib.util,json,os; s=importlib.util.find_spec('sglang'); "
-              "t=json.load(open(os.environ['REMOTE_OPS_TOOL_DIR'] + '/patch-spec.json'))['target']; "
-              "print(s.submodule_search_locations[0] + '/' + t.split('sglang/', 1)[1])")
+    locate = (
+        "import importlib.util,json,os; s=importlib.util.find_spec('sglang'); "
+        "t=json.load(open(os.environ['REMOTE_OPS_TOOL_DIR'] + '/patch-spec.json'))['target']; "
+        "print(s.submodule_search_locations[0] + '/' + t.split('sglang/', 1)[1])"
+    )
     sha = shell.sha256_of_word('"$f"')
-    inner = (f"f=$(python3 -c {shell.quote(locate)}) && {sha} && "
-             "grep -c '>>> remote-ops' \"$f\"")
+    inner = f"f=$(python3 -c {shell.quote(locate)}) && {sha} && grep -c '>>> remote-ops' \"$f\""
     return engine_probe.exec_command(host.container.name, ["sh", "-c", inner])
 
 
 def dump_probe(host: HostSpec) -> str:
     """File count and bytes of finished dump files (temp files excluded), then free space."""
     d = shell.quote(host.dump.dir)
-    return (f"if [ -d {d} ]; then find {d} -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
-            "| awk '{n++; s+=$1} END {print n+0, s+0}'; else echo 'absent'; fi; "
-            + facts.existing_parent_df(host.dump.dir))
+    return (
+        f"if [ -d {d} ]; then find {d} -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
+        "| awk '{n++; s+=$1} END {print n+0, s+0}'; else echo 'absent'; fi; " + facts.existing_parent_df(host.dump.dir)
+    )
 
 
 def http_budget(probe_s: float) -> tuple[float, float]:
@@ -167,12 +176,14 @@ def http_budget(probe_s: float) -> tuple[float, float]:
 def http_probe(host: HostSpec, deep: bool, probe_s: float = 96.0) -> str:
     base = f"http://127.0.0.1:{host.server.port}"
     call_s, generate_s = http_budget(probe_s)
-    return shell.join(["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0",
-                       str(call_s), str(generate_s)])
+    return shell.join(
+        ["python3", "-c", HTTP_PROBE, base, json.dumps(ENDPOINTS), "1" if deep else "0", str(call_s), str(generate_s)]
+    )
 
 
-def probes(host: HostSpec, deep: bool = False, expected_image: str | None = None,
-           probe_s: float = 96.0) -> list[tuple[str, str]]:
+def probes(
+    host: HostSpec, deep: bool = False, expected_image: str | None = None, probe_s: float = 96.0
+) -> list[tuple[str, str]]:
     """Every probe, each bounded by `probe_s` seconds on the host (pure)."""
     return facts.bounded(_probes(host, deep, expected_image, probe_s), probe_s)
 
@@ -186,35 +197,43 @@ def extraction_probe(host: HostSpec) -> str:
 
 def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: float) -> list[tuple[str, str]]:
     version, objects = engine_probe.probe_sections(host.container.name, expected_image, names=ENGINE_SECTIONS)
-    return [version,
-            ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
-            ("gpu_procs", gpu_process_probe(host)),
-            objects,
-            ("patch", patch_probe(host)),
-            ("http", http_probe(host, deep, probe_s)),
-            ("dumps", dump_probe(host)),
-            ("extraction", extraction_probe(host))]
+    return [
+        version,
+        ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),
+        ("gpu_procs", gpu_process_probe(host)),
+        objects,
+        ("patch", patch_probe(host)),
+        ("http", http_probe(host, deep, probe_s)),
+        ("dumps", dump_probe(host)),
+        ("extraction", extraction_probe(host)),
+    ]
 
 
 # -- evaluators (pure) ----------------------------------------------------------
 
-def evaluate(host: HostSpec, sec: dict[str, tuple[int, str]], *, expected_image: str | None = None,
-             last_dumps: dict | None = None, now: float | None = None) -> list[Check]:
+
+def evaluate(
+    host: HostSpec,
+    sec: dict[str, tuple[int, str]],
+    *,
+    expected_image: str | None = None,
+    last_dumps: dict | None = None,
+    now: float | None = None,
+) -> list[Check]:
     """All checks after the SSH tier, from captured probe output."""
     snap = engine_probe.parse_probe(sec, names=ENGINE_SECTIONS)
     container, image = snap.container, snap.image
     checks = [check_engine(snap)]
     checks += check_gpus(host, sec.get("gpus", (127, "")), sec.get("gpu_procs", (127, "")))
     checks.append(check_fusion(host, facts.parse_gpus(*sec.get("gpus", (127, "")))[0]))
-    if sec.get("container", (1, ""))[0] == 124:     # the probe ran out of time: not "absent"
+    if sec.get("container", (1, ""))[0] == 124:  # the probe ran out of time: not "absent"
         checks.append(Check("container", "state", "fail", f"docker inspect: {_last(sec['container'][1])}"))
     else:
         checks += check_container(host, container, image, expected_image)
     checks.append(check_patch(sec.get("patch", (1, "")), container, image))
     checks += check_http(host, sec.get("http", (1, "")), container)
     checks = starting_but_answering(checks)
-    checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time(),
-                          extracting=_extracting(sec))
+    checks += check_dumps(host, sec.get("dumps", (1, "")), last_dumps, now or time.time(), extracting=_extracting(sec))
     return checks
 
 
@@ -231,11 +250,18 @@ def starting_but_answering(checks: list[Check]) -> list[Check]:
     check only runs one interval (15 s) after the start (pure)."""
     endpoints = [c for c in checks if c.tier == "sglang"]
     answering = bool(endpoints) and all(c.status == "ok" for c in endpoints)
-    return [Check(c.tier, c.name, "ok", c.reason.replace("health check still starting",
-                                                          "endpoints answer (docker's first health check pending)"),
-                  c.data)
-            if answering and c.tier == "container" and c.name == "state" and c.status == "warn"
-            and "starting" in c.reason else c for c in checks]
+    return [
+        Check(
+            c.tier,
+            c.name,
+            "ok",
+            c.reason.replace("health check still starting", "endpoints answer (docker's first health check pending)"),
+            c.data,
+        )
+        if answering and c.tier == "container" and c.name == "state" and c.status == "warn" and "starting" in c.reason
+        else c
+        for c in checks
+    ]
 
 
 def check_engine(snap: engine_probe.Snapshot) -> Check:
@@ -250,22 +276,44 @@ def check_gpus(host: HostSpec, probe: tuple[int, str], procs: tuple[int, str]) -
     if err:
         status = "fail" if want else "skip"
         return [Check("gpus", "count", status, f"{err} (inventory expects {want} GPUs)")]
-    checks = [Check("gpus", "count", "ok" if len(gpus) == want or not want else "fail",
-                    f"{len(gpus)} GPUs visible, inventory expects {want}")]
+    checks = [
+        Check(
+            "gpus",
+            "count",
+            "ok" if len(gpus) == want or not want else "fail",
+            f"{len(gpus)} GPUs visible, inventory expects {want}",
+        )
+    ]
     bad_ecc = [g.index for g in gpus if g.ecc_uncorrected]
-    checks.append(Check("gpus", "ecc", "fail" if bad_ecc else "ok",
-                        f"uncorrected ECC errors on GPU {bad_ecc}" if bad_ecc else "no uncorrected ECC errors"))
-    hot = [f"GPU{g.index} {g.temperature_c}C" for g in gpus
-           if g.temperature_c is not None and g.temperature_c > host.gpus.max_temperature_c]
-    checks.append(Check("gpus", "temperature", "warn" if hot else "ok",
-                        f"above {host.gpus.max_temperature_c}C: {', '.join(hot)}" if hot
-                        else f"max {max((g.temperature_c or 0) for g in gpus)}C"))
+    checks.append(
+        Check(
+            "gpus",
+            "ecc",
+            "fail" if bad_ecc else "ok",
+            f"uncorrected ECC errors on GPU {bad_ecc}" if bad_ecc else "no uncorrected ECC errors",
+        )
+    )
+    hot = [
+        f"GPU{g.index} {g.temperature_c}C"
+        for g in gpus
+        if g.temperature_c is not None and g.temperature_c > host.gpus.max_temperature_c
+    ]
+    checks.append(
+        Check(
+            "gpus",
+            "temperature",
+            "warn" if hot else "ok",
+            f"above {host.gpus.max_temperature_c}C: {', '.join(hot)}"
+            if hot
+            else f"max {max((g.temperature_c or 0) for g in gpus)}C",
+        )
+    )
     checks.append(check_gpu_processes(procs))
     return checks
 
 
-FUSION_WINDOW = ((0, 5, 7), (0, 5, 14))   # releases whose capture reads pre-all-reduce partial sums
-FUSION_ARCHS = ("9", "10")                   # sm90 / sm100: where SGLang auto-enables the fusion
+FUSION_WINDOW = ((0, 5, 7), (0, 5, 14))  # releases whose capture reads pre-all-reduce partial sums
+FUSION_ARCHS = ("9", "10")  # sm90 / sm100: where SGLang auto-enables the fusion
 
 
 def check_fusion(host: HostSpec, gpus: list) -> Check:
@@ -278,17 +326,26 @@ def check_fusion(host: HostSpec, gpus: list) -> Check:
     """
     nums = tuple(int(n) for n in re.findall(r"\d+", host.sglang.version)[:3])
     if not FUSION_WINDOW[0] <= nums < FUSION_WINDOW[1] or host.server.tp <= 1:
-        return Check("capture", "allreduce_fusion", "ok",
-                     f"not affected (SGLang {host.sglang.version}, tp {host.server.tp})")
+        return Check(
+            "capture", "allreduce_fusion", "ok", f"not affected (SGLang {host.sglang.version}, tp {host.server.tp})"
+        )
     caps = sorted({g.compute_cap for g in gpus if g.compute_cap})
     if not caps:
         return Check("capture", "allreduce_fusion", "skip", "GPU compute capability unknown")
     if any(c.split(".")[0] in FUSION_ARCHS for c in caps):
-        return Check("capture", "allreduce_fusion", "warn",
-                     f"SGLang {host.sglang.version} auto-enables all-reduce fusion on sm{caps} with tp "
-                     f"{host.server.tp}: the dumper must disable it (SGLANG_HS_DUMP_FUSION); check its log line")
-    return Check("capture", "allreduce_fusion", "ok",
-                 f"compute capability {', '.join(caps)}: SGLang does not auto-enable all-reduce fusion here")
+        return Check(
+            "capture",
+            "allreduce_fusion",
+            "warn",
+            f"SGLang {host.sglang.version} auto-enables all-reduce fusion on sm{caps} with tp "
+            f"{host.server.tp}: the dumper must disable it (SGLANG_HS_DUMP_FUSION); check its log line",
+        )
+    return Check(
+        "capture",
+        "allreduce_fusion",
+        "ok",
+        f"compute capability {', '.join(caps)}: SGLang does not auto-enable all-reduce fusion here",
+    )
 
 
 def check_gpu_processes(probe: tuple[int, str]) -> Check:
@@ -302,8 +359,9 @@ def check_gpu_processes(probe: tuple[int, str]) -> Check:
     return Check("gpus", "processes", "ok", "no stray processes hold GPU memory")
 
 
-def check_container(host: HostSpec, c: ContainerInfo | None, image: ImageInfo | None,
-                    expected_image: str | None) -> list[Check]:
+def check_container(
+    host: HostSpec, c: ContainerInfo | None, image: ImageInfo | None, expected_image: str | None
+) -> list[Check]:
     name = host.container.name
     if c is None:
         return [Check("container", "state", "fail", f"container {name} does not exist")]
@@ -315,11 +373,12 @@ def check_container(host: HostSpec, c: ContainerInfo | None, image: ImageInfo | 
         run = Check("container", "state", "warn", f"container {name} is running, health check still starting")
     else:
         run = Check("container", "state", "ok", f"container {name} running" + (f", {c.health}" if c.health else ""))
-    return [run,
-            Check("container", "restarts", "warn" if c.restart_count else "ok", f"restart count {c.restart_count}"),
-            Check("container", "oom", "fail" if c.oom_killed else "ok",
-                  "OOM-killed" if c.oom_killed else "not OOM-killed"),
-            check_image(c, image, expected_image)]
+    return [
+        run,
+        Check("container", "restarts", "warn" if c.restart_count else "ok", f"restart count {c.restart_count}"),
+        Check("container", "oom", "fail" if c.oom_killed else "ok", "OOM-killed" if c.oom_killed else "not OOM-killed"),
+        check_image(c, image, expected_image),
+    ]
 
 
 def check_image(c: ContainerInfo, image: ImageInfo | None, expected_image: str | None) -> Check:
@@ -386,12 +445,17 @@ def _version_check(host: HostSpec, r: dict) -> Check:
     if version is None:
         return Check("sglang", "version", "fail", "server_info has no version")
     want = host.sglang.version
-    return Check("sglang", "version", "ok" if version == want else "fail",
-                 f"server reports SGLang {version}" + ("" if version == want else f", patched tree is {want}"))
+    return Check(
+        "sglang",
+        "version",
+        "ok" if version == want else "fail",
+        f"server reports SGLang {version}" + ("" if version == want else f", patched tree is {want}"),
+    )
 
 
-def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: float,
-                extracting: bool | None = None) -> list[Check]:
+def check_dumps(
+    host: HostSpec, probe: tuple[int, str], last: dict | None, now: float, extracting: bool | None = None
+) -> list[Check]:
     status, text = probe
     lines = text.strip().splitlines()
     free = facts.parse_df_free("\n".join(lines[1:]))
@@ -399,8 +463,13 @@ def check_dumps(host: HostSpec, probe: tuple[int, str], last: dict | None, now: 
     disk = Check("dumps", "free_disk", "skip", "cannot read free space")
     if free is not None:
         level = "fail" if free < need else "warn" if free < 2 * need else "ok"
-        disk = Check("dumps", "free_disk", level, f"{free / 1e9:,.1f} GB free on {host.dump.dir} "
-                     f"(minimum {host.dump.min_free_gb:g} GB)", {"free_bytes": free})
+        disk = Check(
+            "dumps",
+            "free_disk",
+            level,
+            f"{free / 1e9:,.1f} GB free on {host.dump.dir} (minimum {host.dump.min_free_gb:g} GB)",
+            {"free_bytes": free},
+        )
     return [_growth(host, lines[0] if lines else "", last, now, extracting), disk]
 
 
@@ -416,15 +485,27 @@ def _growth(host: HostSpec, first: str, last: dict | None, now: float, extractin
         return Check("dumps", "growth", "ok", f"{files} files, {size / 1e9:,.2f} GB (baseline recorded)", data)
     grew, dt = size - last["bytes"], now - last["time"]
     if grew > 0:
-        return Check("dumps", "growth", "ok", f"+{files - last['files']} files, +{grew / 1e6:,.1f} MB "
-                     f"in {dt:,.0f}s ({grew / max(dt, 1e-9) / 1e6:,.1f} MB/s)", data)
+        return Check(
+            "dumps",
+            "growth",
+            "ok",
+            f"+{files - last['files']} files, +{grew / 1e6:,.1f} MB "
+            f"in {dt:,.0f}s ({grew / max(dt, 1e-9) / 1e6:,.1f} MB/s)",
+            data,
+        )
     if extracting is False:
         return Check("dumps", "growth", "ok", f"{files} files, {size / 1e9:,.2f} GB; no extraction running", data)
-    return Check("dumps", "growth", "warn" if files else "ok",
-                 f"not growing: {files} files, {size / 1e9:,.2f} GB, unchanged for {dt:,.0f}s", data)
+    return Check(
+        "dumps",
+        "growth",
+        "warn" if files else "ok",
+        f"not growing: {files} files, {size / 1e9:,.2f} GB, unchanged for {dt:,.0f}s",
+        data,
+    )
 
 
 # -- the edge ----------------------------------------------------------------
+
 
 def baseline_file(state_dir: Path) -> Path:
     return state_dir / "health-dumps.json"
@@ -444,8 +525,9 @@ def save_baseline(state_dir: Path, checks: list[Check]) -> None:
         baseline_file(state_dir).write_text(json.dumps(growth.data))
 
 
-def probe_checks(remote, host: HostSpec, *, deep: bool = False, expected_image: str | None = None,
-                 last_dumps: dict | None = None) -> list[Check]:
+def probe_checks(
+    remote, host: HostSpec, *, deep: bool = False, expected_image: str | None = None, last_dumps: dict | None = None
+) -> list[Check]:
     """One round trip of every probe under the run's command deadline -> checks after the SSH tier.
 
     Raises the SSH seam's typed error when the host does not answer at all
@@ -457,8 +539,9 @@ def probe_checks(remote, host: HostSpec, *, deep: bool = False, expected_image: 
     return evaluate(host, shell.split_sections(out), expected_image=expected_image, last_dumps=last_dumps)
 
 
-def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: str | None = None,
-               state_dir: Path | None = None) -> HostHealth:
+def check_host(
+    connect, host: HostSpec, *, deep: bool = False, expected_image: str | None = None, state_dir: Path | None = None
+) -> HostHealth:
     """Run every tier for one host.  `connect(host)` returns a Remote or raises.
 
     Connection failures become the failing SSH check instead of an exception,
@@ -470,18 +553,24 @@ def check_host(connect, host: HostSpec, *, deep: bool = False, expected_image: s
     try:
         remote = connect(host)
     except RemoteOpsError as exc:
-        return HostHealth(host.name, [Check("ssh", "connect", "fail", exc.message,
-                                            {"error": exc.kind, "exit_code": exc.exit_code})],
-                          time.monotonic() - start, error_exit=exc.exit_code)
+        return HostHealth(
+            host.name,
+            [Check("ssh", "connect", "fail", exc.message, {"error": exc.kind, "exit_code": exc.exit_code})],
+            time.monotonic() - start,
+            error_exit=exc.exit_code,
+        )
     ssh = Check("ssh", "connect", "ok", f"{remote.target.display}, host key {remote.host_key_fingerprint}")
     before = remote.round_trips
     last = load_baseline(state_dir) if state_dir else None
     try:
         checks = [ssh, *probe_checks(remote, host, deep=deep, expected_image=expected_image, last_dumps=last)]
     except RemoteOpsError as exc:
-        return HostHealth(host.name, [ssh, Check("ssh", "command", "fail", str(exc),
-                                                 {"error": exc.kind, "exit_code": exc.exit_code})],
-                          time.monotonic() - start, error_exit=exc.exit_code)
+        return HostHealth(
+            host.name,
+            [ssh, Check("ssh", "command", "fail", str(exc), {"error": exc.kind, "exit_code": exc.exit_code})],
+            time.monotonic() - start,
+            error_exit=exc.exit_code,
+        )
     if state_dir:
         save_baseline(state_dir, checks)
     return HostHealth(host.name, checks, time.monotonic() - start, remote.round_trips - before)

@@ -29,6 +29,7 @@ audit log.
 Pure builders and parsers first; `take`, `read`, `release`, `held` at the end
 are the only functions that talk to a host.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -58,12 +59,12 @@ class Holder:
     user: str = ""
     client: str = ""
     client_pid: int | None = None
-    pid: int | None = None            # remote shell PID, when one command holds the lock
+    pid: int | None = None  # remote shell PID, when one command holds the lock
     when: str = ""
     what: str = ""
     tool: str = ""
     token: str = ""
-    remote_pid_alive: bool | None = None   # from `read_cmd`, when `pid` is set
+    remote_pid_alive: bool | None = None  # from `read_cmd`, when `pid` is set
 
     def describe(self) -> str:
         """`alice on laptop (PID 4242) since 2026-...: deploy: why` for messages."""
@@ -87,12 +88,20 @@ def parse_info(text: str) -> Holder:
     """`info` file text (+ `remote_pid_alive=` from `read_cmd`) -> Holder (pure, lenient)."""
     kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     user, client = kv.get("user", ""), kv.get("client", "")
-    if not user and "@" in kv.get("who", ""):                 # older info files: who=user@client
+    if not user and "@" in kv.get("who", ""):  # older info files: who=user@client
         user, client = kv["who"].split("@", 1)
     alive = kv.get("remote_pid_alive")
-    return Holder(user=user, client=client, client_pid=_int(kv.get("client_pid")), pid=_int(kv.get("pid")),
-                  when=kv.get("when", ""), what=kv.get("what", ""), tool=kv.get("tool", ""),
-                  token=kv.get("token", ""), remote_pid_alive=None if alive is None else alive == "1")
+    return Holder(
+        user=user,
+        client=client,
+        client_pid=_int(kv.get("client_pid")),
+        pid=_int(kv.get("pid")),
+        when=kv.get("when", ""),
+        what=kv.get("what", ""),
+        tool=kv.get("tool", ""),
+        token=kv.get("token", ""),
+        remote_pid_alive=None if alive is None else alive == "1",
+    )
 
 
 def parse_read(status: int, text: str) -> Holder | None:
@@ -130,13 +139,25 @@ def this_client() -> str:
 
 
 # -- command builders (pure) ----------------------------------------------------------------------
-def info_text(what: str, token: str | None = None, *, user: str | None = None, client: str | None = None,
-              client_pid: int | None = None, now: float | None = None) -> str:
+def info_text(
+    what: str,
+    token: str | None = None,
+    *,
+    user: str | None = None,
+    client: str | None = None,
+    client_pid: int | None = None,
+    now: float | None = None,
+) -> str:
     """The `info` file for a lock taken by this process (one newline-free value per line)."""
-    values = {"user": user or getpass.getuser(), "client": client or this_client(),
-              "client_pid": client_pid or os.getpid(),
-              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-              "what": what, "tool": f"remote-ops {__version__}", "token": token or new_token()}
+    values = {
+        "user": user or getpass.getuser(),
+        "client": client or this_client(),
+        "client_pid": client_pid or os.getpid(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "what": what,
+        "tool": f"remote-ops {__version__}",
+        "token": token or new_token(),
+    }
     return "".join(f"{k}={' '.join(str(v).splitlines())}\n" for k, v in values.items())
 
 
@@ -149,28 +170,33 @@ def take_cmd(lock_dir: str, info: str) -> str:
     d = shell.quote(lock_dir)
     parent = shell.quote(str(PurePosixPath(lock_dir).parent))
     write = shell.redirect(["printf", "%s", info], stdout=f"{lock_dir}/info")
-    return (f"mkdir -p {parent} && if mkdir {d} 2>/dev/null; then {write}; "
-            f"else cat {d}/info 2>/dev/null; exit {RC_HELD}; fi")
+    return (
+        f"mkdir -p {parent} && if mkdir {d} 2>/dev/null; then {write}; "
+        f"else cat {d}/info 2>/dev/null; exit {RC_HELD}; fi"
+    )
 
 
 def read_cmd(lock_dir: str) -> str:
     """Print `info` (and whether a remote holder PID is alive), or `free` (read-only, never waits)."""
     d = shell.quote(lock_dir)
-    return (f"if [ -d {d} ]; then cat {d}/info 2>/dev/null; echo; "
-            f"p=$(sed -n 's/^pid=//p' {d}/info 2>/dev/null); "
-            f"if [ -n \"$p\" ]; then [ -d /proc/$p ] && echo remote_pid_alive=1 || echo remote_pid_alive=0; fi; "
-            f"else echo free; fi")
+    return (
+        f"if [ -d {d} ]; then cat {d}/info 2>/dev/null; echo; "
+        f"p=$(sed -n 's/^pid=//p' {d}/info 2>/dev/null); "
+        f'if [ -n "$p" ]; then [ -d /proc/$p ] && echo remote_pid_alive=1 || echo remote_pid_alive=0; fi; '
+        f"else echo free; fi"
+    )
 
 
 def audit_append_cmd(audit_log: str, record: dict) -> str:
     """Append one JSON line to the host's audit log (its directory made if needed)."""
     line = json.dumps(record, sort_keys=True)
-    return shell.and_then(["mkdir", "-p", str(PurePosixPath(audit_log).parent)],
-                          shell.redirect(["printf", "%s\n", line], stdout=audit_log, append=True))
+    return shell.and_then(
+        ["mkdir", "-p", str(PurePosixPath(audit_log).parent)],
+        shell.redirect(["printf", "%s\n", line], stdout=audit_log, append=True),
+    )
 
 
-def release_cmd(lock_dir: str, token: str | None, audit_log: str | None = None,
-                audit: dict | None = None) -> str:
+def release_cmd(lock_dir: str, token: str | None, audit_log: str | None = None, audit: dict | None = None) -> str:
     """Append the audit line, then remove the lock: ours only (`token`), or any (`token=None`)."""
     d = shell.quote(lock_dir)
     if token is None:
@@ -186,7 +212,7 @@ def release_cmd(lock_dir: str, token: str | None, audit_log: str | None = None,
 #: `$wait` the seconds to wait, `$info` the info text; `pid=$$` is added so a dead holder can
 #: be proved stale on the host and broken.  The lock is removed when that shell exits (an EXIT
 #: trap calling `release_lock`; a script that sets its own EXIT trap must call it too).
-SHELL_TAKE_WAITING = r'''
+SHELL_TAKE_WAITING = r"""
 if [ -n "$lock" ]; then
   end=$(( $(date +%s) + wait ))
   mkdir -p "$(dirname "$lock")"
@@ -203,14 +229,22 @@ if [ -n "$lock" ]; then
   trap release_lock EXIT
   printf '%spid=%s\n' "$info" "$$" > "$lock/info"
 fi
-'''
+"""
 
 
 def audit_record(action: str, host: str, holder: Holder | None, *, forced: bool, reason: str | None) -> dict:
     """The audit-log line for a release done by `remote-ops unlock`."""
-    return {"time": time.time(), "tool": f"remote-ops {__version__}", "action": action, "host": host,
-            "user": getpass.getuser(), "client": this_client(), "forced": forced, "stale": reason,
-            "holder": holder.to_dict() if holder else None}
+    return {
+        "time": time.time(),
+        "tool": f"remote-ops {__version__}",
+        "action": action,
+        "host": host,
+        "user": getpass.getuser(),
+        "client": this_client(),
+        "forced": forced,
+        "stale": reason,
+        "holder": holder.to_dict() if holder else None,
+    }
 
 
 # -- the edge -------------------------------------------------------------------------------------
@@ -218,11 +252,16 @@ def held_refusal(host, holder: Holder | None, what: str) -> Refused:
     """Refused (exit 9) naming the holder, whether it is stale, and how to recover."""
     stale = stale_reason(holder, this_client(), pid_alive) if holder else None
     desc = holder.describe() if holder else "no info file"
-    return Refused(f"lock: {host.lock_dir} is held by {desc}" + (f" ({stale})" if stale else "")
-                   + f"; {what} not started", host=host.name,
-                   hint=(f"`remote-ops unlock --host {host.name}` releases it" if stale else
-                         f"wait for that run, or `remote-ops unlock --host {host.name} --force` if it is gone"),
-                   details={"reason": "lock_held", "lock": holder.to_dict() if holder else None, "stale": stale})
+    return Refused(
+        f"lock: {host.lock_dir} is held by {desc}" + (f" ({stale})" if stale else "") + f"; {what} not started",
+        host=host.name,
+        hint=(
+            f"`remote-ops unlock --host {host.name}` releases it"
+            if stale
+            else f"wait for that run, or `remote-ops unlock --host {host.name} --force` if it is gone"
+        ),
+        details={"reason": "lock_held", "lock": holder.to_dict() if holder else None, "stale": stale},
+    )
 
 
 def take(remote: Remote, host, what: str) -> str:
@@ -234,8 +273,13 @@ def take(remote: Remote, host, what: str) -> str:
     if r.exit_status != 0:
         from .errors import CommandFailed
 
-        raise CommandFailed(f"lock: cannot create {host.lock_dir}", host=host.name, command=r.command,
-                            exit_status=r.exit_status, stderr_tail=r.stderr)
+        raise CommandFailed(
+            f"lock: cannot create {host.lock_dir}",
+            host=host.name,
+            command=r.command,
+            exit_status=r.exit_status,
+            stderr_tail=r.stderr,
+        )
     return token
 
 
@@ -252,9 +296,11 @@ def release(remote: Remote, host, token: str, audit: dict | None = None) -> None
 
 def recovery_hint(host) -> str:
     """What to do when a run could not release its lock (connection lost, host frozen)."""
-    return (f"the host lock {host.lock_dir} may still be held by this run; once {host.name} answers, "
-            f"`remote-ops unlock --host {host.name}` shows the holder and releases it (stale: this PID "
-            f"{os.getpid()} is gone)")
+    return (
+        f"the host lock {host.lock_dir} may still be held by this run; once {host.name} answers, "
+        f"`remote-ops unlock --host {host.name}` shows the holder and releases it (stale: this PID "
+        f"{os.getpid()} is gone)"
+    )
 
 
 @contextmanager

@@ -10,6 +10,7 @@ any problem into a `ConfigError` naming the file and the field.  SSH settings
 come from three layers, strongest first: the inventory, the ssh_config entry
 for the host, built-in defaults (see `remote_ops.sshconfig`).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -67,8 +68,9 @@ def _image_reference(value: str) -> str:
     """`[domain[:port]/]name[:tag][@digest]` per the docker reference grammar."""
     m = IMAGE_REFERENCE.fullmatch(value)
     if not m or len(m["name"]) > 255:
-        raise ValueError(f"not a valid image reference ([domain[:port]/]name[:tag][@digest], "
-                         f"lowercase name): {value!r}")
+        raise ValueError(
+            f"not a valid image reference ([domain[:port]/]name[:tag][@digest], lowercase name): {value!r}"
+        )
     return value
 
 
@@ -95,8 +97,7 @@ def _env(value: dict[str, str]) -> dict[str, str]:
     """Variable names are one word without `=`; values may be anything but NUL (argv cannot carry it)."""
     for name, v in value.items():
         if not name or "=" in _word(name) or "\0" in v:
-            raise ValueError(f"bad environment entry {name!r}: names are one word without '=', "
-                             "values contain no NUL")
+            raise ValueError(f"bad environment entry {name!r}: names are one word without '=', values contain no NUL")
     return value
 
 
@@ -122,12 +123,13 @@ class GpuSpec(_Spec):
 class SglangSpec(_Spec):
     checkout: AbsPath = Field("/root/sglang", description="SGLang git checkout on the host")
     version: ImageTag = Field("0.5.9", description="SGLang release the checkout is at (also in the image tag)")
-    base_image: ImageRef = Field("lmsysorg/sglang:v0.5.9-cu129",
-                                 description="image the patched image is built FROM")
-    image_checkout: AbsPath = Field("/sgl-workspace/sglang",
-                                description="where the base image has SGLang's checkout")
-    patch: str | None = Field(None, description="patch spec (model) name, see `remote-ops patch specs`; "
-                                                "unset: derived from the model's config.json architectures")
+    base_image: ImageRef = Field("lmsysorg/sglang:v0.5.9-cu129", description="image the patched image is built FROM")
+    image_checkout: AbsPath = Field("/sgl-workspace/sglang", description="where the base image has SGLang's checkout")
+    patch: str | None = Field(
+        None,
+        description="patch spec (model) name, see `remote-ops patch specs`; "
+        "unset: derived from the model's config.json architectures",
+    )
 
     @field_validator("patch")
     @classmethod
@@ -145,8 +147,9 @@ class SglangSpec(_Spec):
         from . import patchspec
 
         if not self.patch:
-            raise ConfigError("sglang.patch is not set and was not derived from the model's config.json yet",
-                              field="sglang.patch")
+            raise ConfigError(
+                "sglang.patch is not set and was not derived from the model's config.json yet", field="sglang.patch"
+            )
         return patchspec.target_path(self.checkout, patchspec.resolve(self.patch))
 
 
@@ -190,8 +193,10 @@ class ServerSpec(_Spec):
     chunked_prefill_size: int = Field(32768, gt=0)
     mem_fraction_static: float | None = None
     extra_args: list[str] = Field(default_factory=list)
-    launcher: list[str] = Field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"],
-                                description="argv that starts the server in the container")
+    launcher: list[str] = Field(
+        default_factory=lambda: ["python3", "-m", "sglang.launch_server"],
+        description="argv that starts the server in the container",
+    )
     healthy_timeout_s: int = Field(2400, gt=0, description="deploy waits this long for healthy")
 
 
@@ -213,8 +218,9 @@ class SpeculativeSpec(_Spec):
     num_steps: int = Field(3, ge=1, le=32, description="--speculative-num-steps (draft depth)")
     eagle_topk: int = Field(1, ge=1, le=16, description="--speculative-eagle-topk (branching per step)")
     num_draft_tokens: int = Field(4, ge=2, le=256, description="--speculative-num-draft-tokens (verified per step)")
-    draft_model_path: AbsPath | None = Field(None, description="drafter checkpoint dir on the host "
-                                                               "(`spec deploy --draft` overrides)")
+    draft_model_path: AbsPath | None = Field(
+        None, description="drafter checkpoint dir on the host (`spec deploy --draft` overrides)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "SpeculativeSpec":
@@ -225,11 +231,15 @@ class SpeculativeSpec(_Spec):
 def check_speculative(num_steps: int, eagle_topk: int, num_draft_tokens: int) -> None:
     """Raise ValueError for a combination SGLang 0.5.9 would rewrite or cannot build (pure)."""
     if eagle_topk == 1 and num_draft_tokens != num_steps + 1:
-        raise ValueError(f"num_draft_tokens must be num_steps + 1 = {num_steps + 1} when eagle_topk is 1 "
-                         f"(SGLang 0.5.9 would silently use {num_steps + 1}), not {num_draft_tokens}")
+        raise ValueError(
+            f"num_draft_tokens must be num_steps + 1 = {num_steps + 1} when eagle_topk is 1 "
+            f"(SGLang 0.5.9 would silently use {num_steps + 1}), not {num_draft_tokens}"
+        )
     if num_draft_tokens > num_steps * eagle_topk + 1:
-        raise ValueError(f"num_draft_tokens {num_draft_tokens} exceeds the draft tree's "
-                         f"num_steps * eagle_topk + 1 = {num_steps * eagle_topk + 1} tokens")
+        raise ValueError(
+            f"num_draft_tokens {num_draft_tokens} exceeds the draft tree's "
+            f"num_steps * eagle_topk + 1 = {num_steps * eagle_topk + 1} tokens"
+        )
 
 
 class HostSpec(_Spec):
@@ -294,8 +304,10 @@ class Inventory(BaseModel):
     def one(self, ref: str) -> HostSpec:
         hosts = self.resolve(ref)
         if len(hosts) != 1:
-            raise ConfigError(f"'{ref}' is a group of {len(hosts)} hosts; this command takes one",
-                              hint="use --all where offered, or name one host")
+            raise ConfigError(
+                f"'{ref}' is a group of {len(hosts)} hosts; this command takes one",
+                hint="use --all where offered, or name one host",
+            )
         return hosts[0]
 
 
@@ -335,8 +347,11 @@ def load_inventory(paths: list[Path] | None = None) -> Inventory:
         file_hosts = load_inventory_file(file)
         for host in file_hosts:
             if host.name in hosts:
-                raise ConfigError(f"host '{host.name}' is also defined in {hosts[host.name].source}",
-                                  source=str(file), field=f"hosts.{host.name}")
+                raise ConfigError(
+                    f"host '{host.name}' is also defined in {hosts[host.name].source}",
+                    source=str(file),
+                    field=f"hosts.{host.name}",
+                )
             hosts[host.name] = host
         if len(file_hosts) > 1:
             groups[file.stem] = tuple(h.name for h in file_hosts)
@@ -347,8 +362,7 @@ def _inventory_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for p in path.iterdir()
-                            if p.suffix in (".yaml", ".yml") and not p.name.startswith("."))
+            files += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith("."))
         elif path.is_file():
             files.append(path)
         elif os.environ.get("REMOTE_OPS_INVENTORY") or path != Path("inventory"):
@@ -382,7 +396,7 @@ class StrictLoader(yaml.SafeLoader):
         return (self.construct_document(node) if node is not None else None), lines
 
     def _walk(self, node: yaml.Node, path: tuple[str, ...], lines: Lines, source: str, seen: set) -> None:
-        if id(node) in seen:        # an alias: walked once already (and maybe recursive)
+        if id(node) in seen:  # an alias: walked once already (and maybe recursive)
             return
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
@@ -392,9 +406,12 @@ class StrictLoader(yaml.SafeLoader):
                     continue
                 key, line = str(key_node.value), key_node.start_mark.line + 1
                 if key in first:
-                    raise ConfigError(f"duplicate key '{key}' (line {line}; first at line {first[key]}); "
-                                      "YAML would silently keep the last one", source=source,
-                                      field=".".join((*path, key)))
+                    raise ConfigError(
+                        f"duplicate key '{key}' (line {line}; first at line {first[key]}); "
+                        "YAML would silently keep the last one",
+                        source=source,
+                        field=".".join((*path, key)),
+                    )
                 where = (*path, key)
                 first[key], lines[where] = line, line
                 self._walk(value_node, where, lines, source, seen)
@@ -409,9 +426,10 @@ def load_yaml(raw: bytes, source: str) -> tuple[Any, Lines]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}", source=source,
-                          hint="save the file as UTF-8") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}", source=source, hint="save the file as UTF-8"
+        ) from None
     loader = StrictLoader(text)
     try:
         return loader.load_with_lines(source)
@@ -430,14 +448,20 @@ def parse_inventory_data(data: Any, source: str, lines: Lines | None = None) -> 
         raise ConfigError(f"top level must be a mapping with 'hosts:', not {_kind(data)}", source=source)
     unknown = sorted(set(map(str, data)) - {"defaults", "hosts"})
     if unknown:
-        raise _config_error(f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], ['defaults', 'hosts'])}; "
-                            "expected 'defaults' and 'hosts'", source, (unknown[0],), lines)
+        raise _config_error(
+            f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], ['defaults', 'hosts'])}; "
+            "expected 'defaults' and 'hosts'",
+            source,
+            (unknown[0],),
+            lines,
+        )
     defaults = _mapping(data, "defaults", source, lines)
     entries = _mapping(data, "hosts", source, lines)
     group = (Path(source).stem,) if len(entries) > 1 else ()
-    return [_host(name, _merge(defaults, _mapping(entries, name, source, lines, ("hosts",))),
-                  source, group, lines)
-            for name in entries]
+    return [
+        _host(name, _merge(defaults, _mapping(entries, name, source, lines, ("hosts",))), source, group, lines)
+        for name in entries
+    ]
 
 
 def _mapping(parent: dict, key: Any, source: str, lines: Lines, path: tuple[str, ...] = ()) -> dict:
@@ -451,8 +475,9 @@ def _mapping(parent: dict, key: Any, source: str, lines: Lines, path: tuple[str,
 
 
 def _kind(value: Any) -> str:
-    return {list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number"}.get(type(value), type(value).__name__)
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _host(name: Any, body: dict, source: str, groups: tuple[str, ...], lines: Lines) -> HostSpec:
@@ -469,14 +494,17 @@ def _host(name: Any, body: dict, source: str, groups: tuple[str, ...], lines: Li
         raise _config_error(str(exc), source, ("hosts", str(name)), lines) from None
 
 
-def _config_error(message: str, source: str, path: tuple[str, ...], lines: Lines,
-                  also: tuple[str, ...] = ()) -> ConfigError:
+def _config_error(
+    message: str, source: str, path: tuple[str, ...], lines: Lines, also: tuple[str, ...] = ()
+) -> ConfigError:
     """A ConfigError naming `file:field`, with the line of the deepest known key of `path`
     (or of `also`, the same field under `defaults:`, when that is where it was set)."""
+
     def deepest(p: tuple[str, ...]) -> tuple[int, int | None]:
         return next(((n, lines[p[:n]]) for n in range(len(p), 0, -1) if p[:n] in lines), (0, None))
+
     (n_path, line), (n_also, line_also) = deepest(path), deepest(also)
-    if also and line_also and n_also > n_path - 1:   # hosts.<name> is one key deeper than defaults
+    if also and line_also and n_also > n_path - 1:  # hosts.<name> is one key deeper than defaults
         line = line_also
     err = ConfigError(message + (f" (line {line})" if line else ""), source=source, field=".".join(path))
     err.details["line"] = line

@@ -33,6 +33,7 @@ EAGLE-3 trainer.  Three of its outputs are understood:
   step's mean loss and accuracy: `Training Epoch 0:  12%|...| 120/1000 [.., loss=1.23, acc=0.45, time=0.50s]`.
   Position 0 accuracy ("step-0 accuracy") is what predicts the acceptance rate.
 """
+
 from __future__ import annotations
 
 import ast
@@ -68,7 +69,7 @@ class ExtractionSummary:
     rate_samples_s: float | None = None
     rate_tokens_s: float | None = None
     eta_s: float | None = None
-    state: str = "unknown"          # running | finished | stopped | unknown
+    state: str = "unknown"  # running | finished | stopped | unknown
     last_time: str | None = None
     error_lines: list[str] = field(default_factory=list)
 
@@ -109,8 +110,11 @@ def _apply_progress(s: ExtractionSummary, line: str, event: str) -> dict:
         if name in kv and _num(kv[name], int) is not None:
             setattr(s, name, _num(kv[name], int))
     s.state = {"finished": "finished", "stopped": "stopped"}.get(event, "running")
-    return {"elapsed": _num(kv.get("elapsed")), "done": _num(kv.get("session_done"), int),
-            "tokens": _num(kv.get("session_tokens"), int)}
+    return {
+        "elapsed": _num(kv.get("elapsed")),
+        "done": _num(kv.get("session_done"), int),
+        "tokens": _num(kv.get("session_tokens"), int),
+    }
 
 
 def _derive_rates(s: ExtractionSummary, session: dict) -> None:
@@ -132,25 +136,28 @@ def _derive_rates(s: ExtractionSummary, session: dict) -> None:
 
 _POSITION = re.compile(
     r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d+)(?:/(?P<total>\d+))?\],\s*"
-    r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)")
+    r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)"
+)
 _STEP_DICT = re.compile(r"^step (?P<step>\d+): (?P<dict>\{.*\})\s*$")
 _NONFINITE = re.compile(r"(?<![\w'.])-?(?:nan|inf)(?![\w'])")
 _POSITION_KEY = re.compile(r"^(?:(?P<ns>train|eval)/)?(?P<metric>acc|ploss|per_position_acc)[_/](?P<pos>\d+)$")
-_TQDM = re.compile(r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
-                   r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)")
+_TQDM = re.compile(
+    r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
+    r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)"
+)
 
 
 @dataclass
 class TrainRecord:
     """Per-position accuracy and loss of one epoch (or step), for train or eval."""
 
-    phase: str                   # train | eval
-    unit: str                    # epoch | step
+    phase: str  # train | eval
+    unit: str  # epoch | step
     index: int
     total: int | None = None
     acc: dict[int, float] = field(default_factory=dict)
     ploss: dict[int, float] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)   # 0.2.0: the line's other scalars (lr, perf/..)
+    metrics: dict[str, float] = field(default_factory=dict)  # 0.2.0: the line's other scalars (lr, perf/..)
 
     @property
     def step0_acc(self) -> float | None:
@@ -179,7 +186,7 @@ class TrainRecord:
         """SpecForge's training objective: position losses weighted 0.8**i."""
         if not self.ploss:
             return None
-        return round(sum(0.8 ** i * v for i, v in self.ploss.items()), 4)
+        return round(sum(0.8**i * v for i, v in self.ploss.items()), 4)
 
 
 @dataclass
@@ -197,18 +204,23 @@ class StepPoint:
 class TrainingSummary:
     records: list[TrainRecord] = field(default_factory=list)
     steps: list[StepPoint] = field(default_factory=list)
-    standin: bool = False        # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
+    standin: bool = False  # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
 
     def latest(self, phase: str = "train") -> TrainRecord | None:
         rows = [r for r in self.records if r.phase == phase]
         return rows[-1] if rows else None
 
     def to_dict(self) -> dict:
-        return {"format": "specforge", "standin": self.standin,
-                "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
-                "records": [{**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss,
-                             "acceptance_length": r.acceptance_length} for r in self.records],
-                "steps": [asdict(p) for p in self.steps]}
+        return {
+            "format": "specforge",
+            "standin": self.standin,
+            "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
+            "records": [
+                {**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss, "acceptance_length": r.acceptance_length}
+                for r in self.records
+            ],
+            "steps": [asdict(p) for p in self.steps],
+        }
 
 
 def parse_training(text: str) -> TrainingSummary:
@@ -283,12 +295,13 @@ def _put_metric(rec: TrainRecord, key: str, value) -> None:
 def _add_step(out: TrainingSummary, t: re.Match) -> None:
     point = StepPoint(int(t["epoch"]), int(t["n"]), int(t["total"]), float(t["loss"]), float(t["acc"]))
     if out.steps and (out.steps[-1].epoch, out.steps[-1].step) == (point.epoch, point.step):
-        out.steps[-1] = point   # tqdm repaints the same step
+        out.steps[-1] = point  # tqdm repaints the same step
     else:
         out.steps.append(point)
 
 
 # --------------------------------------------------------------------------- incremental pull: plan
+
 
 @dataclass
 class FileCursor:
@@ -296,8 +309,8 @@ class FileCursor:
 
     inode: str = ""
     offset: int = 0
-    generation: int = 0          # bumped each time the remote file was rotated/truncated
-    head: str = ""               # sha256 of the file's first min(offset, HEAD_BYTES) bytes
+    generation: int = 0  # bumped each time the remote file was rotated/truncated
+    head: str = ""  # sha256 of the file's first min(offset, HEAD_BYTES) bytes
 
 
 @dataclass
@@ -324,9 +337,11 @@ class PullState:
         try:
             data = json.loads(path.read_text())
         except ValueError:
-            return cls()    # a torn state file: start over (re-fetch, never skip)
-        return cls(files={k: FileCursor(**v) for k, v in data.get("files", {}).items()},
-                   server=ServerCursor(**data.get("server", {})))
+            return cls()  # a torn state file: start over (re-fetch, never skip)
+        return cls(
+            files={k: FileCursor(**v) for k, v in data.get("files", {}).items()},
+            server=ServerCursor(**data.get("server", {})),
+        )
 
     def save(self, path: Path) -> None:
         """Write atomically: the state never claims bytes the local file does not hold."""
@@ -368,13 +383,15 @@ def file_fetch_command(path: str, cursor: FileCursor, max_bytes: int) -> str:
     q = shell.quote(path)
     known = shell.quote(cursor.inode or "-")
     k = min(cursor.offset, HEAD_BYTES)
-    return (f"f={q}; [ -f \"$f\" ] || {{ echo missing; exit 0; }}; "
-            f"set -- $(stat -Lc '%i %s' \"$f\"); s=0; "
-            f"if [ \"$1\" = {known} ] && [ \"$2\" -ge {int(cursor.offset)} ] && "
-            f"[ \"$(head -c {k} \"$f\" | sha256sum | cut -c1-64)\" = {shell.quote(cursor.head or '-')} ]; "
-            f"then s={int(cursor.offset)}; fi; "
-            f"n=$(( $2 - s )); [ $n -le {int(max_bytes)} ] || n={int(max_bytes)}; "
-            f"echo \"$1 $2 $s $n\"; tail -c +$((s + 1)) \"$f\" | head -c $n | gzip -1c | base64 -w0")
+    return (
+        f'f={q}; [ -f "$f" ] || {{ echo missing; exit 0; }}; '
+        f"set -- $(stat -Lc '%i %s' \"$f\"); s=0; "
+        f'if [ "$1" = {known} ] && [ "$2" -ge {int(cursor.offset)} ] && '
+        f'[ "$(head -c {k} "$f" | sha256sum | cut -c1-64)" = {shell.quote(cursor.head or "-")} ]; '
+        f"then s={int(cursor.offset)}; fi; "
+        f"n=$(( $2 - s )); [ $n -le {int(max_bytes)} ] || n={int(max_bytes)}; "
+        f'echo "$1 $2 $s $n"; tail -c +$((s + 1)) "$f" | head -c $n | gzip -1c | base64 -w0'
+    )
 
 
 def parse_file_fetch(output: str) -> FileChunk | None:
@@ -396,8 +413,9 @@ def apply_chunk(local: Path, cursor: FileCursor, chunk: FileChunk) -> tuple[File
     The cursor is only advanced after the bytes are on disk (caller saves it last),
     so an interrupted pull re-fetches at most one chunk and never skips bytes.
     """
-    reason = (reset_needed(cursor, chunk.inode, chunk.size) or "rewritten") \
-        if chunk.start == 0 and cursor.offset else None
+    reason = (
+        (reset_needed(cursor, chunk.inode, chunk.size) or "rewritten") if chunk.start == 0 and cursor.offset else None
+    )
     gen = cursor.generation
     if reason:
         gen += 1
@@ -405,7 +423,7 @@ def apply_chunk(local: Path, cursor: FileCursor, chunk: FileChunk) -> tuple[File
             local.replace(local.with_name(f"{local.name}.{gen}"))
     local.parent.mkdir(parents=True, exist_ok=True)
     with open(local, "r+b" if local.exists() else "wb") as fh:
-        fh.truncate(chunk.start)         # drop bytes a crash wrote after the last saved cursor
+        fh.truncate(chunk.start)  # drop bytes a crash wrote after the last saved cursor
         fh.seek(chunk.start)
         fh.write(chunk.data)
     offset = chunk.start + len(chunk.data)
@@ -422,12 +440,15 @@ def _head_digest(local: Path, offset: int) -> str:
 
 # --------------------------------------------------------------------------- server log (docker logs)
 
+
 def server_fetch_command(container: str, cursor: ServerCursor, since: str | None) -> str:
     """Container id, then `docker logs --timestamps` from the last timestamp we hold (or `since`)."""
     c = shell.quote(container)
     start = since or cursor.last_ts or "0"
-    return (f"docker inspect --format '{{{{.Id}}}}' {c} || exit 3; "
-            f"docker logs --timestamps --since {shell.quote(start)} {c} 2>&1")
+    return (
+        f"docker inspect --format '{{{{.Id}}}}' {c} || exit 3; "
+        f"docker logs --timestamps --since {shell.quote(start)} {c} 2>&1"
+    )
 
 
 def split_server_fetch(output: str) -> tuple[str, list[str]]:
@@ -435,8 +456,9 @@ def split_server_fetch(output: str) -> tuple[str, list[str]]:
     return head.strip(), [l for l in rest.splitlines() if l]
 
 
-def new_server_lines(cursor: ServerCursor, container_id: str, lines: list[str],
-                     since: str | None) -> tuple[list[str], ServerCursor]:
+def new_server_lines(
+    cursor: ServerCursor, container_id: str, lines: list[str], since: str | None
+) -> tuple[list[str], ServerCursor]:
     """Drop lines already pulled (same timestamp as the cursor's last, counted), advance (pure).
 
     docker's `--since` is inclusive at the second's resolution it is given, so the
@@ -462,6 +484,7 @@ def new_server_lines(cursor: ServerCursor, container_id: str, lines: list[str],
 
 # --------------------------------------------------------------------------- pull (edge)
 
+
 @dataclass
 class PulledLog:
     """What one pull did for one log."""
@@ -483,16 +506,16 @@ def local_log_dir(host_name: str) -> Path:
 
 def log_sources(host, kinds: tuple[str, ...]) -> dict[str, str]:
     """kind -> remote source (file path, or container name for `server`) from the inventory."""
-    table = {"server": host.container.name, "extraction": host.logs.extraction,
-             "training": host.logs.training}
+    table = {"server": host.container.name, "extraction": host.logs.extraction, "training": host.logs.training}
     unknown = [k for k in kinds if k not in table]
     if unknown:
         raise UsageError(f"unknown log kind(s) {unknown}; use {', '.join(KINDS)} or all")
     return {k: table[k] for k in kinds}
 
 
-def pull_file(remote, kind: str, path: str, local_dir: Path, state: PullState,
-              state_path: Path, max_bytes: int = 64 << 20) -> PulledLog:
+def pull_file(
+    remote, kind: str, path: str, local_dir: Path, state: PullState, state_path: Path, max_bytes: int = 64 << 20
+) -> PulledLog:
     """Fetch the new bytes of one remote log file, chunk by chunk, saving the cursor after each."""
     local = local_dir / f"{kind}.log"
     result = PulledLog(kind, path, str(local))
@@ -512,8 +535,9 @@ def pull_file(remote, kind: str, path: str, local_dir: Path, state: PullState,
             return result
 
 
-def pull_server(remote, container: str, local_dir: Path, state: PullState, state_path: Path,
-                since: str | None = None) -> PulledLog:
+def pull_server(
+    remote, container: str, local_dir: Path, state: PullState, state_path: Path, since: str | None = None
+) -> PulledLog:
     """Append the container's new log lines (with docker's timestamps) to `server.log`."""
     local = local_dir / "server.log"
     result = PulledLog("server", f"docker logs {container}", str(local))
@@ -536,8 +560,9 @@ def pull_server(remote, container: str, local_dir: Path, state: PullState, state
     return result
 
 
-def pull_logs(remote, host, kinds: tuple[str, ...], local_dir: Path | None = None,
-              since: str | None = None) -> list[PulledLog]:
+def pull_logs(
+    remote, host, kinds: tuple[str, ...], local_dir: Path | None = None, since: str | None = None
+) -> list[PulledLog]:
     """Pull the given kinds of log of `host` into its local run directory, incrementally."""
     local_dir = local_dir or local_log_dir(host.name)
     local_dir.mkdir(parents=True, exist_ok=True)
@@ -554,8 +579,8 @@ def pull_logs(remote, host, kinds: tuple[str, ...], local_dir: Path | None = Non
 
 # --------------------------------------------------------------------------- follow (edge)
 
-def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20,
-                   duration: float = 3600.0) -> str:
+
+def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20, duration: float = 3600.0) -> str:
     """One remote command streaming every chosen log, each line tagged `<kind>|`.
 
     The whole thing runs under `timeout` on the host too: when the local
@@ -565,8 +590,11 @@ def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int =
     parts = []
     for kind, source in log_sources(host, kinds).items():
         if kind == "server":
-            src = f"docker logs -f --since {shell.quote(since)} {shell.quote(source)} 2>&1" if since else \
-                  f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
+            src = (
+                f"docker logs -f --since {shell.quote(since)} {shell.quote(source)} 2>&1"
+                if since
+                else f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
+            )
         else:
             src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
         parts.append(f"{src} | sed -u 's/^/{kind}|/'")
@@ -578,9 +606,6 @@ def split_tagged(line: str) -> tuple[str, str]:
     """`kind|text` -> (kind, text); untagged lines come from the shell itself."""
     kind, sep, text = line.partition("|")
     return (kind, text) if sep and kind in KINDS else ("remote", line)
-
-
-
 
 
 def extraction_points(text: str) -> list[tuple[float, int, int]]:

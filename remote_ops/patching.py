@@ -34,6 +34,7 @@ Round trips (each is one `remote.run`):
 The decisions (anchors, evidence, diffs, version gate) are pure functions of
 the bytes read, in `remote_ops.anchors` and `remote_ops.source`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -75,8 +76,13 @@ class PatchTarget:
         whose spec is derived on the host goes through `bind_host` first."""
         spec = spec or patchspec.for_host(host)
         checkout = host.sglang.checkout if path is None else _checkout_of(path, spec)
-        return cls(path or patchspec.target_path(host.sglang.checkout, spec), checkout, host.lock_dir,
-                   spec.name, spec.model_class or None)
+        return cls(
+            path or patchspec.target_path(host.sglang.checkout, spec),
+            checkout,
+            host.lock_dir,
+            spec.name,
+            spec.model_class or None,
+        )
 
     @classmethod
     def local(cls, path: str | Path, model_class: str | None = None, strict: bool = True) -> "PatchTarget":
@@ -95,8 +101,7 @@ class PatchTarget:
             if strict:
                 raise
             return cls(str(p), None, str(p) + ".remote-ops-lock")
-        return cls(str(p), _checkout_of(str(p), spec), str(p) + ".remote-ops-lock", spec.name,
-                   spec.model_class or None)
+        return cls(str(p), _checkout_of(str(p), spec), str(p) + ".remote-ops-lock", spec.name, spec.model_class or None)
 
     def spec(self) -> PatchSpec | None:
         return patchspec.resolve(self.spec_name, self.model_class) if self.spec_name else None
@@ -106,8 +111,8 @@ def _checkout_of(path: str, spec: PatchSpec) -> str | None:
     """The checkout root when `path` ends with the spec's python/sglang/srt/models/<file>."""
     tail_parts = PurePosixPath(spec.target).parts
     parts = PurePosixPath(path).parts
-    if len(parts) > len(tail_parts) and parts[-len(tail_parts):] == tail_parts:
-        return str(PurePosixPath(*parts[:-len(tail_parts)]))
+    if len(parts) > len(tail_parts) and parts[-len(tail_parts) :] == tail_parts:
+        return str(PurePosixPath(*parts[: -len(tail_parts)]))
     return None
 
 
@@ -129,9 +134,12 @@ def host_spec(remote: Remote, host) -> tuple[PatchSpec, patchspec.Derivation]:
     path = config_path(host)
     res = remote.run(shell.join(["cat", path]), check=False)
     if res.exit_status != 0:
-        raise Refused(f"cannot read {path} to derive the patch spec ({tail(res.stderr or res.stdout, 1)})",
-                      host=host.name, hint="name the spec in the inventory: sglang.patch (see `patch specs`)",
-                      details={"reason": "no_model_config"})
+        raise Refused(
+            f"cannot read {path} to derive the patch spec ({tail(res.stderr or res.stdout, 1)})",
+            host=host.name,
+            hint="name the spec in the inventory: sglang.patch (see `patch specs`)",
+            details={"reason": "no_model_config"},
+        )
     derivation = patchspec.for_architectures(patchspec.parse_config_architectures(res.stdout, path), path)
     return patchspec.resolve(derivation.spec), derivation
 
@@ -167,9 +175,17 @@ class TargetFile:
         return self.path + BACKUP_SUFFIX
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "sha256": self.sha256, "mode": self.mode,
-                "owner": self.owner, "size": self.size, "sglang_version": self.version,
-                "version_source": self.version_source, "backup_sha256": self.backup_sha256}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "sha256": self.sha256,
+            "mode": self.mode,
+            "owner": self.owner,
+            "size": self.size,
+            "sglang_version": self.version,
+            "version_source": self.version_source,
+            "backup_sha256": self.backup_sha256,
+        }
 
 
 def read_probe(target: PatchTarget, compile: bool = False) -> str:
@@ -183,17 +199,21 @@ def read_probe(target: PatchTarget, compile: bool = False) -> str:
     ]
     if target.checkout:
         root = PurePosixPath(target.checkout) / "python" / "sglang"
-        probes += [("version", shell.quiet(["cat", str(root / "version.py")])),
-                   ("version_scm", shell.quiet(["cat", str(root / "_version.py")])),
-                   ("git", shell.quiet(["git", "-C", target.checkout, "describe", "--tags", "--always"]))]
+        probes += [
+            ("version", shell.quiet(["cat", str(root / "version.py")])),
+            ("version_scm", shell.quiet(["cat", str(root / "_version.py")])),
+            ("git", shell.quiet(["git", "-C", target.checkout, "describe", "--tags", "--always"])),
+        ]
     if compile:
         probes.append(("compile", ["sh", "-c", COMPILE_SCRIPT, "py_compile", path]))
     return shell.sections(probes)
 
 
-COMPILE_SCRIPT = ('d=$(mktemp -d) || exit 70; '
-                  'if command -v python3 >/dev/null 2>&1; then PYTHONPYCACHEPREFIX="$d" python3 -m py_compile "$1"; '
-                  'rc=$?; else echo "python3 not found on host"; rc=127; fi; rm -rf "$d"; exit $rc')
+COMPILE_SCRIPT = (
+    "d=$(mktemp -d) || exit 70; "
+    'if command -v python3 >/dev/null 2>&1; then PYTHONPYCACHEPREFIX="$d" python3 -m py_compile "$1"; '
+    'rc=$?; else echo "python3 not found on host"; rc=127; fi; rm -rf "$d"; exit $rc'
+)
 
 
 def read_target(remote: Remote, target, compile: bool = False) -> TargetFile:
@@ -216,9 +236,20 @@ def parse_read(sections: dict[str, tuple[int, str]], target: PatchTarget, host: 
     version, source = detect_version(sections, target.spec(), data)
     backup = sections.get("backup", (1, ""))
     compile_rc, compile_out = sections.get("compile", (None, ""))
-    return TargetFile(host, target.path, data, sha, mode, owner, int(size), version, source,
-                      backup[1].split()[0] if backup[0] == 0 and backup[1].strip() else None,
-                      compile_rc, compile_out)
+    return TargetFile(
+        host,
+        target.path,
+        data,
+        sha,
+        mode,
+        owner,
+        int(size),
+        version,
+        source,
+        backup[1].split()[0] if backup[0] == 0 and backup[1].strip() else None,
+        compile_rc,
+        compile_out,
+    )
 
 
 VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
@@ -238,7 +269,7 @@ def detect_version(sections: dict, spec: PatchSpec | None, data: bytes) -> tuple
     if spec is None:
         return None, "not found"
     known = patchspec.version_for_sha(spec, hashlib.sha256(data).hexdigest())
-    if known is None and b"# >>> remote-ops:" in data:       # patched: compare the file without our blocks
+    if known is None and b"# >>> remote-ops:" in data:  # patched: compare the file without our blocks
         try:
             known = patchspec.version_for_sha(spec, hashlib.sha256(anchors.strip(data, spec).encode()).hexdigest())
         except AnchorRefusal:
@@ -258,11 +289,11 @@ class CheckReport:
     version_source: str
     version_validated: bool
     forced: bool
-    state: str                                   # the patch's status in the file now
+    state: str  # the patch's status in the file now
     anchors: list = field(default_factory=list)  # anchors.AnchorMatch
     evidence: list = field(default_factory=list)  # source.Listing
-    refusal: dict | None = None                  # {"reason", "message", "lines"}
-    plan: Any = None                             # anchors.Plan (not serialised)
+    refusal: dict | None = None  # {"reason", "message", "lines"}
+    plan: Any = None  # anchors.Plan (not serialised)
 
     @property
     def ok(self) -> bool:
@@ -270,30 +301,48 @@ class CheckReport:
 
     def raise_if_refused(self) -> None:
         if self.refusal:
-            raise Refused(self.refusal["message"], host=self.host, hint=_hint(self.refusal["reason"]),
-                          details={"reason": self.refusal["reason"], "lines": self.refusal.get("lines", []),
-                                   "check": self.to_dict()})
+            raise Refused(
+                self.refusal["message"],
+                host=self.host,
+                hint=_hint(self.refusal["reason"]),
+                details={
+                    "reason": self.refusal["reason"],
+                    "lines": self.refusal.get("lines", []),
+                    "check": self.to_dict(),
+                },
+            )
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "sha256": self.sha256, "sglang_version": self.sglang_version,
-                "version_source": self.version_source, "version_validated": self.version_validated,
-                "forced": self.forced, "state": self.state, "ok": self.ok, "refusal": self.refusal,
-                "anchors": [a.to_dict() for a in self.anchors], "evidence": [e.to_dict() for e in self.evidence]}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "sha256": self.sha256,
+            "sglang_version": self.sglang_version,
+            "version_source": self.version_source,
+            "version_validated": self.version_validated,
+            "forced": self.forced,
+            "state": self.state,
+            "ok": self.ok,
+            "refusal": self.refusal,
+            "anchors": [a.to_dict() for a in self.anchors],
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
 
 
 def _hint(reason: str) -> str | None:
-    return {"version_not_validated": "--force overrides the version gate (and only it)",
-            "version_unknown": "--force overrides the version gate (and only it)",
-            "modified_by_hand": "see `remote-ops patch status`; `patch revert` removes the blocks",
-            "capture_before_reset": "remove the hand-made capture code, then apply",
-            "unmarked_block": "remove the hand-made copy of the block, then apply"}.get(reason)
+    return {
+        "version_not_validated": "--force overrides the version gate (and only it)",
+        "version_unknown": "--force overrides the version gate (and only it)",
+        "modified_by_hand": "see `remote-ops patch status`; `patch revert` removes the blocks",
+        "capture_before_reset": "remove the hand-made capture code, then apply",
+        "unmarked_block": "remove the hand-made copy of the block, then apply",
+    }.get(reason)
 
 
 def check_file(tf: TargetFile, spec: PatchSpec, force: bool = False) -> CheckReport:
     """Pure pre-check of bytes read from a host: anchors, version gate, evidence (one parse)."""
     validated = tf.version in spec.validated_versions
-    report = CheckReport(tf.host, tf.path, tf.sha256, tf.version, tf.version_source, validated, force,
-                         anchors.MODIFIED)
+    report = CheckReport(tf.host, tf.path, tf.sha256, tf.version, tf.version_source, validated, force, anchors.MODIFIED)
     text = None
     try:
         src = anchors.parse_source(tf.data)
@@ -313,12 +362,18 @@ def check_file(tf: TargetFile, spec: PatchSpec, force: bool = False) -> CheckRep
 
 def _version_refusal(tf: TargetFile, spec: PatchSpec) -> dict:
     if tf.version is None:
-        return {"reason": "version_unknown", "lines": [],
-                "message": "cannot tell the SGLang version of this checkout (no version.py, _version.py, git tag, "
-                           "or known release sha256); validated: " + ", ".join(spec.validated_versions)}
-    return {"reason": "version_not_validated", "lines": [],
-            "message": f"SGLang {tf.version} ({tf.version_source}) is not a validated release for patch {spec.id} "
-                       f"(validated: {', '.join(spec.validated_versions)})"}
+        return {
+            "reason": "version_unknown",
+            "lines": [],
+            "message": "cannot tell the SGLang version of this checkout (no version.py, _version.py, git tag, "
+            "or known release sha256); validated: " + ", ".join(spec.validated_versions),
+        }
+    return {
+        "reason": "version_not_validated",
+        "lines": [],
+        "message": f"SGLang {tf.version} ({tf.version_source}) is not a validated release for patch {spec.id} "
+        f"(validated: {', '.join(spec.validated_versions)})",
+    }
 
 
 def _text_or_none(data: bytes) -> srcview.Text | None:
@@ -335,10 +390,16 @@ def pre_evidence(text: srcview.Text, spec: PatchSpec, report: CheckReport, path:
         marks = {a.line: ">", a.prev_line: "<", a.next_line: "v"} if a.prev_line or a.next_line else {a.line: ">"}
         marks.pop(0, None)
         first = a.prev_line or a.line
-        listing = srcview.context_view(text, a.line, before=max(a.line - first, 2) + 2, after=max(
-            (a.next_line or a.end) - a.line, 1) + 2, path=path, marks=marks,
+        listing = srcview.context_view(
+            text,
+            a.line,
+            before=max(a.line - first, 2) + 2,
+            after=max((a.next_line or a.end) - a.line, 1) + 2,
+            path=path,
+            marks=marks,
             title=f"anchor {a.block}: line {a.line} in {a.scope}; statement before: line {a.prev_line}, "
-                  f"after: line {a.next_line or 'end of method'}")
+            f"after: line {a.next_line or 'end of method'}",
+        )
         out.append(listing)
     for n in (report.refusal or {}).get("lines", [])[:4]:
         out.append(srcview.context_view(text, n, 3, 3, path, f"refusal evidence: line {n}"))
@@ -362,7 +423,7 @@ class VerifyResult:
     status: str
     compile_ok: bool | None
     compile_output: str
-    report: Any                                   # anchors.Report
+    report: Any  # anchors.Report
     evidence: list = field(default_factory=list)
 
     @property
@@ -374,17 +435,29 @@ class VerifyResult:
             why = "; ".join(f["message"] for f in self.report.to_dict()["findings"]) or self.status
             if self.compile_ok is False:
                 why = f"py_compile failed: {tail(self.compile_output, 3)}"
-            raise VerifyFailed(f"patch {self.status}: {why}{restored}", host=self.host,
-                               details={"status": self.status, "verify": self.to_dict()})
+            raise VerifyFailed(
+                f"patch {self.status}: {why}{restored}",
+                host=self.host,
+                details={"status": self.status, "verify": self.to_dict()},
+            )
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "sha256": self.sha256, "status": self.status, "ok": self.ok,
-                "compile_ok": self.compile_ok, "compile_output": self.compile_output or None,
-                "report": self.report.to_dict(), "evidence": [e.to_dict() for e in self.evidence]}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "sha256": self.sha256,
+            "status": self.status,
+            "ok": self.ok,
+            "compile_ok": self.compile_ok,
+            "compile_output": self.compile_output or None,
+            "report": self.report.to_dict(),
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
 
 
-def verify_bytes(host: str, path: str, data: bytes, spec: PatchSpec, compile_rc: int | None,
-                 compile_output: str = "") -> VerifyResult:
+def verify_bytes(
+    host: str, path: str, data: bytes, spec: PatchSpec, compile_rc: int | None, compile_output: str = ""
+) -> VerifyResult:
     """Pure: prove the placement from bytes known to be on the host."""
     report = anchors.verify_placement(data, spec)
     compile_ok = None if compile_rc in (None, 127) else compile_rc == 0
@@ -407,8 +480,13 @@ def post_evidence(text: srcview.Text, spec: PatchSpec, report, path: str) -> lis
             marks[a.line] = ">"
         first = min(r.begin, a.line if a else r.begin) - 2
         last = max(r.end, a.line if a else r.end) + 2
-        out.append(srcview.Listing(f"block {b.name}: {b.state}, lines {r.begin}-{r.end}", f"sed -n '{first},{last}p' "
-                                   f"{path}", text.rows(first, last, marks)))
+        out.append(
+            srcview.Listing(
+                f"block {b.name}: {b.state}, lines {r.begin}-{r.end}",
+                f"sed -n '{first},{last}p' {path}",
+                text.rows(first, last, marks),
+            )
+        )
     for f in report.findings:
         for n in f.lines[:1]:
             out.append(srcview.context_view(text, n, 2, 2, path, f"finding ({f.kind}): line {n}"))
@@ -423,7 +501,7 @@ def verify(remote: Remote, target) -> VerifyResult:
 
 
 # ------------------------------------------------------------------------- write
-WRITE_SCRIPT = r'''
+WRITE_SCRIPT = r"""
 f=$1 expect=$2 backup=$3 lock=$4 wait=$5 info=$6 what=$7 source=$8 newsha=$9
 d=$(dirname "$f"); b=$(basename "$f"); bak="$f.remote-ops-backup"; tmp="$d/.$b.remote-ops-tmp.$$"
 cleanup() { rm -rf "$tmp" "$bak.tmp.$$" "$bak.sha256.tmp.$$" ${pc:+"$pc"}; }
@@ -452,7 +530,7 @@ e=$(mv -f "$tmp" "$f" 2>&1) || fail 74 "rename of $tmp to $f failed: $e"
 sync "$d" 2>/dev/null
 [ "$backup" = drop ] && rm -f "$bak" "$bak.sha256"
 echo "sha256=$(sha256sum < "$f" | cut -d' ' -f1)"
-'''
+"""
 
 
 WRITE_SCRIPT = WRITE_SCRIPT.replace("@HOSTLOCK@\n", hostlock.SHELL_TAKE_WAITING.lstrip("\n"))
@@ -466,21 +544,46 @@ class WriteOutcome:
     log: str
 
 
-def write_command(target: PatchTarget, expect_sha: str, new_sha: str, backup: str, lock: bool, what: str,
-                  source: str = "stdin") -> str:
+def write_command(
+    target: PatchTarget, expect_sha: str, new_sha: str, backup: str, lock: bool, what: str, source: str = "stdin"
+) -> str:
     """The write round trip: `sh -c WRITE_SCRIPT` with every value as a quoted argument."""
     info = hostlock.info_text(what)
-    return shell.join(["sh", "-c", WRITE_SCRIPT, "remote-ops-write", target.path, expect_sha, backup,
-                       target.lock_dir if (lock and target.lock_dir) else "", str(int(LOCK_WAIT_S)), info, what,
-                       source, new_sha])
+    return shell.join(
+        [
+            "sh",
+            "-c",
+            WRITE_SCRIPT,
+            "remote-ops-write",
+            target.path,
+            expect_sha,
+            backup,
+            target.lock_dir if (lock and target.lock_dir) else "",
+            str(int(LOCK_WAIT_S)),
+            info,
+            what,
+            source,
+            new_sha,
+        ]
+    )
 
 
-def _write(remote: Remote, target: PatchTarget, expect_sha: str, data: bytes | None, *, backup: str, lock: bool,
-           what: str, new_sha: str) -> WriteOutcome:
+def _write(
+    remote: Remote,
+    target: PatchTarget,
+    expect_sha: str,
+    data: bytes | None,
+    *,
+    backup: str,
+    lock: bool,
+    what: str,
+    new_sha: str,
+) -> WriteOutcome:
     """Run the write script; map its exit codes to Refused / VerifyFailed / CommandFailed."""
     cmd = write_command(target, expect_sha, new_sha, backup, lock, what, "stdin" if data is not None else "backup")
-    result = remote.run(cmd, check=False, input=data if data is not None else None,
-                        timeout=LOCK_WAIT_S + command_deadline(remote))
+    result = remote.run(
+        cmd, check=False, input=data if data is not None else None, timeout=LOCK_WAIT_S + command_deadline(remote)
+    )
     return _write_outcome(result, remote.name, target)
 
 
@@ -488,29 +591,42 @@ def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOu
     out = result.stdout
     if result.exit_status == RC_LOCK_HELD:
         holder = hostlock.parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
-        raise Refused(f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s",
-                      host=host, details={"reason": "lock_held", "lock": holder.to_dict()},
-                      hint="wait for that run, or `remote-ops unlock --host HOST` (shows the holder; --force if it is gone)")
+        raise Refused(
+            f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s",
+            host=host,
+            details={"reason": "lock_held", "lock": holder.to_dict()},
+            hint="wait for that run, or `remote-ops unlock --host HOST` (shows the holder; --force if it is gone)",
+        )
     if result.exit_status == RC_CHANGED:
-        raise Refused(f"{target.path} changed while remote-ops was working (now {_field(out, 'changed-since-read: ')})"
-                      "; nothing written, run again", host=host, details={"reason": "changed_since_read"})
+        raise Refused(
+            f"{target.path} changed while remote-ops was working (now {_field(out, 'changed-since-read: ')})"
+            "; nothing written, run again",
+            host=host,
+            details={"reason": "changed_since_read"},
+        )
     if result.exit_status == RC_COMPILE:
-        raise VerifyFailed(f"python3 -m py_compile rejected the new file; {target.path} unchanged: "
-                           f"{tail(out, 4)}", host=host)
+        raise VerifyFailed(
+            f"python3 -m py_compile rejected the new file; {target.path} unchanged: {tail(out, 4)}", host=host
+        )
     if result.exit_status != 0 or "sha256=" not in out:
-        cause = _field(out, "error: ")          # the script's own words (with the OS error) come first
-        what = (f"{cause}; {target.path} unchanged, temp files removed" if cause
-                else tail(result.stderr, 3) or tail(out, 3))
-        raise CommandFailed(f"writing {target.path} failed: {what}",
-                            host=host, command="sh -c WRITE_SCRIPT", exit_status=result.exit_status,
-                            stderr_tail=tail(result.stderr), stdout_tail=tail(out))
+        cause = _field(out, "error: ")  # the script's own words (with the OS error) come first
+        what = (
+            f"{cause}; {target.path} unchanged, temp files removed" if cause else tail(result.stderr, 3) or tail(out, 3)
+        )
+        raise CommandFailed(
+            f"writing {target.path} failed: {what}",
+            host=host,
+            command="sh -c WRITE_SCRIPT",
+            exit_status=result.exit_status,
+            stderr_tail=tail(result.stderr),
+            stdout_tail=tail(out),
+        )
     rc = _field(out, "py_compile=")
-    return WriteOutcome(_field(out, "sha256="), int(rc) if rc.isdigit() else None,
-                        out.split("py_compile=", 1)[-1], out)
+    return WriteOutcome(_field(out, "sha256="), int(rc) if rc.isdigit() else None, out.split("py_compile=", 1)[-1], out)
 
 
 def _field(out: str, prefix: str) -> str:
-    return next((ln[len(prefix):].strip() for ln in out.splitlines() if ln.startswith(prefix)), "")
+    return next((ln[len(prefix) :].strip() for ln in out.splitlines() if ln.startswith(prefix)), "")
 
 
 # ------------------------------------------------------------------------ apply
@@ -518,7 +634,7 @@ def _field(out: str, prefix: str) -> str:
 class ApplyResult:
     host: str
     path: str
-    action: str              # applied | replaced | noop | dry_run | restored
+    action: str  # applied | replaced | noop | dry_run | restored
     sha_before: str
     sha_after: str
     pristine_sha256: str
@@ -531,17 +647,28 @@ class ApplyResult:
     duration_s: float
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "action": self.action, "sha_before": self.sha_before,
-                "sha_after": self.sha_after, "pristine_sha256": self.pristine_sha256,
-                "backup_path": self.backup_path, "backup_sha256": self.backup_sha256, "diff": self.diff,
-                "round_trips": self.round_trips, "duration_s": round(self.duration_s, 3),
-                "check": self.check.to_dict(), "verify": self.verify.to_dict() if self.verify else None}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "action": self.action,
+            "sha_before": self.sha_before,
+            "sha_after": self.sha_after,
+            "pristine_sha256": self.pristine_sha256,
+            "backup_path": self.backup_path,
+            "backup_sha256": self.backup_sha256,
+            "diff": self.diff,
+            "round_trips": self.round_trips,
+            "duration_s": round(self.duration_s, 3),
+            "check": self.check.to_dict(),
+            "verify": self.verify.to_dict() if self.verify else None,
+        }
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
     """`diff -u` of the file, as `a/PATH` `b/PATH`."""
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{_abs(path)}",
-                                        f"b{_abs(path)}", n=3))
+    return "".join(
+        difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{_abs(path)}", f"b{_abs(path)}", n=3)
+    )
 
 
 def _abs(path: str) -> str:
@@ -572,16 +699,36 @@ def _apply_once(remote: Remote, target: PatchTarget, force: bool, dry_run: bool,
     report.raise_if_refused()
     plan = report.plan
     new = plan.new_text.encode("utf-8")
-    result = ApplyResult(tf.host, tf.path, "noop", tf.sha256, tf.sha256, _sha(plan.pristine.encode("utf-8")),
-                         None, tf.backup_sha256, unified_diff(tf.data.decode("utf-8"), plan.new_text, tf.path),
-                         report, None, 0, 0.0)
+    result = ApplyResult(
+        tf.host,
+        tf.path,
+        "noop",
+        tf.sha256,
+        tf.sha256,
+        _sha(plan.pristine.encode("utf-8")),
+        None,
+        tf.backup_sha256,
+        unified_diff(tf.data.decode("utf-8"), plan.new_text, tf.path),
+        report,
+        None,
+        0,
+        0.0,
+    )
     if not plan.changes or dry_run:
         result.action = "dry_run" if dry_run and plan.changes else "noop"
         result.verify = verify_bytes(tf.host, tf.path, tf.data if not dry_run else new, spec, None)
         return _finish(result, remote, trips, start)
     make_backup = plan.state == anchors.NOT_APPLIED or tf.backup_sha256 is None
-    outcome = _write(remote, target, tf.sha256, new, backup="make" if make_backup else "keep", lock=lock,
-                     what=f"patch apply {spec.id}", new_sha=_sha(new))
+    outcome = _write(
+        remote,
+        target,
+        tf.sha256,
+        new,
+        backup="make" if make_backup else "keep",
+        lock=lock,
+        what=f"patch apply {spec.id}",
+        new_sha=_sha(new),
+    )
     result.action = "applied" if plan.state == anchors.NOT_APPLIED else "replaced"
     result.sha_after = outcome.sha256
     if make_backup:
@@ -593,20 +740,31 @@ def _apply_once(remote: Remote, target: PatchTarget, force: bool, dry_run: bool,
     return _finish(result, remote, trips, start)
 
 
-def _restore_after_failed_verify(remote: Remote, target: PatchTarget, result: ApplyResult, sha_now: str,
-                                 lock: bool) -> None:
+def _restore_after_failed_verify(
+    remote: Remote, target: PatchTarget, result: ApplyResult, sha_now: str, lock: bool
+) -> None:
     """Put the backup back (the file as it was before the first apply) and raise saying so.
 
     `lock` is the caller's: a deploy already holds the host lock, so the
     restore must not wait for it."""
-    _write(remote, target, sha_now, None, backup="keep", lock=lock, what="patch apply: restore backup",
-           new_sha=result.backup_sha256 or result.sha_before)
+    _write(
+        remote,
+        target,
+        sha_now,
+        None,
+        backup="keep",
+        lock=lock,
+        what="patch apply: restore backup",
+        new_sha=result.backup_sha256 or result.sha_before,
+    )
     result.action = "restored"
     assert result.verify is not None, "set by the apply that failed"
-    result.verify.raise_if_failed(restored=f"; the backup {result.backup_path} was restored "
-                                           f"(sha256 {result.backup_sha256})")
-    raise VerifyFailed(f"{target.path} did not have the expected sha256 after the write; backup restored",
-                       host=remote.name)
+    result.verify.raise_if_failed(
+        restored=f"; the backup {result.backup_path} was restored (sha256 {result.backup_sha256})"
+    )
+    raise VerifyFailed(
+        f"{target.path} did not have the expected sha256 after the write; backup restored", host=remote.name
+    )
 
 
 def _finish(result, remote: Remote, trips: int, start: float):
@@ -628,7 +786,7 @@ def _sha(data: bytes) -> str:
 class RevertResult:
     host: str
     path: str
-    action: str              # reverted | restored_backup | noop | dry_run
+    action: str  # reverted | restored_backup | noop | dry_run
     sha_before: str
     sha_after: str
     original_sha256: str | None
@@ -641,8 +799,7 @@ class RevertResult:
         return dict(self.__dict__)
 
 
-def revert(remote: Remote, target, dry_run: bool = False, from_backup: bool = False,
-           lock: bool = True) -> RevertResult:
+def revert(remote: Remote, target, dry_run: bool = False, from_backup: bool = False, lock: bool = True) -> RevertResult:
     """Remove the marked blocks; the result must hash to the original (backup record)."""
     target, start, trips = _as_target(target), time.monotonic(), _trips(remote)
     spec = target.spec()
@@ -652,36 +809,65 @@ def revert(remote: Remote, target, dry_run: bool = False, from_backup: bool = Fa
     try:
         stripped = anchors.strip(tf.data, spec).encode("utf-8")
     except AnchorRefusal as exc:
-        raise Refused(f"cannot find the blocks to remove: {exc.message}", host=tf.host,
-                      hint="`patch revert --from-backup` restores the backup copy",
-                      details={"reason": exc.reason}) from None
-    result = RevertResult(tf.host, tf.path, "noop", tf.sha256, tf.sha256, tf.backup_sha256 or _sha(stripped),
-                          None, unified_diff(tf.data.decode("utf-8"), stripped.decode("utf-8"), tf.path))
+        raise Refused(
+            f"cannot find the blocks to remove: {exc.message}",
+            host=tf.host,
+            hint="`patch revert --from-backup` restores the backup copy",
+            details={"reason": exc.reason},
+        ) from None
+    result = RevertResult(
+        tf.host,
+        tf.path,
+        "noop",
+        tf.sha256,
+        tf.sha256,
+        tf.backup_sha256 or _sha(stripped),
+        None,
+        unified_diff(tf.data.decode("utf-8"), stripped.decode("utf-8"), tf.path),
+    )
     if tf.backup_sha256 and _sha(stripped) != tf.backup_sha256:
-        raise Refused(f"removing the blocks would give sha256 {_sha(stripped)}, not the original "
-                      f"{tf.backup_sha256}: the file was changed outside the blocks since apply", host=tf.host,
-                      hint="`patch revert --from-backup` restores the backup copy (losing those changes)",
-                      details={"reason": "not_identical"})
+        raise Refused(
+            f"removing the blocks would give sha256 {_sha(stripped)}, not the original "
+            f"{tf.backup_sha256}: the file was changed outside the blocks since apply",
+            host=tf.host,
+            hint="`patch revert --from-backup` restores the backup copy (losing those changes)",
+            details={"reason": "not_identical"},
+        )
     if stripped == tf.data or dry_run:
         result.action = "dry_run" if dry_run and stripped != tf.data else "noop"
         result.identical = _sha(stripped) == result.original_sha256
         return _finish(result, remote, trips, start)
-    outcome = _write(remote, target, tf.sha256, stripped, backup="drop", lock=lock,
-                     what=f"patch revert {spec.id}", new_sha=_sha(stripped))
+    outcome = _write(
+        remote,
+        target,
+        tf.sha256,
+        stripped,
+        backup="drop",
+        lock=lock,
+        what=f"patch revert {spec.id}",
+        new_sha=_sha(stripped),
+    )
     result.action, result.sha_after = "reverted", outcome.sha256
     result.identical = outcome.sha256 == result.original_sha256
     return _finish(result, remote, trips, start)
 
 
-def _revert_from_backup(remote: Remote, target: PatchTarget, tf: TargetFile, dry_run: bool,
-                        lock: bool) -> RevertResult:
+def _revert_from_backup(remote: Remote, target: PatchTarget, tf: TargetFile, dry_run: bool, lock: bool) -> RevertResult:
     if not tf.backup_sha256:
         raise NotFound(f"no backup record {tf.backup_path}.sha256 on the host", host=tf.host)
     result = RevertResult(tf.host, tf.path, "dry_run", tf.sha256, tf.sha256, tf.backup_sha256, None, "")
     if dry_run:
         return result
-    outcome = _write(remote, target, tf.sha256, None, backup="drop", lock=lock,
-                     what="patch revert --from-backup", new_sha=tf.backup_sha256)
+    outcome = _write(
+        remote,
+        target,
+        tf.sha256,
+        None,
+        backup="drop",
+        lock=lock,
+        what="patch revert --from-backup",
+        new_sha=tf.backup_sha256,
+    )
     result.action, result.sha_after = "restored_backup", outcome.sha256
     result.identical = outcome.sha256 == tf.backup_sha256
     return result
@@ -692,7 +878,7 @@ def _revert_from_backup(remote: Remote, target: PatchTarget, tf: TargetFile, dry
 class StatusResult:
     host: str
     path: str
-    status: str             # applied | not_applied | outdated | partial | misplaced | modified
+    status: str  # applied | not_applied | outdated | partial | misplaced | modified
     sha256: str
     pristine_sha256: str
     sglang_version: str | None
@@ -701,9 +887,17 @@ class StatusResult:
     report: Any
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "status": self.status, "sha256": self.sha256,
-                "pristine_sha256": self.pristine_sha256, "sglang_version": self.sglang_version,
-                "backup_sha256": self.backup_sha256, "spec_hash": self.spec_hash, "report": self.report.to_dict()}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "status": self.status,
+            "sha256": self.sha256,
+            "pristine_sha256": self.pristine_sha256,
+            "sglang_version": self.sglang_version,
+            "backup_sha256": self.backup_sha256,
+            "spec_hash": self.spec_hash,
+            "report": self.report.to_dict(),
+        }
 
 
 def status(remote: Remote, target) -> StatusResult:
@@ -712,6 +906,14 @@ def status(remote: Remote, target) -> StatusResult:
     spec = target.spec()
     tf = read_target(remote, target)
     report = anchors.verify_placement(tf.data, spec)
-    return StatusResult(tf.host, tf.path, report.status, tf.sha256, report.pristine_sha256 or tf.sha256,
-                        tf.version, tf.backup_sha256, spec.hash, report)
-
+    return StatusResult(
+        tf.host,
+        tf.path,
+        report.status,
+        tf.sha256,
+        report.pristine_sha256 or tf.sha256,
+        tf.version,
+        tf.backup_sha256,
+        spec.hash,
+        report,
+    )

@@ -14,6 +14,7 @@ Model names are unique over all folders; a clash is a ConfigError naming both.
 
 Spec problems become `ConfigError` (exit 3) naming the file and field.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ class Model:
     title: str = ""
     architectures: tuple = ()
     known_sha256: dict = field(default_factory=dict)
-    source: str = ""                         # the spec.json this entry came from
+    source: str = ""  # the spec.json this entry came from
 
     @property
     def versions(self) -> tuple:
@@ -63,8 +64,9 @@ def folders() -> dict[str, Path]:
         for path in sorted(base.glob("*/spec.json")) if base.is_dir() else []:
             pid = path.parent.name
             if pid in found:
-                raise ConfigError(f"patch spec {pid!r} is defined twice: {found[pid]} and {path}",
-                                  source=str(path), field="id")
+                raise ConfigError(
+                    f"patch spec {pid!r} is defined twice: {found[pid]} and {path}", source=str(path), field="id"
+                )
             found[pid] = path
     return found
 
@@ -108,7 +110,7 @@ def folder_doc(patch_id: str, _seen: tuple = ()) -> tuple[dict, Path]:
     merged = {k: v for k, v in parent.items() if k != "models"}
     merged.update({k: v for k, v in doc.items() if k != "extends"})
     if "blocks" not in doc:
-        return {**merged, "id": parent["id"]}, block_dir   # same blocks, same markers
+        return {**merged, "id": parent["id"]}, block_dir  # same blocks, same markers
     return merged, path.parent
 
 
@@ -120,8 +122,18 @@ def _models_of(patch_id: str, path: Path) -> list[Model]:
         for key in ("name", "file", "class"):
             if not isinstance(m, dict) or not m.get(key):
                 raise ConfigError(f"missing key {key!r}", source=str(path), field=where + key)
-        out.append(Model(m["name"], patch_id, m["file"], m["class"], m.get("title", ""),
-                         tuple(m.get("architectures", ())), dict(m.get("known_sha256", {})), str(path)))
+        out.append(
+            Model(
+                m["name"],
+                patch_id,
+                m["file"],
+                m["class"],
+                m.get("title", ""),
+                tuple(m.get("architectures", ())),
+                dict(m.get("known_sha256", {})),
+                str(path),
+            )
+        )
     return out
 
 
@@ -131,8 +143,11 @@ def catalog() -> list[Model]:
     for pid, path in folders().items():
         for m in _models_of(pid, path):
             if m.name in seen:
-                raise ConfigError(f"model spec {m.name!r} is defined twice: {seen[m.name].source} and "
-                                  f"{m.source}", source=m.source, field="models.name")
+                raise ConfigError(
+                    f"model spec {m.name!r} is defined twice: {seen[m.name].source} and {m.source}",
+                    source=m.source,
+                    field="models.name",
+                )
             seen[m.name] = m
     return list(seen.values())
 
@@ -142,17 +157,25 @@ def model(name: str) -> Model:
     for m in catalog():
         if m.name == name:
             return m
-    raise NotFound(f"no patch spec for model {name!r}; known: {', '.join(m.name for m in catalog())} "
-                   f"(spec folders: {_dirs_text()})")
+    raise NotFound(
+        f"no patch spec for model {name!r}; known: {', '.join(m.name for m in catalog())} "
+        f"(spec folders: {_dirs_text()})"
+    )
 
 
 # ------------------------------------------------------------------------- binding
 def bind(m: Model, model_class: str | None = None) -> PatchSpec:
     """The folder's blocks bound to the model's file and class: an `anchors.PatchSpec`."""
     doc, block_dir = folder_doc(m.patch_id)
-    data = {**{k: v for k, v in doc.items() if k != "models"}, "name": m.name,
-            "class": model_class or m.cls, "target": m.file, "architectures": list(m.architectures),
-            "validated_versions": list(m.versions), "known_sha256": m.known_sha256}
+    data = {
+        **{k: v for k, v in doc.items() if k != "models"},
+        "name": m.name,
+        "class": model_class or m.cls,
+        "target": m.file,
+        "architectures": list(m.architectures),
+        "validated_versions": list(m.versions),
+        "known_sha256": m.known_sha256,
+    }
     try:
         return anchors.spec_from_dict(data, str(block_dir))
     except anchors.SpecError as exc:
@@ -186,8 +209,11 @@ def for_host(host) -> PatchSpec:
     """The bound spec an inventory host names (`sglang.patch`), or ConfigError when it is
     still to be derived on the host (`patching.bind_host` does that)."""
     if not host.sglang.patch:
-        raise ConfigError(f"host {host.name}: sglang.patch is not set and was not derived from its model's "
-                          "config.json yet", source=host.source, field="sglang.patch")
+        raise ConfigError(
+            f"host {host.name}: sglang.patch is not set and was not derived from its model's config.json yet",
+            source=host.source,
+            field="sglang.patch",
+        )
     return resolve(host.sglang.patch)
 
 
@@ -199,7 +225,7 @@ def target_path(checkout: str, spec: PatchSpec) -> str:
 def package_relative(spec: PatchSpec) -> str:
     """The target inside the installed `sglang` package (srt/models/x.py): images, containers."""
     parts = PurePosixPath(spec.target).parts
-    return str(PurePosixPath(*parts[parts.index("sglang") + 1:])) if "sglang" in parts else spec.target
+    return str(PurePosixPath(*parts[parts.index("sglang") + 1 :])) if "sglang" in parts else spec.target
 
 
 # ---------------------------------------------------------------------- detection
@@ -211,17 +237,23 @@ def for_file(data: bytes | str, model_class: str | None = None) -> PatchSpec:
     try:
         cls = anchors.pick_class(data, model_class)
     except AnchorRefusal as exc:
-        raise Refused(exc.message, hint="--model-class NAME picks a class" if exc.reason == "ambiguous_class"
-                      else None, details={"reason": exc.reason, "lines": exc.lines}) from None
+        raise Refused(
+            exc.message,
+            hint="--model-class NAME picks a class" if exc.reason == "ambiguous_class" else None,
+            details={"reason": exc.reason, "lines": exc.lines},
+        ) from None
     hits = [m for m in catalog() if m.cls == cls]
     if not hits:
-        raise Refused(f"no patch spec covers class {cls}; specs cover: "
-                      f"{', '.join(sorted({m.cls for m in catalog()}))}",
-                      hint=f"add a model entry to a spec folder on ${PATH_ENV} (see README \"Supported models\")",
-                      details={"reason": "no_spec"})
+        raise Refused(
+            f"no patch spec covers class {cls}; specs cover: {', '.join(sorted({m.cls for m in catalog()}))}",
+            hint=f'add a model entry to a spec folder on ${PATH_ENV} (see README "Supported models")',
+            details={"reason": "no_spec"},
+        )
     if len(hits) > 1:
-        raise Refused(f"class {cls} is covered by several specs: {', '.join(m.name for m in hits)}",
-                      details={"reason": "ambiguous_spec"})
+        raise Refused(
+            f"class {cls} is covered by several specs: {', '.join(m.name for m in hits)}",
+            details={"reason": "ambiguous_spec"},
+        )
     return resolve(hits[0].name, model_class)
 
 
@@ -230,7 +262,7 @@ class Derivation:
     """How a host's spec was chosen: named in the inventory, or read off config.json."""
 
     spec: str
-    how: str              # "inventory" | "config.json"
+    how: str  # "inventory" | "config.json"
     detail: str
 
     def to_dict(self) -> dict:
@@ -243,14 +275,20 @@ class Derivation:
 def for_architectures(archs: list[str], config_path: str = "config.json") -> Derivation:
     """The one model spec serving `architectures[0]` (SGLang picks its class by that name)."""
     if not archs:
-        raise Refused(f"{config_path} has no `architectures`: cannot tell which model file to patch",
-                      hint="name the spec in the inventory: sglang.patch", details={"reason": "no_architectures"})
+        raise Refused(
+            f"{config_path} has no `architectures`: cannot tell which model file to patch",
+            hint="name the spec in the inventory: sglang.patch",
+            details={"reason": "no_architectures"},
+        )
     hits = [m for m in catalog() if archs[0] in m.architectures]
     if len(hits) != 1:
         known = ", ".join(f"{a} -> {m.name}" for m in catalog() for a in m.architectures)
         why = "no" if not hits else f"{len(hits)} ({', '.join(m.name for m in hits)})"
-        raise Refused(f"{config_path} architectures[0] = {archs[0]}: {why} patch spec serves it; known: {known}",
-                      hint="name the spec in the inventory: sglang.patch", details={"reason": "no_spec"})
+        raise Refused(
+            f"{config_path} architectures[0] = {archs[0]}: {why} patch spec serves it; known: {known}",
+            hint="name the spec in the inventory: sglang.patch",
+            details={"reason": "no_spec"},
+        )
     return Derivation(hits[0].name, "config.json", f"{config_path} architectures[0] = {archs[0]}")
 
 
@@ -277,8 +315,10 @@ def version_for_sha(spec: PatchSpec, sha256: str) -> str | None:
 # ------------------------------------------------------------------------ listing
 def table(models: list[Model] | None = None) -> list[list[str]]:
     """Rows of `remote-ops patch specs`: name, models, file, class, architectures, releases."""
-    return [[m.name, m.title, PurePosixPath(m.file).name, m.cls, ", ".join(m.architectures),
-             ", ".join(m.versions)] for m in (models if models is not None else catalog())]
+    return [
+        [m.name, m.title, PurePosixPath(m.file).name, m.cls, ", ".join(m.architectures), ", ".join(m.versions)]
+        for m in (models if models is not None else catalog())
+    ]
 
 
 TABLE_HEADERS = ["spec", "models", "file", "class", "config.json architectures", "validated releases"]

@@ -3,6 +3,7 @@
 - state: run records, pulled logs and dumps, the sandbox   ($REMOTE_OPS_STATE_DIR)
 - cache: downloaded SGLang wheels, built base rootfs          ($REMOTE_OPS_CACHE_DIR)
 """
+
 from __future__ import annotations
 
 import os

@@ -14,6 +14,7 @@ What a practitioner reads first, so each plot answers one question:
 - extraction.png: samples and tokens done on two panels, on a time axis in
   seconds, minutes or hours to suit the run.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -73,8 +74,15 @@ def _per_position(summary: TrainingSummary, metric: str, label: str, path: Path,
         for pos in positions:
             pts = [(r.index, getattr(r, metric)[pos]) for r in rows if pos in getattr(r, metric)]
             if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, linestyle=style, color=colours[pos],
-                        linewidth=2.2 if pos == 0 else 1.3, label=f"{phase} pos {pos}")
+                ax.plot(
+                    *zip(*pts),
+                    marker="o",
+                    markersize=3,
+                    linestyle=style,
+                    color=colours[pos],
+                    linewidth=2.2 if pos == 0 else 1.3,
+                    label=f"{phase} pos {pos}",
+                )
     ax.set_xlabel(summary.records[0].unit)
     _integer_ticks(ax.xaxis)
     ax.set_ylabel(label)
@@ -93,8 +101,13 @@ def _last_epoch_positions(summary: TrainingSummary, path: Path, title: str) -> P
         if rec and rec.acc:
             xs = sorted(rec.acc)
             tau = rec.acceptance_length
-            ax.plot(xs, [rec.acc[x] for x in xs], marker="o", linestyle=style,
-                    label=f"{phase} {rec.unit} {rec.index}" + (f" (tau {tau:.2f})" if tau else ""))
+            ax.plot(
+                xs,
+                [rec.acc[x] for x in xs],
+                marker="o",
+                linestyle=style,
+                label=f"{phase} {rec.unit} {rec.index}" + (f" (tau {tau:.2f})" if tau else ""),
+            )
     ax.set_xlabel("draft position")
     _integer_ticks(ax.xaxis)
     ax.set_ylabel("accuracy")
@@ -110,8 +123,11 @@ def _acceptance(summary: TrainingSummary, path: Path, title: str) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for phase, style in PHASE_STYLE.items():
-        pts = [(r.index, r.acceptance_length) for r in summary.records
-               if r.phase == phase and r.acceptance_length is not None]
+        pts = [
+            (r.index, r.acceptance_length)
+            for r in summary.records
+            if r.phase == phase and r.acceptance_length is not None
+        ]
         if pts:
             ax.plot(*zip(*pts), marker="o", linestyle=style, label=phase)
     ax.set_xlabel(summary.records[0].unit)

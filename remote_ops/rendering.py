@@ -11,6 +11,7 @@ cannot become an instruction: a newline inside a `FROM`, a `LABEL` value or a
 `COPY` path would otherwise start a new line, i.e. a new `RUN`.  As a last
 net, any `{{ }}` output that still spans lines is refused (`finalize`).
 """
+
 from __future__ import annotations
 
 import json
@@ -84,32 +85,51 @@ def dockerfile_comment(value: Any) -> str:
 
 def _strict(fn):
     """A filter given an undefined value raises StrictUndefined's error (naming the variable)."""
+
     def wrapped(value: Any) -> str:
         if isinstance(value, jinja2.Undefined):
             str(value)
         return fn(value)
+
     wrapped.__doc__ = fn.__doc__
     return wrapped
 
 
 #: One filter per Dockerfile context.
-FILTERS = {fn.__name__: _strict(fn) for fn in (dockerfile_json, dockerfile_quoted, dockerfile_image,
-                                                dockerfile_shell, dockerfile_int, dockerfile_comment)}
+FILTERS = {
+    fn.__name__: _strict(fn)
+    for fn in (
+        dockerfile_json,
+        dockerfile_quoted,
+        dockerfile_image,
+        dockerfile_shell,
+        dockerfile_int,
+        dockerfile_comment,
+    )
+}
 
 
 def _one_line(value: Any) -> Any:
     """`finalize`: no `{{ }}` output may span lines (the net under the filters)."""
     if isinstance(value, str) and ("\n" in value or "\r" in value):
-        raise ConfigError(f"a template value spans lines: {value!r}",
-                          hint="values are escaped per Dockerfile context; this one was not")
+        raise ConfigError(
+            f"a template value spans lines: {value!r}",
+            hint="values are escaped per Dockerfile context; this one was not",
+        )
     return value
 
 
 def environment(directory: Path | None = None) -> jinja2.Environment:
     """A Jinja2 environment that refuses undefined variables and keeps text exact."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(directory or template_dir())),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, autoescape=False, finalize=_one_line)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory or template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        finalize=_one_line,
+    )
     env.filters.update(FILTERS)
     return env
 
@@ -122,22 +142,27 @@ def render(name: str, variables: dict[str, Any], directory: Path | None = None) 
     except jinja2.TemplateNotFound:
         raise ConfigError("template not found", source=str((directory or template_dir()) / name)) from None
     except jinja2.UndefinedError as exc:
-        raise ConfigError(f"template variable {_undefined_name(exc)} is not defined",
-                          source=name, field=_undefined_name(exc),
-                          hint="every variable the template uses must be given (StrictUndefined)") from None
+        raise ConfigError(
+            f"template variable {_undefined_name(exc)} is not defined",
+            source=name,
+            field=_undefined_name(exc),
+            hint="every variable the template uses must be given (StrictUndefined)",
+        ) from None
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"template syntax error at line {exc.lineno}: {exc.message}", source=name) from None
 
 
 def render_string(text: str, variables: dict[str, Any]) -> str:
     """Render a template given as text (tests, inline snippets) with the same strictness."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True
+    )
     try:
         return env.from_string(text).render(**variables)
     except jinja2.UndefinedError as exc:
-        raise ConfigError(f"template variable {_undefined_name(exc)} is not defined",
-                          source="<string>", field=_undefined_name(exc)) from None
+        raise ConfigError(
+            f"template variable {_undefined_name(exc)} is not defined", source="<string>", field=_undefined_name(exc)
+        ) from None
 
 
 def _undefined_name(exc: jinja2.UndefinedError) -> str:

@@ -29,6 +29,7 @@ are.  `up` on a sandbox with a dead daemon heals that one in place: dockerd on
 the same data root (images kept), sshd on the same address, port and host key;
 the checkout, the model config and the inventory entry are kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,11 +47,16 @@ from .errors import RemoteOpsError
 from .paths import repo_resource, sandbox_dir, sandbox_inventory_file
 
 NAME = "sandbox"
-CONTAINER = f"sglang-eagle3-{NAME}"           # LabHost.container_name of the sandbox host
+CONTAINER = f"sglang-eagle3-{NAME}"  # LabHost.container_name of the sandbox host
 STANDIN_DIR = "/opt/sglang-standin"
 STANDIN_LAUNCHER = ["python3", f"{STANDIN_DIR}/sglang_standin_server.py"]
-MODEL_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64,
-                "num_hidden_layers": 8, "standin": True}
+MODEL_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "standin": True,
+}
 
 
 def standin_tag(version: str) -> str:
@@ -69,11 +75,18 @@ def standin_context(dest: Path, version: str, base_image: str) -> Path:
     tree = unpack_python_tree(fetch_sglang_wheel(version), dest / "unpacked")
     shutil.move(str(tree), dest / "sglang")
     shutil.rmtree(dest / "unpacked")
-    shutil.copytree(repo_resource("docker", "standin"), dest / "standin",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / "Dockerfile").write_text(rendering.render("standin-base.Dockerfile.j2", {
-        "base_image": base_image, "sglang_version": version, "standin_dir": STANDIN_DIR,
-        "stands_in_for": f"lmsysorg/sglang:v{version}-cu129"}))
+    shutil.copytree(repo_resource("docker", "standin"), dest / "standin", ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "Dockerfile").write_text(
+        rendering.render(
+            "standin-base.Dockerfile.j2",
+            {
+                "base_image": base_image,
+                "sglang_version": version,
+                "standin_dir": STANDIN_DIR,
+                "stands_in_for": f"lmsysorg/sglang:v{version}-cu129",
+            },
+        )
+    )
     return dest
 
 
@@ -114,9 +127,9 @@ class SandboxStatus:
     host: dict = field(default_factory=dict)
     base_image: str | None = None
     startup_s: float | None = None
-    daemons: dict = field(default_factory=dict)     # sshd / dockerd / container -> Daemon.to_dict()
-    healed: list = field(default_factory=list)      # what `up` restarted in place
-    hosts: list = field(default_factory=list)       # every sandbox host (one, or sandbox1..N)
+    daemons: dict = field(default_factory=dict)  # sshd / dockerd / container -> Daemon.to_dict()
+    healed: list = field(default_factory=list)  # what `up` restarted in place
+    hosts: list = field(default_factory=list)  # every sandbox host (one, or sandbox1..N)
 
     @property
     def recorded(self) -> bool:
@@ -132,7 +145,7 @@ class Daemon:
     """One daemon of the sandbox, judged by itself."""
 
     name: str
-    state: str                # running | dead | not answering | absent | exited | unknown ...
+    state: str  # running | dead | not answering | absent | exited | unknown ...
     ok: bool
     pid: int | None = None
     detail: str = ""
@@ -192,13 +205,16 @@ def _probe_daemons(state: dict) -> dict[str, Daemon]:
     out = {"dockerd": dockerd}
     for host in hosts:
         out[daemon_key("sshd", host.get("name", NAME), len(hosts))] = judge_sshd(
-            host, bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
-            port_open(str(host.get("address")), int(host.get("port") or 0)))
+            host,
+            bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
+            port_open(str(host.get("address")), int(host.get("port") or 0)),
+        )
     for host in hosts:
         container = f"sglang-eagle3-{host.get('name', NAME)}"
         rc, cstate = _container_state(d, container) if d and dockerd.ok else (None, "")
-        out[daemon_key("container", host.get("name", NAME), len(hosts))] = judge_container(container, dockerd.ok,
-                                                                                          rc, cstate)
+        out[daemon_key("container", host.get("name", NAME), len(hosts))] = judge_container(
+            container, dockerd.ok, rc, cstate
+        )
     return out
 
 
@@ -230,8 +246,7 @@ def _container_state(d: dict, name: str) -> tuple[int | None, str]:
     from .hostlab.images import docker
 
     try:
-        proc = docker(_recorded_dockerd(d).socket, "inspect", "-f", "{{.State.Status}}", name, timeout=10,
-                      check=False)
+        proc = docker(_recorded_dockerd(d).socket, "inspect", "-f", "{{.State.Status}}", name, timeout=10, check=False)
     except LabError:
         return None, ""
     return proc.returncode, proc.stdout.decode("utf-8", "replace").strip()
@@ -252,15 +267,21 @@ def status() -> SandboxStatus:
     meta = _read_meta()
     daemons = _probe_daemons(state) if state.get("hosts") else {}
     running = _core_ok(daemons) and inv.exists()
-    return SandboxStatus(running=running, dir=str(sandbox_dir()), inventory=str(inv) if inv.exists() else None,
-                         host=(state.get("hosts") or [{}])[0] if state.get("hosts") else {},
-                         base_image=meta.get("base_image"), startup_s=meta.get("startup_s"),
-                         daemons={k: v.to_dict() for k, v in daemons.items()},
-                         hosts=list(state.get("hosts") or []))
+    return SandboxStatus(
+        running=running,
+        dir=str(sandbox_dir()),
+        inventory=str(inv) if inv.exists() else None,
+        host=(state.get("hosts") or [{}])[0] if state.get("hosts") else {},
+        base_image=meta.get("base_image"),
+        startup_s=meta.get("startup_s"),
+        daemons={k: v.to_dict() for k, v in daemons.items()},
+        hosts=list(state.get("hosts") or []),
+    )
 
 
-def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None, hosts: int = 1,
-       patch: str = "deepseek-v2") -> SandboxStatus:
+def up(
+    version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None, hosts: int = 1, patch: str = "deepseek-v2"
+) -> SandboxStatus:
     """Start the sandbox (`hosts` of them, as group `sandbox` when more than one); idempotent: a running
     one is left alone, a recorded one with a dead daemon is healed in place (same address, checkout kept),
     anything else starts afresh.  A running sandbox of another size is refused (down it first).
@@ -269,11 +290,13 @@ def up(version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None,
     carries that spec's first architecture (the checkout holds the whole real tree)."""
     from . import patchspec
 
-    patchspec.model(patch)                  # an unknown spec fails before anything starts
+    patchspec.model(patch)  # an unknown spec fails before anything starts
     current = status()
-    if current.recorded and current.inventory and len(current.hosts) != hosts:     # (after `down`: no inventory)
-        raise RemoteOpsError(f"a sandbox of {len(current.hosts)} host(s) is already up; asked for {hosts}",
-                             hint="remote-ops sandbox down, then sandbox up --hosts N")
+    if current.recorded and current.inventory and len(current.hosts) != hosts:  # (after `down`: no inventory)
+        raise RemoteOpsError(
+            f"a sandbox of {len(current.hosts)} host(s) is already up; asked for {hosts}",
+            hint="remote-ops sandbox down, then sandbox up --hosts N",
+        )
     if current.running:
         progress("sandbox already running")
         return current
@@ -312,11 +335,13 @@ def heal(current: SandboxStatus, progress: Callable[[str], None] = lambda s: Non
     after = status()
     after.healed = healed
     if not after.running:
-        bad = ", ".join(f"{k} {v['state']}" for k, v in after.daemons.items()
-                        if not k.startswith("container") and not v["ok"])
-        raise RemoteOpsError(f"sandbox: could not heal {bad}",
-                             hint="remote-ops sandbox down && remote-ops sandbox up  (a fresh sandbox: new "
-                                  "address, new checkout)")
+        bad = ", ".join(
+            f"{k} {v['state']}" for k, v in after.daemons.items() if not k.startswith("container") and not v["ok"]
+        )
+        raise RemoteOpsError(
+            f"sandbox: could not heal {bad}",
+            hint="remote-ops sandbox down && remote-ops sandbox up  (a fresh sandbox: new address, new checkout)",
+        )
     return after
 
 
@@ -345,8 +370,14 @@ def _restart_sshd(h: dict, d: dict | None) -> int:
     env = {"PATH": f"{lab_dir() / 'bin'}:{DEFAULT_PATH}"}
     if d:
         env["DOCKER_HOST"] = _recorded_dockerd(d).host
-    sshd = SshdHost(h["name"], h["address"], int(h["port"]), lab_dir() / "hosts" / h["name"] / "sshd",
-                    KeyPair(lab_dir() / "client" / "id_ed25519"), env=env)
+    sshd = SshdHost(
+        h["name"],
+        h["address"],
+        int(h["port"]),
+        lab_dir() / "hosts" / h["name"] / "sshd",
+        KeyPair(lab_dir() / "client" / "id_ed25519"),
+        env=env,
+    )
     pid = sshd.start().pid
     assert pid is not None, "a started sshd has a PID"
     return pid
@@ -386,8 +417,10 @@ def _write_inventory(lab, base_tag: str) -> Path:
     doc = {"hosts": {h.name: standin_overrides(h.inventory_entry(lab, base_tag), base_tag) for h in lab.hosts}}
     path = sandbox_inventory_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# written by `remote-ops sandbox up`: a local host on loopback with an SGLang STAND-IN\n"
-                    + yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(
+        "# written by `remote-ops sandbox up`: a local host on loopback with an SGLang STAND-IN\n"
+        + yaml.safe_dump(doc, sort_keys=False)
+    )
     return path
 
 

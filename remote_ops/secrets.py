@@ -12,6 +12,7 @@ command of an error raised by such a run, the local run record and the audit
 line on the host, `hosts --json`.  The container still receives the real
 values (they must reach it), so `docker inspect` on the host shows them.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,10 +24,29 @@ E = TypeVar("E", bound=BaseException)
 MASK = "***"
 
 #: Whole words of a name that make its value secret.
-SECRET_WORDS = frozenset({
-    "TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
-    "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHORIZATION", "BEARER", "COOKIE", "DSN",
-})
+SECRET_WORDS = frozenset(
+    {
+        "TOKEN",
+        "KEY",
+        "KEYS",
+        "APIKEY",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWORDS",
+        "PASSWD",
+        "PASS",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "CREDS",
+        "AUTH",
+        "AUTHORIZATION",
+        "BEARER",
+        "COOKIE",
+        "DSN",
+    }
+)
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
@@ -59,7 +79,7 @@ def mask_env(env: Mapping[str, Any]) -> dict[str, Any]:
 def mask_assignment(text: str) -> str:
     """`NAME=value` (or `--name=value`) with the value masked when NAME is secret."""
     flag = "--" if text.startswith("--") else ""
-    name, sep, value = text[len(flag):].partition("=")
+    name, sep, value = text[len(flag) :].partition("=")
     if not sep or not re.fullmatch(_NAME, name):
         return text
     return f"{flag}{name}={mask_value(name, value)}"
@@ -70,8 +90,9 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(argv):
         prev = argv[i - 1] if i else ""
-        flag_value = (prev.startswith("--") and "=" not in prev and is_secret_name(prev)
-                      and not arg.startswith("-") and arg != "")
+        flag_value = (
+            prev.startswith("--") and "=" not in prev and is_secret_name(prev) and not arg.startswith("-") and arg != ""
+        )
         out.append(MASK if flag_value else mask_assignment(arg))
     return out
 
@@ -79,6 +100,7 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
 def mask_text(text: str) -> str:
     """Free text (a rendered command, an error message) with `SECRET=value` and
     `--secret value` masked.  Quoted values (`'HF_TOKEN=a b'`) are masked whole."""
+
     def assign(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]):
             return m[0]
@@ -99,8 +121,7 @@ def mask_data(obj: Any) -> Any:
     `env` mapping's secret entries, and `SECRET=value` inside strings (commands, messages).
     Other keys are left alone: `host_key_fingerprint` is evidence, not a secret."""
     if isinstance(obj, Mapping):
-        return {k: mask_env(v) if k == "env" and isinstance(v, Mapping) else mask_data(v)
-                for k, v in obj.items()}
+        return {k: mask_env(v) if k == "env" and isinstance(v, Mapping) else mask_data(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [mask_data(v) for v in obj]
     return mask_text(obj) if isinstance(obj, str) else obj

@@ -9,6 +9,7 @@ f-string, and still passes every value through `quote`: `facts`, `health`,
 `hostlock`, `extract`, `logs` and `engine.probe` do.  The result is a plain
 `str` run by `/bin/sh -c` on the host (sshd's exec request).
 """
+
 from __future__ import annotations
 
 import shlex
@@ -50,8 +51,7 @@ def subshell(command: str | Argv) -> str:
     return f"( {cmd(command)} )"
 
 
-def redirect(command: str | Argv, *, stdout: str | None = None, stderr: str | None = None,
-             append: bool = False) -> str:
+def redirect(command: str | Argv, *, stdout: str | None = None, stderr: str | None = None, append: bool = False) -> str:
     """Redirect a command's output to remote files (paths are quoted)."""
     out = cmd(command)
     op = ">>" if append else ">"
@@ -85,7 +85,7 @@ def sha256_of(path: str) -> str:
 
 def sha256_of_word(word: str) -> str:
     """`sha256_of` for a path already written as one shell word (e.g. `"$f"` in a script)."""
-    return f'( h=$(sha256sum < {word}) && printf \'%s\\n\' "${{h%% *}}" )'
+    return f"( h=$(sha256sum < {word}) && printf '%s\\n' \"${{h%% *}}\" )"
 
 
 def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
@@ -99,9 +99,11 @@ def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
     """
     parts = []
     for name, command in named:
-        parts.append(f"echo {quote(SECTION + name + ':begin')}; "
-                     f"( {cmd(command)} ) 2>&1; "
-                     f"echo {quote(SECTION + name + ':end')} $?")
+        parts.append(
+            f"echo {quote(SECTION + name + ':begin')}; "
+            f"( {cmd(command)} ) 2>&1; "
+            f"echo {quote(SECTION + name + ':end')} $?"
+        )
     return "; ".join(parts)
 
 
@@ -119,9 +121,10 @@ def parallel_sections(named: Iterable[tuple[str, str | Argv]]) -> str:
     """
     named = list(named)
     jobs = " ".join(f'{{ ( {cmd(c)} ) >"$t/{i}" 2>&1; echo $? >"$t/{i}.rc"; }} &' for i, (_, c) in enumerate(named))
-    show = "; ".join(f"echo {quote(SECTION + n + ':begin')}; cat \"$t/{i}\"; "
-                     f"echo {quote(SECTION + n + ':end')} \"$(cat \"$t/{i}.rc\")\""
-                     for i, (n, _) in enumerate(named))
+    show = "; ".join(
+        f'echo {quote(SECTION + n + ":begin")}; cat "$t/{i}"; echo {quote(SECTION + n + ":end")} "$(cat "$t/{i}.rc")"'
+        for i, (n, _) in enumerate(named)
+    )
     return f"t=$(mktemp -d) || exit 1; trap 'rm -rf \"$t\"' EXIT; {jobs} wait; {show}"
 
 
@@ -142,7 +145,7 @@ def split_sections(output: str) -> dict[str, tuple[int, str]]:
             result[name] = (int(status) if status.lstrip("-").isdigit() else -1, "\n".join(lines))
             name = None
         elif line.startswith(SECTION) and line.endswith(":begin"):
-            name, lines = line[len(SECTION):-len(":begin")], []
+            name, lines = line[len(SECTION) : -len(":begin")], []
         elif name is not None:
             lines.append(line)
     return result

@@ -10,6 +10,7 @@ number (130 SIGINT, 143 SIGTERM, 129 SIGHUP), like a shell reports it.
 lock, write the record; each bounded by --command-timeout) and re-raises it
 when the block ends; a second one (Ctrl-C twice) interrupts the cleanup too.
 """
+
 from __future__ import annotations
 
 import signal
@@ -25,7 +26,7 @@ _state: dict[str, int] = {"deferring": 0, "pending": 0}  # pending: a signal num
 
 def _handler(signum, _frame) -> None:
     if _state["deferring"] and not _state["pending"]:
-        _state["pending"] = signum      # the first one waits for the cleanup; a second one does not
+        _state["pending"] = signum  # the first one waits for the cleanup; a second one does not
         return
     raise Interrupted(signum)
 

@@ -9,6 +9,7 @@ listings are the evidence `patch check` and `patch verify` print.
 Everything here takes text (or an `anchors.Source`) and returns values; bad
 input raises `UsageError` (exit 2) and nothing is changed anywhere.
 """
+
 from __future__ import annotations
 
 import re
@@ -90,8 +91,10 @@ class Text:
 
     def rows(self, first: int, last: int, marks: dict[int, str] | None = None) -> list[Row]:
         marks = marks or {}
-        return [Row(n, self.lines[n - 1], self.scopes[n - 1], marks.get(n, ""))
-                for n in range(max(first, 1), min(last, self.count) + 1)]
+        return [
+            Row(n, self.lines[n - 1], self.scopes[n - 1], marks.get(n, ""))
+            for n in range(max(first, 1), min(last, self.count) + 1)
+        ]
 
 
 def parse_range(spec: str, line_count: int) -> tuple[int, int]:
@@ -135,7 +138,7 @@ def symbol_view(text: Text, symbol: str, path: str = "FILE") -> list[Listing]:
     found = []
     for s in text.src.stmts:
         node = s.node
-        if hasattr(node, "decorator_list") and (s.scope + (node.name,))[-len(wanted):] == wanted:
+        if hasattr(node, "decorator_list") and (s.scope + (node.name,))[-len(wanted) :] == wanted:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
             name = ".".join(s.scope + (node.name,))
             found.append(Listing(name, f"sed -n '{first},{s.end}p' {path}", text.rows(first, s.end)))
@@ -144,12 +147,20 @@ def symbol_view(text: Text, symbol: str, path: str = "FILE") -> list[Listing]:
     return found
 
 
-def context_view(text: Text, line: int, before: int = 4, after: int = 4, path: str = "FILE",
-                 title: str = "", marks: dict[int, str] | None = None) -> Listing:
+def context_view(
+    text: Text,
+    line: int,
+    before: int = 4,
+    after: int = 4,
+    path: str = "FILE",
+    title: str = "",
+    marks: dict[int, str] | None = None,
+) -> Listing:
     """`sed -n` around one line (the anchor), marked."""
     first, last = max(1, line - before), min(text.count, line + after)
-    return Listing(title or f"around line {line}", f"sed -n '{first},{last}p' {path}",
-                   text.rows(first, last, marks or {line: ">"}))
+    return Listing(
+        title or f"around line {line}", f"sed -n '{first},{last}p' {path}", text.rows(first, last, marks or {line: ">"})
+    )
 
 
 def _sh(value: str) -> str:
@@ -182,13 +193,30 @@ class SourceView:
         return "\n".join([self.header()] + [listing.render() for listing in self.listings])
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "path": self.path, "sha256": self.sha256, "lines": self.line_count,
-                "sglang_version": self.sglang_version, "version_source": self.version_source,
-                "parse_error": self.parse_error or None, "listings": [x.to_dict() for x in self.listings]}
+        return {
+            "host": self.host,
+            "path": self.path,
+            "sha256": self.sha256,
+            "lines": self.line_count,
+            "sglang_version": self.sglang_version,
+            "version_source": self.version_source,
+            "parse_error": self.parse_error or None,
+            "listings": [x.to_dict() for x in self.listings],
+        }
 
 
-def inspect(data: bytes, *, path: str, host: str, sha256: str, version: str | None, version_source: str,
-            lines: str | None = None, grep: str | None = None, symbol: str | None = None) -> SourceView:
+def inspect(
+    data: bytes,
+    *,
+    path: str,
+    host: str,
+    sha256: str,
+    version: str | None,
+    version_source: str,
+    lines: str | None = None,
+    grep: str | None = None,
+    symbol: str | None = None,
+) -> SourceView:
     """Build the view for exactly one of lines/grep/symbol (pure)."""
     if sum(x is not None for x in (lines, grep, symbol)) != 1:
         raise UsageError("give exactly one of --lines A:B, --grep PATTERN, --symbol Class.method")

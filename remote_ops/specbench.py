@@ -16,6 +16,7 @@ same prompt set, the comparison (tokens/s speed-up) is a table and a PNG.
 Results from the SGLang stand-in carry `standin: true` and are labelled as
 stand-in everywhere (the stand-in's acceptance comes from a deterministic model, not a drafter).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,18 +51,19 @@ def prompt_set_id(data: bytes, max_new_tokens: int) -> str:
 
 # --------------------------------------------------------------------------- summary (pure)
 
+
 @dataclass
 class BenchSummary:
     """One run over the prompt set."""
 
-    mode: str                               # "spec" | "baseline"
+    mode: str  # "spec" | "baseline"
     standin: bool
     requests: int
     completion_tokens: int
-    seconds: float                          # sum of per-request wall times (batch 1)
+    seconds: float  # sum of per-request wall times (batch 1)
     tokens_per_s: float
-    acceptance_length: float | None         # sum(completion_tokens) / sum(spec_verify_ct)
-    acceptance_length_mean: float | None    # mean of per-request spec_accept_length
+    acceptance_length: float | None  # sum(completion_tokens) / sum(spec_verify_ct)
+    acceptance_length_mean: float | None  # mean of per-request spec_accept_length
     accept_rate: float | None
     verify_steps: int | None
     histogram: list[int] = field(default_factory=list)
@@ -84,12 +86,23 @@ def summarise(doc: dict, prompt_set: str = "", max_new_tokens: int = 0) -> Bench
     lengths = [float(r["spec_accept_length"]) for r in rows if "spec_accept_length" in r]
     drafted = sum(int(r.get("spec_draft_token_num", 0)) for r in rows)
     accepted = sum(int(r.get("spec_accept_token_num", 0)) for r in rows)
-    return BenchSummary("spec" if spec else "baseline", bool(server.get("standin") or any(r.get("standin") for r in rows)),
-                        len(rows), tokens, round(seconds, 4), round(tokens / seconds, 2) if seconds else 0.0,
-                        round(tokens / steps, 4) if steps else None,
-                        round(sum(lengths) / len(lengths), 4) if lengths else None,
-                        round(accepted / drafted, 4) if drafted else None, steps,
-                        _histogram(rows), server, prompt_set, max_new_tokens, rows)
+    return BenchSummary(
+        "spec" if spec else "baseline",
+        bool(server.get("standin") or any(r.get("standin") for r in rows)),
+        len(rows),
+        tokens,
+        round(seconds, 4),
+        round(tokens / seconds, 2) if seconds else 0.0,
+        round(tokens / steps, 4) if steps else None,
+        round(sum(lengths) / len(lengths), 4) if lengths else None,
+        round(accepted / drafted, 4) if drafted else None,
+        steps,
+        _histogram(rows),
+        server,
+        prompt_set,
+        max_new_tokens,
+        rows,
+    )
 
 
 def _histogram(rows: list[dict]) -> list[int]:
@@ -109,25 +122,32 @@ class Comparison:
     standin: bool
 
     def to_dict(self) -> dict:
-        return {"baseline": self.baseline.to_dict(), "spec": self.spec.to_dict(), "speedup": self.speedup,
-                "standin": self.standin}
+        return {
+            "baseline": self.baseline.to_dict(),
+            "spec": self.spec.to_dict(),
+            "speedup": self.speedup,
+            "standin": self.standin,
+        }
 
 
 def compare(baseline: BenchSummary, spec: BenchSummary) -> Comparison | None:
     """Speed-up of the spec run over the baseline, only for the same prompt set and length."""
     if baseline.prompt_set != spec.prompt_set or not baseline.tokens_per_s:
         return None
-    return Comparison(baseline, spec, round(spec.tokens_per_s / baseline.tokens_per_s, 3),
-                      baseline.standin or spec.standin)
+    return Comparison(
+        baseline, spec, round(spec.tokens_per_s / baseline.tokens_per_s, 3), baseline.standin or spec.standin
+    )
 
 
 def table_rows(c: Comparison) -> list[list[str]]:
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
-    return [["tokens/s (batch 1)", fmt(c.baseline.tokens_per_s), fmt(c.spec.tokens_per_s), f"x{c.speedup:.2f}"],
-            ["acceptance length", "1.00", fmt(c.spec.acceptance_length), ""],
-            ["accept rate (drafts)", "-", fmt(c.spec.accept_rate, "{:.1%}"), ""],
-            ["completion tokens", str(c.baseline.completion_tokens), str(c.spec.completion_tokens), ""],
-            ["requests", str(c.baseline.requests), str(c.spec.requests), ""]]
+    return [
+        ["tokens/s (batch 1)", fmt(c.baseline.tokens_per_s), fmt(c.spec.tokens_per_s), f"x{c.speedup:.2f}"],
+        ["acceptance length", "1.00", fmt(c.spec.acceptance_length), ""],
+        ["accept rate (drafts)", "-", fmt(c.spec.accept_rate, "{:.1%}"), ""],
+        ["completion tokens", str(c.baseline.completion_tokens), str(c.spec.completion_tokens), ""],
+        ["requests", str(c.baseline.requests), str(c.spec.requests), ""],
+    ]
 
 
 def label(standin: bool) -> str:
@@ -135,6 +155,7 @@ def label(standin: bool) -> str:
 
 
 # --------------------------------------------------------------------------- files (local)
+
 
 def result_dir(host_name: str) -> Path:
     from .paths import host_dir
@@ -156,7 +177,7 @@ def load(folder: Path, mode: str) -> BenchSummary | None:
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
-    doc.pop("label", None)                 # says STAND-IN or measured in the file; derived from `standin`
+    doc.pop("label", None)  # says STAND-IN or measured in the file; derived from `standin`
     return BenchSummary(**doc)
 
 
@@ -174,38 +195,60 @@ def plot(c: Comparison, path: Path) -> Path:
     ax2.set_xticks(range(len(hist)))
     ax2.set_xlabel("draft tokens accepted in a verify step")
     ax2.set_ylabel("verify steps")
-    fig.suptitle(label(c.standin) if c.standin else "measured on the served model", fontsize=10,
-                 color="#c00" if c.standin else "black")
+    fig.suptitle(
+        label(c.standin) if c.standin else "measured on the served model",
+        fontsize=10,
+        color="#c00" if c.standin else "black",
+    )
     return _save(fig, plt, path)
 
 
 # --------------------------------------------------------------------------- edges
+
 
 def workdir(spec) -> str:
     return str(PurePosixPath(spec.logs.dir) / "specbench")
 
 
 def client_command(url: str, prompts: str, max_new_tokens: int, warmup: int) -> str:
-    return shell.join(["python3", "-", "--url", url, "--prompts", prompts, "--max-new-tokens", str(max_new_tokens),
-                       "--warmup", str(warmup)])
+    return shell.join(
+        [
+            "python3",
+            "-",
+            "--url",
+            url,
+            "--prompts",
+            prompts,
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--warmup",
+            str(warmup),
+        ]
+    )
 
 
-def run(remote, spec, prompts: bytes, max_new_tokens: int, warmup: int = 1, url: str | None = None,
-        timeout: float = 3600) -> dict:
+def run(
+    remote, spec, prompts: bytes, max_new_tokens: int, warmup: int = 1, url: str | None = None, timeout: float = 3600
+) -> dict:
     """Upload the prompt set, run the client on the host, return its document."""
     wd = workdir(spec)
     remote.run(["mkdir", "-p", wd])
     remote.put(prompts, f"{wd}/prompts.jsonl")
     url = url or f"http://127.0.0.1:{spec.server.port}"
     client = (Path(__file__).resolve().parent / CLIENT).read_bytes()
-    result = remote.run(client_command(url, f"{wd}/prompts.jsonl", max_new_tokens, warmup), input=client,
-                        check=False, timeout=timeout)
+    result = remote.run(
+        client_command(url, f"{wd}/prompts.jsonl", max_new_tokens, warmup), input=client, check=False, timeout=timeout
+    )
     try:
         doc = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         doc = {"error": "no output"}
     if "error" in doc or result.exit_status != 0:
-        raise CommandFailed(f"spec bench client failed: {doc.get('error')}", host=remote.name,
-                            command=result.command, exit_status=result.exit_status,
-                            stderr_tail=result.stderr[-2000:])
+        raise CommandFailed(
+            f"spec bench client failed: {doc.get('error')}",
+            host=remote.name,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
     return doc

@@ -10,15 +10,26 @@ what SGLang 0.5.9 puts in `meta_info` of a finished request
 (`completion_tokens`, `spec_verify_ct`, `spec_accept_length`, `spec_accept_rate`,
 `spec_accept_histogram`, `e2e_latency`) and its own wall time. One JSON document on stdout.
 """
+
 import argparse
 import json
 import sys
 import time
 import urllib.request
 
-META_KEYS = ("prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_rate",
-             "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram", "e2e_latency", "standin",
-             "standin_acceptance_model")
+META_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_accept_token_num",
+    "spec_draft_token_num",
+    "spec_accept_histogram",
+    "e2e_latency",
+    "standin",
+    "standin_acceptance_model",
+)
 
 
 def post(url, doc, timeout):
@@ -54,7 +65,7 @@ def one(url, prompt, max_new, timeout):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="specbench_onhost.py")
     ap.add_argument("--url", required=True)
-    ap.add_argument("--prompts", required=True, help="JSONL: {\"text\": ...} or {\"input_ids\": [...]}")
+    ap.add_argument("--prompts", required=True, help='JSONL: {"text": ...} or {"input_ids": [...]}')
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600)
@@ -63,7 +74,7 @@ def main(argv=None):
         prompts = [json.loads(l) for l in fh if l.strip()]
     try:
         info = get(args.url + "/server_info", args.timeout)
-        for p in prompts[:args.warmup]:
+        for p in prompts[: args.warmup]:
             one(args.url, p, min(args.max_new_tokens, 16), args.timeout)
         rows = []
         for i, p in enumerate(prompts):
@@ -73,8 +84,16 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         print(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}))
         return 2
-    keys = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-            "speculative_eagle_topk", "speculative_num_draft_tokens", "version", "standin", "model_path")
+    keys = (
+        "speculative_algorithm",
+        "speculative_draft_model_path",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+        "version",
+        "standin",
+        "model_path",
+    )
     print(json.dumps({"server": {k: info.get(k) for k in keys}, "results": rows}))
     return 0
 

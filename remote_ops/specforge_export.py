@@ -37,6 +37,7 @@ cache dropped for them first with `posix_fadvise(DONTNEED)`, output fsynced,
 copy deleted), once before and once after the export, which reads and writes
 under the same conditions; the faster probe is the anchor (a conservative ratio).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,6 +66,7 @@ class ExportError(Exception):
 
 # --------------------------------------------------------------------------- keys, names (pure)
 
+
 def dump_key(token_ids, prefix_len=0):
     """The dump contract's key: sha256 of int32 LE ids, 32 hex chars, `-p<prefix>`."""
     raw = struct.pack("<%di" % len(token_ids), *token_ids)
@@ -79,8 +81,9 @@ def out_name(index, group=GROUP):
 
 # --------------------------------------------------------------------------- torch pickle (pure)
 
+
 def _int(v):
-    if 0 <= v < 2 ** 31:
+    if 0 <= v < 2**31:
         return b"J" + struct.pack("<i", v)
     raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
     return b"\x8a" + bytes([len(raw)]) + raw
@@ -104,10 +107,20 @@ def _tensor(record_key, dtype, shape):
     for d in reversed(shape):
         stride.insert(0, acc)
         acc *= d
-    storage = _tuple([_str("storage"), b"ctorch\n%s\n" % STORAGE[dtype].encode(), _str(record_key),
-                      _str("cpu"), _int(numel)]) + b"Q"
-    args = _tuple([storage, _int(0), _tuple([_int(d) for d in shape]), _tuple([_int(s) for s in stride]),
-                   b"\x89", b"ccollections\nOrderedDict\n)R"])
+    storage = (
+        _tuple([_str("storage"), b"ctorch\n%s\n" % STORAGE[dtype].encode(), _str(record_key), _str("cpu"), _int(numel)])
+        + b"Q"
+    )
+    args = _tuple(
+        [
+            storage,
+            _int(0),
+            _tuple([_int(d) for d in shape]),
+            _tuple([_int(s) for s in stride]),
+            b"\x89",
+            b"ccollections\nOrderedDict\n)R",
+        ]
+    )
     return b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R"
 
 
@@ -118,6 +131,7 @@ def pickle_dict(tensors):
 
 
 # --------------------------------------------------------------------------- torch zip writer
+
 
 class TorchZip:
     """A torch.save-compatible zip written record by record, data aligned to 64 bytes."""
@@ -134,7 +148,7 @@ class TorchZip:
         zip64 = size * 1.05 > zipfile.ZIP64_LIMIT
         fixed = 30 + len(info.filename.encode()) + (20 if zip64 else 0) + 4
         pad = (-(self.fp.tell() + fixed)) % ALIGN
-        info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad      # 'FB' padding field, as torch
+        info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # 'FB' padding field, as torch
         return self.zf.open(info, "w", force_zip64=zip64)
 
     def write(self, name, data):
@@ -146,6 +160,7 @@ class TorchZip:
 
 
 # --------------------------------------------------------------------------- safetensors header
+
 
 def read_header(fh):
     """(header_len, {name: {dtype, shape, data_offsets}}, metadata) of an open dump file."""
@@ -161,18 +176,23 @@ def check_source(header, meta, tokens):
     if set(header) != names:
         raise ExportError("tensors %s, expected %s" % (sorted(header), sorted(names)))
     if meta.get("hidden_states_norm", "post-norm") != "post-norm":
-        raise ExportError("hidden_states is %s; SpecForge's TargetHead needs the post-norm final state"
-                          % meta.get("hidden_states_norm"))
+        raise ExportError(
+            "hidden_states is %s; SpecForge's TargetHead needs the post-norm final state"
+            % meta.get("hidden_states_norm")
+        )
     n, h = header["hidden_states"]["shape"]
     if n != tokens or header["aux_hidden_states"]["shape"] != [n, 3 * h] or header["input_ids"]["dtype"] != "I32":
-        raise ExportError("shapes %s / %s do not match %d dataset tokens"
-                          % (header["hidden_states"]["shape"], header["aux_hidden_states"]["shape"], tokens))
+        raise ExportError(
+            "shapes %s / %s do not match %d dataset tokens"
+            % (header["hidden_states"]["shape"], header["aux_hidden_states"]["shape"], tokens)
+        )
     if header["hidden_states"]["dtype"] not in STORAGE:
         raise ExportError("dtype %s not supported" % header["hidden_states"]["dtype"])
     return n, h, header["hidden_states"]["dtype"]
 
 
 # --------------------------------------------------------------------------- cache and fsync helpers
+
 
 def drop_cache(fd):
     """Best effort: evict a file's clean pages, so reads measure the disk, not RAM."""
@@ -193,6 +213,7 @@ def fsync_dir(path):
 
 # --------------------------------------------------------------------------- one sample
 
+
 def convert(sources, dest, ids, mask, fsync=True):
     """Stream the dump file(s) of one sample into one SpecForge .ckpt; publish only if every sha256 matches.
 
@@ -206,8 +227,11 @@ def convert(sources, dest, ids, mask, fsync=True):
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     try:
         with open(tmp, "wb") as fout:
-            read = _one_source(sources[0], fout, ids, mask) if len(sources) == 1 \
+            read = (
+                _one_source(sources[0], fout, ids, mask)
+                if len(sources) == 1
                 else _many_sources(sources, fout, ids, mask)
+            )
             fout.flush()
             if fsync:
                 os.fsync(fout.fileno())
@@ -242,7 +266,7 @@ def _many_sources(sources, fout, ids, mask):
             hlen, header, meta = read_header(fh)
         n = header["input_ids"]["shape"][0]
         check_source(header, meta, n)
-        parts.append((path, hlen, header, ids[offset:offset + n]))
+        parts.append((path, hlen, header, ids[offset : offset + n]))
         offset += n
     if offset != len(ids):
         raise ExportError("the spans cover %d tokens, the sample has %d" % (offset, len(ids)))
@@ -293,9 +317,17 @@ def _copy_range(path, base, offsets, dst):
 def _begin(fout, n, h, dtype, ids, mask):
     """The zip up to the float records: pickle, small records, ids and mask."""
     z = TorchZip(fout)
-    z.write("data.pkl", pickle_dict([("input_ids", "0", "I64", [n]), ("loss_mask", "1", "I64", [n]),
-                                     ("hidden_state", "2", dtype, [1, n, h]),
-                                     ("aux_hidden_state", "3", dtype, [1, n, 3 * h])]))
+    z.write(
+        "data.pkl",
+        pickle_dict(
+            [
+                ("input_ids", "0", "I64", [n]),
+                ("loss_mask", "1", "I64", [n]),
+                ("hidden_state", "2", dtype, [1, n, h]),
+                ("aux_hidden_state", "3", dtype, [1, n, 3 * h]),
+            ]
+        ),
+    )
     for name, data in ((".format_version", b"1"), (".storage_alignment", b"64"), ("byteorder", b"little")):
         z.write(name, data)
     z.write("data/0", array("q", ids).tobytes())
@@ -364,8 +396,10 @@ def _read_exact(fin, size):
 
 # --------------------------------------------------------------------------- bandwidth probe
 
+
 def copy_probe(sources, out_dir, jobs, fsync=True):
     """Copy `sources` (parallel, page cache dropped, fsynced, then deleted): bytes and seconds."""
+
     def one(i_src):
         i, src = i_src
         tmp = os.path.join(out_dir, ".tmp-probe-%d" % i)
@@ -386,6 +420,7 @@ def copy_probe(sources, out_dir, jobs, fsync=True):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         total = sum(pool.map(one, enumerate(sources)))
@@ -404,6 +439,7 @@ def probe_sample(paths, budget):
 
 
 # --------------------------------------------------------------------------- plan
+
 
 def latest_manifest(dump_dir, rank=0):
     """key -> last manifest record of `rank<R>/manifest.jsonl`."""
@@ -475,7 +511,7 @@ def _matches_at(raw, offset, n, manifest, candidates):
     cuts = sorted(t for t in candidates if 0 < t <= n - offset)
     h, pos, found = hashlib.sha256(), offset, []
     for t in cuts:
-        h.update(raw[4 * pos:4 * (offset + t)])
+        h.update(raw[4 * pos : 4 * (offset + t)])
         pos = offset + t
         rec = manifest.get("%s-p%d" % (h.copy().hexdigest()[:32], offset))
         if rec is not None:
@@ -495,8 +531,10 @@ def plan(dataset, manifest, done, mask_all=False):
             ids = sample.get("input_ids") or sample.get("token_ids")
             sid = sample.get("id", index)
             if "loss_mask" not in sample and not mask_all:
-                raise ExportError("sample %s (line %d) has no loss_mask: run `remote-ops dataset prepare`, "
-                                  "or pass --mask-all" % (sid, index + 1))
+                raise ExportError(
+                    "sample %s (line %d) has no loss_mask: run `remote-ops dataset prepare`, "
+                    "or pass --mask-all" % (sid, index + 1)
+                )
             if index in done:
                 skipped += 1
                 continue
@@ -510,6 +548,7 @@ def plan(dataset, manifest, done, mask_all=False):
 
 
 # --------------------------------------------------------------------------- the run
+
 
 class Run:
     """Counters shared by the worker threads, and the JSON-lines output."""
@@ -528,10 +567,22 @@ class Run:
             sys.stdout.flush()
 
     def ok(self, index, sample, recs, read, out_bytes, fsync):
-        line = json.dumps({"index": index, "id": sample["id"], "keys": [r["key"] for r in recs],
-                           "file": out_name(index), "bytes": out_bytes, "tokens": len(sample["ids"]),
-                           "sources": [r["file"] for r in recs], "source_sha256": [r["sha256"] for r in recs]},
-                          sort_keys=True) + "\n"
+        line = (
+            json.dumps(
+                {
+                    "index": index,
+                    "id": sample["id"],
+                    "keys": [r["key"] for r in recs],
+                    "file": out_name(index),
+                    "bytes": out_bytes,
+                    "tokens": len(sample["ids"]),
+                    "sources": [r["file"] for r in recs],
+                    "source_sha256": [r["sha256"] for r in recs],
+                },
+                sort_keys=True,
+            )
+            + "\n"
+        )
         with self.lock:
             fd = os.open(os.path.join(self.out_dir, EXPORT_MANIFEST), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -549,8 +600,13 @@ class Run:
         now = time.monotonic()
         if force or now - self.last >= 2.0:
             self.last = now
-            self.emit(event="progress", files=self.files, total=self.total, bytes_read=self.read,
-                      seconds=round(now - self.t0, 3))
+            self.emit(
+                event="progress",
+                files=self.files,
+                total=self.total,
+                bytes_read=self.read,
+                seconds=round(now - self.t0, 3),
+            )
 
 
 def export(args):
@@ -558,7 +614,7 @@ def export(args):
     done = read_done(args.out) if os.path.isdir(args.out) else {}
     todo, missing, skipped = plan(args.dataset, manifest, done, args.mask_all)
     if args.limit is not None:
-        todo = todo[:args.limit]
+        todo = todo[: args.limit]
     if args.plan_only:
         return emit_plan(todo, missing, skipped, args)
     os.makedirs(args.out, exist_ok=True)
@@ -573,31 +629,47 @@ def export(args):
         index, sample, recs = item
         try:
             sources = [(os.path.join(args.dump_dir, r["file"]), r["sha256"]) for r in recs]
-            read, out_bytes = convert(sources, os.path.join(args.out, out_name(index)),
-                                      sample["ids"], sample["mask"], fsync)
+            read, out_bytes = convert(
+                sources, os.path.join(args.out, out_name(index)), sample["ids"], sample["mask"], fsync
+            )
             run.ok(index, sample, recs, read, out_bytes, fsync)
         except (ExportError, OSError, ValueError, KeyError) as exc:
             with run.lock:
-                run.failed.append({"index": index, "id": sample["id"], "file": " + ".join(r["file"] for r in recs),
-                                   "reason": str(exc)})
+                run.failed.append(
+                    {
+                        "index": index,
+                        "id": sample["id"],
+                        "file": " + ".join(r["file"] for r in recs),
+                        "reason": str(exc),
+                    }
+                )
+
     run.t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, todo))
     seconds = time.monotonic() - run.t0
     probes += [copy_probe(sample, args.out, args.jobs, fsync)] if sample else []
     run.progress(force=True)
-    run.emit(**report(run, seconds, probes, skipped, missing, args),
-             split_samples=sum(1 for _, _, recs in todo if len(recs) > 1))
+    run.emit(
+        **report(run, seconds, probes, skipped, missing, args),
+        split_samples=sum(1 for _, _, recs in todo if len(recs) > 1),
+    )
     return 1 if run.failed else 0
 
 
 def emit_plan(todo, missing, skipped, args):
     """--plan-only: what a run would do; nothing is written."""
-    doc = {"event": "plan", "out": args.out, "todo": len(todo), "skipped_done": skipped,
-           "missing": missing[:50], "missing_count": len(missing),
-           "bytes_to_read": sum(int(r.get("bytes", 0)) for _, _, recs in todo for r in recs),
-           "split_samples": sum(1 for _, _, recs in todo if len(recs) > 1),
-           "tokens": sum(len(sample["ids"]) for _, sample, _ in todo)}
+    doc = {
+        "event": "plan",
+        "out": args.out,
+        "todo": len(todo),
+        "skipped_done": skipped,
+        "missing": missing[:50],
+        "missing_count": len(missing),
+        "bytes_to_read": sum(int(r.get("bytes", 0)) for _, _, recs in todo for r in recs),
+        "split_samples": sum(1 for _, _, recs in todo if len(recs) > 1),
+        "tokens": sum(len(sample["ids"]) for _, sample, _ in todo),
+    }
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0
 
@@ -608,14 +680,28 @@ def report(run, seconds, probes, skipped, missing, args):
     rates = [b / t / 1e6 for b, t in probes if t > 0]
     probe_mbps = max(rates) if rates else None
     probe = max(probes, key=lambda p: p[0] / p[1] if p[1] > 0 else 0) if probes else (0, 0.0)
-    return {"event": "done", "out": args.out, "exported": run.files, "skipped_done": skipped,
-            "missing": missing[:50], "missing_count": len(missing), "failed": run.failed,
-            "bytes_read": run.read, "bytes_written": run.written, "seconds": round(seconds, 3),
-            "mb_per_s": round(mbps, 1) if mbps else None, "jobs": args.jobs, "fsync": not args.no_fsync,
-            "disk_copy_probe": {"bytes": probe[0], "seconds": round(probe[1], 3),
-                                "mb_per_s": round(probe_mbps, 1) if probe_mbps else None,
-                                "runs_mb_per_s": [round(r, 1) for r in rates]},
-            "ratio_to_disk": round(mbps / probe_mbps, 3) if mbps and probe_mbps else None}
+    return {
+        "event": "done",
+        "out": args.out,
+        "exported": run.files,
+        "skipped_done": skipped,
+        "missing": missing[:50],
+        "missing_count": len(missing),
+        "failed": run.failed,
+        "bytes_read": run.read,
+        "bytes_written": run.written,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(mbps, 1) if mbps else None,
+        "jobs": args.jobs,
+        "fsync": not args.no_fsync,
+        "disk_copy_probe": {
+            "bytes": probe[0],
+            "seconds": round(probe[1], 3),
+            "mb_per_s": round(probe_mbps, 1) if probe_mbps else None,
+            "runs_mb_per_s": [round(r, 1) for r in rates],
+        },
+        "ratio_to_disk": round(mbps / probe_mbps, 3) if mbps and probe_mbps else None,
+    }
 
 
 def main(argv=None):

@@ -6,6 +6,7 @@ HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile,
 ConnectTimeout, ServerAliveInterval.  Parsing uses paramiko's SSHConfig so
 `Match`/`Host` patterns behave as OpenSSH users expect.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,14 +37,14 @@ class Timeouts:
 class SshTarget:
     """Everything needed to open one SSH connection, already resolved."""
 
-    name: str                      # inventory name (what the user calls it)
-    hostname: str                  # what we connect to
+    name: str  # inventory name (what the user calls it)
+    hostname: str  # what we connect to
     port: int = 22
     user: str = "root"
     identity_files: tuple[str, ...] = ()
     known_hosts: tuple[str, ...] = (DEFAULT_KNOWN_HOSTS,)
     jump: tuple["SshTarget", ...] = ()
-    host_key_policy: str = "strict"        # strict | accept-new
+    host_key_policy: str = "strict"  # strict | accept-new
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -76,7 +77,7 @@ def parse_ssh_config(raw: bytes, source: str) -> paramiko.SSHConfig:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x}", source=f"{source}:{line}") from None
     check_numbers(text, source)
     try:
@@ -98,18 +99,22 @@ def check_numbers(text: str, source: str) -> None:
             continue
         value, (low, high) = m[2].strip('"'), NUMERIC_OPTIONS[m[1].lower()]
         if not value.isdigit() or not low <= int(value) <= high:
-            raise ConfigError(f"{m[1]} must be a number from {low} to {high}, not {m[2]!r}",
-                              source=f"{source}:{number}", field=m[1])
+            raise ConfigError(
+                f"{m[1]} must be a number from {low} to {high}, not {m[2]!r}", source=f"{source}:{number}", field=m[1]
+            )
 
 
-def resolve_target(host: HostSpec, config: paramiko.SSHConfig, *, policy: str = "strict",
-                   timeouts: Timeouts | None = None) -> SshTarget:
+def resolve_target(
+    host: HostSpec, config: paramiko.SSHConfig, *, policy: str = "strict", timeouts: Timeouts | None = None
+) -> SshTarget:
     """Combine an inventory host with its ssh_config entry into an `SshTarget`."""
     entry = config.lookup(host.connect_address)
     timeouts = timeouts or _timeouts_from(entry)
     known = _known_hosts(host.known_hosts, entry)
-    jumps = tuple(_jump_target(j, config, policy, timeouts, known)
-                  for j in _split_jumps(host.proxy_jump or entry.get("proxyjump")))
+    jumps = tuple(
+        _jump_target(j, config, policy, timeouts, known)
+        for j in _split_jumps(host.proxy_jump or entry.get("proxyjump"))
+    )
     identities = (host.identity_file,) if host.identity_file else tuple(entry.get("identityfile", ()))
     return SshTarget(
         name=host.name,
@@ -124,20 +129,25 @@ def resolve_target(host: HostSpec, config: paramiko.SSHConfig, *, policy: str = 
     )
 
 
-def _jump_target(spec: str, config: paramiko.SSHConfig, policy: str, timeouts: Timeouts,
-                 known: tuple[str, ...]) -> SshTarget:
+def _jump_target(
+    spec: str, config: paramiko.SSHConfig, policy: str, timeouts: Timeouts, known: tuple[str, ...]
+) -> SshTarget:
     """A ProxyJump hop `[user@]host[:port]`, itself resolved through ssh_config."""
     user, _, rest = spec.rpartition("@")
     hostpart, _, port = rest.partition(":")
     if port and not port.isdigit():
         raise ConfigError(f"bad port in ProxyJump hop '{spec}'", field="ProxyJump")
     entry = config.lookup(hostpart)
-    return SshTarget(name=hostpart, hostname=entry.get("hostname", hostpart),
-                     port=int(port or entry.get("port", 22)),
-                     user=user or entry.get("user") or "root",
-                     identity_files=tuple(os.path.expanduser(i) for i in entry.get("identityfile", ())),
-                     known_hosts=_known_hosts(None, entry) if "userknownhostsfile" in entry else known,
-                     host_key_policy=policy, timeouts=timeouts)
+    return SshTarget(
+        name=hostpart,
+        hostname=entry.get("hostname", hostpart),
+        port=int(port or entry.get("port", 22)),
+        user=user or entry.get("user") or "root",
+        identity_files=tuple(os.path.expanduser(i) for i in entry.get("identityfile", ())),
+        known_hosts=_known_hosts(None, entry) if "userknownhostsfile" in entry else known,
+        host_key_policy=policy,
+        timeouts=timeouts,
+    )
 
 
 def _split_jumps(value: str | None) -> list[str]:

@@ -17,6 +17,7 @@ value that can only be an address (`user@addr`, `addr:port`, an IP literal) is
 an ad-hoc host with defaults, as ssh itself would treat it.  Hosts come back
 in inventory order (union terms in the order given), each once.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -35,8 +36,7 @@ class _Inventory(Protocol):
     def groups(self) -> dict[str, Any]: ...
 
 
-def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = False,
-           limit: str | None = None) -> list:
+def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list:
     """The hosts `pattern` (or `--all`) names, narrowed by `limit`; never empty."""
     if bool(pattern) == all_hosts:
         raise UsageError("give exactly one of --host or --all")
@@ -45,15 +45,17 @@ def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = Fals
         allowed = {h.name for h in _match(inventory, limit, adhoc=False)}
         chosen = [h for h in chosen if h.name in allowed]
     if not chosen:
-        raise ConfigError(f"no host matches {pattern or 'all'!r}" + (f" with --limit {limit!r}" if limit else ""),
-                          field="--limit" if limit else "--host")
+        raise ConfigError(
+            f"no host matches {pattern or 'all'!r}" + (f" with --limit {limit!r}" if limit else ""),
+            field="--limit" if limit else "--host",
+        )
     return chosen
 
 
 def _match(inventory: _Inventory, pattern: str, adhoc: bool = True) -> list:
     """Union of the plain terms, minus `!terms`, intersected with `&terms`."""
     terms = split_pattern(pattern)
-    plain = [t for t in terms if t[0] not in "!&"] or ["all"]     # only exclusions: start from all
+    plain = [t for t in terms if t[0] not in "!&"] or ["all"]  # only exclusions: start from all
     names: list[str] = []
     for term in plain:
         names += [n for n in _term(inventory, term, adhoc) if n not in names]
@@ -72,7 +74,7 @@ def split_pattern(pattern: str) -> list[str]:
     out: list[str] = []
     for part in parts:
         pieces = part.split(":")
-        if len(pieces) == 2 and pieces[1].isdigit():      # host:port, not a union
+        if len(pieces) == 2 and pieces[1].isdigit():  # host:port, not a union
             out.append(part)
         else:
             out += [p for p in pieces if p]
@@ -138,5 +140,5 @@ def _host(inventory: _Inventory, name: str) -> Any:
     if name.startswith(_ADHOC):
         from .inventory import adhoc_host
 
-        return adhoc_host(name[len(_ADHOC):])
+        return adhoc_host(name[len(_ADHOC) :])
     return inventory.hosts[name]

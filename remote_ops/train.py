@@ -26,6 +26,7 @@ tau is estimated from the per-position accuracies as `1 + sum_k prod_{j<=k} acc_
 (the expected accepted length of a chain draft whose position-k token is right
 with probability acc_k given the earlier ones were): an estimate, not a measurement.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -62,8 +63,12 @@ class TrainPaths:
 
 def paths_for(spec, data: str | None = None, output: str | None = None) -> TrainPaths:
     base = spec.dump.dir.rstrip("/")
-    return TrainPaths(str(PurePosixPath(spec.logs.dir) / "train"), spec.logs.training,
-                      output or base + "-drafter", data or base + "-specforge")
+    return TrainPaths(
+        str(PurePosixPath(spec.logs.dir) / "train"),
+        spec.logs.training,
+        output or base + "-drafter",
+        data or base + "-specforge",
+    )
 
 
 def standin_source() -> bytes:
@@ -74,41 +79,72 @@ def standin_source() -> bytes:
 
 # --------------------------------------------------------------------------- commands (pure)
 
+
 def alive_check(p: TrainPaths) -> str:
     pidfile = shell.quote(p.file("train.pid"))
-    return (f"pid=$(cat {pidfile} 2>/dev/null) && [ -n \"$pid\" ] && "
-            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(STANDIN)}")
+    return (
+        f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && '
+        f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(STANDIN)}"
+    )
 
 
 def standin_command(p: TrainPaths, run_id: str, epochs: int, steps: int, step_s: float) -> str:
     """Start the stand-in detached in its own session (a fresh log); record and print its PID."""
-    argv = ["python3", p.file(STANDIN), "--log", p.log, "--output", p.output, "--data", p.data,
-            "--run-id", run_id, "--epochs", str(epochs), "--steps", str(steps), "--step-s", f"{step_s:g}"]
+    argv = [
+        "python3",
+        p.file(STANDIN),
+        "--log",
+        p.log,
+        "--output",
+        p.output,
+        "--data",
+        p.data,
+        "--run-id",
+        run_id,
+        "--epochs",
+        str(epochs),
+        "--steps",
+        str(steps),
+        "--step-s",
+        f"{step_s:g}",
+    ]
     out, pid = shell.quote(p.file("train.out")), shell.quote(p.file("train.pid"))
-    return (f"cd {shell.quote(p.workdir)} || exit 1; rm -f {shell.quote(p.log)}; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
-            f"echo $! > {pid}; cat {pid}")
+    return (
+        f"cd {shell.quote(p.workdir)} || exit 1; rm -f {shell.quote(p.log)}; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & "
+        f"echo $! > {pid}; cat {pid}"
+    )
 
 
 def run_yaml(spec, p: TrainPaths, draft_config: str, run_id: str, epochs: int, nproc: int) -> str:
     """SpecForge 0.2.0 `specforge train --config` document for offline EAGLE-3 (keys from its schema)."""
     import json
 
-    doc = {"model": {"target_model_path": spec.model.path, "draft_model_config": draft_config,
-                     "torch_dtype": "bfloat16"},
-           "data": {"hidden_states_path": p.data, "max_length": 2048},
-           "training": {"strategy": "eagle3", "num_epochs": epochs, "batch_size": 1, "ttt_length": 7},
-           "run_id": run_id, "output_dir": p.output,
-           "deployment": {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": nproc}}}
-    return json.dumps(doc, indent=1) + "\n"        # JSON is YAML
+    doc = {
+        "model": {"target_model_path": spec.model.path, "draft_model_config": draft_config, "torch_dtype": "bfloat16"},
+        "data": {"hidden_states_path": p.data, "max_length": 2048},
+        "training": {"strategy": "eagle3", "num_epochs": epochs, "batch_size": 1, "ttt_length": 7},
+        "run_id": run_id,
+        "output_dir": p.output,
+        "deployment": {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": nproc}},
+    }
+    return json.dumps(doc, indent=1) + "\n"  # JSON is YAML
 
 
 def dockerfile(spec, extra_packages: tuple[str, ...] = ("datasets", "yunchang", "openai-harmony")) -> str:
     from . import __version__
     from .rendering import render
 
-    return render("Dockerfile.train.j2", {"remote_ops_version": __version__, "host_name": spec.name,
-                                          "sglang_version": spec.sglang.version, "base_image": spec.sglang.base_image,
-                                          "specforge_version": SPECFORGE_VERSION, "extra_packages": extra_packages})
+    return render(
+        "Dockerfile.train.j2",
+        {
+            "remote_ops_version": __version__,
+            "host_name": spec.name,
+            "sglang_version": spec.sglang.version,
+            "base_image": spec.sglang.base_image,
+            "specforge_version": SPECFORGE_VERSION,
+            "extra_packages": extra_packages,
+        },
+    )
 
 
 def container_name(spec) -> str:
@@ -123,13 +159,34 @@ def real_commands(spec, p: TrainPaths) -> list[str]:
     """Build the training image (never pulls our own image) and run it detached with GPUs."""
     ctx = shell.quote(p.file("context"))
     build = f"docker build --pull=false -t {shell.quote(image_ref(spec))} {ctx}"
-    leftover = f"docker rm -f {shell.quote(container_name(spec))} >/dev/null 2>&1 || true"   # a finished run's
-    run = ["docker", "run", "-d", "--pull=never", "--name", container_name(spec), "--gpus", "all",
-           "--ipc", "host", "--shm-size", spec.container.shm_size,
-           "-v", f"{p.data}:{p.data}:ro", "-v", f"{p.output}:{p.output}", "-v", f"{spec.model.path}:{spec.model.path}:ro",
-           "--label", "io.remote-ops.managed=1", image_ref(spec)]
-    logs = (f"setsid nohup docker logs -f {shell.quote(container_name(spec))} >> {shell.quote(p.log)} 2>&1 "
-            f"< /dev/null & echo $! > {shell.quote(p.file('logs.pid'))}")
+    leftover = f"docker rm -f {shell.quote(container_name(spec))} >/dev/null 2>&1 || true"  # a finished run's
+    run = [
+        "docker",
+        "run",
+        "-d",
+        "--pull=never",
+        "--name",
+        container_name(spec),
+        "--gpus",
+        "all",
+        "--ipc",
+        "host",
+        "--shm-size",
+        spec.container.shm_size,
+        "-v",
+        f"{p.data}:{p.data}:ro",
+        "-v",
+        f"{p.output}:{p.output}",
+        "-v",
+        f"{spec.model.path}:{spec.model.path}:ro",
+        "--label",
+        "io.remote-ops.managed=1",
+        image_ref(spec),
+    ]
+    logs = (
+        f"setsid nohup docker logs -f {shell.quote(container_name(spec))} >> {shell.quote(p.log)} 2>&1 "
+        f"< /dev/null & echo $! > {shell.quote(p.file('logs.pid'))}"
+    )
     return [build, leftover, shell.join(run), logs]
 
 
@@ -142,10 +199,10 @@ class RunPlan:
     epochs: int
     data: str
     output: str
-    steps_per_epoch: int | None = None    # stand-in: --steps; real: SpecForge derives it from the data
-    step_s: float | None = None           # stand-in only
-    nproc: int | None = None              # real only
-    draft_config: str | None = None       # real only
+    steps_per_epoch: int | None = None  # stand-in: --steps; real: SpecForge derives it from the data
+    step_s: float | None = None  # stand-in only
+    nproc: int | None = None  # real only
+    draft_config: str | None = None  # real only
 
     @property
     def fingerprint(self) -> str:
@@ -153,9 +210,19 @@ class RunPlan:
 
     def run_json(self) -> str:
         """`run.json` on the host: the plan, its fingerprint, and who started it (pure but for the clock)."""
-        return json.dumps({**asdict(self), "fingerprint": self.fingerprint, "started": time.time(),
-                           "tool": f"remote-ops {__version__}",
-                           "STAND-IN": "synthetic: nothing is trained" if self.standin else None}, indent=1) + "\n"
+        return (
+            json.dumps(
+                {
+                    **asdict(self),
+                    "fingerprint": self.fingerprint,
+                    "started": time.time(),
+                    "tool": f"remote-ops {__version__}",
+                    "STAND-IN": "synthetic: nothing is trained" if self.standin else None,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 def standin_plan(p: TrainPaths, run_id: str, epochs: int, steps: int, step_s: float) -> RunPlan:
@@ -168,17 +235,23 @@ def real_plan(p: TrainPaths, draft_config: str, run_id: str, epochs: int, nproc:
 
 def status_command(p: TrainPaths, spec) -> str:
     """One read-only round trip: lock holder, stand-in PID, trainer container, run.json, log tail, checkpoints."""
-    return shell.sections([
-        ("lock", hostlock.read_cmd(spec.lock_dir)),
-        ("alive", alive_check(p)),
-        ("container", f"docker inspect -f '{{{{.State.Running}}}}' {shell.quote(container_name(spec))} 2>/dev/null"),
-        ("run", f"cat {shell.quote(p.file('run.json'))} 2>/dev/null"),
-        ("log", f"tail -c 200000 {shell.quote(p.log)} 2>/dev/null"),
-        ("ckpt", f"ls -1 {shell.quote(p.output)} 2>/dev/null"),
-    ])
+    return shell.sections(
+        [
+            ("lock", hostlock.read_cmd(spec.lock_dir)),
+            ("alive", alive_check(p)),
+            (
+                "container",
+                f"docker inspect -f '{{{{.State.Running}}}}' {shell.quote(container_name(spec))} 2>/dev/null",
+            ),
+            ("run", f"cat {shell.quote(p.file('run.json'))} 2>/dev/null"),
+            ("log", f"tail -c 200000 {shell.quote(p.log)} 2>/dev/null"),
+            ("ckpt", f"ls -1 {shell.quote(p.output)} 2>/dev/null"),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- status (pure)
+
 
 def tau_estimate(acc: dict[int, float]) -> float | None:
     """1 + sum_k prod_{j<=k} acc_j over the positions reported (an estimate of the acceptance length)."""
@@ -221,11 +294,11 @@ class TrainStatus:
     tau_estimate: float | None = None
     eta_s: float | None = None
     latest_checkpoint: str | None = None
-    state: str = "unknown"               # running | finished | stopped | exited | not started
-    output: str | None = None            # the checkpoint dir on the host
-    run_id: str | None = None            # from run.json
-    fingerprint: str | None = None       # of the plan that was started (run.json)
-    lock: dict | None = None             # who holds the host lock now, if anyone
+    state: str = "unknown"  # running | finished | stopped | exited | not started
+    output: str | None = None  # the checkpoint dir on the host
+    run_id: str | None = None  # from run.json
+    fingerprint: str | None = None  # of the plan that was started (run.json)
+    lock: dict | None = None  # who holds the host lock now, if anyone
 
     @property
     def latest_checkpoint_path(self) -> str | None:
@@ -248,8 +321,13 @@ def parse_status(host: str, output: str) -> TrainStatus:
     log_text = parts.get("log", (1, ""))[1]
     run = _run_doc(parts.get("run", (1, ""))[1]) if parts.get("run", (1, ""))[0] == 0 else {}
     running = parts.get("alive", (1, ""))[0] == 0 or parts.get("container", (1, ""))[1].strip() == "true"
-    st = TrainStatus(host, running, "SPECFORGE STAND-IN" in log_text or bool(run.get("standin")),
-                     run_id=run.get("run_id"), fingerprint=run.get("fingerprint"))
+    st = TrainStatus(
+        host,
+        running,
+        "SPECFORGE STAND-IN" in log_text or bool(run.get("standin")),
+        run_id=run.get("run_id"),
+        fingerprint=run.get("fingerprint"),
+    )
     holder = hostlock.parse_read(*parts.get("lock", (1, "")))
     st.lock = holder.to_dict() if holder else None
     summary = parse_training(log_text)
@@ -300,6 +378,7 @@ def _state(running: bool, log_text: str) -> str:
 
 # --------------------------------------------------------------------------- lifecycle decisions (pure)
 
+
 def start_decision(st: TrainStatus, plan: RunPlan) -> str:
     """`start` (nothing runs), `noop` (this plan runs already) or `refuse` (another run is running)."""
     if not st.running:
@@ -309,19 +388,22 @@ def start_decision(st: TrainStatus, plan: RunPlan) -> str:
 
 def run_json_diff(current: str, plan_json: str) -> str:
     """Unified diff of the host's run.json and the planned one (the `started` time left out)."""
+
     def lines(text: str) -> list[str]:
         doc = _run_doc(text)
         doc.pop("started", None)
         return json.dumps(doc, indent=1, sort_keys=True).splitlines(keepends=True) if doc else []
+
     return "".join(difflib.unified_diff(lines(current), lines(plan_json), "run.json (host)", "run.json (planned)"))
 
 
 # --------------------------------------------------------------------------- the run (edges)
 
+
 @dataclass
 class Step:
     name: str
-    status: str          # ok | changed | skipped | planned | failed
+    status: str  # ok | changed | skipped | planned | failed
     detail: str = ""
     seconds: float = 0.0
 
@@ -331,13 +413,13 @@ class TrainResult:
     """One `train start|stop`: steps, the status after, the record written (like a deploy's result)."""
 
     host: str
-    action: str                  # start | stop
+    action: str  # start | stop
     dry_run: bool
     standin: bool
     noop: bool = False
     steps: list[Step] = field(default_factory=list)
-    status: TrainStatus | None = None     # after the change (dry run: now)
-    before: TrainStatus | None = None     # at the check, before the change
+    status: TrainStatus | None = None  # after the change (dry run: now)
+    before: TrainStatus | None = None  # at the check, before the change
     plan: dict | None = None
     commands: list[str] = field(default_factory=list)
     diff: str = ""
@@ -373,7 +455,9 @@ class _Lifecycle:
         try:
             t = time.monotonic()
             run_id = (self.result.plan or {}).get("run_id")
-            self.token = hostlock.take(self.remote, self.spec, f"train {self.action}" + (f": {run_id}" if run_id else ""))
+            self.token = hostlock.take(
+                self.remote, self.spec, f"train {self.action}" + (f": {run_id}" if run_id else "")
+            )
             self.step("lock", "ok", self.spec.lock_dir, t)
             act(self)
         except BaseException as exc:
@@ -430,21 +514,43 @@ class _Lifecycle:
 
         error = None
         if failure is not None:
-            error = failure.to_dict() if hasattr(failure, "to_dict") else {
-                "error": "internal", "exit_code": 1, "message": f"{type(failure).__name__}: {failure}"}
+            error = (
+                failure.to_dict()
+                if hasattr(failure, "to_dict")
+                else {"error": "internal", "exit_code": 1, "message": f"{type(failure).__name__}: {failure}"}
+            )
         failed = next((s.name for s in self.result.steps if s.status == "failed"), None)
-        return to_jsonable({**self.result.to_dict(), "kind": "train", "time": time.time(), "ok": failure is None,
-                            "error": error, "failed_step": failed, "wall_s": round(time.monotonic() - self.t0, 3)})
+        return to_jsonable(
+            {
+                **self.result.to_dict(),
+                "kind": "train",
+                "time": time.time(),
+                "ok": failure is None,
+                "error": error,
+                "failed_step": failed,
+                "wall_s": round(time.monotonic() - self.t0, 3),
+            }
+        )
 
 
 def audit_line(record: dict) -> dict:
     """The line appended to the host's audit log for a `train start|stop`."""
-    return {"time": record["time"], "tool": f"remote-ops {__version__}", "action": f"train {record['action']}",
-            "host": record["host"], "user": getpass.getuser(), "client": socket.gethostname(),
-            "ok": record["ok"], "noop": record["noop"], "standin": record["standin"],
-            "run": (record.get("plan") or {}).get("run_id"), "fingerprint": (record.get("plan") or {}).get("fingerprint"),
-            "steps": {s["name"]: s["status"] for s in record["steps"]},
-            "error": (record.get("error") or {}).get("message"), "failed_step": record.get("failed_step")}
+    return {
+        "time": record["time"],
+        "tool": f"remote-ops {__version__}",
+        "action": f"train {record['action']}",
+        "host": record["host"],
+        "user": getpass.getuser(),
+        "client": socket.gethostname(),
+        "ok": record["ok"],
+        "noop": record["noop"],
+        "standin": record["standin"],
+        "run": (record.get("plan") or {}).get("run_id"),
+        "fingerprint": (record.get("plan") or {}).get("fingerprint"),
+        "steps": {s["name"]: s["status"] for s in record["steps"]},
+        "error": (record.get("error") or {}).get("message"),
+        "failed_step": record.get("failed_step"),
+    }
 
 
 def write_record(host_name: str, doc: dict) -> Path:
@@ -478,8 +584,9 @@ def plan_commands(spec, p: TrainPaths, plan: RunPlan) -> list[str]:
     return real_commands(spec, p)
 
 
-def start(remote, spec, p: TrainPaths, plan: RunPlan, *, dry_run: bool = False, wait_s: float = 30.0,
-          events=None) -> TrainResult:
+def start(
+    remote, spec, p: TrainPaths, plan: RunPlan, *, dry_run: bool = False, wait_s: float = 30.0, events=None
+) -> TrainResult:
     """Start `plan` (a no-op when it runs already; refused while another run runs), as deploy does."""
     if dry_run:
         return _start_dry_run(remote, spec, p, plan)
@@ -490,8 +597,15 @@ def start(remote, spec, p: TrainPaths, plan: RunPlan, *, dry_run: bool = False, 
 
 def _start_dry_run(remote, spec, p: TrainPaths, plan: RunPlan) -> TrainResult:
     st = status(remote, spec, p)
-    r = TrainResult(spec.name, "start", True, plan.standin, status=st, before=st,
-                    plan={**asdict(plan), "fingerprint": plan.fingerprint})
+    r = TrainResult(
+        spec.name,
+        "start",
+        True,
+        plan.standin,
+        status=st,
+        before=st,
+        plan={**asdict(plan), "fingerprint": plan.fingerprint},
+    )
     decision = start_decision(st, plan)
     r.noop = decision == "noop"
     r.steps.append(Step("lock", "skipped", "dry run" + (f"; HELD by {st.lock}" if st.lock else "")))
@@ -517,10 +631,13 @@ def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
     st = life.result.before = status(remote, spec, p)
     decision = start_decision(st, plan)
     if decision == "refuse":
-        raise Refused(f"another training run is running on {spec.name}: {st.run_id or 'unknown'} "
-                      f"(plan {st.fingerprint or '-'}; this one is {plan.fingerprint})", host=spec.name,
-                      hint=f"remote-ops train stop --host {spec.name}, then start again",
-                      details={"reason": "train_running", "running": st.run_id})
+        raise Refused(
+            f"another training run is running on {spec.name}: {st.run_id or 'unknown'} "
+            f"(plan {st.fingerprint or '-'}; this one is {plan.fingerprint})",
+            host=spec.name,
+            hint=f"remote-ops train stop --host {spec.name}, then start again",
+            details={"reason": "train_running", "running": st.run_id},
+        )
     life.step("check", "ok", _decision_text(st, plan, decision), t)
     if decision == "noop":
         life.result.noop, life.result.status = True, st
@@ -533,8 +650,10 @@ def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
         remote.run(["mkdir", "-p", p.file("context")])
         remote.put(dockerfile(spec).encode(), p.file("context/Dockerfile"))
         assert plan.draft_config is not None and plan.nproc is not None, "a real plan sets them"
-        remote.put(run_yaml(spec, p, plan.draft_config, plan.run_id, plan.epochs, plan.nproc).encode(),
-                   p.file("context/run.yaml"))
+        remote.put(
+            run_yaml(spec, p, plan.draft_config, plan.run_id, plan.epochs, plan.nproc).encode(),
+            p.file("context/run.yaml"),
+        )
     remote.put(plan.run_json().encode(), p.file("run.json"))
     life.step("upload", "changed", p.workdir, t)
     _launch(life, plan, wait_s)
@@ -546,8 +665,14 @@ def _launch(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
     life.result.commands = plan_commands(spec, p, plan)
     for cmd in life.result.commands:
         remote.run(cmd, timeout=30 if plan.standin else 3600)
-    life.step("launch", "changed", "stand-in started (STAND-IN: nothing is trained)" if plan.standin
-              else f"{container_name(spec)} from {image_ref(spec)}", t)
+    life.step(
+        "launch",
+        "changed",
+        "stand-in started (STAND-IN: nothing is trained)"
+        if plan.standin
+        else f"{container_name(spec)} from {image_ref(spec)}",
+        t,
+    )
     t = life.at("wait")
     life.result.status = _wait_started(remote, spec, p, plan, wait_s)
     life.step("wait", "ok", life.result.status.state, t)
@@ -561,23 +686,38 @@ def _wait_started(remote, spec, p: TrainPaths, plan: RunPlan, wait_s: float) -> 
         if (plan.standin and st.standin and st.state != "not started") or (not plan.standin and st.running):
             return st
         if time.monotonic() >= deadline:
-            raise CommandTimedOut(f"the training run did not start within {wait_s:g}s (state {st.state})",
-                                  host=spec.name, command=f"train start {plan.run_id}", timeout=wait_s)
+            raise CommandTimedOut(
+                f"the training run did not start within {wait_s:g}s (state {st.state})",
+                host=spec.name,
+                command=f"train start {plan.run_id}",
+                timeout=wait_s,
+            )
         time.sleep(0.2)
 
 
-def stop(remote, spec, p: TrainPaths | None = None, *, dry_run: bool = False, wait_s: float = 60.0,
-         events=None) -> TrainResult:
+def stop(
+    remote, spec, p: TrainPaths | None = None, *, dry_run: bool = False, wait_s: float = 60.0, events=None
+) -> TrainResult:
     """SIGTERM the stand-in by its recorded PID (KILL at the deadline), or `docker stop` the trainer.
     Nothing running: a no-op (the lock is still taken, so a start cannot race it)."""
     p = p or paths_for(spec)
     if dry_run:
         st = status(remote, spec, p)
-        r = TrainResult(spec.name, "stop", True, st.standin, noop=not st.running, status=st, before=st,
-                        commands=stop_commands(spec, p) if st.running else [])
-        r.steps += [Step("lock", "skipped", "dry run" + (f"; HELD by {st.lock}" if st.lock else "")),
-                    Step("check", "ok", f"{st.state}" + ("" if st.running else ": nothing to stop")),
-                    Step("stop", "planned" if st.running else "skipped")]
+        r = TrainResult(
+            spec.name,
+            "stop",
+            True,
+            st.standin,
+            noop=not st.running,
+            status=st,
+            before=st,
+            commands=stop_commands(spec, p) if st.running else [],
+        )
+        r.steps += [
+            Step("lock", "skipped", "dry run" + (f"; HELD by {st.lock}" if st.lock else "")),
+            Step("check", "ok", f"{st.state}" + ("" if st.running else ": nothing to stop")),
+            Step("stop", "planned" if st.running else "skipped"),
+        ]
         return r
     life = _Lifecycle(remote, spec, p, "stop", False, events)
     return life.run(lambda lf: _stop_act(lf, wait_s))
@@ -585,8 +725,10 @@ def stop(remote, spec, p: TrainPaths | None = None, *, dry_run: bool = False, wa
 
 def stop_commands(spec, p: TrainPaths) -> list[str]:
     pidfile = shell.quote(p.file("train.pid"))
-    return [f"docker stop -t 30 {shell.quote(container_name(spec))} >/dev/null 2>&1 || true",
-            f"{alive_check(p)} && kill -TERM $(cat {pidfile})"]
+    return [
+        f"docker stop -t 30 {shell.quote(container_name(spec))} >/dev/null 2>&1 || true",
+        f"{alive_check(p)} && kill -TERM $(cat {pidfile})",
+    ]
 
 
 def _stop_act(life: _Lifecycle, wait_s: float) -> None:
@@ -610,6 +752,10 @@ def _stop_act(life: _Lifecycle, wait_s: float) -> None:
     t = life.at("verify")
     life.result.status = status(remote, spec, p)
     if life.result.status.running:
-        raise CommandTimedOut(f"the training run still runs {wait_s:g}s after SIGTERM and SIGKILL", host=spec.name,
-                              command="train stop", timeout=wait_s)
+        raise CommandTimedOut(
+            f"the training run still runs {wait_s:g}s after SIGTERM and SIGKILL",
+            host=spec.name,
+            command="train stop",
+            timeout=wait_s,
+        )
     life.step("verify", "ok", life.result.status.state, t)

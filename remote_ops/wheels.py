@@ -7,6 +7,7 @@ pip: venvs made by uv have none), and its sha256 is checked against the digest
 the index published before it is kept.  Afterwards everything is read from the
 zip.  `REMOTE_OPS_INDEX_URL` points at a mirror speaking the same API.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -97,7 +98,7 @@ def read_member(wheel: Path, member: str) -> bytes:
 
 def member_of(target: str) -> str:
     """A checkout path (`python/sglang/srt/models/x.py`) as a wheel member (`sglang/srt/models/x.py`)."""
-    return target[len("python/"):] if target.startswith("python/") else target
+    return target[len("python/") :] if target.startswith("python/") else target
 
 
 def sglang_source(version: str, target: str) -> bytes:

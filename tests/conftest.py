@@ -5,6 +5,7 @@ how long they take.  Without root/sshd/dockerd the host fixtures skip with the
 reason; with REMOTE_OPS_REQUIRE_HOSTS=1 (CI) they fail instead, so a broken
 harness can never pass as "all skipped".
 """
+
 from __future__ import annotations
 
 import os
@@ -139,8 +140,11 @@ def faults(lab):
 @pytest.fixture
 def lab_env(lab, tmp_path) -> dict[str, str]:
     """Environment for running the `remote-ops` CLI against the lab (inventory, private state dir)."""
-    return {**os.environ, "REMOTE_OPS_INVENTORY": str(lab.inventory_dir),
-            "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    return {
+        **os.environ,
+        "REMOTE_OPS_INVENTORY": str(lab.inventory_dir),
+        "REMOTE_OPS_STATE_DIR": str(tmp_path / "state"),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -149,8 +153,9 @@ def standin_base(lab, base_image):
     from remote_ops import sandbox
     from remote_ops.hostlab.images import docker
 
-    return sandbox.build_standin_base(lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout),
-                                      "0.5.9", base_image)
+    return sandbox.build_standin_base(
+        lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout), "0.5.9", base_image
+    )
 
 
 @pytest.fixture
@@ -161,11 +166,15 @@ def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
     sandbox.write_model_config(sglang_host.paths.model_dir)
     s = lab.spec(sglang_host.name)
-    return s.model_copy(update={
-        "sglang": s.sglang.model_copy(update={"base_image": standin_base}),
-        "server": s.server.model_copy(update={"launcher": sandbox.STANDIN_LAUNCHER, "healthy_timeout_s": 60}),
-        "container": s.container.model_copy(update={"env": {"STANDIN_LOAD_SECONDS": "0.5",
-                                                            "STANDIN_REQUIRE_PATCH": "1"}})})
+    return s.model_copy(
+        update={
+            "sglang": s.sglang.model_copy(update={"base_image": standin_base}),
+            "server": s.server.model_copy(update={"launcher": sandbox.STANDIN_LAUNCHER, "healthy_timeout_s": 60}),
+            "container": s.container.model_copy(
+                update={"env": {"STANDIN_LOAD_SECONDS": "0.5", "STANDIN_REQUIRE_PATCH": "1"}}
+            ),
+        }
+    )
 
 
 @pytest.fixture
@@ -180,8 +189,22 @@ def deployed(sglang_remote, spec):
 
 def pytest_collection_modifyitems(config, items):
     """Tests that use a lab fixture get the `hosts` marker (select with -m hosts / -m 'not hosts')."""
-    lab_fixtures = {"lab", "host", "remote", "spare_host", "sglang_host", "sglang_remote", "base_image",
-                    "busybox_image", "faults", "dockerd", "lab_env", "standin_base", "spec", "deployed"}
+    lab_fixtures = {
+        "lab",
+        "host",
+        "remote",
+        "spare_host",
+        "sglang_host",
+        "sglang_remote",
+        "base_image",
+        "busybox_image",
+        "faults",
+        "dockerd",
+        "lab_env",
+        "standin_base",
+        "spec",
+        "deployed",
+    }
     for item in items:
         if lab_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.hosts)

@@ -1,4 +1,5 @@
 """Syntax-tree anchors on the real SGLang deepseek_v2.py (PyPI wheels) and mutated copies."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,13 @@ DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 FLAG = "        self.capture_aux_hidden_states = False\n"
 LOGITS = "        self.logits_processor = LogitsProcessor(config)\n"
 # (release, flag line in __init__, `if self.capture_aux_hidden_states:` line in forward)
-RELEASES = [("0.5.5", 3050, 3105), ("0.5.8", 2817, 2901), ("0.5.9", 2837, 2923),
-            ("0.5.14", 2631, 2759), ("0.5.23", 3310, 3418)]
+RELEASES = [
+    ("0.5.5", 3050, 3105),
+    ("0.5.8", 2817, 2901),
+    ("0.5.9", 2837, 2923),
+    ("0.5.14", 2631, 2759),
+    ("0.5.23", 3310, 3418),
+]
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +100,7 @@ def test_duplicate_anchor_refused(spec, v059):
 
 def test_anchor_only_in_another_class_refused(spec, v059):
     text = replace_once(v059, FLAG, "        self._flag_moved = None\n")
-    text = replace_once(text, "        self.layers_to_capture = []\n",
-                        "        self.layers_to_capture = []\n" + FLAG)
+    text = replace_once(text, "        self.layers_to_capture = []\n", "        self.layers_to_capture = []\n" + FLAG)
     exc = refusal(text, spec)
     assert exc.reason == "wrong_scope"
     assert "DeepseekV2Model.__init__" in exc.message and exc.lines == [2632]
@@ -138,8 +143,8 @@ def test_story_misplaced_marked_block(spec, v059):
     """The story's bug with markers: block right after logits_processor -> misplaced."""
     good = A.plan(v059, spec).new_text
     lines = good.split("\n")
-    block = lines[2838 - 1:2843]
-    del lines[2838 - 1:2843]
+    block = lines[2838 - 1 : 2843]
+    del lines[2838 - 1 : 2843]
     lines[2828:2828] = block
     bad = "\n".join(lines)
     report = A.verify_placement(bad, spec)
@@ -149,13 +154,16 @@ def test_story_misplaced_marked_block(spec, v059):
     text = " ".join(f.message for f in init.findings)
     assert "after line 2828 `self.logits_processor = LogitsProcessor(config)`" in text
     assert "before the reset `self.capture_aux_hidden_states = False` at line 2843" in text
-    assert A.plan(bad, spec).new_text == good   # apply moves a marked block to its place
+    assert A.plan(bad, spec).new_text == good  # apply moves a marked block to its place
 
 
 def test_story_misplaced_unmarked_code(spec, v059):
     """The story as typed by hand: capture turned on after logits_processor, reset 9 lines later."""
-    bad = replace_once(v059, LOGITS, LOGITS + "        self.capture_aux_hidden_states = True\n"
-                       "        self.model.layers_to_capture = [2, 30, 58]\n")
+    bad = replace_once(
+        v059,
+        LOGITS,
+        LOGITS + "        self.capture_aux_hidden_states = True\n        self.model.layers_to_capture = [2, 30, 58]\n",
+    )
     report = A.verify_placement(bad, spec)
     assert report.status == A.MISPLACED
     assert {tuple(f.lines) for f in report.findings} >= {(2829, 2839), (2830, 2839)}
@@ -197,8 +205,9 @@ def test_anchors_py_is_python38_syntax_and_stdlib_only():
     source = Path(A.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import)}
-    imported |= {n.module.split(".")[0] for n in ast.walk(ast.parse(source))
-                 if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {
+        n.module.split(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module
+    }
     assert imported <= set(sys.stdlib_module_names)
 
 
@@ -212,8 +221,12 @@ def test_standalone_verify_with_system_python(spec, v059, tmp_path):
     target.write_text(v059)
 
     def run(*args):
-        proc = subprocess.run(["python3", str(anchors_py), *args, "--spec", str(spec_json), str(target)],
-                              capture_output=True, text=True, cwd=tmp_path)
+        proc = subprocess.run(
+            ["python3", str(anchors_py), *args, "--spec", str(spec_json), str(target)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         return proc.returncode, json.loads(proc.stdout)
 
     rc, out = run("verify")

@@ -1,5 +1,6 @@
 """`remote-ops inventory schema|check` (issue 13, item 5): the schema comes from the models, check lists
 every error of every file (not only the first) and exits 3."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ hosts:
 
 
 def cli(env, *args):
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True,
-                       timeout=60, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -44,7 +51,7 @@ def test_schema_is_printed_on_stdout_and_describes_every_host_field(tmp_path):
     assert rc == 0 and schema == file_schema()
     settings = schema["$defs"]["HostSettings"]["properties"]
     assert {"address", "user", "port", "gpus", "sglang", "container", "dump", "server"} <= set(settings)
-    assert not {"name", "source", "groups"} & set(settings)         # filled in by the loader, never written
+    assert not {"name", "source", "groups"} & set(settings)  # filled in by the loader, never written
 
 
 def unknown_keys(value, node: dict, defs: dict, path: str = "") -> list[str]:
@@ -73,10 +80,9 @@ def test_the_example_inventory_fits_the_schema():
 def test_check_lists_every_error_with_field_and_line(tmp_path):
     (tmp_path / "bad.yaml").write_text(BAD)
     good, problems = file_problems(tmp_path / "bad.yaml")
-    assert good == 1                                                   # host c
+    assert good == 1  # host c
     found = {(p.field, p.line) for p in problems}
-    assert found == {("hosts.a.port", 6), ("hosts.a.gpus.cont", 8), ("hosts.b.adress", 10),
-                     ("hosts.b.server.port", 12)}
+    assert found == {("hosts.a.port", 6), ("hosts.a.gpus.cont", 8), ("hosts.b.adress", 10), ("hosts.b.server.port", 12)}
     assert any("did you mean 'address'" in p.message for p in problems)
 
 

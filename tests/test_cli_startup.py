@@ -1,6 +1,7 @@
 """Start-up: `--help` and `--version` import no SSH, pydantic, Jinja2 or rich (issue 13, item 1).
 
 The time goal (<= 0.15 s) is measured in bench/README.md "Start-up"; here only the import set."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,21 @@ import click
 
 from remote_ops import cli as cli_mod
 
-HEAVY = ("fabric", "paramiko", "invoke", "pydantic", "jinja2", "rich", "yaml", "docker", "cryptography",
-         "remote_ops.commands", "remote_ops.remote", "remote_ops.inventory", "remote_ops.console")
+HEAVY = (
+    "fabric",
+    "paramiko",
+    "invoke",
+    "pydantic",
+    "jinja2",
+    "rich",
+    "yaml",
+    "docker",
+    "cryptography",
+    "remote_ops.commands",
+    "remote_ops.remote",
+    "remote_ops.inventory",
+    "remote_ops.console",
+)
 
 PROBE = """
 import json, sys

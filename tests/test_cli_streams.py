@@ -1,5 +1,6 @@
 """Streams, -v, host names and completion (issue 13, items 2-4): data on stdout, progress on stderr,
 `--json` one document (JSON Lines for streams), no colour off a terminal or with NO_COLOR."""
+
 from __future__ import annotations
 
 import io
@@ -25,8 +26,14 @@ hosts:
 
 
 def cli(env, *args, timeout=120):
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -40,17 +47,23 @@ def env(tmp_path):
 def test_hosts_table_is_data_on_stdout(env):
     rc, out, err = cli(env, "hosts")
     assert rc == 0 and "gpu-01" in out and "cpu-box" in out and "gpu-01" not in err
-    assert "\x1b[" not in out + err                                   # not a terminal: no colour codes
+    assert "\x1b[" not in out + err  # not a terminal: no colour codes
 
 
 def test_patch_dry_run_diff_goes_to_a_file(tmp_path):
     target = tmp_path / "deepseek_v2.py"
     target.write_bytes(wheels.sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py"))
-    rc, out, err = cli({**os.environ, "REMOTE_OPS_STATE_DIR": str(tmp_path / "s")},
-                       "patch", "apply", "--local-file", str(target), "--dry-run")
+    rc, out, err = cli(
+        {**os.environ, "REMOTE_OPS_STATE_DIR": str(tmp_path / "s")},
+        "patch",
+        "apply",
+        "--local-file",
+        str(target),
+        "--dry-run",
+    )
     assert rc == 0, err
     assert out.startswith("--- a/") and "\n+" in out
-    assert "anchor" not in out and "dry run" in err                   # evidence and notes: stderr
+    assert "anchor" not in out and "dry run" in err  # evidence and notes: stderr
     check = subprocess.run(["patch", "--dry-run", "-p1", "-d", "/"], input=out, text=True, capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -71,10 +84,19 @@ def test_render_on_a_glob_prints_each_dockerfile(env):
 
 
 def test_completion_offers_inventory_hosts_and_groups(env):
-    comp = {**env, "_REMOTE_OPS_COMPLETE": "bash_complete", "COMP_WORDS": "remote-ops health --host gpu",
-            "COMP_CWORD": "3"}
-    p = subprocess.run([sys.executable, "-m", "remote_ops", "health", "--host", "gpu"], env=comp,
-                       capture_output=True, text=True, timeout=60)
+    comp = {
+        **env,
+        "_REMOTE_OPS_COMPLETE": "bash_complete",
+        "COMP_WORDS": "remote-ops health --host gpu",
+        "COMP_CWORD": "3",
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "health", "--host", "gpu"],
+        env=comp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     words = [line.split(",", 1)[1] for line in p.stdout.splitlines() if "," in line]
     assert words == ["gpu-01", "gpu-02"], p.stdout + p.stderr
     comp["COMP_WORDS"] = "remote-ops health --host gpu-01,!fl"
@@ -128,8 +150,9 @@ def test_dash_v_prints_each_remote_command_with_its_time(lab, host, lab_env):
 
 
 def test_health_watch_json_is_json_lines(lab, host, lab_env):
-    rc, out, err = cli(lab_env, "health", "--host", host.name, "--watch", "0.1", "--watch-for", "10", "--json",
-                       timeout=180)
+    rc, out, err = cli(
+        lab_env, "health", "--host", host.name, "--watch", "0.1", "--watch-for", "10", "--json", timeout=180
+    )
     rounds = [json.loads(line) for line in out.splitlines()]
     assert len(rounds) >= 2 and all(r["hosts"][0]["host"] == host.name for r in rounds), out + err
     assert rc in (0, 11, 12)
@@ -139,9 +162,12 @@ def test_logs_follow_json_is_json_lines(lab, host, lab_env):
     path = host.paths.logs_dir / "extraction.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("one\ntwo\n")
-    rc, out, err = cli(lab_env, "logs", "follow", "--host", host.name, "--what", "extraction",
-                       "--duration", "2", "--json")
+    rc, out, err = cli(
+        lab_env, "logs", "follow", "--host", host.name, "--what", "extraction", "--duration", "2", "--json"
+    )
     assert rc == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
-    assert [(x["host"], x["kind"], x["line"]) for x in lines] == [(host.name, "extraction", "one"),
-                                                                   (host.name, "extraction", "two")]
+    assert [(x["host"], x["kind"], x["line"]) for x in lines] == [
+        (host.name, "extraction", "one"),
+        (host.name, "extraction", "two"),
+    ]

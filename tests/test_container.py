@@ -1,4 +1,5 @@
 """container.py: argv builders and JSON parsers, from captured docker output (pure)."""
+
 from __future__ import annotations
 
 import json
@@ -6,13 +7,36 @@ import json
 from remote_ops import container, shell
 from remote_ops.inventory import parse_inventory_data
 
-CONTAINER_JSON = json.dumps([{
-    "Id": "abc123", "Name": "/sglang-eagle3", "Image": "sha256:img1", "RestartCount": 2,
-    "State": {"Status": "running", "Running": True, "OOMKilled": False, "ExitCode": 0,
-              "StartedAt": "2026-01-01T00:00:00Z", "Health": {"Status": "healthy"}},
-    "Config": {"Image": "remote-ops/sglang-eagle3:0.5.9-x", "Labels": {"org.remote-ops.run-config": "r1"}}}])
-IMAGE_JSON = json.dumps([{"Id": "sha256:img1", "RepoTags": ["remote-ops/sglang-eagle3:0.5.9-x"], "Size": 10,
-                          "Created": "2026", "Config": {"Labels": {"org.remote-ops.patch.id": "eagle3-hs-dump"}}}])
+CONTAINER_JSON = json.dumps(
+    [
+        {
+            "Id": "abc123",
+            "Name": "/sglang-eagle3",
+            "Image": "sha256:img1",
+            "RestartCount": 2,
+            "State": {
+                "Status": "running",
+                "Running": True,
+                "OOMKilled": False,
+                "ExitCode": 0,
+                "StartedAt": "2026-01-01T00:00:00Z",
+                "Health": {"Status": "healthy"},
+            },
+            "Config": {"Image": "remote-ops/sglang-eagle3:0.5.9-x", "Labels": {"org.remote-ops.run-config": "r1"}},
+        }
+    ]
+)
+IMAGE_JSON = json.dumps(
+    [
+        {
+            "Id": "sha256:img1",
+            "RepoTags": ["remote-ops/sglang-eagle3:0.5.9-x"],
+            "Size": 10,
+            "Created": "2026",
+            "Config": {"Labels": {"org.remote-ops.patch.id": "eagle3-hs-dump"}},
+        }
+    ]
+)
 
 
 def host(**over):
@@ -41,8 +65,8 @@ def test_parse_image_inspect():
 def test_choose_builder():
     v20 = {"Client": {"Version": "20.10.24+dfsg1"}}
     v28 = {"Client": {"Version": "28.2.2"}}
-    assert container.choose_builder(1, v20) == "buildkit"     # built into the 20.10 CLI
-    assert container.choose_builder(1, v28) == "legacy"       # >= 23 needs the buildx plugin
+    assert container.choose_builder(1, v20) == "buildkit"  # built into the 20.10 CLI
+    assert container.choose_builder(1, v28) == "legacy"  # >= 23 needs the buildx plugin
     assert container.choose_builder(0, v28) == "buildkit"
     assert container.choose_builder(1, {}) == "legacy"
 
@@ -57,13 +81,25 @@ def test_run_argv_for_gpu_node():
     h = host(dump={"layers": [2, 30, 58]})
     argv = container.run_argv(h, "remote-ops/sglang-eagle3:t")
     line = shell.join(argv)
-    for part in ["--pull=never", "--init", "--restart unless-stopped", "--gpus all", "--shm-size 32g",
-                 "--ipc host", "-p 127.0.0.1:30000:30000", "-v /models/Kimi-K2.5:/models/Kimi-K2.5:ro",
-                 "-e SGLANG_HS_DUMP_DIR=/data/eagle3-dumps", "-e SGLANG_HS_DUMP_LAYERS=2,30,58",
-                 "--tp 8", "--disable-radix-cache", "--chunked-prefill-size 32768", "--host 0.0.0.0"]:
+    for part in [
+        "--pull=never",
+        "--init",
+        "--restart unless-stopped",
+        "--gpus all",
+        "--shm-size 32g",
+        "--ipc host",
+        "-p 127.0.0.1:30000:30000",
+        "-v /models/Kimi-K2.5:/models/Kimi-K2.5:ro",
+        "-e SGLANG_HS_DUMP_DIR=/data/eagle3-dumps",
+        "-e SGLANG_HS_DUMP_LAYERS=2,30,58",
+        "--tp 8",
+        "--disable-radix-cache",
+        "--chunked-prefill-size 32768",
+        "--host 0.0.0.0",
+    ]:
         assert part in line, part
     image_at = argv.index("remote-ops/sglang-eagle3:t")
-    assert argv[image_at + 1:image_at + 4] == ["python3", "-m", "sglang.launch_server"]
+    assert argv[image_at + 1 : image_at + 4] == ["python3", "-m", "sglang.launch_server"]
 
 
 def test_gpu_device_list_is_csv_quoted():
@@ -96,8 +132,16 @@ def _info(running: bool):
 
     from remote_ops.container import parse_container_inspect
 
-    doc = [{"Id": "c1", "Name": "/x", "Image": "sha256:i", "RestartCount": 0, "Config": {"Image": "r", "Labels": {}},
-            "State": {"Running": running, "Status": "running" if running else "exited", "OOMKilled": False}}]
+    doc = [
+        {
+            "Id": "c1",
+            "Name": "/x",
+            "Image": "sha256:i",
+            "RestartCount": 0,
+            "Config": {"Image": "r", "Labels": {}},
+            "State": {"Running": running, "Status": "running" if running else "exited", "OOMKilled": False},
+        }
+    ]
     return parse_container_inspect(0, _json.dumps(doc))
 
 

@@ -5,6 +5,7 @@ Every remote call and every wait takes its deadline from `--command-timeout`,
 Durations are asserted as generous upper bounds (the old behaviour took 60,
 90, 120 s or more), never as speed targets.
 """
+
 from __future__ import annotations
 
 import json
@@ -134,13 +135,32 @@ def test_deploy_against_a_host_frozen_after_start_ends_in_time(lab, spec, lab_en
 
 
 def test_health_watch_against_a_frozen_host_stays_bounded(lab, spare_host, lab_env, faults):
-    proc = subprocess.Popen([sys.executable, "-m", "remote_ops", "health", "--host", spare_host.name, "--watch", "1",
-                             "--watch-for", "20", "--command-timeout", "6", "--connect-timeout", "3"],
-                            env=lab_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "remote_ops",
+            "health",
+            "--host",
+            spare_host.name,
+            "--watch",
+            "1",
+            "--watch-for",
+            "20",
+            "--command-timeout",
+            "6",
+            "--connect-timeout",
+            "3",
+        ],
+        env=lab_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     t = time.monotonic()
     try:
-        time.sleep(4)                     # the first rounds ran over a live connection
+        time.sleep(4)  # the first rounds ran over a live connection
         faults.freeze(spare_host)
         rc = proc.wait(timeout=90)
         took = time.monotonic() - t

@@ -3,6 +3,7 @@ checkout paths with a backslash or newline (9), secrets in output and records (1
 
 Pure tests first, then the same contract over real lab hosts (sshd + dockerd).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,9 @@ INJECTED = "lmsysorg/sglang:v0.5.9-cu129\nRUN touch /tmp/remote-ops-pwned"
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_inventory(path: Path, hosts: dict) -> Path:
@@ -42,11 +44,19 @@ def instructions(dockerfile: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- 5: Dockerfile injection (pure)
-@pytest.mark.parametrize("field,value", [
-    ("base_image", INJECTED), ("base_image", "Ubuntu:22.04"), ("base_image", "ubuntu:bad tag"),
-    ("base_image", "ubuntu:" + "t" * 129), ("image_checkout", "/sgl-workspace/sglang\nRUN id"),
-    ("image_checkout", "relative/path"), ("checkout", "/root/sg\0lang"), ("version", "0.5.9\nRUN id"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("base_image", INJECTED),
+        ("base_image", "Ubuntu:22.04"),
+        ("base_image", "ubuntu:bad tag"),
+        ("base_image", "ubuntu:" + "t" * 129),
+        ("image_checkout", "/sgl-workspace/sglang\nRUN id"),
+        ("image_checkout", "relative/path"),
+        ("checkout", "/root/sg\0lang"),
+        ("version", "0.5.9\nRUN id"),
+    ],
+)
 def test_bad_sglang_values_are_config_errors_naming_file_and_field(tmp_path, field, value):
     inv = write_inventory(tmp_path / "hosts.yaml", {"gpu": {"sglang": {field: value}}})
     with pytest.raises(ConfigError) as exc:
@@ -55,18 +65,34 @@ def test_bad_sglang_values_are_config_errors_naming_file_and_field(tmp_path, fie
     assert exc.value.exit_code == ExitCode.CONFIG and exc.value.details["line"] == 4
 
 
-@pytest.mark.parametrize("ref", ["ubuntu", "lmsysorg/sglang:v0.5.9-cu129", "localhost:5000/a/b_c:1.0",
-                                 "registry.example.com:443/x/y@sha256:" + "a" * 64, "[::1]:5000/img:t",
-                                 "remote-ops/base-python:bookworm"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "ubuntu",
+        "lmsysorg/sglang:v0.5.9-cu129",
+        "localhost:5000/a/b_c:1.0",
+        "registry.example.com:443/x/y@sha256:" + "a" * 64,
+        "[::1]:5000/img:t",
+        "remote-ops/base-python:bookworm",
+    ],
+)
 def test_valid_image_references_load(ref):
     assert parse_inventory_data({"hosts": {"h": {"sglang": {"base_image": ref}}}}, "f")[0].sglang.base_image == ref
 
 
-@pytest.mark.parametrize("section,field,value", [
-    ("dump", "dir", "/data/x\ny"), ("logs", "dir", "logs"), ("model", "path", "/m\r"),
-    ("container", "name", "bad name"), ("container", "image", "Remote/Ops"), ("container", "tag", "a:b"),
-    ("container", "volumes", ["/a:/b\nRUN x"]), ("container", "env", {"A=B": "x"}),
-])
+@pytest.mark.parametrize(
+    "section,field,value",
+    [
+        ("dump", "dir", "/data/x\ny"),
+        ("logs", "dir", "logs"),
+        ("model", "path", "/m\r"),
+        ("container", "name", "bad name"),
+        ("container", "image", "Remote/Ops"),
+        ("container", "tag", "a:b"),
+        ("container", "volumes", ["/a:/b\nRUN x"]),
+        ("container", "env", {"A=B": "x"}),
+    ],
+)
 def test_other_paths_and_names_are_validated(section, field, value):
     with pytest.raises(ConfigError, match=rf"f\.yaml:hosts\.h\.{section}\.{field}"):
         parse_inventory_data({"hosts": {"h": {section: {field: value}}}}, "f.yaml")
@@ -80,15 +106,20 @@ def test_audit_log_and_lock_dir_must_be_absolute():
 def test_render_filters_escape_values_that_bypassed_validation():
     """model_copy skips validation: the template itself must still keep every value on its line."""
     host = parse_inventory_data({"hosts": {"gpu-node": {"sglang": {"patch": "deepseek-v2"}}}}, "t.yaml")[0]
-    evil = host.model_copy(update={"sglang": host.sglang.model_copy(update={
-        "image_checkout": "/sgl-workspace/sglang\nRUN touch /tmp/pwned", "version": "0.5.9\nRUN id"})})
+    evil = host.model_copy(
+        update={
+            "sglang": host.sglang.model_copy(
+                update={"image_checkout": "/sgl-workspace/sglang\nRUN touch /tmp/pwned", "version": "0.5.9\nRUN id"}
+            )
+        }
+    )
     patch = deploy.load_patch(host)
     good = deploy.render_dockerfile(host, patch, "a" * 64, "b" * 64)
     text = deploy.render_dockerfile(evil, patch, "a" * 64, "b" * 64)
     assert instructions(text) == instructions(good), "no value may add an instruction"
     assert not any(ln.startswith("RUN touch") or ln.startswith("RUN id") for ln in text.splitlines())
     copy = next(ln for ln in text.splitlines() if ln.startswith('COPY ["sglang/"'))
-    assert json.loads(copy[len("COPY "):]) == ["sglang/", "/sgl-workspace/sglang\nRUN touch /tmp/pwned/python/sglang/"]
+    assert json.loads(copy[len("COPY ") :]) == ["sglang/", "/sgl-workspace/sglang\nRUN touch /tmp/pwned/python/sglang/"]
     assert 'org.remote-ops.sglang.version="0.5.9\\nRUN id"' in text
 
 
@@ -99,16 +130,22 @@ def test_render_refuses_an_unquotable_from():
         deploy.render_dockerfile(evil, deploy.load_patch(host), "a" * 64, "b" * 64)
 
 
-@pytest.mark.parametrize("value,want", [
-    ('a"b', r'"a\"b"'), ("$HOME", r'"\$HOME"'), ("a\\b", r'"a\\b"'), ("x\ny\0", r'"x\ny\u0000"'),
-])
+@pytest.mark.parametrize(
+    "value,want",
+    [
+        ('a"b', r'"a\"b"'),
+        ("$HOME", r'"\$HOME"'),
+        ("a\\b", r'"a\\b"'),
+        ("x\ny\0", r'"x\ny\u0000"'),
+    ],
+)
 def test_quoted_filter(value, want):
     assert rendering.dockerfile_quoted(value) == want
 
 
 def test_json_filter_and_net():
     assert rendering.dockerfile_json(["a\nb", "é"]) == '["a\\nb", "\\u00e9"]'
-    with pytest.raises(ConfigError, match="spans lines"):     # the net: an unfiltered value
+    with pytest.raises(ConfigError, match="spans lines"):  # the net: an unfiltered value
         rendering.environment().from_string("FROM {{ x }}").render(x="a\nRUN b")
     with pytest.raises(ConfigError):
         rendering.dockerfile_shell("a\nb")
@@ -117,8 +154,7 @@ def test_json_filter_and_net():
 def test_render_and_deploy_dry_run_refuse_an_injected_base_image(tmp_path):
     """Through the CLI: exit 3 naming file and field, before any connection (render needs no SSH)."""
     inv = write_inventory(tmp_path / "hosts.yaml", {"X": {"address": "127.0.0.1", "sglang": {"base_image": INJECTED}}})
-    env = {"REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state"),
-           "PATH": "/usr/bin:/bin"}
+    env = {"REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
     for args in (["render", "--host", "X"], ["deploy", "--host", "X", "--dry-run"]):
         p = cli(*args, env=env, timeout=60)
         assert p.returncode == ExitCode.CONFIG, p.stderr
@@ -127,17 +163,20 @@ def test_render_and_deploy_dry_run_refuse_an_injected_base_image(tmp_path):
 
 
 # ----------------------------------------------------- 8: inventory and ssh_config robustness (pure)
-@pytest.mark.parametrize("text,field,line,words", [
-    ("hosts:\n  h1: just-a-string\n", "hosts.h1", 2, "not a string"),
-    ("hosts:\n  h1: [a, b]\n", "hosts.h1", 2, "not a list"),
-    ("hosts: [h1, h2]\n", "hosts", 1, "not a list"),
-    ("defaults: 3\nhosts: {}\n", "defaults", 1, "not a number"),
-    ("hosts:\n  h1:\n    adress: 10.0.0.1\n", "hosts.h1.adress", 3, "did you mean 'address'?"),
-    ("hosts:\n  h1:\n    server:\n      prot: 1\n", "hosts.h1.server.prot", 4, "did you mean 'port'?"),
-    ("host:\n  h1: {}\n", "host", 1, "did you mean 'hosts'?"),
-    ("hosts:\n  h1:\n    address: 10.0.0.1\n  h1:\n    address: 10.0.0.2\n", "hosts.h1", 4, "duplicate key 'h1'"),
-    ("hosts:\n  h1:\n    port: 22\n    port: 2222\n", "hosts.h1.port", 4, "duplicate key 'port'"),
-])
+@pytest.mark.parametrize(
+    "text,field,line,words",
+    [
+        ("hosts:\n  h1: just-a-string\n", "hosts.h1", 2, "not a string"),
+        ("hosts:\n  h1: [a, b]\n", "hosts.h1", 2, "not a list"),
+        ("hosts: [h1, h2]\n", "hosts", 1, "not a list"),
+        ("defaults: 3\nhosts: {}\n", "defaults", 1, "not a number"),
+        ("hosts:\n  h1:\n    adress: 10.0.0.1\n", "hosts.h1.adress", 3, "did you mean 'address'?"),
+        ("hosts:\n  h1:\n    server:\n      prot: 1\n", "hosts.h1.server.prot", 4, "did you mean 'port'?"),
+        ("host:\n  h1: {}\n", "host", 1, "did you mean 'hosts'?"),
+        ("hosts:\n  h1:\n    address: 10.0.0.1\n  h1:\n    address: 10.0.0.2\n", "hosts.h1", 4, "duplicate key 'h1'"),
+        ("hosts:\n  h1:\n    port: 22\n    port: 2222\n", "hosts.h1.port", 4, "duplicate key 'port'"),
+    ],
+)
 def test_inventory_shape_errors_name_file_line_and_field(tmp_path, text, field, line, words):
     f = tmp_path / "inv.yaml"
     f.write_text(text)
@@ -165,11 +204,14 @@ def test_bad_adhoc_host_is_a_config_error():
         adhoc_host("a\nb")
 
 
-@pytest.mark.parametrize("text,line,option", [
-    ("Host a\n  HostName 127.0.0.9\nHost b\n  Port abc\n", 4, "Port"),
-    ("Host b\n  Port = 70000\n", 2, "Port"),
-    ("Host *\n  ConnectTimeout soon\n", 2, "ConnectTimeout"),
-])
+@pytest.mark.parametrize(
+    "text,line,option",
+    [
+        ("Host a\n  HostName 127.0.0.9\nHost b\n  Port abc\n", 4, "Port"),
+        ("Host b\n  Port = 70000\n", 2, "Port"),
+        ("Host *\n  ConnectTimeout soon\n", 2, "ConnectTimeout"),
+    ],
+)
 def test_ssh_config_bad_numbers_name_file_line_and_option(tmp_path, text, line, option):
     f = tmp_path / "ssh_config"
     f.write_text(text)
@@ -207,40 +249,85 @@ def test_sha256_of_handles_any_name(tmp_path):
     weird.write_bytes(b"hello\n")
     out = subprocess.run(["sh", "-c", shell.sha256_of(str(weird))], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout == hashlib.sha256(b"hello\n").hexdigest() + "\n"
-    gone = subprocess.run(["sh", "-c", shell.sha256_of(str(tmp_path / "absent"))], capture_output=True,
-                          text=True, timeout=30)
+    gone = subprocess.run(
+        ["sh", "-c", shell.sha256_of(str(tmp_path / "absent"))], capture_output=True, text=True, timeout=30
+    )
     assert gone.returncode != 0 and gone.stdout == ""
 
 
 def test_no_module_hashes_by_file_name():
     """`sha256sum PATH` (which escapes odd names) appears nowhere; shell.sha256_of is the builder."""
     root = Path(__file__).resolve().parent.parent / "remote_ops"
-    offenders = [str(p) for p in root.rglob("*.py") if p.name != "shell.py"     # the builder (and its docstring)
-                 and re.search(r"sha256sum['\"]?,? +['\"]?[^<|'\" ]", p.read_text())]
+    offenders = [
+        str(p)
+        for p in root.rglob("*.py")
+        if p.name != "shell.py"  # the builder (and its docstring)
+        and re.search(r"sha256sum['\"]?,? +['\"]?[^<|'\" ]", p.read_text())
+    ]
     assert offenders == []
 
 
 # ------------------------------------------------------------------ 13: secret masking (pure)
-@pytest.mark.parametrize("name,secret", [
-    ("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("OPENAI_API_KEY", True), ("dbPassword", True),
-    ("AWS_SECRET_ACCESS_KEY", True), ("DB_PASSWD", True), ("GIT_CREDENTIALS", True), ("--api-key", True),
-    ("BASIC_AUTH", True), ("TOKENIZER_PATH", False), ("MAX_TOKENS", False), ("KEYBOARD", False),
-    ("AUTHOR", False), ("SGLANG_HS_DUMP_DIR", False), ("MONKEY", False), ("PWD", False),
-])
+@pytest.mark.parametrize(
+    "name,secret",
+    [
+        ("HF_TOKEN", True),
+        ("HUGGING_FACE_HUB_TOKEN", True),
+        ("OPENAI_API_KEY", True),
+        ("dbPassword", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWD", True),
+        ("GIT_CREDENTIALS", True),
+        ("--api-key", True),
+        ("BASIC_AUTH", True),
+        ("TOKENIZER_PATH", False),
+        ("MAX_TOKENS", False),
+        ("KEYBOARD", False),
+        ("AUTHOR", False),
+        ("SGLANG_HS_DUMP_DIR", False),
+        ("MONKEY", False),
+        ("PWD", False),
+    ],
+)
 def test_secret_names_are_word_boundary_aware(name, secret):
     assert secrets.is_secret_name(name) is secret
 
 
 def test_mask_argv_text_and_data():
-    argv = ["docker", "run", "-e", f"HF_TOKEN={TOKEN}", "-e", "SGLANG_PORT=1", "img", "--api-key", "sk-1",
-            "--api-key=sk-2", "--tokenizer-path", "/t"]
+    argv = [
+        "docker",
+        "run",
+        "-e",
+        f"HF_TOKEN={TOKEN}",
+        "-e",
+        "SGLANG_PORT=1",
+        "img",
+        "--api-key",
+        "sk-1",
+        "--api-key=sk-2",
+        "--tokenizer-path",
+        "/t",
+    ]
     masked = secrets.mask_argv(argv)
-    assert masked == ["docker", "run", "-e", "HF_TOKEN=***", "-e", "SGLANG_PORT=1", "img", "--api-key", "***",
-                      "--api-key=***", "--tokenizer-path", "/t"]
+    assert masked == [
+        "docker",
+        "run",
+        "-e",
+        "HF_TOKEN=***",
+        "-e",
+        "SGLANG_PORT=1",
+        "img",
+        "--api-key",
+        "***",
+        "--api-key=***",
+        "--tokenizer-path",
+        "/t",
+    ]
     line = shell.join(argv[:4] + ["-e", f"MY_SECRET={TOKEN} x"])
     assert TOKEN not in secrets.mask_text(line) and "MY_SECRET=***" in secrets.mask_text(line)
-    doc = secrets.mask_data({"env": {"HF_TOKEN": TOKEN, "A": "b"}, "host_key_fingerprint": "SHA256:x",
-                             "error": {"command": line}})
+    doc = secrets.mask_data(
+        {"env": {"HF_TOKEN": TOKEN, "A": "b"}, "host_key_fingerprint": "SHA256:x", "error": {"command": line}}
+    )
     assert TOKEN not in json.dumps(doc) and doc["env"]["A"] == "b" and doc["host_key_fingerprint"] == "SHA256:x"
 
 
@@ -250,8 +337,13 @@ class FailingRemote:
     name = "h"
 
     def run(self, command, **kw):
-        raise CommandFailed("command exited 125", host="h", command=shell.cmd(command), exit_status=125,
-                            stderr_tail="docker: Error response from daemon")
+        raise CommandFailed(
+            "command exited 125",
+            host="h",
+            command=shell.cmd(command),
+            exit_status=125,
+            stderr_tail="docker: Error response from daemon",
+        )
 
 
 def test_a_failed_docker_run_shows_the_command_masked():
@@ -266,8 +358,14 @@ def test_a_failed_docker_run_shows_the_command_masked():
 
 def test_hosts_json_masks_env(tmp_path):
     inv = write_inventory(tmp_path / "h.yaml", {"h": {"container": {"env": {"HF_TOKEN": TOKEN, "A": "b"}}}})
-    p = cli("hosts", "--json", "--inventory", str(inv), env={"PATH": "/usr/bin:/bin",
-                                                             "REMOTE_OPS_STATE_DIR": str(tmp_path / "s")}, timeout=60)
+    p = cli(
+        "hosts",
+        "--json",
+        "--inventory",
+        str(inv),
+        env={"PATH": "/usr/bin:/bin", "REMOTE_OPS_STATE_DIR": str(tmp_path / "s")},
+        timeout=60,
+    )
     assert p.returncode == 0 and TOKEN not in p.stdout + p.stderr
     assert json.loads(p.stdout)["hosts"][0]["container"]["env"] == {"HF_TOKEN": "***", "A": "b"}
 
@@ -333,18 +431,20 @@ def test_upload_if_changed_with_an_odd_name(sglang_host, sglang_remote, weird_ch
 
 
 def _secret_spec(spec):
-    return spec.model_copy(update={"container": spec.container.model_copy(
-        update={"env": {**spec.container.env, "HF_TOKEN": TOKEN}})})
+    return spec.model_copy(
+        update={"container": spec.container.model_copy(update={"env": {**spec.container.env, "HF_TOKEN": TOKEN}})}
+    )
 
 
 def test_deploy_dry_run_and_json_never_show_the_token(lab, spec, lab_env, tmp_path):
     secret = _secret_spec(spec)
-    inv = write_inventory(tmp_path / "inv.yaml", {secret.name: secret.model_dump(
-        mode="json", exclude={"name", "source", "groups"})})
+    inv = write_inventory(
+        tmp_path / "inv.yaml", {secret.name: secret.model_dump(mode="json", exclude={"name", "source", "groups"})}
+    )
     env = {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}
     human = cli("deploy", "--host", secret.name, "--dry-run", env=env)
     assert human.returncode == 0, human.stderr
-    assert "HF_TOKEN=***" in human.stdout and TOKEN not in human.stdout + human.stderr   # the plan: stdout
+    assert "HF_TOKEN=***" in human.stdout and TOKEN not in human.stdout + human.stderr  # the plan: stdout
     machine = cli("deploy", "--host", secret.name, "--dry-run", "--json", env=env)
     assert machine.returncode == 0, machine.stderr
     doc = json.loads(machine.stdout)
@@ -366,11 +466,14 @@ def test_run_record_and_audit_line_never_hold_the_token(sglang_remote, spec, lab
         shown, _, _ = container.lifecycle(sglang_remote, secret, "start", image=result.image, dry_run=True)
         assert any("docker run" in c for c in shown) and TOKEN not in " ".join(shown)
         container.run(sglang_remote, secret, result.image)
-        inv = write_inventory(tmp_path / "inv.yaml", {secret.name: secret.model_dump(
-            mode="json", exclude={"name", "source", "groups"})})
+        inv = write_inventory(
+            tmp_path / "inv.yaml", {secret.name: secret.model_dump(mode="json", exclude={"name", "source", "groups"})}
+        )
         env = {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}
-        for args in (["health", "--host", secret.name, "--json"], ["container", "status", "--host", secret.name,
-                                                                  "--json"]):
+        for args in (
+            ["health", "--host", secret.name, "--json"],
+            ["container", "status", "--host", secret.name, "--json"],
+        ):
             p = cli(*args, env=env, timeout=120)
             assert p.stdout.startswith("{") and TOKEN not in p.stdout + p.stderr, (args, p.stderr)
     finally:

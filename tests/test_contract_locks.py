@@ -12,6 +12,7 @@ is recorded, and prints the lock recovery hint.
 Everything runs against real lab hosts (sshd + dockerd); lab hosts share this
 machine's filesystem, so the lock dir and audit log are read directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,8 @@ def test_info_parses_back_and_stale_needs_proof():
     assert "alice on laptop (PID 4242) since 1970-01-01T00:00:00Z: deploy: x" == h.describe()
     assert hostlock.stale_reason(h, "laptop", lambda pid: False) == "stale lock: holder PID 4242 is gone"
     assert hostlock.stale_reason(h, "laptop", lambda pid: True) is None
-    assert hostlock.stale_reason(h, "other-machine", lambda pid: False) is None   # cannot prove it from here
-    old = hostlock.parse_info("who=bob@box\nwhat=deploy\n")                       # pre-hostlock info files
+    assert hostlock.stale_reason(h, "other-machine", lambda pid: False) is None  # cannot prove it from here
+    old = hostlock.parse_info("who=bob@box\nwhat=deploy\n")  # pre-hostlock info files
     assert (old.user, old.client) == ("bob", "box")
     assert hostlock.parse_read(0, "free\n") is None
     assert "\n" not in hostlock.info_text("a\nb").split("what=")[1].split("\n")[0]
@@ -49,8 +50,14 @@ def test_info_parses_back_and_stale_needs_proof():
 
 # -- helpers -----------------------------------------------------------------------------------------
 def cli(env, *args, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def inventory_env(lab_env, tmp_path, spec, **server) -> dict:
@@ -58,8 +65,9 @@ def inventory_env(lab_env, tmp_path, spec, **server) -> dict:
     if server:
         spec = spec.model_copy(update={"server": spec.server.model_copy(update=server)})
     inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({"hosts": {spec.name: spec.model_dump(
-        mode="json", exclude={"name", "source", "groups"})}}))
+    inv.write_text(
+        yaml.safe_dump({"hosts": {spec.name: spec.model_dump(mode="json", exclude={"name", "source", "groups"})}})
+    )
     return {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}
 
 
@@ -106,8 +114,13 @@ def slow_spec(spec, load_s: int = 600):
 
 def start_deploy(env, host: str, tmp_path, *extra) -> tuple[subprocess.Popen, Path]:
     err = tmp_path / "deploy.err"
-    proc = subprocess.Popen([sys.executable, "-m", "remote_ops", "deploy", "--host", host, "--yes", *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=open(err, "w"), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remote_ops", "deploy", "--host", host, "--yes", *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(err, "w"),
+        stdin=subprocess.DEVNULL,
+    )
     return proc, err
 
 
@@ -115,7 +128,7 @@ def start_deploy(env, host: str, tmp_path, *extra) -> tuple[subprocess.Popen, Pa
 def test_container_lifecycle_refused_while_deploy_lock_held(lab, deployed, sglang_remote, lab_env, tmp_path):
     env = inventory_env(lab_env, tmp_path, deployed)
     name = deployed.name
-    token = hostlock.take(sglang_remote, deployed, "deploy: held by the test")   # as a running deploy does
+    token = hostlock.take(sglang_remote, deployed, "deploy: held by the test")  # as a running deploy does
     try:
         held = lock_info(deployed)
         for action in ("stop", "restart", "start"):
@@ -126,7 +139,7 @@ def test_container_lifecycle_refused_while_deploy_lock_held(lab, deployed, sglan
         assert ctr.running, "the container must keep running while another run holds the lock"
         assert lock_info(deployed) == held, "a refused command must not touch the holder's lock"
         t = time.monotonic()
-        assert cli(env, "container", "status", "--host", name).returncode == 0      # reads never wait
+        assert cli(env, "container", "status", "--host", name).returncode == 0  # reads never wait
         assert cli(env, "container", "stop", "--host", name, "--dry-run").returncode == 0
         dry = cli(env, "deploy", "--host", name, "--dry-run", "--json")
         assert dry.returncode == 0 and "HELD" in dry.stderr
@@ -205,12 +218,17 @@ time.sleep(300)
 
 def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_env):
     spec = lab.spec(spare_host.name)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, spec.name], env=lab_env, stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, spec.name],
+        env=lab_env,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
     finally:
-        holder.kill()                       # SIGKILL: no cleanup can run
+        holder.kill()  # SIGKILL: no cleanup can run
         holder.wait(timeout=30)
     assert f"client_pid={holder.pid}" in lock_info(spec)
     p = cli(lab_env, "container", "restart", "--host", spec.name)
@@ -223,7 +241,11 @@ def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_en
     assert p.returncode == 0, p.stderr
     assert f"stale lock: holder PID {holder.pid} is gone" in p.stderr
     doc = json.loads(p.stdout)
-    assert doc["released"] and doc["holder"]["client_pid"] == holder.pid and doc["holder"]["what"] == "deploy: killed with -9"
+    assert (
+        doc["released"]
+        and doc["holder"]["client_pid"] == holder.pid
+        and doc["holder"]["what"] == "deploy: killed with -9"
+    )
     assert lock_info(spec) is None
     line = audit_lines(spec)[before]
     assert line["action"] == "unlock" and line["forced"] is False and line["stale"].startswith("stale lock")
@@ -234,8 +256,9 @@ def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_en
 def test_unlock_refuses_a_live_foreign_lock_unless_forced(lab, spare_host, lab_env):
     spec = lab.spec(spare_host.name)
     Path(spec.lock_dir).mkdir(parents=True, exist_ok=True)
-    (Path(spec.lock_dir) / "info").write_text(hostlock.info_text("deploy: from a colleague", client="elsewhere",
-                                                                 user="carol", client_pid=99999))
+    (Path(spec.lock_dir) / "info").write_text(
+        hostlock.info_text("deploy: from a colleague", client="elsewhere", user="carol", client_pid=99999)
+    )
     try:
         p = cli(lab_env, "unlock", "--host", spec.name)
         assert p.returncode == ExitCode.REFUSED and "carol on elsewhere (PID 99999)" in p.stderr
@@ -284,13 +307,14 @@ def test_usage_errors_are_caught_before_connecting(lab, spare_host, lab_env, fau
 
 
 def test_lost_connection_during_deploy_names_step_records_it_and_hints_unlock(
-        lab, spec, lab_env, tmp_path, sglang_remote, faults):
+    lab, spec, lab_env, tmp_path, sglang_remote, faults
+):
     slow = slow_spec(spec)
     env = inventory_env(lab_env, tmp_path, slow, healthy_timeout_s=600)
     proc, err = start_deploy(env, slow.name, tmp_path, "--command-timeout", "10")
     try:
         wait_for_text(err, "waiting for health", 300)
-        faults.crash(lab.host(slow.name))               # sshd and every session killed
+        faults.crash(lab.host(slow.name))  # sshd and every session killed
         rc = proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
@@ -319,11 +343,13 @@ def test_extract_start_and_stop_take_the_lock(lab, host, remote, lab_env, tmp_pa
     dataset.write_text('{"id": "s1", "input_ids": [1, 2, 3]}\n')
     token = hostlock.take(remote, spec, "deploy: held by the test")
     try:
-        for args in (["extract", "start", "--host", spec.name, "--dataset", str(dataset)],
-                     ["extract", "stop", "--host", spec.name]):
+        for args in (
+            ["extract", "start", "--host", spec.name, "--dataset", str(dataset)],
+            ["extract", "stop", "--host", spec.name],
+        ):
             p = cli(lab_env, *args)
             assert p.returncode == ExitCode.REFUSED and "deploy: held by the test" in p.stderr, (args, p.stderr)
-        assert cli(lab_env, "extract", "status", "--host", spec.name).returncode == 0   # reads never wait
+        assert cli(lab_env, "extract", "status", "--host", spec.name).returncode == 0  # reads never wait
     finally:
         hostlock.release(remote, spec, token)
     assert lock_info(spec) is None

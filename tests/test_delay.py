@@ -1,4 +1,5 @@
 """The latency lab: a user-space delay proxy (RTT, rate cap) in front of a real lab sshd."""
+
 from __future__ import annotations
 
 import socket
@@ -24,8 +25,22 @@ def test_release_time_waits_for_the_link_with_a_cap():
 
 
 def test_the_proxy_refuses_non_loopback_addresses():
-    proc = subprocess.run([sys.executable, "-m", "remote_ops.hostlab.delay", "--listen", "127.0.0.1:0",
-                           "--target", "192.0.2.1:22", "--rtt-ms", "1"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remote_ops.hostlab.delay",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            "192.0.2.1:22",
+            "--rtt-ms",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode != 0 and "not a loopback address" in proc.stderr
 
 
@@ -48,7 +63,7 @@ def _rtt(address: str, port: int) -> float:
 
 def test_an_ssh_command_through_the_proxy_pays_the_round_trips(slow_lab):
     near = slow_lab.connect("far")
-    far = slow_lab.connect("far-60ms")          # strict host keys: the alias has its own known_hosts line
+    far = slow_lab.connect("far-60ms")  # strict host keys: the alias has its own known_hosts line
     try:
         near_s = min(_timed(near) for _ in range(5))
         far_s = min(_timed(far) for _ in range(5))
@@ -76,7 +91,7 @@ def test_a_rate_cap_slows_a_bulk_read(slow_lab):
     finally:
         far.close()
     assert len(out) == 4_000_000
-    assert elapsed >= 0.75                       # 32 Mbit at 40 Mbit/s: 0.8 s on the wire
+    assert elapsed >= 0.75  # 32 Mbit at 40 Mbit/s: 0.8 s on the wire
 
 
 def test_stop_leaves_no_proxy_process(tmp_path):
@@ -87,4 +102,5 @@ def test_stop_leaves_no_proxy_process(tmp_path):
     lab.stop()
     with pytest.raises(ProcessLookupError):
         import os
+
         os.kill(pid, 0)

@@ -5,6 +5,7 @@ record, audit, unlock), a re-deploy that is a no-op, `--dry-run` changing
 nothing, and failed build / failed start exiting non-zero naming the step and
 leaving the documented state (checkout patched, lock released).
 """
+
 from __future__ import annotations
 
 import json
@@ -93,13 +94,28 @@ def test_dry_run_on_fresh_host_shows_patch_diff_and_changes_nothing(sglang_remot
 
 
 def test_failed_build_names_step_and_leaves_checkout_patched(sglang_remote, spec):
-    broken = spec.model_copy(update={"sglang": spec.sglang.model_copy(update={"base_image": "remote-ops/absent:nope"}),
-                                     "container": spec.container.model_copy(update={"tag": "broken"})})
+    broken = spec.model_copy(
+        update={
+            "sglang": spec.sglang.model_copy(update={"base_image": "remote-ops/absent:nope"}),
+            "container": spec.container.model_copy(update={"tag": "broken"}),
+        }
+    )
     with pytest.raises(CommandFailed) as info:
         deploy.deploy(sglang_remote, broken)
     assert str(info.value.message).startswith("build:")
-    report = subprocess.run([sys.executable, "-m", "remote_ops.anchors", "verify", "--spec",
-                             str(deploy.patch_spec_path(spec)), spec.sglang.target_file], capture_output=True, text=True)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remote_ops.anchors",
+            "verify",
+            "--spec",
+            str(deploy.patch_spec_path(spec)),
+            spec.sglang.target_file,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert json.loads(report.stdout)["ok"], "documented: a failed build leaves the checkout patched"
     assert _lock_free(spec)
 
@@ -123,4 +139,5 @@ def test_lock_held_refuses_with_exit_9(sglang_remote, spec):
         assert info.value.exit_code == 9 and "someone" in info.value.message
     finally:
         import shutil
+
         shutil.rmtree(spec.lock_dir)

@@ -6,6 +6,7 @@ so deploy patches llama.py, the image's verifier checks llama.py (the shipped
 spec names it) before the stand-in server starts, and health finds the patched
 file in the container.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 @pytest.fixture
 def llama_spec(spec, sglang_host):
     """lab2's deployable entry with no `sglang.patch` and a Llama config.json at its model path."""
-    (sglang_host.paths.model_dir / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 8}))
+    (sglang_host.paths.model_dir / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 8}
+        )
+    )
     return spec.model_copy(update={"sglang": spec.sglang.model_copy(update={"patch": None})})
 
 

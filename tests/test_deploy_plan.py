@@ -1,4 +1,5 @@
 """deploy's pure parts: the plan from one probe, the lock file, preflight refusals."""
+
 from __future__ import annotations
 
 from remote_ops import container, deploy, facts
@@ -16,13 +17,22 @@ def host(**over):
 def probe(h, *, image=True, running=True, target=AFTER, ctx=None, run_config=None, image_id="sha256:i"):
     patch = deploy.load_patch(h)
     ref = deploy.image_tag(h, patch)
-    labels = {labels_.SHA_AFTER: AFTER, labels_.SHA_BEFORE: BEFORE,
-              labels_.PATCH_HASH: patch.hash,
-              labels_.CONTEXT_HASH: ctx or deploy.context_hash(h, patch, BEFORE, AFTER)}
+    labels = {
+        labels_.SHA_AFTER: AFTER,
+        labels_.SHA_BEFORE: BEFORE,
+        labels_.PATCH_HASH: patch.hash,
+        labels_.CONTEXT_HASH: ctx or deploy.context_hash(h, patch, BEFORE, AFTER),
+    }
     img = container.ImageInfo(image_id, (ref,), labels) if image else None
-    ctr = container.ContainerInfo("c1", h.container.name, "sha256:i", ref, "running" if running else "exited",
-                                  "healthy", labels={labels_.RUN_CONFIG:
-                                                     run_config or container.expected_run_config(h, ref)})
+    ctr = container.ContainerInfo(
+        "c1",
+        h.container.name,
+        "sha256:i",
+        ref,
+        "running" if running else "exited",
+        "healthy",
+        labels={labels_.RUN_CONFIG: run_config or container.expected_run_config(h, ref)},
+    )
     f = facts.Facts(host=h.name, target_sha256=target, docker={"server": "28.0"})
     return deploy.Probe(f, "buildkit", img, ctr, None), patch, ref
 
@@ -85,7 +95,6 @@ def test_image_is_found_when_the_container_is_absent():
 
     h = host()
     img = {"Id": "sha256:i", "RepoTags": ["r:t"], "Config": {"Labels": {"a": "b"}}}
-    sec = {"objects": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"),
-           "lock": (0, "")}
+    sec = {"objects": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"), "lock": (0, "")}
     p = deploy.parse_probe(h, sec, locking=True)
     assert p.container is None and p.image is not None and p.image.id == "sha256:i"

@@ -1,4 +1,5 @@
 """patch drift: tree anchor vs `git apply --check` vs GNU `patch --dry-run` on real releases."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,9 @@ import pytest
 from remote_ops import drift, patchspec
 from remote_ops.cli import main
 
-pytestmark = pytest.mark.skipif(not (shutil.which("git") and shutil.which("patch")),
-                                reason="needs git and GNU patch (apt-get install -y patch)")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("git") and shutil.which("patch")), reason="needs git and GNU patch (apt-get install -y patch)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,7 @@ def test_base_release_all_three_agree(report):
     r = row(report, "0.5.9")
     assert r.tree.ok and [a.line for a in r.anchors] == [2837, 2923]
     assert r.git_apply.ok and r.git_apply.landed == "applied"
-    assert r.gnu_patch.ok and r.gnu_patch.hunks and all(h["offset"] == 0 and h["fuzz"] == 0
-                                                         for h in r.gnu_patch.hunks)
+    assert r.gnu_patch.ok and r.gnu_patch.hunks and all(h["offset"] == 0 and h["fuzz"] == 0 for h in r.gnu_patch.hunks)
 
 
 def test_tree_finds_the_flag_line_in_every_release(report):
@@ -40,7 +41,7 @@ def test_tree_finds_the_flag_line_in_every_release(report):
     assert [a.line for a in row(report, "0.5.8").anchors][0] == 2817
     assert [a.line for a in row(report, "0.5.14").anchors][0] == 2631
     assert row(report, "0.5.14").anchors[0].next_text.startswith("self.dsa_enable_prefill_cp")
-    assert row(report, "0.5.5").anchors[0].next_line == 0      # last statement of __init__
+    assert row(report, "0.5.5").anchors[0].next_line == 0  # last statement of __init__
 
 
 def test_gnu_patch_needs_fuzz_and_offset_where_git_apply_rejects(report):
@@ -76,7 +77,7 @@ def test_all_specs_table(capsys):
     assert cells[("deepseek-v2", "0.5.9")]["summary"] == "2837/2923"
     assert cells[("llama", "0.5.9")]["lines"] == [492, 521]
     assert cells[("deepseek-v2", "0.5.4.post1")]["summary"] == "refused (not_found)"
-    assert cells[("minimax-m2", "0.5.5")]["reason"] == "not_found"       # file there, no EAGLE-3 flag yet
+    assert cells[("minimax-m2", "0.5.5")]["reason"] == "not_found"  # file there, no EAGLE-3 flag yet
     assert {s for s, _ in cells} == {m.name for m in patchspec.catalog()}
 
 

@@ -1,4 +1,5 @@
 """attach(): layer mapping, settings, the hazard switch, the all-reduce-fusion window, version-tolerant probes."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,17 @@ from remote_ops.dumper import attach  # noqa: E402
 
 def standin_model(layers=61, hidden=64, communicators=False):
     """DeepseekV2ForCausalLM-shaped: config, model.layers(_to_capture), the capture flag."""
-    decoder = [SimpleNamespace(layer_communicator=SimpleNamespace(
-        should_fuse_mlp_allreduce_with_next_layer=lambda fb: True)) if communicators else SimpleNamespace()
-        for _ in range(layers)]
-    return SimpleNamespace(config=SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden,
-                                                  architectures=["DeepseekV3ForCausalLM"]),
-                           model=SimpleNamespace(layers_to_capture=[], layers=decoder),
-                           capture_aux_hidden_states=False)
+    decoder = [
+        SimpleNamespace(layer_communicator=SimpleNamespace(should_fuse_mlp_allreduce_with_next_layer=lambda fb: True))
+        if communicators
+        else SimpleNamespace()
+        for _ in range(layers)
+    ]
+    return SimpleNamespace(
+        config=SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden, architectures=["DeepseekV3ForCausalLM"]),
+        model=SimpleNamespace(layers_to_capture=[], layers=decoder),
+        capture_aux_hidden_states=False,
+    )
 
 
 def runtime(version="0.5.9", rank=0, tp=8, **args):
@@ -44,6 +49,7 @@ def attached():
         d = attach(model, *args, **kwargs)
         made.append(d)
         return d
+
     yield do
     for d in made:
         if d is not None:
@@ -51,6 +57,7 @@ def attached():
 
 
 # --------------------------------------------------------------------------- layers
+
 
 @pytest.mark.parametrize("layers,want", [(61, [2, 30, 58]), (40, [2, 20, 37]), (27, [2, 13, 24])])
 def test_default_layers_follow_sglang_eagle3_default(layers, want):
@@ -91,7 +98,14 @@ def test_non_writer_ranks_capture_but_do_not_write(tmp_path, attached):
 
 def test_config_defaults_and_bad_values():
     c = cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d"})
-    assert (c.policy, c.buffers, c.writers, c.fusion, c.all_ranks, c.layers) == ("backpressure", 4, 8, "disable", False, None)
+    assert (c.policy, c.buffers, c.writers, c.fusion, c.all_ranks, c.layers) == (
+        "backpressure",
+        4,
+        8,
+        "disable",
+        False,
+        None,
+    )
     for name, value in (("POLICY", "maybe"), ("BUFFERS", "0"), ("WRITERS", "x"), ("FUSION", "off")):
         with pytest.raises(ValueError, match="SGLANG_HS_DUMP_" + name):
             cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_" + name: value})
@@ -107,10 +121,19 @@ def test_bad_settings_refuse_without_touching_the_model(tmp_path, attached, capl
 
 # --------------------------------------------------------------------------- hazards
 
-@pytest.mark.parametrize("flag,value", [
-    ("pp_size", 2), ("enable_dp_attention", True), ("enable_two_batch_overlap", True),
-    ("enable_piecewise_cuda_graph", True), ("enable_attn_tp_input_scattered", True),
-    ("enable_nsa_prefill_context_parallel", True), ("dp_size", 2)])
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("pp_size", 2),
+        ("enable_dp_attention", True),
+        ("enable_two_batch_overlap", True),
+        ("enable_piecewise_cuda_graph", True),
+        ("enable_attn_tp_input_scattered", True),
+        ("enable_nsa_prefill_context_parallel", True),
+        ("dp_size", 2),
+    ],
+)
 def test_hazard_switch_refuses_with_a_clear_log_error(tmp_path, attached, caplog, flag, value):
     model = standin_model()
     with caplog.at_level(logging.ERROR, logger="remote_ops_dump"):
@@ -123,8 +146,15 @@ def test_hazard_switch_refuses_with_a_clear_log_error(tmp_path, attached, caplog
 
 
 def test_harmless_flags_do_not_refuse(tmp_path, attached):
-    args = dict(pp_size=1, dp_size=1, enable_dp_attention=False, enable_two_batch_overlap=False,
-                enable_piecewise_cuda_graph=False, enable_attn_tp_input_scattered=False, enable_torch_compile=True)
+    args = dict(
+        pp_size=1,
+        dp_size=1,
+        enable_dp_attention=False,
+        enable_two_batch_overlap=False,
+        enable_piecewise_cuda_graph=False,
+        enable_attn_tp_input_scattered=False,
+        enable_torch_compile=True,
+    )
     assert rt.hazards(rt.ServerArgsView(SimpleNamespace(**args))) == []
     assert attached(standin_model(), env=env(tmp_path), runtime=runtime(**args)) is not None
 
@@ -137,9 +167,20 @@ def test_old_dict_shaped_server_args_are_read_too():
 
 # --------------------------------------------------------------------------- all-reduce fusion
 
-@pytest.mark.parametrize("version,inside", [("0.5.6", False), ("0.5.7", True), ("0.5.9", True),
-                                            ("0.5.10rc0", True), ("0.5.13", True), ("0.5.14", False),
-                                            ("0.5.23", False), ("unknown", False)])
+
+@pytest.mark.parametrize(
+    "version,inside",
+    [
+        ("0.5.6", False),
+        ("0.5.7", True),
+        ("0.5.9", True),
+        ("0.5.10rc0", True),
+        ("0.5.13", True),
+        ("0.5.14", False),
+        ("0.5.23", False),
+        ("unknown", False),
+    ],
+)
 def test_fusion_window_is_0_5_7_to_0_5_13(version, inside):
     assert rt.in_fusion_window(version) is inside
 
@@ -157,8 +198,11 @@ def test_fusion_allreduce_unfuses_only_the_layers_before_each_capture(tmp_path, 
     run = runtime(enable_flashinfer_allreduce_fusion=True)
     d = attached(model, env=env(tmp_path, fusion="allreduce"), runtime=run)
     assert run.server_args.source.enable_flashinfer_allreduce_fusion is True
-    fused = [i for i, layer in enumerate(model.model.layers)
-             if layer.layer_communicator.should_fuse_mlp_allreduce_with_next_layer(None)]
+    fused = [
+        i
+        for i, layer in enumerate(model.model.layers)
+        if layer.layer_communicator.should_fuse_mlp_allreduce_with_next_layer(None)
+    ]
     assert sorted(set(range(61)) - set(fused)) == [1, 29, 57]
     assert d.metadata["allreduce_fusion"].startswith("allreduce")
 
@@ -170,8 +214,10 @@ def test_fusion_allreduce_falls_back_to_disable_without_communicators(tmp_path, 
     assert "allreduce not possible" in d.metadata["allreduce_fusion"]
 
 
-@pytest.mark.parametrize("version,tp,flag,word", [("0.5.14", 8, True, "not-needed"), ("0.5.9", 1, True, "not-needed"),
-                                                  ("0.5.9", 8, False, "off")])
+@pytest.mark.parametrize(
+    "version,tp,flag,word",
+    [("0.5.14", 8, True, "not-needed"), ("0.5.9", 1, True, "not-needed"), ("0.5.9", 8, False, "off")],
+)
 def test_fusion_left_alone_outside_the_hazard(tmp_path, attached, version, tp, flag, word):
     run = runtime(version=version, tp=tp, enable_flashinfer_allreduce_fusion=flag)
     d = attached(standin_model(), env=env(tmp_path), runtime=run)
@@ -180,6 +226,7 @@ def test_fusion_left_alone_outside_the_hazard(tmp_path, attached, version, tp, f
 
 
 # --------------------------------------------------------------------------- probes
+
 
 def test_probes_without_sglang_fall_back_quietly(monkeypatch):
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
@@ -199,12 +246,15 @@ def standin_module(name, **attrs):
 def test_probes_read_sglang_0_5_9_names(monkeypatch):
     """Stand-in modules with 0.5.9's module paths and helper names."""
     args = SimpleNamespace(tp_size=4, enable_dp_attention=False)
-    mods = {"sglang": standin_module("sglang", __version__="0.5.9"),
-            "sglang.srt": standin_module("sglang.srt"),
-            "sglang.srt.server_args": standin_module("sglang.srt.server_args", get_global_server_args=lambda: args),
-            "sglang.srt.layers": standin_module("sglang.srt.layers"),
-            "sglang.srt.layers.dp_attention": standin_module(
-                "sglang.srt.layers.dp_attention", get_attention_tp_rank=lambda: 3, get_attention_tp_size=lambda: 4)}
+    mods = {
+        "sglang": standin_module("sglang", __version__="0.5.9"),
+        "sglang.srt": standin_module("sglang.srt"),
+        "sglang.srt.server_args": standin_module("sglang.srt.server_args", get_global_server_args=lambda: args),
+        "sglang.srt.layers": standin_module("sglang.srt.layers"),
+        "sglang.srt.layers.dp_attention": standin_module(
+            "sglang.srt.layers.dp_attention", get_attention_tp_rank=lambda: 3, get_attention_tp_size=lambda: 4
+        ),
+    }
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     probed = rt.probe_runtime()
@@ -215,12 +265,16 @@ def test_probes_read_sglang_0_5_9_names(monkeypatch):
 def test_rank_falls_back_to_the_tp_rank_when_dp_attention_helpers_are_missing(monkeypatch):
     def not_initialized():
         raise AssertionError("dp attention not initialized!")
-    mods = {"sglang": standin_module("sglang"), "sglang.srt": standin_module("sglang.srt"),
-            "sglang.srt.layers": standin_module("sglang.srt.layers"),
-            "sglang.srt.layers.dp_attention": standin_module("sglang.srt.layers.dp_attention",
-                                                             get_attention_tp_rank=not_initialized),
-            "sglang.srt.distributed": standin_module("sglang.srt.distributed",
-                                                     get_tensor_model_parallel_rank=lambda: 5)}
+
+    mods = {
+        "sglang": standin_module("sglang"),
+        "sglang.srt": standin_module("sglang.srt"),
+        "sglang.srt.layers": standin_module("sglang.srt.layers"),
+        "sglang.srt.layers.dp_attention": standin_module(
+            "sglang.srt.layers.dp_attention", get_attention_tp_rank=not_initialized
+        ),
+        "sglang.srt.distributed": standin_module("sglang.srt.distributed", get_tensor_model_parallel_rank=lambda: 5),
+    }
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     assert rt.attention_tp_rank() == (5, "distributed.get_tensor_model_parallel_rank")
@@ -234,11 +288,14 @@ def test_package_works_as_the_top_level_copy_in_the_image(tmp_path):
 
     src = Path(rt.__file__).parent
     shutil.copytree(src, tmp_path / "remote_ops_dump", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import sys; from types import SimpleNamespace as NS; import remote_ops_dump; "
-            "m = NS(config=NS(num_hidden_layers=61, hidden_size=8), model=NS(layers_to_capture=[], layers=[])); "
-            "d = remote_ops_dump.attach(m, env={'SGLANG_HS_DUMP_DIR': sys.argv[1]}); "
-            "assert m.model.layers_to_capture == [2, 30, 58] and m._remote_ops_dump is d and d.writer; "
-            "assert 'remote_ops' not in sys.modules; d.close(5); print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dumps")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from types import SimpleNamespace as NS; import remote_ops_dump; "
+        "m = NS(config=NS(num_hidden_layers=61, hidden_size=8), model=NS(layers_to_capture=[], layers=[])); "
+        "d = remote_ops_dump.attach(m, env={'SGLANG_HS_DUMP_DIR': sys.argv[1]}); "
+        "assert m.model.layers_to_capture == [2, 30, 58] and m._remote_ops_dump is d and d.writer; "
+        "assert 'remote_ops' not in sys.modules; d.close(5); print('ok')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "dumps")], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

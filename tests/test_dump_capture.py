@@ -5,6 +5,7 @@ The batches are stand-ins with SGLang 0.5.9's ForwardBatch field names
 can_run_tbo); the CPU path of the staging replaces pinned memory, the side
 stream and the event, everything else (pool, writer threads, files) is real.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ H = 32
 
 class StandinForwardMode(IntEnum):
     """Names as in sglang.srt.model_executor.forward_batch_info.ForwardMode."""
+
     EXTEND = 1
     DECODE = 2
     MIXED = 3
@@ -45,6 +47,7 @@ class StandinForwardMode(IntEnum):
 @dataclass
 class StandinForwardBatch:
     """The ForwardBatch fields the dumper reads, with SGLang's names and types."""
+
     forward_mode: StandinForwardMode
     batch_size: int
     input_ids: torch.Tensor
@@ -58,6 +61,7 @@ class StandinForwardBatch:
 @dataclass
 class Batch:
     """A batch plus the tensors the forward produced, for comparison with the files."""
+
     fb: StandinForwardBatch
     hidden: torch.Tensor
     aux: List[torch.Tensor]
@@ -71,8 +75,15 @@ def make_batch(lens, prefixes=None, seed=0, mode=StandinForwardMode.EXTEND, hidd
     total = sum(lens)
     ids = torch.randint(0, 163840, (total,), generator=g)  # int64, as SGLang holds them
     positions = torch.cat([torch.arange(p, p + n) for n, p in zip(lens, prefixes)])
-    fb = StandinForwardBatch(mode, len(lens), ids, positions, list(lens), list(prefixes),
-                             seq_lens_cpu=torch.tensor([n + p for n, p in zip(lens, prefixes)]))
+    fb = StandinForwardBatch(
+        mode,
+        len(lens),
+        ids,
+        positions,
+        list(lens),
+        list(prefixes),
+        seq_lens_cpu=torch.tensor([n + p for n, p in zip(lens, prefixes)]),
+    )
     hid = torch.randn(total, hidden, generator=g).bfloat16()
     aux = [torch.randn(total, hidden, generator=g).bfloat16() for _ in range(3)]
     return Batch(fb, hid, aux, list(lens), list(prefixes))
@@ -80,8 +91,9 @@ def make_batch(lens, prefixes=None, seed=0, mode=StandinForwardMode.EXTEND, hidd
 
 def standin_model(layers=61, hidden=H):
     cfg = SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden, architectures=["DeepseekV3ForCausalLM"])
-    return SimpleNamespace(config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]),
-                           capture_aux_hidden_states=False)
+    return SimpleNamespace(
+        config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]), capture_aux_hidden_states=False
+    )
 
 
 def runtime(rank=0, version="0.5.9", tp=8, **args):
@@ -100,8 +112,12 @@ def writer_mode(request):
 
 
 def make_dumper(root, rank=0, **env):
-    full = {"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_BUFFERS": "2", "SGLANG_HS_DUMP_WRITERS": "2",
-            "SGLANG_HS_DUMP_WRITER": WRITER["mode"]}
+    full = {
+        "SGLANG_HS_DUMP_DIR": str(root),
+        "SGLANG_HS_DUMP_BUFFERS": "2",
+        "SGLANG_HS_DUMP_WRITERS": "2",
+        "SGLANG_HS_DUMP_WRITER": WRITER["mode"],
+    }
     full.update({k if k.startswith("SGLANG") else "SGLANG_HS_DUMP_" + k.upper(): str(v) for k, v in env.items()})
     model = standin_model()
     d = attach(model, env=full, runtime=runtime(rank))
@@ -121,11 +137,14 @@ def span_files(batch: Batch, root: Path, rank=0):
     """Expected (path, span tensors) for every request of a batch."""
     out, start = [], 0
     for n, p in zip(batch.lens, batch.prefixes):
-        ids = batch.fb.input_ids[start:start + n].to(torch.int32)
+        ids = batch.fb.input_ids[start : start + n].to(torch.int32)
         key = dumpfile.dump_key(ids.numpy().tobytes(), p)
-        want = {"hidden_states": batch.hidden[start:start + n],
-                "aux_hidden_states": torch.cat([a[start:start + n] for a in batch.aux], 1),
-                "input_ids": ids, "positions": batch.fb.positions[start:start + n].to(torch.int32)}
+        want = {
+            "hidden_states": batch.hidden[start : start + n],
+            "aux_hidden_states": torch.cat([a[start : start + n] for a in batch.aux], 1),
+            "input_ids": ids,
+            "positions": batch.fb.positions[start : start + n].to(torch.int32),
+        }
         out.append((root / f"rank{rank}" / f"{key}.safetensors", want, p))
         start += n
     return out
@@ -157,7 +176,9 @@ def test_several_requests_random_lengths_and_partial_spans_round_trip_bit_exact(
                 assert torch.equal(got[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), (path, name)
             meta = dumpfile.read_header(str(path)).metadata
             assert meta["partial"] == ("true" if prefix else "false") and meta["prefix_len"] == str(prefix)
-            assert meta["layers_to_capture"] == "[2, 30, 58]" and meta["eagle_aux_hidden_state_layer_ids"] == "[1, 29, 57]"
+            assert (
+                meta["layers_to_capture"] == "[2, 30, 58]" and meta["eagle_aux_hidden_state_layer_ids"] == "[1, 29, 57]"
+            )
             assert meta["sglang_version"] == "0.5.9" and meta["dtype"] == "bfloat16" and meta["rank"] == "0"
             assert meta["hidden_states_norm"] == "post-norm"
     report = dumpfile.verify_dir(str(tmp_path), hidden_size=H)
@@ -182,8 +203,13 @@ def test_only_plain_extend_batches_are_captured(tmp_path, dumpers, monkeypatch):
     d.capture(b.fb, b.hidden, b.aux)
     d.flush(10)
     assert not list((tmp_path / "rank0").glob("*.safetensors"))
-    assert d.stats.snapshot()["skipped"] == {"decode": 1, "mixed": 1, "target_verify": 1,
-                                             "two_batch_overlap": 1, "graph_capture": 1}
+    assert d.stats.snapshot()["skipped"] == {
+        "decode": 1,
+        "mixed": 1,
+        "target_verify": 1,
+        "two_batch_overlap": 1,
+        "graph_capture": 1,
+    }
 
 
 def test_bad_shapes_and_missing_aux_are_counted_not_raised(tmp_path, dumpers):
@@ -280,7 +306,7 @@ def test_a_failing_write_is_counted_and_frees_the_buffer(tmp_path, dumpers):
     d = make_dumper(tmp_path, buffers=1)
     dumpers.append(d)
     batches = [make_batch([4], seed=seed) for seed in range(3)]
-    (path, _, _), = span_files(batches[0], tmp_path)
+    ((path, _, _),) = span_files(batches[0], tmp_path)
     path.mkdir(parents=True)
     for b in batches:
         d.capture(b.fb, b.hidden, b.aux)
@@ -346,8 +372,12 @@ KILL_CHILD = textwrap.dedent("""
 def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
     """Kill the writing process while a temp file is open: every visible file verifies."""
     root = tmp_path / "dumps"
-    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(root), str(REPO)], start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILL_CHILD, str(root), str(REPO)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         folder = root / "rank0"
@@ -404,11 +434,36 @@ def test_two_processes_over_gloo_gate_ranks_and_write_bit_identical_spans(tmp_pa
     if writer_mode != "process":
         pytest.skip("runs the default writer once")
     out = tmp_path / "tp2.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "dumper_tp2.py"), "--device", "cpu", "--hidden", "64",
-                           "--sizes", "", "--no-sustained", "--gating-tokens", "192", "--writers", "2",
-                           "--dir", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "dumper_tp2.py"),
+            "--device",
+            "cpu",
+            "--hidden",
+            "64",
+            "--sizes",
+            "",
+            "--no-sustained",
+            "--gating-tokens",
+            "192",
+            "--writers",
+            "2",
+            "--dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.read_text())["summary"]
-    assert summary == {"gating_default_only_rank0": True, "gating_all_ranks_both": True, "ranks_identical": True,
-                       "bit_exact": True, "verify_ok": True}
+    assert summary == {
+        "gating_default_only_rank0": True,
+        "gating_all_ranks_both": True,
+        "ranks_identical": True,
+        "bit_exact": True,
+        "verify_ok": True,
+    }

@@ -1,4 +1,5 @@
 """The stdlib dump format: safetensors bytes, keys, manifest, crash-safe writes, the verifier."""
+
 from __future__ import annotations
 
 import hashlib
@@ -29,12 +30,24 @@ def raw(t) -> bytes:
 def write_random_span(root, rank=0, tokens=7, hidden=16, prefix=0, seed=0):
     """One span through `write_span`; returns (record, tensors written)."""
     g = torch.Generator().manual_seed(seed)
-    t = {"hidden_states": torch.randn(tokens, hidden, generator=g).bfloat16(),
-         "aux_hidden_states": torch.randn(tokens, 3 * hidden, generator=g).bfloat16(),
-         "input_ids": torch.randint(0, 163840, (tokens,), generator=g, dtype=torch.int32),
-         "positions": torch.arange(prefix, prefix + tokens, dtype=torch.int32)}
-    rec = dumpfile.write_span(str(root), rank, raw(t["input_ids"]), raw(t["positions"]), raw(t["hidden_states"]),
-                         raw(t["aux_hidden_states"]), hidden, "BF16", prefix, {"sglang_version": "0.5.9"})
+    t = {
+        "hidden_states": torch.randn(tokens, hidden, generator=g).bfloat16(),
+        "aux_hidden_states": torch.randn(tokens, 3 * hidden, generator=g).bfloat16(),
+        "input_ids": torch.randint(0, 163840, (tokens,), generator=g, dtype=torch.int32),
+        "positions": torch.arange(prefix, prefix + tokens, dtype=torch.int32),
+    }
+    rec = dumpfile.write_span(
+        str(root),
+        rank,
+        raw(t["input_ids"]),
+        raw(t["positions"]),
+        raw(t["hidden_states"]),
+        raw(t["aux_hidden_states"]),
+        hidden,
+        "BF16",
+        prefix,
+        {"sglang_version": "0.5.9"},
+    )
     return rec, t
 
 
@@ -51,8 +64,9 @@ def test_write_span_round_trips_bit_exact_through_the_safetensors_library(tmp_pa
 
 def test_read_header_parses_files_written_by_the_safetensors_library(tmp_path):
     path = str(tmp_path / "lib.safetensors")
-    st_torch.save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.ones(4, dtype=torch.int64)},
-                       path, metadata={"k": "v"})
+    st_torch.save_file(
+        {"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.ones(4, dtype=torch.int64)}, path, metadata={"k": "v"}
+    )
     header = dumpfile.read_header(path)
     assert header.metadata == {"k": "v"}
     assert header.tensors["a"].shape == [3, 5] and header.tensors["a"].dtype == "BF16"
@@ -106,6 +120,7 @@ def test_size_mismatch_is_refused_before_anything_is_written(tmp_path):
 
 def corrupt_cases():
     """(name, mutation of (root, record)) pairs the verifier must flag as errors."""
+
     def truncate(root, rec):
         p = root / rec["file"]
         p.write_bytes(p.read_bytes()[:-10])
@@ -124,6 +139,7 @@ def corrupt_cases():
         b = bytearray(p.read_bytes())
         b[-1 - 4 * rec["tokens"]] ^= 0x01  # last byte of input_ids (positions follow)
         p.write_bytes(bytes(b))
+
     return [("truncated", truncate), ("flipped", flip_byte), ("missing", delete), ("ids", wrong_ids)]
 
 
@@ -182,11 +198,19 @@ def test_verifier_runs_standalone_with_plain_python_and_no_torch(tmp_path):
     shipped.parent.mkdir()
     shutil.copy(FORMAT_PY, shipped)
     python = shutil.which("python3") or sys.executable
-    proc = subprocess.run([python, "-I", "-S", str(shipped), "verify", str(dumps), "--hidden-size", "16", "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [python, "-I", "-S", str(shipped), "verify", str(dumps), "--hidden-size", "16", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["files"] == 3 and report["bytes_per_token"] == 4 * 16 * 2
-    bad = subprocess.run([python, "-I", "-S", str(shipped), "verify", str(dumps), "--hidden-size", "32"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [python, "-I", "-S", str(shipped), "verify", str(dumps), "--hidden-size", "32"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "hidden size 16, want 32" in bad.stdout

@@ -8,6 +8,7 @@ given), a class without the method (attributes), the Kimi-K2.5 wrapper (language
 model one level down), and a non-last pipeline rank (the method returns early:
 refused, nothing captured).
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,14 +40,15 @@ def real_method(version: str, file: str, cls: str, name: str = "set_eagle3_layer
     text = wheels.sglang_source(version, MODELS + file).decode()
     node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == cls)
     fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    src = textwrap.dedent("\n".join(text.splitlines()[fn.lineno - 1:fn.end_lineno]))
+    src = textwrap.dedent("\n".join(text.splitlines()[fn.lineno - 1 : fn.end_lineno]))
     scope = {"Optional": Optional, "List": List, "get_pp_group": lambda: NS(is_last_rank=True)}
     exec(compile(src, f"{file}:{cls}.{name}", "exec"), scope)
     return scope[name]
 
 
-def standin(cls_name: str, method=None, inner_method=None, layers: int = 48, last_rank: bool = True,
-            arch: str | None = None):
+def standin(
+    cls_name: str, method=None, inner_method=None, layers: int = 48, last_rank: bool = True, arch: str | None = None
+):
     """A module shaped like the real class: config, pp_group, model.layers(_to_capture), the flag."""
     inner_cls = type(cls_name.replace("ForCausalLM", "Model"), (), {})
     if inner_method:
@@ -75,6 +77,7 @@ def attached(tmp_path):
         d = attach(model, env=env, runtime=runtime())
         made.append(d)
         return d
+
     yield do
     for d in made:
         if d is not None:
@@ -100,8 +103,11 @@ def test_llama_default_layers_go_through_none(attached):
 def test_qwen3_moe_marks_its_decoder_layers(attached):
     """Qwen3-MoE only captures layers marked `_is_layer_to_capture` (Qwen2MoeModel's own setter):
     setting the attribute list alone would capture nothing."""
-    m = standin("Qwen3MoeForCausalLM", real_method("0.5.9", "qwen3_moe.py", "Qwen3MoeForCausalLM"),
-                inner_method=real_method("0.5.9", "qwen2_moe.py", "Qwen2MoeModel"))
+    m = standin(
+        "Qwen3MoeForCausalLM",
+        real_method("0.5.9", "qwen3_moe.py", "Qwen3MoeForCausalLM"),
+        inner_method=real_method("0.5.9", "qwen2_moe.py", "Qwen2MoeModel"),
+    )
     d = attached(m, [3, 25, 45])
     marked = [i for i, layer in enumerate(m.model.layers) if getattr(layer, "_is_layer_to_capture", False)]
     assert marked == [3, 25, 45] == m.model.layers_to_capture
@@ -109,8 +115,10 @@ def test_qwen3_moe_marks_its_decoder_layers(attached):
 
 
 def test_qwen2_5_vl_flips_the_inner_flag(attached):
-    m = standin("Qwen2_5_VLForConditionalGeneration",
-                real_method("0.5.9", "qwen2_5_vl.py", "Qwen2_5_VLForConditionalGeneration"))
+    m = standin(
+        "Qwen2_5_VLForConditionalGeneration",
+        real_method("0.5.9", "qwen2_5_vl.py", "Qwen2_5_VLForConditionalGeneration"),
+    )
     attached(m)
     assert m.capture_aux_hidden_states is True and m.model.capture_aux_hidden_states is True
     assert m.model.layers_to_capture == [2, 24, 45]
@@ -118,12 +126,15 @@ def test_qwen2_5_vl_flips_the_inner_flag(attached):
 
 def test_deepseek_0_5_14_takes_ids_as_given(attached):
     """From 0.5.13 DeepSeek adds 1 only when the first id is 1: attach reads back and calls again."""
-    m = standin("DeepseekV2ForCausalLM", real_method("0.5.14", "deepseek_v2.py", "DeepseekV2ForCausalLM"),
-                layers=61, arch="DeepseekV3ForCausalLM")
+    m = standin(
+        "DeepseekV2ForCausalLM",
+        real_method("0.5.14", "deepseek_v2.py", "DeepseekV2ForCausalLM"),
+        layers=61,
+        arch="DeepseekV3ForCausalLM",
+    )
     d = attached(m, [3, 31, 59])
     assert m.model.layers_to_capture == [3, 31, 59] and d.metadata["capture_convention"] == "as_given"
-    kimi = standin("DeepseekV2ForCausalLM", real_method("0.5.14", "deepseek_v2.py", "DeepseekV2ForCausalLM"),
-                   layers=61)
+    kimi = standin("DeepseekV2ForCausalLM", real_method("0.5.14", "deepseek_v2.py", "DeepseekV2ForCausalLM"), layers=61)
     assert turn_on(kimi, [2, 30, 58], 61)["capture_convention"] == "default"
     assert kimi.model.layers_to_capture == [2, 30, 58]
 
@@ -137,8 +148,7 @@ def test_class_without_the_method_gets_the_attributes(attached):
 
 def test_kimi_wrapper_finds_the_language_model(attached):
     """Kimi-K2.5 (0.5.9) wraps DeepseekV3ForCausalLM as `language_model` and has no setter itself."""
-    inner = standin("DeepseekV3ForCausalLM", real_method("0.5.9", "deepseek_v2.py", "DeepseekV2ForCausalLM"),
-                    layers=61)
+    inner = standin("DeepseekV3ForCausalLM", real_method("0.5.9", "deepseek_v2.py", "DeepseekV2ForCausalLM"), layers=61)
     wrapper = type("KimiK25ForConditionalGeneration", (), {})()
     wrapper.language_model, wrapper.config = inner, NS(architectures=["KimiK25ForConditionalGeneration"])
     assert language_model(wrapper) == (inner, "language_model")

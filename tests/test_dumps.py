@@ -1,4 +1,5 @@
 """Pure tests of dump reconciliation, disk projection and the host probe parser."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,19 @@ from remote_ops import dumps, shell
 
 
 def _rec(key, tokens, size, rank=0, **extra):
-    return {"key": key, "file": f"rank{rank}/{key}.safetensors", "tokens": tokens, "bytes": size,
-            "sha256": "0" * 64, "prefix_len": 0, "partial": False, "rank": rank, "hidden_size": 7168,
-            "dtype": "BF16", **extra}
+    return {
+        "key": key,
+        "file": f"rank{rank}/{key}.safetensors",
+        "tokens": tokens,
+        "bytes": size,
+        "sha256": "0" * 64,
+        "prefix_len": 0,
+        "partial": False,
+        "rank": rank,
+        "hidden_size": 7168,
+        "dtype": "BF16",
+        **extra,
+    }
 
 
 def _manifest(*recs, torn=False):
@@ -24,8 +35,14 @@ def test_57344_float_bytes_per_token_for_kimi():
 
 def test_reconcile_counts_and_finds_every_kind_of_disagreement():
     per = 1730 * 57352 + 512
-    files = {"rank0/a-p0.safetensors": per, "rank0/b-p0.safetensors": 5, "rank0/u-p0.safetensors": 9,
-             "rank0/.tmp-c-p0.safetensors.1.2": 3, "rank0/manifest.jsonl": 100, "rank0/stats.json": 10}
+    files = {
+        "rank0/a-p0.safetensors": per,
+        "rank0/b-p0.safetensors": 5,
+        "rank0/u-p0.safetensors": 9,
+        "rank0/.tmp-c-p0.safetensors.1.2": 3,
+        "rank0/manifest.jsonl": 100,
+        "rank0/stats.json": 10,
+    }
     text = _manifest(_rec("a-p0", 1730, per), _rec("b-p0", 1, 6), _rec("m-p0", 1, 7), torn=True)
     r = dumps.reconcile("/d", files, text, 7168)
     assert (r.manifest_rows, r.files_present, r.torn_lines) == (3, 3, 1)
@@ -59,12 +76,22 @@ def test_projection_without_files_uses_the_typical_sample():
 
 
 def test_probe_output_parses_files_manifest_and_free_space():
-    out = "\n".join([shell.SECTION + "exists:begin", shell.SECTION + "exists:end 0",
-                     shell.SECTION + "files:begin", "rank0/a-p0.safetensors\t123", "rank0/manifest.jsonl\t9",
-                     shell.SECTION + "files:end 0",
-                     shell.SECTION + "manifest:begin", '{"key":"a-p0","file":"rank0/a-p0.safetensors"}',
-                     shell.SECTION + "manifest:end 0",
-                     shell.SECTION + "df:begin", "/dev/vda 1000 400 600 40% /", shell.SECTION + "df:end 0"])
+    out = "\n".join(
+        [
+            shell.SECTION + "exists:begin",
+            shell.SECTION + "exists:end 0",
+            shell.SECTION + "files:begin",
+            "rank0/a-p0.safetensors\t123",
+            "rank0/manifest.jsonl\t9",
+            shell.SECTION + "files:end 0",
+            shell.SECTION + "manifest:begin",
+            '{"key":"a-p0","file":"rank0/a-p0.safetensors"}',
+            shell.SECTION + "manifest:end 0",
+            shell.SECTION + "df:begin",
+            "/dev/vda 1000 400 600 40% /",
+            shell.SECTION + "df:end 0",
+        ]
+    )
     p = dumps.parse_probe(out)
     assert p.exists and p.files == {"rank0/a-p0.safetensors": 123, "rank0/manifest.jsonl": 9}
     assert p.free_bytes == 600 and "a-p0" in p.manifest_text

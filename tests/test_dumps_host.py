@@ -1,5 +1,6 @@
 """Dumps on a real lab host: files written by the REAL dumper (torch, CPU), then reconciled,
 header-checked on the host (dumpfile.py, no torch), and pulled with verification and resume."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,15 +23,25 @@ def write_real_dumps(root: Path, lens: list[int], hidden_size: int = H, seed: in
     from remote_ops.dumper.config import config_from_env
     from remote_ops.dumper.dumper import Dumper
 
-    cfg = config_from_env({"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_FSYNC": "0",
-                           "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64))})
-    dumper = Dumper(cfg, rank=0, writer=True, layers=[2, 4, 5], hidden_size=hidden_size,
-                    metadata={"sglang_version": "0.5.9"})
+    cfg = config_from_env(
+        {
+            "SGLANG_HS_DUMP_DIR": str(root),
+            "SGLANG_HS_DUMP_FSYNC": "0",
+            "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64)),
+        }
+    )
+    dumper = Dumper(
+        cfg, rank=0, writer=True, layers=[2, 4, 5], hidden_size=hidden_size, metadata={"sglang_version": "0.5.9"}
+    )
     g = torch.Generator().manual_seed(seed)
     rows = sum(lens)
-    fb = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"), extend_seq_lens_cpu=lens,
-                         extend_prefix_lens_cpu=[0] * len(lens), positions=None,
-                         input_ids=torch.randint(0, 32000, (rows,), generator=g, dtype=torch.int64))
+    fb = SimpleNamespace(
+        forward_mode=SimpleNamespace(name="EXTEND"),
+        extend_seq_lens_cpu=lens,
+        extend_prefix_lens_cpu=[0] * len(lens),
+        positions=None,
+        input_ids=torch.randint(0, 32000, (rows,), generator=g, dtype=torch.int64),
+    )
     hidden = torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16)
     aux = [torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16) for _ in range(3)]
     dumper.capture(fb, hidden, aux)
@@ -73,8 +84,8 @@ def _flip(path: Path, offset: int) -> None:
 
 def test_status_reconciles_manifest_and_files(remote, spec, host, host_dumps):
     d = host.paths.dump_dir
-    (d / "rank0" / "stray-p0.safetensors").write_bytes(b"x")          # not in the manifest
-    (d / host_dumps[0]["file"]).unlink()                             # manifest row, no file
+    (d / "rank0" / "stray-p0.safetensors").write_bytes(b"x")  # not in the manifest
+    (d / host_dumps[0]["file"]).unlink()  # manifest row, no file
     (d / "rank0" / ".tmp-abc").write_bytes(b"partial")
     probe = dumps.probe(remote, str(d))
     r = dumps.reconcile(str(d), probe.files, probe.manifest_text, spec.model.hidden_size)
@@ -88,10 +99,10 @@ def test_status_reconciles_manifest_and_files(remote, spec, host, host_dumps):
 def test_host_check_without_torch_finds_corrupt_and_truncated_files(remote, spec, host, host_dumps):
     d = host.paths.dump_dir
     header_hit, truncated, payload_hit = (d / r["file"] for r in host_dumps[:3])
-    _flip(header_hit, 10)                                            # JSON header damaged
-    with open(truncated, "r+b") as fh:                               # cut short (a crashed copy)
+    _flip(header_hit, 10)  # JSON header damaged
+    with open(truncated, "r+b") as fh:  # cut short (a crashed copy)
         fh.truncate(truncated.stat().st_size - 100)
-    _flip(payload_hit, payload_hit.stat().st_size - 200)             # a flipped bit in the data
+    _flip(payload_hit, payload_hit.stat().st_size - 200)  # a flipped bit in the data
     fast = dumps.host_verify(remote, str(d), spec.model.hidden_size, check_sha=False)
     bad = {p["where"] for p in dumps.errors_of(fast)}
     assert {host_dumps[0]["file"], host_dumps[1]["file"]} <= bad and host_dumps[2]["file"] not in bad
@@ -109,9 +120,13 @@ def test_pull_verifies_each_file_and_refuses_a_corrupt_one(remote, lab, spec, ho
     report = transfer.pull(lab.target(host.name), str(d), items, ssh_config=str(lab.ssh_config))
     assert report.fetched == 6 and not report.failed
     dumps.write_local_manifests(recon, dest)
-    assert subprocess.run([sys.executable, "remote_ops/dumper/dumpfile.py", "verify", str(dest)],
-                          capture_output=True, timeout=60).returncode == 0
-    _flip(d / host_dumps[3]["file"], 300)                            # same size, different bytes
+    assert (
+        subprocess.run(
+            [sys.executable, "remote_ops/dumper/dumpfile.py", "verify", str(dest)], capture_output=True, timeout=60
+        ).returncode
+        == 0
+    )
+    _flip(d / host_dumps[3]["file"], 300)  # same size, different bytes
     (dest / host_dumps[3]["file"]).unlink()
     again = transfer.pull(lab.target(host.name), str(d), items, strict=False)
     assert again.skipped == 5 and again.failed == [(host_dumps[3]["file"], "sha256 differs from the manifest")]
@@ -134,22 +149,29 @@ def test_interrupted_pull_of_a_kimi_sized_dump_resumes_from_the_partial_file(rem
         seen["n"] += n
         if seen["n"] > 20 << 20:
             raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         transfer.pull(lab.target(host.name), str(host.paths.dump_dir), items, advance=interrupt_midway)
     part = items[0].part
     assert part.exists() and 0 < part.stat().st_size < items[0].size and not items[0].local.exists()
     resumed = transfer.pull(lab.target(host.name), str(host.paths.dump_dir), items)
     assert resumed.resumed == 1 and resumed.fetched == 1
-    assert 0 < resumed.bytes < items[0].size                        # only the missing tail travelled
+    assert 0 < resumed.bytes < items[0].size  # only the missing tail travelled
     digest = hashlib.sha256(items[0].local.read_bytes()).hexdigest()
     assert digest == items[0].sha256 and not part.exists()
 
 
 def test_cli_status_verify_pull_as_json(lab_env, host, host_dumps):
     def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
-                              capture_output=True, text=True, timeout=120, env=lab_env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=lab_env,
+        )
         return proc.returncode, json.loads(proc.stdout)
+
     rc, status = cli("dumps", "status", "--samples", "10")
     assert rc == 0 and status["reconciliation"]["manifest_rows"] == 6
     assert status["projection"]["samples_total"] == 10 and status["projection"]["host_ok"] is True

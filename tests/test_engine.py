@@ -3,6 +3,7 @@
 Pure tests (run spec -> API body, log demux, times, inspect parsing) first;
 then the real lab dockerd reached through a real lab sshd.
 """
+
 from __future__ import annotations
 
 import struct
@@ -21,9 +22,19 @@ from remote_ops.errors import CommandFailed, CommandTimedOut, ExitCode, NotFound
 
 # -- pure ----------------------------------------------------------------------------------------
 def test_create_request_mirrors_docker_run_flags():
-    spec = RunSpec("c", "img:1", ("serve", "--port", "8000"), env={"B": "2", "A": "1"}, gpus="all",
-                   shm_size="1g", ipc="host", restart="on-failure:3", volumes=("/m:/m:ro",),
-                   ports=(PortBinding("127.0.0.1", 8000, 8000),), runtime="nvidia").labelled()
+    spec = RunSpec(
+        "c",
+        "img:1",
+        ("serve", "--port", "8000"),
+        env={"B": "2", "A": "1"},
+        gpus="all",
+        shm_size="1g",
+        ipc="host",
+        restart="on-failure:3",
+        volumes=("/m:/m:ro",),
+        ports=(PortBinding("127.0.0.1", 8000, 8000),),
+        runtime="nvidia",
+    ).labelled()
     body = create_request(spec, "1.41")
     hc = body["HostConfig"]
     assert body["Image"] == "img:1" and body["Cmd"] == ["serve", "--port", "8000"]
@@ -48,8 +59,9 @@ def _frame(stream: int, payload: bytes) -> bytes:
 
 
 def test_demux_and_log_lines():
-    body = _frame(1, b"2026-12-01T04:00:00.000000001Z one\n2026-12-01T04:00:00.5Z two\n") + \
-        _frame(2, b"2026-12-01T04:00:01Z oops\n")
+    body = _frame(1, b"2026-12-01T04:00:00.000000001Z one\n2026-12-01T04:00:00.5Z two\n") + _frame(
+        2, b"2026-12-01T04:00:01Z oops\n"
+    )
     lines = parse_logs(body)
     assert [(x.stream, x.text) for x in lines] == [("stdout", "one"), ("stdout", "two"), ("stderr", "oops")]
     assert lines[1].unix_time - lines[0].unix_time == pytest.approx(0.5, abs=1e-5)
@@ -63,10 +75,21 @@ def test_api_time_and_unix_time():
 
 
 def test_parse_container_state_health_init():
-    doc = {"Id": "abc", "Name": "/ctr", "Image": "sha256:1", "RestartCount": 2, "HostConfig": {"Init": True},
-           "Config": {"Image": "img:1", "Labels": {labels.RUN_CONFIG: "h"}},
-           "State": {"Status": "running", "OOMKilled": False, "ExitCode": 0, "StartedAt": "t",
-                     "Health": {"Status": "unhealthy", "FailingStreak": 3, "Log": [{"Output": " 503\n"}]}}}
+    doc = {
+        "Id": "abc",
+        "Name": "/ctr",
+        "Image": "sha256:1",
+        "RestartCount": 2,
+        "HostConfig": {"Init": True},
+        "Config": {"Image": "img:1", "Labels": {labels.RUN_CONFIG: "h"}},
+        "State": {
+            "Status": "running",
+            "OOMKilled": False,
+            "ExitCode": 0,
+            "StartedAt": "t",
+            "Health": {"Status": "unhealthy", "FailingStreak": 3, "Log": [{"Output": " 503\n"}]},
+        },
+    }
     c = parse_container(doc)
     assert (c.name, c.running, c.health, c.restart_count, c.init) == ("ctr", True, "unhealthy", 2, True)
     assert c.health_failing_streak == 3 and c.health_last_output == "503"
@@ -123,12 +146,13 @@ def test_image_inspect_labels(engine, remote, labelled_image):
 
 def test_create_start_stop_remove_with_init(engine, remote, busybox_image, name):
     t0 = engine.info().system_time
-    spec = RunSpec(name, busybox_image, ("sh", "-c", "echo ready; exec sleep 600"), init=True,
-                   labels={labels.MANAGED: "1"}).labelled()
+    spec = RunSpec(
+        name, busybox_image, ("sh", "-c", "echo ready; exec sleep 600"), init=True, labels={labels.MANAGED: "1"}
+    ).labelled()
     info = engine.run(spec)
     assert info.running and info.init and info.name == name and info.image_ref == busybox_image
     assert info.labels[labels.RUN_CONFIG] == spec.config_hash()
-    assert _cli(remote, "exec", name, "cat", "/proc/1/comm") == "docker-init"   # --init: tini is PID 1
+    assert _cli(remote, "exec", name, "cat", "/proc/1/comm") == "docker-init"  # --init: tini is PID 1
     engine.stop(name, grace_s=5)
     stopped = engine.container(name)
     assert stopped.status == "exited" and not stopped.running
@@ -136,8 +160,7 @@ def test_create_start_stop_remove_with_init(engine, remote, busybox_image, name)
     engine.restart(name, grace_s=5)
     assert engine.container(name).running and _cli(remote, "inspect", "-f", "{{.State.Running}}", name) == "true"
     assert engine.remove(name) is True and engine.container(name) is None and engine.remove(name) is False
-    seen = [e.action for e in engine.events(since=t0, until=engine.info().system_time,
-                                            filters={"container": [name]})]
+    seen = [e.action for e in engine.events(since=t0, until=engine.info().system_time, filters={"container": [name]})]
     assert {"create", "start", "die", "destroy"} <= set(seen) and seen[0] == "create"
 
 
@@ -151,7 +174,7 @@ def test_logs_since_and_tail(engine, busybox_image, name):
     lines = engine.logs(name)
     assert [x.text for x in lines] == [f"line{i}" for i in range(1, 7)] + ["done"]
     assert lines[-1].stream == "stderr" and all(x.stream == "stdout" for x in lines[:-1])
-    since = (lines[2].unix_time + lines[3].unix_time) / 2            # between line3 and line4
+    since = (lines[2].unix_time + lines[3].unix_time) / 2  # between line3 and line4
     assert [x.text for x in engine.logs(name, since=since)] == ["line4", "line5", "line6", "done"]
     assert [x.text for x in engine.logs(name, tail=2)] == ["line6", "done"]
     with pytest.raises(NotFound):
@@ -165,8 +188,11 @@ def test_missing_image_is_not_found_and_never_pulled(engine, name):
     assert err.value.exit_code == ExitCode.NOT_FOUND and "never pulled" in err.value.hint
     assert not [p for p in engine.adapter.paths if "/images/create" in p or "pull" in p]
     assert engine.container(name) is None
-    pulls = [e for e in engine.events(since=t0, until=engine.info().system_time, filters={"type": ["image"]})
-             if e.action == "pull"]
+    pulls = [
+        e
+        for e in engine.events(since=t0, until=engine.info().system_time, filters={"type": ["image"]})
+        if e.action == "pull"
+    ]
     assert pulls == []
 
 
@@ -176,10 +202,10 @@ def test_many_calls_share_one_channel(engine, remote, busybox_image):
         assert engine.image(busybox_image) is not None
         assert engine.container("ro-engine-no-such-container") is None
     assert engine.adapter.channels_opened == 1
-    assert engine.adapter.requests == 81                               # /version once, then 80
-    assert remote.round_trips - before == 1                            # one SSH exec for all of them
+    assert engine.adapter.requests == 81  # /version once, then 80
+    assert remote.round_trips - before == 1  # one SSH exec for all of them
     assert _dial_processes(remote) == 1
-    engine.close()                                                     # the dial process exits with its channel
+    engine.close()  # the dial process exits with its channel
     deadline = time.monotonic() + 20
     while _dial_processes(remote):
         assert time.monotonic() < deadline, "docker system dial-stdio outlived its channel"
@@ -214,7 +240,7 @@ def test_frozen_host_times_out_then_a_new_channel_serves(lab, faults, spare_host
     assert err.value.exit_code == ExitCode.TIMEOUT and 1.5 <= took < 30
     faults.thaw(spare_host)
     assert e.container("ro-engine-no-such-container", timeout=20) is None
-    assert e.adapter.channels_opened == 2                              # the timed-out one was dropped
+    assert e.adapter.channels_opened == 2  # the timed-out one was dropped
     e.close()
     r.close()
 
@@ -226,8 +252,9 @@ def test_run_spec_for_host_creates_what_run_argv_creates(engine, remote, lab, ho
 
     spec = lab.spec(host.name)
     cli_name, api_name = f"ro-engine-cli-{uuid.uuid4().hex[:6]}", f"ro-engine-api-{uuid.uuid4().hex[:6]}"
-    argv = container.run_argv(spec.model_copy(update={"container": spec.container.model_copy(
-        update={"name": cli_name})}), busybox_image)
+    argv = container.run_argv(
+        spec.model_copy(update={"container": spec.container.model_copy(update={"name": cli_name})}), busybox_image
+    )
     assert argv[:3] == ["docker", "run", "-d"]
     try:
         remote.run(["docker", "create", *argv[3:]], timeout=60)
@@ -246,13 +273,27 @@ def _created(remote, name: str) -> dict:
 
     doc = json.loads(remote.run(["docker", "inspect", name], timeout=30).stdout)[0]
     hc, cfg = doc["HostConfig"], doc["Config"]
-    keys = ("Binds", "PortBindings", "RestartPolicy", "Init", "ShmSize", "IpcMode", "DeviceRequests", "Runtime",
-            "NetworkMode")
+    keys = (
+        "Binds",
+        "PortBindings",
+        "RestartPolicy",
+        "Init",
+        "ShmSize",
+        "IpcMode",
+        "DeviceRequests",
+        "Runtime",
+        "NetworkMode",
+    )
     host = {k: hc.get(k) for k in keys}
-    host["Binds"] = sorted(host["Binds"] or [])                     # the CLI collects -v in a map: any order
-    return {"host": host, "env": sorted(cfg["Env"]), "cmd": cfg["Cmd"],
-            "image": cfg["Image"], "entrypoint": cfg["Entrypoint"],
-            "labels": {k: v for k, v in cfg["Labels"].items() if k != labels.RUN_CONFIG}}
+    host["Binds"] = sorted(host["Binds"] or [])  # the CLI collects -v in a map: any order
+    return {
+        "host": host,
+        "env": sorted(cfg["Env"]),
+        "cmd": cfg["Cmd"],
+        "image": cfg["Image"],
+        "entrypoint": cfg["Entrypoint"],
+        "labels": {k: v for k, v in cfg["Labels"].items() if k != labels.RUN_CONFIG},
+    }
 
 
 def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busybox_image, name):
@@ -260,15 +301,16 @@ def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busyb
     from remote_ops import shell
 
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
-    for image in (busybox_image, None):                                 # known ref, or the container's own
+    for image in (busybox_image, None):  # known ref, or the container's own
         sections = engine.probe_sections(name, image, runtimes=True)
         out = remote.run(shell.parallel_sections(sections), check=False, timeout=30).stdout
         snap = engine.parse_probe(shell.split_sections(out))
         assert snap.error is None and snap.client_version and snap.runtimes == engine.info().runtimes
         assert snap.version.server == engine.version().server and snap.version.api == engine.version().api
         assert snap.container == engine.container(name) and snap.image == engine.image(busybox_image)
-    out = remote.run(shell.sections(engine.probe_sections("ro-engine-none", "remote-ops/none:x")),
-                     check=False, timeout=30).stdout
+    out = remote.run(
+        shell.sections(engine.probe_sections("ro-engine-none", "remote-ops/none:x")), check=False, timeout=30
+    ).stdout
     snap = engine.parse_probe(shell.split_sections(out))
     assert snap.container is None and snap.image is None and snap.version is not None
 

@@ -2,6 +2,7 @@
 by the stdlib exporter, then loaded with SpecForge 0.2.0's OWN offline code (the wheel installed with
 `pip install --no-deps specforge==0.2.0`; its `datasets` import is only a type annotation in
 `specforge.data.preprocessing`, so a placeholder module is put in when `datasets` is absent)."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,11 @@ H = 64
 def specforge_offline():
     """SpecForge 0.2.0's reader, file store and EAGLE-3 sample normaliser (skip when not installed)."""
     pytest.importorskip("specforge")
-    sys.modules.setdefault("datasets", types.SimpleNamespace(Dataset=object))   # type annotation only
+    sys.modules.setdefault("datasets", types.SimpleNamespace(Dataset=object))  # type annotation only
     from specforge.data.preprocessing import process_offline_eagle3_sample
     from specforge.runtime.data_plane.feature_store import LocalFeatureStore, load_feature_file
     from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
+
     return OfflineManifestReader, LocalFeatureStore, load_feature_file, process_offline_eagle3_sample
 
 
@@ -41,8 +43,9 @@ def dataset_samples(lens: list[int], seed: int = 1) -> list[dict]:
     return out
 
 
-def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: int = 0,
-                 prefixes: list[int] | None = None) -> None:
+def dump_samples(
+    root: Path, samples: list[dict], hidden_size: int = H, seed: int = 0, prefixes: list[int] | None = None
+) -> None:
     """The samples' prompts as one EXTEND batch through the REAL dumper on the CPU (`prefixes`: each
     span's prefix length, as a later chunk of chunked prefill has)."""
     from remote_ops.dumper.attach import file_metadata
@@ -51,17 +54,28 @@ def dump_samples(root: Path, samples: list[dict], hidden_size: int = H, seed: in
     from remote_ops.dumper.runtime import Runtime
 
     lens = [len(s["input_ids"]) for s in samples]
-    cfg = config_from_env({"SGLANG_HS_DUMP_DIR": str(root), "SGLANG_HS_DUMP_FSYNC": "0",
-                           "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64))})
-    model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=8, hidden_size=hidden_size,
-                                                   architectures=["DeepseekV3ForCausalLM"]))
+    cfg = config_from_env(
+        {
+            "SGLANG_HS_DUMP_DIR": str(root),
+            "SGLANG_HS_DUMP_FSYNC": "0",
+            "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64)),
+        }
+    )
+    model = SimpleNamespace(
+        config=SimpleNamespace(num_hidden_layers=8, hidden_size=hidden_size, architectures=["DeepseekV3ForCausalLM"])
+    )
     meta = file_metadata(model, Runtime(version="0.5.9"), [2, 4, 5], hidden_size, "disabled")  # the dumper's own
     dumper = Dumper(cfg, rank=0, writer=True, layers=[2, 4, 5], hidden_size=hidden_size, metadata=meta)
     g = torch.Generator().manual_seed(seed)
     rows = sum(lens)
     ids = torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.int64)
-    fb = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"), extend_seq_lens_cpu=lens,
-                         extend_prefix_lens_cpu=prefixes or [0] * len(lens), positions=None, input_ids=ids)
+    fb = SimpleNamespace(
+        forward_mode=SimpleNamespace(name="EXTEND"),
+        extend_seq_lens_cpu=lens,
+        extend_prefix_lens_cpu=prefixes or [0] * len(lens),
+        positions=None,
+        input_ids=ids,
+    )
     hidden = torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16)
     aux = [torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16) for _ in range(3)]
     dumper.capture(fb, hidden, aux)
@@ -82,6 +96,7 @@ def _flip(path: Path, offset: int) -> None:
 
 
 # --------------------------------------------------------------------------- pure: the container format
+
 
 def _record_data_offsets(path: Path) -> dict[str, int]:
     out = {}
@@ -116,8 +131,11 @@ def test_written_ckpt_is_what_torch_load_reads_mmap_and_weights_only_with_64_byt
 
 def test_a_pre_norm_final_state_or_a_wrong_sha_is_refused_and_leaves_no_file(tmp_path):
     with pytest.raises(se.ExportError, match="post-norm"):
-        se.check_source({k: {} for k in ("hidden_states", "aux_hidden_states", "input_ids", "positions")},
-                        {"hidden_states_norm": "pre-norm"}, 3)
+        se.check_source(
+            {k: {} for k in ("hidden_states", "aux_hidden_states", "input_ids", "positions")},
+            {"hidden_states_norm": "pre-norm"},
+            3,
+        )
     src = tmp_path / "dumps"
     samples = dataset_samples([4])
     dump_samples(src, samples)
@@ -137,15 +155,16 @@ def test_a_prompt_split_by_chunked_prefill_is_stitched_from_its_spans(tmp_path):
     whole = dataset_samples([5, 11])
     long = whole[1]
     src = tmp_path / "dumps"
-    dump_samples(src, [whole[0], {"input_ids": long["input_ids"][:4]}], seed=1)          # batch 1
-    dump_samples(src, [{"input_ids": long["input_ids"][4:]}], seed=2, prefixes=[4])       # batch 2
+    dump_samples(src, [whole[0], {"input_ids": long["input_ids"][:4]}], seed=1)  # batch 1
+    dump_samples(src, [{"input_ids": long["input_ids"][4:]}], seed=2, prefixes=[4])  # batch 2
     manifest = se.latest_manifest(str(src))
     spans = se.find_spans(long["input_ids"], manifest, se.span_lengths(manifest))
     assert [(r["prefix_len"], r["tokens"]) for r in spans] == [(0, 4), (4, 7)]
     dest = tmp_path / "out" / se.out_name(1)
-    read, _ = se.convert([(str(src / r["file"]), r["sha256"]) for r in spans], str(dest),
-                         long["input_ids"], long["loss_mask"])
-    assert sum(r["bytes"] for r in spans) < read < 2 * sum(r["bytes"] for r in spans)   # hashed, then floats copied
+    read, _ = se.convert(
+        [(str(src / r["file"]), r["sha256"]) for r in spans], str(dest), long["input_ids"], long["loss_mask"]
+    )
+    assert sum(r["bytes"] for r in spans) < read < 2 * sum(r["bytes"] for r in spans)  # hashed, then floats copied
     got = specforge_offline()[2](str(dest))
     parts = []
     for r in spans:
@@ -156,15 +175,17 @@ def test_a_prompt_split_by_chunked_prefill_is_stitched_from_its_spans(tmp_path):
     assert got["input_ids"].tolist() == long["input_ids"] and got["loss_mask"].tolist() == long["loss_mask"]
     _flip(src / spans[1]["file"], (src / spans[1]["file"]).stat().st_size - 20)
     with pytest.raises(se.ExportError, match="sha256"):
-        se.convert([(str(src / r["file"]), r["sha256"]) for r in spans], str(dest), long["input_ids"],
-                   long["loss_mask"])
+        se.convert(
+            [(str(src / r["file"]), r["sha256"]) for r in spans], str(dest), long["input_ids"], long["loss_mask"]
+        )
 
 
 def test_large_ints_pickle_as_long1():
-    assert se._int(2 ** 31) == b"\x8a\x05\x00\x00\x00\x80\x00" and se._int(7) == b"J\x07\x00\x00\x00"
+    assert se._int(2**31) == b"\x8a\x05\x00\x00\x00\x80\x00" and se._int(7) == b"J\x07\x00\x00\x00"
 
 
 # --------------------------------------------------------------------------- on a real lab host
+
 
 @pytest.fixture
 def exported_setup(tmp_path, remote, host):
@@ -183,16 +204,32 @@ def exported_setup(tmp_path, remote, host):
 
 
 def cli(lab_env, *args, timeout=180):
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--json"], capture_output=True, text=True,
-                          timeout=timeout, env=lab_env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=lab_env,
+    )
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
 def test_export_on_the_host_loads_with_specforges_own_offline_code(lab_env, host, exported_setup):
     Reader, Store, load_feature_file, process = specforge_offline()
     samples, dataset, dump_dir = exported_setup
-    rc, rep, err = cli(lab_env, "dumps", "export", "--format", "specforge", "--host", host.name,
-                       "--dataset", str(dataset), "--probe-mb", "1")
+    rc, rep, err = cli(
+        lab_env,
+        "dumps",
+        "export",
+        "--format",
+        "specforge",
+        "--host",
+        host.name,
+        "--dataset",
+        str(dataset),
+        "--probe-mb",
+        "1",
+    )
     assert rc == 0, err
     assert rep["exported"] == 6 and rep["missing_count"] == 1 and rep["missing"][0]["id"] == "never-dumped"
     assert rep["mb_per_s"] > 0 and rep["disk_copy_probe"]["mb_per_s"] > 0 and rep["ratio_to_disk"] > 0
@@ -200,7 +237,7 @@ def test_export_on_the_host_loads_with_specforges_own_offline_code(lab_env, host
     refs = Reader(str(out)).read()
     assert len(refs) == 6
     store = Store()
-    by_path = {r.feature_store_uri[len("file://"):]: r for r in refs}
+    by_path = {r.feature_store_uri[len("file://") :]: r for r in refs}
     for i, s in enumerate(samples):
         path = str(out / se.out_name(i))
         tensors, handle = store.get(by_path[path])
@@ -229,16 +266,16 @@ def test_export_resumes_and_refuses_a_corrupt_source(lab_env, host, exported_set
     args = ("dumps", "export", "--host", host.name, "--dataset", str(dataset), "--probe-mb", "0")
     rc, plan, _ = cli(lab_env, *args, "--dry-run")
     assert rc == 0 and plan["dry_run"] and (plan["todo"], plan["missing_count"]) == (6, 1)
-    assert not Path(plan["out"]).exists()                               # nothing written
+    assert not Path(plan["out"]).exists()  # nothing written
     rc, first, err = cli(lab_env, *args, "--limit", "2")
     assert rc == 0 and first["exported"] == 2, err
     out = Path(first["out"])
-    (out / se.out_name(1)).unlink()                                   # lost: exported again
+    (out / se.out_name(1)).unlink()  # lost: exported again
     victim = dump_dir / "rank0" / f"{se.dump_key(samples[4]['input_ids'])}.safetensors"
-    _flip(victim, victim.stat().st_size - 50)                         # a flipped bit in the data
+    _flip(victim, victim.stat().st_size - 50)  # a flipped bit in the data
     rc, second, _ = cli(lab_env, *args)
     assert rc == 10 and second["error"] == "verify_failed"
-    details = second                                                  # the error document carries the report
+    details = second  # the error document carries the report
     assert details["skipped_done"] == 1 and details["exported"] == 4
     assert [f["index"] for f in details["failed"]] == [4] and "sha256" in details["failed"][0]["reason"]
     assert not (out / se.out_name(4)).exists() and not list(out.rglob(".tmp-*"))
@@ -254,6 +291,7 @@ def test_export_refuses_a_dataset_without_loss_mask(lab_env, host, exported_setu
 
 
 # --------------------------------------------------------------------------- which hidden state (source proof)
+
 
 def _method(tree, cls: str, name: str):
     klass = next(n for n in tree.body if getattr(n, "name", None) == cls)
@@ -274,10 +312,10 @@ def test_specforge_wants_the_post_norm_state_and_the_dump_holds_exactly_that():
 
     head = ast.parse(inspect.getsource(TargetHead).strip())
     forward = _method(head, "TargetHead", "forward")
-    assert ast.unparse(forward.body[-1]) == "return self.fc(hidden_states)"       # lm_head only
+    assert ast.unparse(forward.body[-1]) == "return self.fc(hidden_states)"  # lm_head only
     tree = ast.parse(wheels.sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py").decode())
     model_fwd = ast.unparse(_method(tree, "DeepseekV2Model", "forward"))
-    tail = model_fwd[model_fwd.rindex("if not self.pp_group.is_last_rank"):]
+    tail = model_fwd[model_fwd.rindex("if not self.pp_group.is_last_rank") :]
     assert "hidden_states, _ = self.norm(hidden_states, residual)" in tail
     assert tail.rstrip().endswith("return (hidden_states, aux_hidden_states)")
     causal = ast.unparse(_method(tree, "DeepseekV2ForCausalLM", "forward"))

@@ -1,5 +1,6 @@
 """The extraction client: pure parts, and a real run on a lab host against the SGLang stand-in
 (docker/standin/sglang_standin_server.py, stdlib python, writes contract dumps)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,19 +49,29 @@ def test_launch_command_runs_detached_in_its_own_session_and_quotes():
 
 # --------------------------------------------------------------------------- on a lab host
 
+
 @pytest.fixture
 def standin(lab, host, tmp_path):
     """The SGLang stand-in on lab1's server port, dumping into lab1's dump dir; stopped by PID."""
     pkg = tmp_path / "pkgs"
     pkg.mkdir()
     (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dumper")
-    env = {**os.environ, "PYTHONPATH": str(pkg), "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
-           "STANDIN_LOAD_SECONDS": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pkg),
+        "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
+        "STANDIN_LOAD_SECONDS": "0",
+    }
     subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=30)
     log = open(tmp_path / "standin.log", "wb")
-    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(host.server_port),
-                             "--model-path", str(host.paths.model_dir)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--port", str(host.server_port), "--model-path", str(host.paths.model_dir)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while b"listening" not in (tmp_path / "standin.log").read_bytes():
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "standin.log").read_text()
@@ -122,7 +133,7 @@ def test_extraction_resumes_after_being_killed(lab, host, remote, standin, fresh
     while not manifest.exists() or manifest.read_text().count('"ok"') < 30:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    os.kill(first.pid, signal.SIGKILL)                   # no goodbye: a crash
+    os.kill(first.pid, signal.SIGKILL)  # no goodbye: a crash
     deadline = time.monotonic() + 10
     while _is_client(first.pid):
         assert time.monotonic() < deadline
@@ -134,12 +145,12 @@ def test_extraction_resumes_after_being_killed(lab, host, remote, standin, fresh
     final = _wait_state(remote, spec, ("finished",))
     records = [json.loads(l) for l in manifest.read_text().splitlines() if l.strip().endswith("}")]
     ok = [r["id"] for r in records if r["status"] == "ok"]
-    assert sorted(ok) == sorted(ids)                     # every sample once: nothing lost, nothing repeated
+    assert sorted(ok) == sorted(ids)  # every sample once: nothing lost, nothing repeated
     assert final.summary.done == len(ids) and final.summary.missing_dumps == 0 and final.missing == []
     started = [l for l in (host.paths.logs_dir / "extraction.log").read_text().splitlines() if " started " in l]
     assert len(started) == 2 and f"pending={len(ids) - done_at_kill} " in started[1]
     keys = {r["key"] for r in records}
-    files = {p.name[:-len(".safetensors")] for p in host.paths.dump_dir.glob("rank0/*.safetensors")}
+    files = {p.name[: -len(".safetensors")] for p in host.paths.dump_dir.glob("rank0/*.safetensors")}
     assert keys <= files
 
 
@@ -167,8 +178,9 @@ def test_a_second_start_is_refused_and_stop_uses_the_pid(lab, host, remote, stan
 def test_unreachable_server_is_retried_then_the_sample_fails(lab, host, remote, fresh_run, tmp_path):
     spec = lab.spec(host.name)
     _dataset(tmp_path / "ds.jsonl", 2, 5)
-    extract.start(remote, spec, str(tmp_path / "ds.jsonl"), retries=2, dump_grace=0.1,
-                  server_url="http://127.0.0.1:9")                  # discard port: connection refused
+    extract.start(
+        remote, spec, str(tmp_path / "ds.jsonl"), retries=2, dump_grace=0.1, server_url="http://127.0.0.1:9"
+    )  # discard port: connection refused
     final = _wait_state(remote, spec, ("finished",), timeout=60)
     assert final.summary.failed == 2 and final.summary.errors == 6
     assert any(" failed " in l for l in final.summary.error_lines)
@@ -176,11 +188,18 @@ def test_unreachable_server_is_retried_then_the_sample_fails(lab, host, remote, 
 
 def _cli(host, env):
     """The real CLI in a subprocess against `host`, with --json; asserts exit 0, returns the document."""
+
     def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
-                              capture_output=True, text=True, timeout=120, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "remote_ops", *args, "--host", host.name, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
+
     return cli
 
 
@@ -198,8 +217,9 @@ def test_cli_extract_status_and_log_summary(lab, host, lab_env, standin, fresh_r
     assert any(p.endswith("extraction.png") for p in summary["plots"])
 
 
-def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(lab, host, lab_env, standin, fresh_run,
-                                                                           remote, tmp_path):
+def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(
+    lab, host, lab_env, standin, fresh_run, remote, tmp_path
+):
     _dataset(tmp_path / "ds.jsonl", 4, 8)
 
     cli = _cli(host, lab_env)

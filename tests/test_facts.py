@@ -1,9 +1,12 @@
 """Facts parsers from captured text (pure)."""
+
 from remote_ops import facts
 from remote_ops.inventory import HostSpec
 
-NVSMI = ("0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 1, 34, 0, 12.0, 580.82.07\n"
-         "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 90000, 61, [N/A], 12.0, 580.82.07\n")
+NVSMI = (
+    "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 1, 34, 0, 12.0, 580.82.07\n"
+    "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 90000, 61, [N/A], 12.0, 580.82.07\n"
+)
 
 
 def test_parse_gpus():
@@ -28,7 +31,10 @@ def test_parse_full_sections():
         "docker": (0, '{"Client":{"Version":"27.1.1"},"Server":{"Version":"27.1.1","ApiVersion":"1.46"}}'),
         "runtimes": (0, '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}'),
         "nvidia_ctk": (0, "/usr/bin/nvidia-ctk\n"),
-        "disk": (0, "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/nvme0n1 100 50 4000000000000 1% /data\n"),
+        "disk": (
+            0,
+            "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/nvme0n1 100 50 4000000000000 1% /data\n",
+        ),
         "sglang_version": (0, '__version__ = "0.5.9"\n'),
         "target": (0, "abc123  /root/sglang/python/sglang/srt/models/deepseek_v2.py\n2986 /root/...\n"),
     }
@@ -41,8 +47,9 @@ def test_parse_full_sections():
 
 
 def test_sglang_version_ignores_indented_fallback():
-    version_py = ('try:\n    from sglang._version import __version__\nexcept ImportError:\n'
-                  '    __version__ = "0.0.0.dev0"\n')
+    version_py = (
+        'try:\n    from sglang._version import __version__\nexcept ImportError:\n    __version__ = "0.0.0.dev0"\n'
+    )
     scm = "__version__ = version = '0.5.9'\n__version_tuple__ = (0, 5, 9)\n"
     assert facts.parse_sglang_version(version_py + scm) == "0.5.9"
     assert facts.parse_sglang_version(version_py) is None

@@ -1,4 +1,5 @@
 """`facts`, `hosts` and `health` over real lab hosts (real sshd + dockerd)."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,14 @@ from remote_ops.errors import ExitCode
 
 def cli(lab_env, *args, timeout=120):
     """Run the real CLI in a subprocess against the lab; returns (rc, stdout, stderr)."""
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], env=lab_env, capture_output=True,
-                       text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=lab_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -19,7 +26,7 @@ def test_facts_reports_real_host(lab, host, remote):
     f = facts.gather(remote, lab.spec(host.name))
     assert "Debian" in f.os and f.cpus and f.mem_total_bytes > 0
     assert f.gpu_error == "no NVIDIA driver" and f.gpus == []
-    assert f.docker.get("server"), f.docker          # the lab dockerd answered over SSH
+    assert f.docker.get("server"), f.docker  # the lab dockerd answered over SSH
     assert "nvidia" in f.docker_runtimes and f.nvidia_runtime
     assert f.dump_dir_free_bytes and f.dump_dir_free_bytes > 0
 
@@ -68,12 +75,15 @@ def test_unknown_host_key_exit_code(lab, host, lab_env, tmp_path):
     empty.write_text("")
     inv = tmp_path / "inv.yaml"
     spec = lab.spec(host.name)
-    inv.write_text(f"hosts:\n  x:\n    address: {spec.address}\n    port: {spec.port}\n"
-                   f"    identity_file: {spec.identity_file}\n    known_hosts: {empty}\n")
+    inv.write_text(
+        f"hosts:\n  x:\n    address: {spec.address}\n    port: {spec.port}\n"
+        f"    identity_file: {spec.identity_file}\n    known_hosts: {empty}\n"
+    )
     rc, _, err = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "facts", "--host", "x")
     assert rc == ExitCode.HOST_KEY and "not in" in err
-    rc, _, _ = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "facts", "--host", "x",
-                   "--host-key-policy", "accept-new")
+    rc, _, _ = cli(
+        {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "facts", "--host", "x", "--host-key-policy", "accept-new"
+    )
     assert rc == 0 and spec.address in empty.read_text()
 
 
@@ -101,8 +111,9 @@ def test_inventory_paths_with_spaces_and_semicolons_stay_one_argument(lab, host,
         data = json.loads(out)
         assert data["target_lines"] == 2986 and data["sglang_version"] == "0.5.9"
         assert data["dump_dir_free_bytes"] > 0
-        rc, out, _ = cli({**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "inspect-source", "--host", "awkward",
-                         "--lines", "2837:2837")
+        rc, out, _ = cli(
+            {**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, "inspect-source", "--host", "awkward", "--lines", "2837:2837"
+        )
         assert rc == 0 and "self.capture_aux_hidden_states = False" in out
         assert not __import__("os").path.exists("/tmp/remote-ops-INJECTED")
     finally:

@@ -1,4 +1,5 @@
 """Fleet selection (Ansible-style patterns) and fan-out (bounded, isolated, worst exit code): pure."""
+
 from __future__ import annotations
 
 import threading
@@ -12,33 +13,40 @@ from remote_ops.inventory import Inventory, parse_inventory_data
 
 
 def _inventory() -> Inventory:
-    hosts = parse_inventory_data({"hosts": {f"gpu-0{i}": {"address": f"127.0.9.{i}"} for i in range(1, 5)}},
-                                 source="inventory/fleet.yaml")
-    rack = parse_inventory_data({"hosts": {"gpu-03": {"address": "127.0.9.3"}, "gpu-04": {"address": "127.0.9.4"}}},
-                                source="inventory/rack2.yaml")
+    hosts = parse_inventory_data(
+        {"hosts": {f"gpu-0{i}": {"address": f"127.0.9.{i}"} for i in range(1, 5)}}, source="inventory/fleet.yaml"
+    )
+    rack = parse_inventory_data(
+        {"hosts": {"gpu-03": {"address": "127.0.9.3"}, "gpu-04": {"address": "127.0.9.4"}}},
+        source="inventory/rack2.yaml",
+    )
     lone = parse_inventory_data({"hosts": {"trainer": {"address": "127.0.8.1"}}}, source="inventory/trainer.yaml")
     by_name = {h.name: h for h in hosts + lone}
-    return Inventory(hosts=by_name, groups={"fleet": tuple(h.name for h in hosts),
-                                            "rack2": tuple(h.name for h in rack)})
+    return Inventory(
+        hosts=by_name, groups={"fleet": tuple(h.name for h in hosts), "rack2": tuple(h.name for h in rack)}
+    )
 
 
 def names(hosts) -> list[str]:
     return [h.name for h in hosts]
 
 
-@pytest.mark.parametrize("pattern,want", [
-    ("gpu-01", ["gpu-01"]),
-    ("fleet", ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]),
-    ("gpu-0[12]", ["gpu-01", "gpu-02"]),
-    ("trainer,gpu-02", ["trainer", "gpu-02"]),
-    ("trainer:gpu-02", ["trainer", "gpu-02"]),
-    ("fleet,!rack2", ["gpu-01", "gpu-02"]),
-    ("fleet,&rack2", ["gpu-03", "gpu-04"]),
-    ("all", ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "trainer"]),
-    ("rack*", ["gpu-03", "gpu-04"]),
-    ("127.0.8.1", ["trainer"]),
-    ("gpu-01,gpu-01,fleet", ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]),
-])
+@pytest.mark.parametrize(
+    "pattern,want",
+    [
+        ("gpu-01", ["gpu-01"]),
+        ("fleet", ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]),
+        ("gpu-0[12]", ["gpu-01", "gpu-02"]),
+        ("trainer,gpu-02", ["trainer", "gpu-02"]),
+        ("trainer:gpu-02", ["trainer", "gpu-02"]),
+        ("fleet,!rack2", ["gpu-01", "gpu-02"]),
+        ("fleet,&rack2", ["gpu-03", "gpu-04"]),
+        ("all", ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "trainer"]),
+        ("rack*", ["gpu-03", "gpu-04"]),
+        ("127.0.8.1", ["trainer"]),
+        ("gpu-01,gpu-01,fleet", ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]),
+    ],
+)
 def test_patterns(pattern, want):
     assert names(targets.select(_inventory(), pattern)) == want
 
@@ -107,7 +115,7 @@ def test_worst_exit(codes, want):
 
 def test_rolling_stops_after_a_failed_batch_unless_told_to_go_on():
     hosts = list(_inventory().hosts.values())
-    work = lambda h: (ExitCode.TIMEOUT if h.name == "gpu-02" else 0, None)   # noqa: E731
+    work = lambda h: (ExitCode.TIMEOUT if h.name == "gpu-02" else 0, None)  # noqa: E731
     run = fleet.rolling(hosts, work, serial=2)
     assert [o.skipped for o in run.outcomes] == [False, False, True, True, True]
     assert run.exit_code == ExitCode.TIMEOUT

@@ -5,6 +5,7 @@ plus the local record of hosts that are no longer selected.  The fault test
 crashes one host's sshd mid-run (its client dies with it, as on a reboot) and
 re-splits what is left over the survivors.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def test_split_skips_done_keys_keeps_same_content_together_and_balances_tokens()
     sent = [s for v in shards.values() for s in v]
     assert {s.key for s in sent} == {s.key for s in samples} - done and len(sent) == 11
     holder = [h for h, v in shards.items() if any(s.id == "s3" for s in v)]
-    assert any(s.id == "dup" for s in shards[holder[0]])          # same content: same host
+    assert any(s.id == "dup" for s in shards[holder[0]])  # same content: same host
     loads = [sum(s.tokens for s in v) for v in shards.values()]
     assert max(loads) - min(loads) <= 30
 
@@ -46,27 +47,40 @@ def test_merged_status_counts_by_content_and_the_record_of_absent_hosts():
     from remote_ops.logs import ExtractionSummary
 
     def st(name, running, eta):
-        return extract.ExtractStatus(name, running, 1, ExtractionSummary(rate_samples_s=2.0, rate_tokens_s=50.0,
-                                                                         eta_s=eta), 0, [], "")
-    fs = extract.merge_status(ledger, {"a": st("a", True, 10.0), "b": st("b", True, 30.0)},
-                              {"a": {"k1", "x"}, "b": {"k1", "k2"}}, [])
+        return extract.ExtractStatus(
+            name, running, 1, ExtractionSummary(rate_samples_s=2.0, rate_tokens_s=50.0, eta_s=eta), 0, [], ""
+        )
+
+    fs = extract.merge_status(
+        ledger, {"a": st("a", True, 10.0), "b": st("b", True, 30.0)}, {"a": {"k1", "x"}, "b": {"k1", "k2"}}, []
+    )
     assert (fs.total, fs.done, fs.duplicates, fs.eta_s, fs.rate_tokens_s) == (4, 3, 1, 30.0, 100.0)
     assert fs.last_seen == ["dead"]
 
 
 # --------------------------------------------------------------------------- three lab hosts
 
+
 def _start_standin(host, tmp_path):
     pkg = tmp_path / "pkgs"
     pkg.mkdir(exist_ok=True)
     if not (pkg / "remote_ops_dump").exists():
         (pkg / "remote_ops_dump").symlink_to(REPO / "remote_ops" / "dumper")
-    env = {**os.environ, "PYTHONPATH": str(pkg), "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
-           "STANDIN_LOAD_SECONDS": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pkg),
+        "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
+        "STANDIN_LOAD_SECONDS": "0",
+    }
     logf = tmp_path / f"standin-{host.name}.log"
-    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(host.server_port),
-                             "--model-path", str(host.paths.model_dir)], env=env, stdout=open(logf, "wb"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--port", str(host.server_port), "--model-path", str(host.paths.model_dir)],
+        env=env,
+        stdout=open(logf, "wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while b"listening" not in logf.read_bytes():
         assert proc.poll() is None and time.monotonic() < deadline, logf.read_text()
@@ -110,8 +124,14 @@ def three(lab, host, spare_host, tmp_path):
 
 
 def cli(env, *args, timeout=240):
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--json"], env=env, capture_output=True,
-                       text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else None), p.stderr
 
 
@@ -134,14 +154,23 @@ def _ok_keys(host) -> set[str]:
 
 
 def _dumps(host) -> dict[str, Path]:
-    return {p.name[:-len(".safetensors")]: p for p in host.paths.dump_dir.glob("rank*/*.safetensors")}
+    return {p.name[: -len(".safetensors")]: p for p in host.paths.dump_dir.glob("rank*/*.safetensors")}
 
 
 def test_a_group_splits_by_content_and_a_dead_host_is_re_split_without_loss(three, lab_env, faults, tmp_path):
     lab1, lab2, lab3 = three
     keys = _dataset(tmp_path / "ds.jsonl", 2400, 40)
-    rc, doc, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2,lab3", "--dataset",
-                       str(tmp_path / "ds.jsonl"), "--concurrency", "1")
+    rc, doc, err = cli(
+        lab_env,
+        "extract",
+        "start",
+        "--host",
+        "lab1,lab2,lab3",
+        "--dataset",
+        str(tmp_path / "ds.jsonl"),
+        "--concurrency",
+        "1",
+    )
     assert rc == 0, err
     assert sum(doc["shards"].values()) == len(keys) and all(n == 800 for n in doc["shards"].values())
     deadline = time.monotonic() + 60
@@ -150,32 +179,53 @@ def test_a_group_splits_by_content_and_a_dead_host_is_re_split_without_loss(thre
         time.sleep(0.05)
     rc, status, err = cli(lab_env, "extract", "status", "--host", "lab1,lab2,lab3")
     assert rc == 0 and status["total"] == len(keys) and len(status["running"]) == 3, err
-    faults.crash(lab3)                                   # sshd and every session under it: the client too
+    faults.crash(lab3)  # sshd and every session under it: the client too
     lab3_done = _ok_keys(lab3)
     assert len(lab3_done) < 800, "lab3 finished before the crash; make the dataset bigger"
-    record = json.loads(next((Path(lab_env["REMOTE_OPS_STATE_DIR"]) / "extract" / "fleet").glob("*.json"))
-                        .read_text())
+    record = json.loads(next((Path(lab_env["REMOTE_OPS_STATE_DIR"]) / "extract" / "fleet").glob("*.json")).read_text())
     seen_on_lab3 = set(record["hosts"]["lab3"]["done"])
     rc, merged, err = cli(lab_env, "extract", "status", "--host", "lab1,lab2,lab3", "--connect-timeout", "3")
     assert rc == 4 and merged["unreachable"] == ["lab3"] and merged["last_seen"] == ["lab3"], err
-    rc, _, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2,lab3", "--dataset", str(tmp_path / "ds.jsonl"),
-                     "--restart", "--connect-timeout", "3")
-    assert rc == 4 and "cannot read the manifest of lab3" in err and "lab3" in err, err   # nothing stopped or split
+    rc, _, err = cli(
+        lab_env,
+        "extract",
+        "start",
+        "--host",
+        "lab1,lab2,lab3",
+        "--dataset",
+        str(tmp_path / "ds.jsonl"),
+        "--restart",
+        "--connect-timeout",
+        "3",
+    )
+    assert rc == 4 and "cannot read the manifest of lab3" in err and "lab3" in err, err  # nothing stopped or split
 
-    rc, final, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2,lab3,!lab3", "--dataset",
-                         str(tmp_path / "ds.jsonl"), "--restart", "--concurrency", "4", "--wait", "200")
+    rc, final, err = cli(
+        lab_env,
+        "extract",
+        "start",
+        "--host",
+        "lab1,lab2,lab3,!lab3",
+        "--dataset",
+        str(tmp_path / "ds.jsonl"),
+        "--restart",
+        "--concurrency",
+        "4",
+        "--wait",
+        "200",
+    )
     assert rc == 0, err
     assert final["counted_from_record"] == ["lab3"] and final["done"] == final["total"] == len(keys)
     survivors = _ok_keys(lab1) | _ok_keys(lab2)
-    assert survivors | lab3_done == keys                                   # no sample lost
-    assert not (_ok_keys(lab1) & _ok_keys(lab2))                           # none sent by two survivors
+    assert survivors | lab3_done == keys  # no sample lost
+    assert not (_ok_keys(lab1) & _ok_keys(lab2))  # none sent by two survivors
     dumps = {h.name: _dumps(h) for h in three}
     assert set(dumps["lab1"]) | set(dumps["lab2"]) | set(dumps["lab3"]) >= keys
     assert not (set(dumps["lab1"]) & set(dumps["lab2"]))
     twice = (set(dumps["lab1"]) | set(dumps["lab2"])) & set(dumps["lab3"])
     # only what lab3 did after the record last saw it (done since the status, or in flight at the crash)
     assert twice <= set(dumps["lab3"]) - seen_on_lab3, twice & seen_on_lab3
-    for key in twice:                                                      # content-keyed: the same file
+    for key in twice:  # content-keyed: the same file
         other = dumps["lab1"].get(key) or dumps["lab2"][key]
         assert other.read_bytes() == dumps["lab3"][key].read_bytes()
     print(f"lab3 done at crash {len(lab3_done)}, seen by the record {len(seen_on_lab3)}, dumped twice {len(twice)}")
@@ -183,7 +233,17 @@ def test_a_group_splits_by_content_and_a_dead_host_is_re_split_without_loss(thre
 
 def test_old_limit_spelling_is_max_samples_with_a_note(three, lab_env, tmp_path):
     _dataset(tmp_path / "ds.jsonl", 30, 8)
-    rc, doc, err = cli(lab_env, "extract", "start", "--host", "lab1,lab2", "--dataset", str(tmp_path / "ds.jsonl"),
-                       "--limit", "10", "--dry-run")
+    rc, doc, err = cli(
+        lab_env,
+        "extract",
+        "start",
+        "--host",
+        "lab1,lab2",
+        "--dataset",
+        str(tmp_path / "ds.jsonl"),
+        "--limit",
+        "10",
+        "--dry-run",
+    )
     assert rc == 0 and "--max-samples" in err, err
     assert doc["samples"] == 10 and sum(doc["shards"].values()) == 10

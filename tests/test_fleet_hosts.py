@@ -1,4 +1,5 @@
 """Commands on many hosts over real lab sshd: patterns, isolated failures, one document, worst exit code."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,14 @@ import sys
 
 
 def cli(env, *args, timeout=120):
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args], env=env, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -42,13 +49,25 @@ def test_deploy_serial_stops_the_roll_after_a_failed_batch_unless_keep_going(lab
     faults.refuse(spare_host)
     others = [n for n in ("lab1", "lab2", "lab3") if n != spare_host.name]
     pattern = ",".join([spare_host.name, *others])
-    rc, out, err = cli(lab_env, "deploy", "--host", pattern, "--dry-run", "--serial", "1", "--json",
-                       "--connect-timeout", "3")
+    rc, out, err = cli(
+        lab_env, "deploy", "--host", pattern, "--dry-run", "--serial", "1", "--json", "--connect-timeout", "3"
+    )
     doc = json.loads(out)
     assert rc == 4 and doc["hosts"][0]["exit_code"] == 4, err
     assert doc["skipped"] == others and "skipped after a failed batch" in err
-    rc, out, err = cli(lab_env, "deploy", "--host", pattern, "--dry-run", "--serial", "1", "--keep-going",
-                       "--json", "--connect-timeout", "3")
+    rc, out, err = cli(
+        lab_env,
+        "deploy",
+        "--host",
+        pattern,
+        "--dry-run",
+        "--serial",
+        "1",
+        "--keep-going",
+        "--json",
+        "--connect-timeout",
+        "3",
+    )
     doc = json.loads(out)
     assert doc["skipped"] == [] and [h["host"] for h in doc["hosts"]] == [spare_host.name, *others], err
 

@@ -1,4 +1,5 @@
 """`sandbox up --hosts N`: N sandbox hosts as the group `sandbox`; one host stays `sandbox`."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from remote_ops import sandbox
 def test_host_names_and_daemon_keys():
     assert sandbox.host_names(1) == ["sandbox"]
     assert sandbox.host_names(3) == ["sandbox1", "sandbox2", "sandbox3"]
-    assert sandbox.daemon_key("sshd", "sandbox", 1) == "sshd"                 # one host: as before
+    assert sandbox.daemon_key("sshd", "sandbox", 1) == "sshd"  # one host: as before
     assert sandbox.daemon_key("sshd", "sandbox2", 3) == "sshd:sandbox2"
     with pytest.raises(ValueError):
         sandbox.host_names(0)
@@ -25,8 +26,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _cli(env, *args, timeout=120):
     """The CLI run from an empty directory (no ./inventory), so only the sandbox's inventory file is loaded."""
-    p = subprocess.run([sys.executable, "-m", "remote_ops", *args, "--json"], env=env, capture_output=True,
-                       text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=env["HOME_FOR_TEST"])
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=env["HOME_FOR_TEST"],
+    )
     return p.returncode, json.loads(p.stdout) if p.stdout.strip() else None, p.stderr
 
 
@@ -37,9 +45,13 @@ def test_three_sandbox_hosts_are_the_group_sandbox(tmp_path):
 
     require(lab_unavailable())
     (tmp_path / "cwd").mkdir()
-    env = {**os.environ, "REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "HOME_FOR_TEST": str(tmp_path / "cwd"),
-           "PYTHONPATH": REPO}
-    env.pop("REMOTE_OPS_INVENTORY", None)      # (an --inventory / $REMOTE_OPS_INVENTORY replaces the sandbox's file)
+    env = {
+        **os.environ,
+        "REMOTE_OPS_STATE_DIR": str(tmp_path / "state"),
+        "HOME_FOR_TEST": str(tmp_path / "cwd"),
+        "PYTHONPATH": REPO,
+    }
+    env.pop("REMOTE_OPS_INVENTORY", None)  # (an --inventory / $REMOTE_OPS_INVENTORY replaces the sandbox's file)
     try:
         rc, doc, err = _cli(env, "sandbox", "up", "--hosts", "3", timeout=900)
         assert rc == 0 and doc["running"], err
@@ -49,12 +61,17 @@ def test_three_sandbox_hosts_are_the_group_sandbox(tmp_path):
         assert rc == 0, err
         assert [h["host"] for h in facts["hosts"]] == ["sandbox1", "sandbox2", "sandbox3"]
         rc, _, err = _cli(env, "sandbox", "up", "--hosts", "2")
-        assert rc != 0 and "sandbox down" in err                             # another size: refused
+        assert rc != 0 and "sandbox down" in err  # another size: refused
         rc, again, err = _cli(env, "sandbox", "up", "--hosts", "3")
-        assert rc == 0 and again["hosts"] == doc["hosts"], err                 # idempotent
+        assert rc == 0 and again["hosts"] == doc["hosts"], err  # idempotent
         rc, _, err = _cli(env, "sandbox", "down")
-        rc, one, err = _cli(env, "sandbox", "up", timeout=900)                 # after down: one host, `sandbox`
+        rc, one, err = _cli(env, "sandbox", "up", timeout=900)  # after down: one host, `sandbox`
         assert rc == 0 and [h["name"] for h in one["hosts"]] == ["sandbox"] and "sshd" in one["daemons"], err
     finally:
-        subprocess.run([sys.executable, "-m", "remote_ops", "sandbox", "down"], env=env, capture_output=True,
-                       timeout=120, cwd=env["HOME_FOR_TEST"])
+        subprocess.run(
+            [sys.executable, "-m", "remote_ops", "sandbox", "down"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            cwd=env["HOME_FOR_TEST"],
+        )

@@ -1,4 +1,5 @@
 """Health evaluators from captured probe output (pure)."""
+
 import json
 
 from remote_ops import health
@@ -12,9 +13,18 @@ LABELS = {labels.PATCH_HASH: "abc", labels.SHA_AFTER: "f" * 64}
 
 
 def container(running=True, health_status="healthy", image_id="sha256:img", ref=IMAGE_REF, oom=False, restarts=0):
-    return {"Image": image_id, "RestartCount": restarts, "Config": {"Image": ref},
-            "State": {"Running": running, "Status": "running" if running else "exited", "ExitCode": 0 if running else 137,
-                      "OOMKilled": oom, "Health": {"Status": health_status}}}
+    return {
+        "Image": image_id,
+        "RestartCount": restarts,
+        "Config": {"Image": ref},
+        "State": {
+            "Running": running,
+            "Status": "running" if running else "exited",
+            "ExitCode": 0 if running else 137,
+            "OOMKilled": oom,
+            "Health": {"Status": health_status},
+        },
+    }
 
 
 def image(image_id="sha256:img", labels=LABELS):
@@ -24,14 +34,22 @@ def image(image_id="sha256:img", labels=LABELS):
 def sections(c=None, img=None, patch=(0, "f" * 64 + "  /x/deepseek_v2.py\n2\n"), version="0.5.9", dumps="3 300\n"):
     inspect = (json.dumps([c]) + "\n" + (json.dumps([img]) if img else "")) if c else "Error: No such container"
     info = json.dumps({"version": version})
-    http = {"/model_info": {"path": "/model_info", "status": 200, "ms": 1, "body": "{}"},
-            "/server_info": {"path": "/get_server_info", "status": 200, "ms": 1, "body": info},
-            "/v1/models": {"path": "/v1/models", "status": 200, "ms": 1, "body": "{}"}}
+    http = {
+        "/model_info": {"path": "/model_info", "status": 200, "ms": 1, "body": "{}"},
+        "/server_info": {"path": "/get_server_info", "status": 200, "ms": 1, "body": info},
+        "/v1/models": {"path": "/v1/models", "status": 200, "ms": 1, "body": "{}"},
+    }
     df = "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/x 1 1 900000000000 1% /data\n"
     nvsmi = "0, GPU, 1, 1, 40, 0, 12.0, 580\n1, GPU, 1, 1, 41, 0, 12.0, 580\n"
-    return {"docker": (0, '{"Client":{"Version":"27"},"Server":{"Version":"27","ApiVersion":"1.46"}}'),
-            "gpus": (0, nvsmi), "gpu_procs": (0, ""), "container": (0 if c else 1, inspect),
-            "patch": patch, "http": (0, json.dumps(http)), "dumps": (0, dumps + df)}
+    return {
+        "docker": (0, '{"Client":{"Version":"27"},"Server":{"Version":"27","ApiVersion":"1.46"}}'),
+        "gpus": (0, nvsmi),
+        "gpu_procs": (0, ""),
+        "container": (0 if c else 1, inspect),
+        "patch": patch,
+        "http": (0, json.dumps(http)),
+        "dumps": (0, dumps + df),
+    }
 
 
 def by_name(checks):
@@ -88,11 +106,17 @@ def test_stray_gpu_process_warns_and_hot_gpu_warns():
 def test_dump_growth_uses_local_baseline():
     first = by_name(health.evaluate(HOST, sections(container(), image(), dumps="3 300\n"), now=100.0))
     assert first["dumps/growth"].status == "ok" and "baseline" in first["dumps/growth"].reason
-    grown = by_name(health.evaluate(HOST, sections(container(), image(), dumps="5 500\n"),
-                                    last_dumps=first["dumps/growth"].data, now=110.0))
+    grown = by_name(
+        health.evaluate(
+            HOST, sections(container(), image(), dumps="5 500\n"), last_dumps=first["dumps/growth"].data, now=110.0
+        )
+    )
     assert grown["dumps/growth"].status == "ok" and "+2 files" in grown["dumps/growth"].reason
-    stuck = by_name(health.evaluate(HOST, sections(container(), image(), dumps="5 500\n"),
-                                    last_dumps=grown["dumps/growth"].data, now=200.0))
+    stuck = by_name(
+        health.evaluate(
+            HOST, sections(container(), image(), dumps="5 500\n"), last_dumps=grown["dumps/growth"].data, now=200.0
+        )
+    )
     assert stuck["dumps/growth"].status == "warn"
 
 
@@ -114,10 +138,11 @@ def test_allreduce_fusion_window_from_real_gpus_tp_and_version():
 
     def gpu(cc):
         return Gpu(0, "GPU", 1, 1, 40, 0, cc, "580")
+
     tp8 = HostSpec(name="h", server={"tp": 8})
-    assert health.check_fusion(tp8, [gpu("12.0")]).status == "ok"          # RTX PRO 6000 (sm120)
-    assert health.check_fusion(tp8, [gpu("9.0")]).status == "warn"         # H100/H200 (sm90)
-    assert health.check_fusion(tp8, [gpu("10.0")]).status == "warn"        # B200 (sm100)
+    assert health.check_fusion(tp8, [gpu("12.0")]).status == "ok"  # RTX PRO 6000 (sm120)
+    assert health.check_fusion(tp8, [gpu("9.0")]).status == "warn"  # H100/H200 (sm90)
+    assert health.check_fusion(tp8, [gpu("10.0")]).status == "warn"  # B200 (sm100)
     assert health.check_fusion(tp8, []).status == "skip"
     assert health.check_fusion(HostSpec(name="h", server={"tp": 1}), [gpu("9.0")]).status == "ok"
     newer = HostSpec(name="h", server={"tp": 8}, sglang={"version": "0.5.14"})

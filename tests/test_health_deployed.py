@@ -3,6 +3,7 @@
 Each broken state fails the right check: a stopped container, a wrong image,
 a missing patch.  The deploy itself is covered in test_deploy_e2e.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,11 +20,20 @@ def checks(remote, spec, **kw) -> dict[str, health.Check]:
 
 
 def test_deployed_host_is_healthy_in_one_round_trip(sglang_remote, deployed, tmp_path):
-    result = health.check_host(lambda _h: sglang_remote, deployed, expected_image=deploy.image_ref(deployed),
-                               state_dir=tmp_path)
+    result = health.check_host(
+        lambda _h: sglang_remote, deployed, expected_image=deploy.image_ref(deployed), state_dir=tmp_path
+    )
     by = {f"{c.tier}/{c.name}": c for c in result.checks}
-    for name in ("ssh/connect", "engine/docker", "container/image", "patch/in_container",
-                 "sglang/model_info", "sglang/server_info", "sglang/v1_models", "sglang/version"):
+    for name in (
+        "ssh/connect",
+        "engine/docker",
+        "container/image",
+        "patch/in_container",
+        "sglang/model_info",
+        "sglang/server_info",
+        "sglang/v1_models",
+        "sglang/version",
+    ):
         assert by[name].status == "ok", (name, by[name])
     # docker's own HEALTHCHECK reports "starting" until its first interval has passed
     assert by["container/state"].status in ("ok", "warn"), by["container/state"]
@@ -47,8 +57,10 @@ def test_wrong_image_fails_image_check(sglang_remote, deployed, base_image):
 
 
 def test_missing_patch_fails_patch_check(sglang_remote, deployed):
-    locate = ("import importlib.util; s=importlib.util.find_spec('sglang'); "
-              "print(s.submodule_search_locations[0] + '/srt/models/deepseek_v2.py')")
+    locate = (
+        "import importlib.util; s=importlib.util.find_spec('sglang'); "
+        "print(s.submodule_search_locations[0] + '/srt/models/deepseek_v2.py')"
+    )
     strip = f"f=$(python3 -c {shell.quote(locate)}) && sed -i '/remote-ops/d' \"$f\""
     sglang_remote.run(["docker", "exec", deployed.container.name, "sh", "-c", strip])
     by = checks(sglang_remote, deployed)
@@ -62,8 +74,17 @@ def test_health_cli_exit_code_on_deployed_host(lab, deployed, lab_env, tmp_path)
 
     inv = tmp_path / "inv.yaml"
     import yaml
-    inv.write_text(yaml.safe_dump({"hosts": {deployed.name: deployed.model_dump(
-        mode="json", exclude={"name", "source", "groups"})}}))
-    p = subprocess.run([sys.executable, "-m", "remote_ops", "health", "--host", deployed.name],
-                       env={**lab_env, "REMOTE_OPS_INVENTORY": str(inv)}, capture_output=True, text=True, timeout=120)
+
+    inv.write_text(
+        yaml.safe_dump(
+            {"hosts": {deployed.name: deployed.model_dump(mode="json", exclude={"name", "source", "groups"})}}
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "health", "--host", deployed.name],
+        env={**lab_env, "REMOTE_OPS_INVENTORY": str(inv)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode in (ExitCode.OK, ExitCode.HEALTH_WARN), p.stderr

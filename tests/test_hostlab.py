@@ -1,4 +1,5 @@
 """The host lab itself: hosts answer, dockerd works offline, images import, teardown is clean."""
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,9 @@ def test_ssh_session_reaches_lab_dockerd(remote, lab):
 
 def test_unknown_image_fails_fast_without_registry(remote):
     start = time.monotonic()
-    res = remote.run(["docker", "run", "--rm", "--pull=never", "remote-ops/no-such-image:x", "true"],
-                     check=False, timeout=60)
+    res = remote.run(
+        ["docker", "run", "--rm", "--pull=never", "remote-ops/no-such-image:x", "true"], check=False, timeout=60
+    )
     assert res.exit_status != 0
     assert "No such image" in res.stderr or "not found" in res.stderr.lower()
     assert time.monotonic() - start < 30
@@ -43,8 +45,27 @@ def test_unknown_image_fails_fast_without_registry(remote):
 def test_published_port_and_gpus_all(remote, busybox_image, host):
     port = free_port()
     name = f"lab-httpd-{port}"
-    remote.run(["docker", "run", "-d", "--pull=never", "--name", name, "--gpus", "all",
-                "-p", f"127.0.0.1:{port}:{port}", busybox_image, "httpd", "-f", "-p", str(port), "-h", "/etc"])
+    remote.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--pull=never",
+            "--name",
+            name,
+            "--gpus",
+            "all",
+            "-p",
+            f"127.0.0.1:{port}:{port}",
+            busybox_image,
+            "httpd",
+            "-f",
+            "-p",
+            str(port),
+            "-h",
+            "/etc",
+        ]
+    )
     try:
         deadline = time.monotonic() + 20
         body = None

@@ -1,4 +1,5 @@
 """Inventory loading/validation and ssh_config resolution (pure, no network)."""
+
 from pathlib import Path
 
 import paramiko
@@ -45,7 +46,8 @@ def test_invalid_yaml_names_file(tmp_path):
 def test_defaults_merge_and_groups(tmp_path):
     (tmp_path / "rack.yaml").write_text(
         "defaults:\n  user: ops\n  dump: {dir: /d}\nhosts:\n  a: {address: 127.0.0.2}\n"
-        "  b: {address: 127.0.0.3, dump: {min_free_gb: 5}}\n")
+        "  b: {address: 127.0.0.3, dump: {min_free_gb: 5}}\n"
+    )
     inv = load_inventory([tmp_path])
     assert [h.name for h in inv.resolve("rack")] == ["a", "b"]
     assert inv.one("b").dump.dir == "/d" and inv.one("b").dump.min_free_gb == 5
@@ -73,9 +75,11 @@ def _config(text: str) -> paramiko.SSHConfig:
 
 
 def test_ssh_config_fills_what_inventory_leaves_out():
-    cfg = _config("Host gpu\n  HostName 127.0.0.5\n  User ubuntu\n  Port 2201\n"
-                  "  IdentityFile /keys/id\n  UserKnownHostsFile /kh/a /kh/b\n  ProxyJump jump@127.0.0.6:2202\n"
-                  "  ConnectTimeout 4\n  ServerAliveInterval 7\n")
+    cfg = _config(
+        "Host gpu\n  HostName 127.0.0.5\n  User ubuntu\n  Port 2201\n"
+        "  IdentityFile /keys/id\n  UserKnownHostsFile /kh/a /kh/b\n  ProxyJump jump@127.0.0.6:2202\n"
+        "  ConnectTimeout 4\n  ServerAliveInterval 7\n"
+    )
     t = resolve_target(adhoc_host("gpu"), cfg)
     assert (t.hostname, t.user, t.port) == ("127.0.0.5", "ubuntu", 2201)
     assert t.identity_files == ("/keys/id",)

@@ -1,4 +1,5 @@
 """Pure tests of log parsing and the incremental-pull plan (no hosts)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,8 @@ DATA = Path(__file__).parent / "data" / "logs"
 def test_extraction_log_gives_progress_rate_errors_and_eta_of_the_current_session():
     s = logs.parse_extraction((DATA / "extraction.log").read_text())
     assert (s.done, s.total, s.tokens, s.state) == (8, 10, 13840, "running")
-    assert s.rate_samples_s == 0.5 and s.rate_tokens_s == 865.0     # session: 2 samples in 4 s
-    assert s.eta_s == 4.0                                           # 2 left at 0.5/s
+    assert s.rate_samples_s == 0.5 and s.rate_tokens_s == 865.0  # session: 2 samples in 4 s
+    assert s.eta_s == 4.0  # 2 left at 0.5/s
     assert len(s.error_lines) == 1 and "Connection refused" in s.error_lines[0]
     assert s.last_time == "2026-11-30T10:05:04Z"
 
@@ -39,13 +40,15 @@ def test_specforge_epoch_lines_give_per_position_accuracy_and_loss():
     assert sorted(train[0].acc) == list(range(7))
     assert train[0].step0_acc == 0.45 and train[2].step0_acc == 0.65
     assert train[0].ploss[6] == 3.1
-    assert train[2].loss < train[0].loss                  # weighted 0.8**i like SpecForge's objective
+    assert train[2].loss < train[0].loss  # weighted 0.8**i like SpecForge's objective
     assert t.latest("eval").acc[0] == 0.62
 
 
 def test_specforge_step_lines_are_read_as_steps():
-    text = ("Train Step [200], position 0,  Acc: 0.51\nTrain Step [200], position 0, pLoss: 1.90\n"
-            "Train Step [400], position 0,  Acc: 0.55\n")
+    text = (
+        "Train Step [200], position 0,  Acc: 0.51\nTrain Step [200], position 0, pLoss: 1.90\n"
+        "Train Step [400], position 0,  Acc: 0.55\n"
+    )
     t = logs.parse_training(text)
     assert [(r.unit, r.index, r.step0_acc) for r in t.records] == [("step", 200, 0.51), ("step", 400, 0.55)]
     assert t.records[0].loss == 1.9
@@ -60,10 +63,10 @@ def test_specforge_0_2_0_step_metric_lines_give_per_position_accuracy_loss_and_e
     assert sorted(train[0].acc) == list(range(7)) and train[0].step0_acc == 0.37 and train[0].ploss[0] == 2.15
     assert train[0].metrics["lr"] == 5e-05 and train[0].metrics["perf/optimizer_step_time_s"] == 0.7
     assert train[2].loss < train[0].loss and train[2].acceptance_length > train[0].acceptance_length
-    assert 1 not in train[3].acc and train[3].acc[0] == 0.6937      # `nan` (not a literal) is skipped
+    assert 1 not in train[3].acc and train[3].acc[0] == 0.6937  # `nan` (not a literal) is skipped
     assert [r.index for r in evals] == [100] and evals[0].acc[1] == 0.4698 and evals[0].ploss[0] == 1.626
     assert evals[0].metrics["eval/simulated_acc_len"] == 2.9 and t.latest("train").index == 200
-    assert t.steps == []                                 # 0.2.0 draws no tqdm bar off a terminal
+    assert t.steps == []  # 0.2.0 draws no tqdm bar off a terminal
     assert not t.standin and t.to_dict()["label"] is None
 
 
@@ -106,6 +109,7 @@ def test_train_eagle3_progress_bar_gives_one_point_per_step_across_carriage_retu
 
 # --------------------------------------------------------------------------- pull plan
 
+
 def _chunk(inode, size, start, data):
     return logs.FileChunk(inode, size, start, data)
 
@@ -134,7 +138,7 @@ def test_a_truncated_file_is_noticed(tmp_path):
 
 def test_bytes_a_crash_left_after_the_saved_cursor_are_replaced(tmp_path):
     local = tmp_path / "x.log"
-    local.write_bytes(b"hello\nGARBAGE")                  # written, cursor never saved
+    local.write_bytes(b"hello\nGARBAGE")  # written, cursor never saved
     cur = logs.FileCursor("7", 6, 0, "")
     cur, _ = logs.apply_chunk(local, cur, _chunk("7", 12, 6, b"world\n"))
     assert local.read_bytes() == b"hello\nworld\n"
@@ -167,7 +171,7 @@ def test_server_lines_already_pulled_at_the_last_timestamp_are_skipped():
     lines = ["2026-01-01T00:00:01.1Z a", "2026-01-01T00:00:02.2Z b", "2026-01-01T00:00:02.2Z c"]
     fresh, cur = logs.new_server_lines(logs.ServerCursor(), "cid", lines, None)
     assert fresh == lines and cur.last_ts == "2026-01-01T00:00:02.2Z" and cur.lines_at_last_ts == 2
-    again = lines[1:] + ["2026-01-01T00:00:03.0Z d"]                    # docker's --since is inclusive
+    again = lines[1:] + ["2026-01-01T00:00:03.0Z d"]  # docker's --since is inclusive
     fresh, cur = logs.new_server_lines(cur, "cid", again, None)
     assert fresh == ["2026-01-01T00:00:03.0Z d"] and cur.lines_at_last_ts == 1
 

@@ -1,4 +1,5 @@
 """`--plot`: PNG files from parsed logs (matplotlib Agg, no display)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,14 @@ def test_training_and_extraction_plots_are_written(tmp_path):
     written = plots.plot_training(epochs, tmp_path, "lab1") + plots.plot_training(steps, tmp_path / "s")
     written.append(plots.plot_extraction(logs.extraction_points((DATA / "extraction.log").read_text()), tmp_path))
     names = sorted(p.name for p in written)
-    assert names == ["extraction.png", "training_acc.png", "training_loss.png", "training_positions.png",
-                     "training_steps.png", "training_tau.png"]
+    assert names == [
+        "extraction.png",
+        "training_acc.png",
+        "training_loss.png",
+        "training_positions.png",
+        "training_steps.png",
+        "training_tau.png",
+    ]
     for p in written:
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
 

@@ -1,4 +1,5 @@
 """Incremental log pulls over a real lab host (sshd + dockerd)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -44,12 +45,12 @@ def test_rotation_and_truncation_keep_the_old_copy(remote, spec, host, local):
     path = _remote_log(host, "training.log")
     path.write_text("Train Epoch [1/2], position 0,  Acc: 0.40\n")
     logs.pull_logs(remote, spec, ("training",), local)
-    path.rename(path.with_name("training.log.1"))            # logrotate: new inode
+    path.rename(path.with_name("training.log.1"))  # logrotate: new inode
     path.write_text("Train Epoch [2/2], position 0,  Acc: 0.50\n")
     r = logs.pull_logs(remote, spec, ("training",), local)[0]
     assert r.reset == "rotated"
     assert "0.50" in (local / "training.log").read_text() and "0.40" in (local / "training.log.1").read_text()
-    with open(path, "r+") as fh:                                # copytruncate, regrown past the offset
+    with open(path, "r+") as fh:  # copytruncate, regrown past the offset
         fh.truncate(0)
         fh.write("X" * 200 + "\n")
     r = logs.pull_logs(remote, spec, ("training",), local)[0]
@@ -69,16 +70,19 @@ def test_interrupted_pull_resumes_without_losing_or_repeating_bytes(remote, spec
         real_save(self, p)
         saves["n"] += 1
         if saves["n"] == 2:
-            raise KeyboardInterrupt                            # Ctrl-C after two chunks
+            raise KeyboardInterrupt  # Ctrl-C after two chunks
+
     monkeypatch.setattr(logs.PullState, "save", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        logs.pull_file(remote, "extraction", str(path), local, logs.PullState.load(state_path), state_path,
-                       max_bytes=1 << 20)
+        logs.pull_file(
+            remote, "extraction", str(path), local, logs.PullState.load(state_path), state_path, max_bytes=1 << 20
+        )
     monkeypatch.setattr(logs.PullState, "save", real_save)
     done_before = logs.PullState.load(state_path).files["extraction"].offset
     assert done_before == 2 << 20
-    r = logs.pull_file(remote, "extraction", str(path), local, logs.PullState.load(state_path), state_path,
-                       max_bytes=1 << 20)
+    r = logs.pull_file(
+        remote, "extraction", str(path), local, logs.PullState.load(state_path), state_path, max_bytes=1 << 20
+    )
     assert r.new_bytes == size - done_before
     assert (local / "extraction.log").read_bytes() == path.read_bytes()
 
@@ -116,11 +120,16 @@ def test_follow_streams_new_lines_tagged_with_their_log(remote, spec, host):
                 fh.write(f"new line {i}\n")
                 fh.flush()
                 time.sleep(0.1)
+
     t = threading.Thread(target=writer)
     t.start()
-    result = remote.run(logs.follow_command(spec, ("extraction",), None, 5, duration=3), timeout=10,
-                        check=False, on_line=lambda stream, line: got.append(logs.split_tagged(line)))
-    assert result.exit_status == 124 and result.duration_s < 8          # `timeout` ended it on the host
+    result = remote.run(
+        logs.follow_command(spec, ("extraction",), None, 5, duration=3),
+        timeout=10,
+        check=False,
+        on_line=lambda stream, line: got.append(logs.split_tagged(line)),
+    )
+    assert result.exit_status == 124 and result.duration_s < 8  # `timeout` ended it on the host
     t.join()
     assert got == [("extraction", "old line")] + [("extraction", f"new line {i}") for i in range(3)]
 
@@ -130,8 +139,24 @@ def test_cli_logs_follow_prefixes_each_line_with_the_host(lab_env, host):
 
     path = _remote_log(host)
     path.write_text("hello from the host\n")
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "logs", "follow", "--host", host.name,
-                           "--what", "extraction", "--duration", "2"], capture_output=True, text=True,
-                          timeout=60, env={**lab_env, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remote_ops",
+            "logs",
+            "follow",
+            "--host",
+            host.name,
+            "--what",
+            "extraction",
+            "--duration",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**lab_env, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
-    assert f"{host.name} | [extraction] hello from the host" in proc.stdout     # data: stdout (issue 13)
+    assert f"{host.name} | [extraction] hello from the host" in proc.stdout  # data: stdout (issue 13)

@@ -7,6 +7,7 @@ anchor, the block moved after the logits_processor line, the unpack removed from
 forward) are refused or caught.  A spec folder written to a temp dir and put on
 $REMOTE_OPS_PATCH_PATH patches a model no bundled spec covers, with no Python change.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,9 +45,9 @@ def test_apply_verify_compile_revert(name, version):
     init, fwd = plan.anchors
     assert init.scope == f"{spec.model_class}.__init__" and fwd.scope == f"{spec.model_class}.forward"
     assert A.verify_placement(plan.new_text, spec).status == A.APPLIED
-    compile(plan.new_text, spec.target, "exec")                       # what py_compile does
-    assert A.strip(plan.new_text, spec) == text                        # revert: byte-identical
-    assert A.plan(plan.new_text, spec).changes is False                # re-apply: no-op
+    compile(plan.new_text, spec.target, "exec")  # what py_compile does
+    assert A.strip(plan.new_text, spec) == text  # revert: byte-identical
+    assert A.plan(plan.new_text, spec).changes is False  # re-apply: no-op
 
 
 @pytest.mark.parametrize("name,version", CASES)
@@ -62,8 +63,9 @@ def _init_stmt(text: str, cls: str, attr: str) -> ast.stmt:
     """The direct statement of cls.__init__ assigning `self.<attr>`."""
     node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == cls)
     init = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    return next(s for s in init.body if isinstance(s, ast.Assign)
-                and any(A.dotted(t) == f"self.{attr}" for t in s.targets))
+    return next(
+        s for s in init.body if isinstance(s, ast.Assign) and any(A.dotted(t) == f"self.{attr}" for t in s.targets)
+    )
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -86,17 +88,17 @@ def test_block_moved_after_logits_processor_caught(name):
     lines = patched.splitlines(True)
     begin = next(i for i, ln in enumerate(lines) if re.search(r"# >>> remote-ops:[\w.-]+:init ", ln))
     end = next(i for i in range(begin, len(lines)) if "# <<< remote-ops:" in lines[i])
-    block = lines[begin:end + 1]
-    del lines[begin:end + 1]
+    block = lines[begin : end + 1]
+    del lines[begin : end + 1]
     logits = _init_stmt("".join(lines), spec.model_class, "logits_processor")
-    lines[logits.end_lineno:logits.end_lineno] = block
+    lines[logits.end_lineno : logits.end_lineno] = block
     moved = "".join(lines)
     report = A.verify_placement(moved, spec)
     assert report.status == A.MISPLACED
     assert any("runs before the reset" in f.message for f in report.findings)
-    repaired = A.plan(moved, spec)                 # our marked block: apply puts it back after the flag
+    repaired = A.plan(moved, spec)  # our marked block: apply puts it back after the flag
     assert repaired.state == A.MISPLACED and A.verify_placement(repaired.new_text, spec).status == A.APPLIED
-    unmarked = "".join(ln for ln in lines if "remote-ops:" not in ln)   # a hand copy: refused
+    unmarked = "".join(ln for ln in lines if "remote-ops:" not in ln)  # a hand copy: refused
     with pytest.raises(A.AnchorRefusal) as info:
         A.plan(unmarked, spec)
     assert info.value.reason in ("capture_before_reset", "unmarked_block")
@@ -105,10 +107,12 @@ def test_block_moved_after_logits_processor_caught(name):
 @pytest.mark.parametrize("name", SPECS)
 def test_missing_unpack_in_forward_refused(name):
     spec, text = patchspec.resolve(name), source(name, "0.5.9")
-    unpack = "        if self.capture_aux_hidden_states:\n            hidden_states, aux_hidden_states = hidden_states\n"
+    unpack = (
+        "        if self.capture_aux_hidden_states:\n            hidden_states, aux_hidden_states = hidden_states\n"
+    )
     cls_at = text.index(f"class {spec.model_class}(")
     at = text.index(unpack, cls_at)
-    mutated = text[:at] + text[at + len(unpack):]
+    mutated = text[:at] + text[at + len(unpack) :]
     with pytest.raises(A.AnchorRefusal) as info:
         A.plan(mutated, spec)
     assert info.value.reason == "not_found" and f"{spec.model_class}.forward" in info.value.message
@@ -179,15 +183,24 @@ def test_unknown_model_class_refused(tmp_path):
     path = tmp_path / "llama.py"
     path.write_bytes(wheels.sglang_source("0.5.9", "python/sglang/srt/models/llama.py"))
     with pytest.raises(Refused) as info:
-        patching.PatchTarget.local(path, "Phi3ForCausalLM")        # a subclass: no flag reset of its own
+        patching.PatchTarget.local(path, "Phi3ForCausalLM")  # a subclass: no flag reset of its own
     assert info.value.details["reason"] == "no_class"
 
 
 # -------------------------------------------------- a new spec, no Python change
-NEW_SPEC = {"extends": "eagle3-hs-dump",
-            "models": [{"name": "gemma3", "title": "Gemma 3 (text)", "file": "python/sglang/srt/models/gemma3_causal.py",
-                        "class": "Gemma3ForCausalLM", "architectures": ["Gemma3ForCausalLM"],
-                        "known_sha256": {}}]}
+NEW_SPEC = {
+    "extends": "eagle3-hs-dump",
+    "models": [
+        {
+            "name": "gemma3",
+            "title": "Gemma 3 (text)",
+            "file": "python/sglang/srt/models/gemma3_causal.py",
+            "class": "Gemma3ForCausalLM",
+            "architectures": ["Gemma3ForCausalLM"],
+            "known_sha256": {},
+        }
+    ],
+}
 
 
 def test_new_spec_folder_on_patch_path(tmp_path, monkeypatch, capsys):
@@ -219,16 +232,29 @@ def test_new_spec_folder_on_patch_path(tmp_path, monkeypatch, capsys):
 def test_duplicate_spec_name_is_a_config_error(tmp_path, monkeypatch):
     folder = tmp_path / "again"
     folder.mkdir()
-    (folder / "spec.json").write_text(json.dumps({"extends": "eagle3-hs-dump", "models": [
-        {"name": "llama", "file": "python/sglang/srt/models/llama.py", "class": "LlamaForCausalLM"}]}))
+    (folder / "spec.json").write_text(
+        json.dumps(
+            {
+                "extends": "eagle3-hs-dump",
+                "models": [{"name": "llama", "file": "python/sglang/srt/models/llama.py", "class": "LlamaForCausalLM"}],
+            }
+        )
+    )
     monkeypatch.setenv(patchspec.PATH_ENV, str(tmp_path))
     assert main(["patch", "specs"]) == 3
 
 
 # ------------------------------------------------------- derivation on a host
-@pytest.mark.parametrize("arch,name", [("KimiK25ForConditionalGeneration", "deepseek-v2"),
-                                       ("DeepseekV3ForCausalLM", "deepseek-v2"), ("Qwen3MoeForCausalLM", "qwen3-moe"),
-                                       ("Phi3ForCausalLM", "llama"), ("GptOssForCausalLM", "gpt-oss")])
+@pytest.mark.parametrize(
+    "arch,name",
+    [
+        ("KimiK25ForConditionalGeneration", "deepseek-v2"),
+        ("DeepseekV3ForCausalLM", "deepseek-v2"),
+        ("Qwen3MoeForCausalLM", "qwen3-moe"),
+        ("Phi3ForCausalLM", "llama"),
+        ("GptOssForCausalLM", "gpt-oss"),
+    ],
+)
 def test_spec_from_architectures(arch, name):
     d = patchspec.for_architectures([arch], "/m/config.json")
     assert d.spec == name and "architectures[0] = " + arch in d.detail
@@ -245,8 +271,14 @@ def test_host_spec_derived_from_config_json(tmp_path):
     from remote_ops.inventory import parse_inventory_data
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    host = parse_inventory_data({"hosts": {"h": {"address": "127.0.0.1", "model": {"path": str(tmp_path)},
-                                                 "sglang": {"checkout": "/srv/sglang"}}}}, "t.yaml")[0]
+    host = parse_inventory_data(
+        {
+            "hosts": {
+                "h": {"address": "127.0.0.1", "model": {"path": str(tmp_path)}, "sglang": {"checkout": "/srv/sglang"}}
+            }
+        },
+        "t.yaml",
+    )[0]
     bound, derivation = patching.bind_host(patching.LocalRemote(), host)
     assert derivation.how == "config.json" and bound.sglang.patch == "llama"
     assert bound.sglang.target_file == "/srv/sglang/python/sglang/srt/models/llama.py"
@@ -290,8 +322,12 @@ def test_verify_patch_in_image_reads_the_target_from_the_spec(tmp_path):
     target.write_text(original)
 
     def run(expect):
-        proc = subprocess.run([sys.executable, str(tool / "verify_patch.py"), "--expect-sha256", expect],
-                              capture_output=True, text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run(
+            [sys.executable, str(tool / "verify_patch.py"), "--expect-sha256", expect],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        )
         return proc.returncode, json.loads(proc.stdout)
 
     rc, out = run("0" * 64)
@@ -314,7 +350,7 @@ def _classes(version: str) -> dict:
                 text = zf.read(member).decode("utf-8", "replace")
                 try:
                     tree = ast.parse(text)
-                except SyntaxError:          # a file needing a newer Python than this one
+                except SyntaxError:  # a file needing a newer Python than this one
                     continue
                 for node in tree.body:
                     if isinstance(node, ast.ClassDef):
@@ -325,6 +361,7 @@ def _classes(version: str) -> dict:
 def _serves(classes: dict, arch: str, cls: str) -> str:
     """How `arch` runs the patched class: itself, a subclass that keeps its __init__ and
     forward, or a wrapper whose __init__ builds one; "" when it does not."""
+
     def keeps(name, seen=()):
         if name == cls:
             return True
@@ -338,9 +375,14 @@ def _serves(classes: dict, arch: str, cls: str) -> str:
     if keeps(arch):
         return "class" if arch == cls else "subclass"
     node = classes.get(arch, (None,))[0]
-    init = next((n for n in (node.body if node else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    built = [A.dotted(s.value.func) for s in ast.walk(init) if isinstance(s, ast.Assign)
-             and isinstance(s.value, ast.Call)] if init else []
+    init = next(
+        (n for n in (node.body if node else []) if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None
+    )
+    built = (
+        [A.dotted(s.value.func) for s in ast.walk(init) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)]
+        if init
+        else []
+    )
     return "wrapper" if any(b and keeps(b) for b in built) else ""
 
 

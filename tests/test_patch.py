@@ -1,4 +1,5 @@
 """patch check/apply/verify/revert/status on local files (LocalRemote runs the same shell scripts)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -119,8 +120,13 @@ def test_version_from_checkout_and_gate(checkout):
 
 def test_force_does_not_override_anchor_refusal(tmp_path, original):
     path = tmp_path / "deepseek_v2.py"
-    path.write_bytes(original.replace(b"        self.capture_aux_hidden_states = False\n",
-                                      b"        self.capture_aux_hidden_states = False\n" * 2, 1))
+    path.write_bytes(
+        original.replace(
+            b"        self.capture_aux_hidden_states = False\n",
+            b"        self.capture_aux_hidden_states = False\n" * 2,
+            1,
+        )
+    )
     with pytest.raises(Refused) as info:
         patching.apply(*local(path), force=True)
     assert info.value.details["reason"] == "ambiguous"
@@ -145,16 +151,25 @@ def test_failed_verification_restores_backup(target_file, original, monkeypatch)
 def test_py_compile_failure_leaves_file_unchanged(target_file, original, monkeypatch):
     remote, target = local(target_file)
     with pytest.raises(VerifyFailed):
-        patching._write(remote, target, SHA_059, b"def broken(:\n", backup="make", lock=True, what="test",
-                        new_sha=sha(b"def broken(:\n"))
+        patching._write(
+            remote,
+            target,
+            SHA_059,
+            b"def broken(:\n",
+            backup="make",
+            lock=True,
+            what="test",
+            new_sha=sha(b"def broken(:\n"),
+        )
     assert target_file.read_bytes() == original
 
 
 def test_write_refuses_when_file_changed_since_read(target_file):
     remote, target = local(target_file)
     with pytest.raises(Refused) as info:
-        patching._write(remote, target, "0" * 64, b"x = 1\n", backup="make", lock=True, what="t",
-                        new_sha=sha(b"x = 1\n"))
+        patching._write(
+            remote, target, "0" * 64, b"x = 1\n", backup="make", lock=True, what="t", new_sha=sha(b"x = 1\n")
+        )
     assert info.value.details["reason"] == "changed_since_read"
 
 
@@ -255,13 +270,12 @@ def test_kill_9_during_apply_leaves_original_or_patched(target_file, original):
     argv = [sys.executable, "-m", "remote_ops", "patch", "apply", "--local-file", str(target_file), "-q"]
     start = time.monotonic()
     subprocess.run(argv, check=True, timeout=60)
-    whole = time.monotonic() - start           # one unkilled run: kill points spread over all of it
+    whole = time.monotonic() - start  # one unkilled run: kill points spread over all of it
     rng = random.Random(1234)
     seen = set()
     for i in range(12):
         target_file.write_bytes(original)
-        proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(whole * (0.4 + 0.7 * rng.random()))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -1,4 +1,5 @@
 """inspect-source and patch apply/verify/revert over the real sshd test host holding SGLang 0.5.9."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,9 @@ def target(lab, sglang_host) -> patching.PatchTarget:
 
 
 def git_status(checkout: str) -> str:
-    return subprocess.run(["git", "-C", checkout, "status", "--porcelain"], capture_output=True, text=True,
-                          check=True, timeout=30).stdout
+    return subprocess.run(
+        ["git", "-C", checkout, "status", "--porcelain"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
 
 
 def test_inspect_source_lines_over_ssh(sglang_host, cli_env, capsys):
@@ -48,8 +50,7 @@ def test_inspect_source_lines_over_ssh(sglang_host, cli_env, capsys):
 
 def test_inspect_source_bad_input_over_ssh(sglang_host, cli_env):
     assert main(["inspect-source", "--host", sglang_host.name, "--lines", "2845:2830"]) == 2
-    assert main(["inspect-source", "--host", sglang_host.name, "--file", "/nonexistent/x.py",
-                 "--lines", "1:2"]) == 13
+    assert main(["inspect-source", "--host", sglang_host.name, "--file", "/nonexistent/x.py", "--lines", "1:2"]) == 13
 
 
 def test_apply_verify_revert_round_trips(sglang_remote, target, sglang_host):
@@ -58,7 +59,7 @@ def test_apply_verify_revert_round_trips(sglang_remote, target, sglang_host):
     result = patching.apply(sglang_remote, target)
     assert result.action == "applied" and result.round_trips == 2 and result.verify.ok
     assert result.verify.compile_ok is True
-    on_host = Path(target.path).read_bytes()          # the lab host shares this filesystem
+    on_host = Path(target.path).read_bytes()  # the lab host shares this filesystem
     assert hashlib.sha256(on_host).hexdigest() == result.sha_after
     lines = on_host.decode().split("\n")
     assert lines[2837 - 1] == "        self.capture_aux_hidden_states = False"
@@ -78,8 +79,10 @@ def test_cli_end_to_end_over_ssh(sglang_host, cli_env, capsys):
     name = sglang_host.name
     assert main(["patch", "check", "--host", name]) == 0
     assert main(["patch", "apply", "--host", name, "--dry-run"]) == 0
-    assert hashlib.sha256(Path(patching.PatchTarget.for_host(
-        _spec(cli_env, name)).path).read_bytes()).hexdigest() == SHA_059
+    assert (
+        hashlib.sha256(Path(patching.PatchTarget.for_host(_spec(cli_env, name)).path).read_bytes()).hexdigest()
+        == SHA_059
+    )
     assert main(["patch", "apply", "--host", name]) == 0
     capsys.readouterr()
     assert main(["inspect-source", "--host", name, "--grep", "capture_aux_hidden_states", "--json"]) == 0
@@ -88,7 +91,7 @@ def test_cli_end_to_end_over_ssh(sglang_host, cli_env, capsys):
     assert main(["patch", "apply", "--host", name, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["action"] == "noop"
     assert main(["patch", "verify", "--host", name]) == 0
-    capsys.readouterr()                       # verify's evidence listings are data: stdout (issue 13)
+    capsys.readouterr()  # verify's evidence listings are data: stdout (issue 13)
     assert main(["patch", "status", "--host", name, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "applied"
     assert main(["patch", "revert", "--host", name]) == 0
@@ -111,7 +114,7 @@ def test_misplaced_file_fails_verify_over_ssh(sglang_host, target, cli_env, caps
     assert main(["patch", "verify", "--host", sglang_host.name]) == 10
     err = capsys.readouterr().err
     assert "misplaced" in err and "after line 2828" in err
-    assert main(["patch", "apply", "--host", sglang_host.name]) == 0   # apply moves the marked block
+    assert main(["patch", "apply", "--host", sglang_host.name]) == 0  # apply moves the marked block
     assert main(["patch", "verify", "--host", sglang_host.name]) == 0
 
 

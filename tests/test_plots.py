@@ -1,4 +1,5 @@
 """Training/extraction plots: which files, the acceptance length, and the axes a practitioner reads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ def test_acceptance_length_is_one_plus_the_sum_of_chained_accuracies():
     rec = logs.TrainRecord("train", "epoch", 1, acc={0: 0.5, 1: 0.5, 2: 0.5})
     assert rec.acceptance_length == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert logs.TrainRecord("train", "epoch", 1, acc={0: 0.74}).acceptance_length == 1.74
-    assert logs.TrainRecord("train", "epoch", 1, acc={1: 0.5}).acceptance_length is None   # no position 0
+    assert logs.TrainRecord("train", "epoch", 1, acc={1: 0.5}).acceptance_length is None  # no position 0
     assert logs.TrainRecord("train", "epoch", 1, acc={0: 0.5, 2: 0.9}).acceptance_length == 1.5  # stops at a gap
 
 

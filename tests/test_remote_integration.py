@@ -3,6 +3,7 @@
 Timing assertions are generous upper bounds ("it did not hang"), never speed
 targets (those live in bench/).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -70,8 +71,9 @@ def test_awkward_path_is_one_argument(remote, host, tmp_path):
     """Spaces, `;`, `$()` and quotes reach the remote as one argv element, for run and put/get."""
     target = host.paths.root / AWKWARD
     remote.run(["mkdir", "-p", str(target)])
-    out = remote.run(["python3", "-c", "import sys; print(len(sys.argv) - 1); print(sys.argv[1])",
-                      str(target)]).stdout.splitlines()
+    out = remote.run(
+        ["python3", "-c", "import sys; print(len(sys.argv) - 1); print(sys.argv[1])", str(target)]
+    ).stdout.splitlines()
     assert out == ["1", str(target)]
     assert target.is_dir()  # the hosts share this filesystem
     remote.put(b"hello", str(target / "f;1.txt"))
@@ -118,10 +120,18 @@ def test_cli_exit_code_for_unknown_host_key(lab, host, tmp_path, lab_env):
     empty = tmp_path / "kh"
     empty.write_text("")
     inv = tmp_path / "inv.yaml"
-    inv.write_text(f"hosts:\n  {host.name}:\n    address: {host.address}\n    port: {host.port}\n"
-                   f"    identity_file: {lab.client_key.private}\n    known_hosts: {empty}\n")
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "facts", "--host", host.name, "--inventory", str(inv)],
-                          capture_output=True, text=True, timeout=60, env=lab_env, stdin=subprocess.DEVNULL)
+    inv.write_text(
+        f"hosts:\n  {host.name}:\n    address: {host.address}\n    port: {host.port}\n"
+        f"    identity_file: {lab.client_key.private}\n    known_hosts: {empty}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "facts", "--host", host.name, "--inventory", str(inv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=lab_env,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 6, proc.stderr
 
 
@@ -241,6 +251,7 @@ def test_proxyjump_strict_on_both_keys(lab, tmp_path):
     assert info.value.host == "lab1"
     # final host's key unknown (jump is fine)
     with pytest.raises(HostKeyUnknown) as info:
-        FabricRemote(_jump_target(lab, "lab1", "lab2", jump_known=str(only["lab1"]),
-                                  final_known=str(only["lab1"]))).connect()
+        FabricRemote(
+            _jump_target(lab, "lab1", "lab2", jump_known=str(only["lab1"]), final_known=str(only["lab1"]))
+        ).connect()
     assert info.value.host == "lab2"

@@ -1,4 +1,5 @@
 """The seam's shared run protocol (BaseRemote) and its one host-key policy (pure / local)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,12 @@ def test_local_remote_shares_the_run_protocol_and_reports_each_command():
     assert r.run("exit 4", check=False).exit_status == 4
     with pytest.raises(CommandTimedOut):
         r.run("sleep 5", timeout=0.3)
-    assert [(c, s) for c, s, _ in seen] == [("echo 'a b'", 0), ("echo oops >&2; exit 3", 3), ("exit 4", 4),
-                                            ("sleep 5", None)]
+    assert [(c, s) for c, s, _ in seen] == [
+        ("echo 'a b'", 0),
+        ("echo oops >&2; exit 3", 3),
+        ("exit 4", 4),
+        ("sleep 5", None),
+    ]
     assert r.round_trips == 4
 
 
@@ -32,5 +37,5 @@ def test_ssh_argv_takes_the_policy_from_the_one_definition(tmp_path, policy, wor
     options = HostKeyPolicy.of(t).ssh_options()
     argv = ssh_argv(t)
     assert f"StrictHostKeyChecking={word}" in options
-    assert options == argv[3:3 + len(options)]              # after `ssh -F /dev/null`, verbatim
+    assert options == argv[3 : 3 + len(options)]  # after `ssh -F /dev/null`, verbatim
     assert f'UserKnownHostsFile="{known[0]}" {known[1]}' in argv

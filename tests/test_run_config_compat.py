@@ -7,6 +7,7 @@ label with the formula of the first release (`container.run_argv` before the
 engine seam); these tests pin it: against a verbatim copy of that code, and
 against fixed values.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,17 +29,38 @@ def host(**over):
 def _legacy_run_argv(host, image):
     LABEL_PREFIX = "org.remote-ops."
     c = host.container
-    argv = ["docker", "run", "-d", "--pull=never", "--init", "--name", c.name, "--restart", c.restart,
-            *_legacy_gpu_args(host), "--shm-size", c.shm_size, "--ipc", c.ipc,
-            "-p", f"{c.bind_address}:{host.server.port}:{host.server.port}", *_legacy_volume_args(host)]
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--pull=never",
+        "--init",
+        "--name",
+        c.name,
+        "--restart",
+        c.restart,
+        *_legacy_gpu_args(host),
+        "--shm-size",
+        c.shm_size,
+        "--ipc",
+        c.ipc,
+        "-p",
+        f"{c.bind_address}:{host.server.port}:{host.server.port}",
+        *_legacy_volume_args(host),
+    ]
     argv += ["--runtime", c.runtime] if c.runtime else []
     env = {**container.dump_env(host), "SGLANG_PORT": str(host.server.port), **c.env}
     argv += [a for k, v in sorted(env.items()) for a in ("-e", f"{k}={v}")]
     argv += ["--label", f"{LABEL_PREFIX}managed=1", "--label", f"{LABEL_PREFIX}host={host.name}"]
     doc = json.dumps([argv, image, host.server.launcher, container.server_args(host)])
     config = hashlib.sha256(doc.encode()).hexdigest()[:16]
-    return argv + ["--label", f"{LABEL_PREFIX}run-config={config}", image, *host.server.launcher,
-                   *container.server_args(host)]
+    return argv + [
+        "--label",
+        f"{LABEL_PREFIX}run-config={config}",
+        image,
+        *host.server.launcher,
+        *container.server_args(host),
+    ]
 
 
 def _legacy_gpu_args(host):
@@ -51,16 +73,30 @@ def _legacy_gpu_args(host):
 
 
 def _legacy_volume_args(host):
-    pairs = [f"{host.model.path}:{host.model.path}:ro", f"{host.dump.dir}:{host.dump.dir}",
-             f"{host.logs.dir}:{host.logs.dir}", *host.container.volumes]
+    pairs = [
+        f"{host.model.path}:{host.model.path}:ro",
+        f"{host.dump.dir}:{host.dump.dir}",
+        f"{host.logs.dir}:{host.logs.dir}",
+        *host.container.volumes,
+    ]
     return [a for v in pairs for a in ("-v", v)]
 
 
-HOSTS = [host(), host(dump={"layers": [2, 30, 58], "all_ranks": True}),
-         host(container={"gpus": [0, 1], "runtime": "nvidia", "env": {"HF_TOKEN": "x", "A": "b"},
-                         "volumes": ["/a:/b:ro"], "restart": "no"}),
-         host(server={"tp": 4, "extra_args": ["--max-running-requests", "8"], "mem_fraction_static": 0.8}),
-         host(container={"gpus": "none", "shm_size": "64g", "ipc": "private"})]
+HOSTS = [
+    host(),
+    host(dump={"layers": [2, 30, 58], "all_ranks": True}),
+    host(
+        container={
+            "gpus": [0, 1],
+            "runtime": "nvidia",
+            "env": {"HF_TOKEN": "x", "A": "b"},
+            "volumes": ["/a:/b:ro"],
+            "restart": "no",
+        }
+    ),
+    host(server={"tp": 4, "extra_args": ["--max-running-requests", "8"], "mem_fraction_static": 0.8}),
+    host(container={"gpus": "none", "shm_size": "64g", "ipc": "private"}),
+]
 
 
 @pytest.mark.parametrize("h", HOSTS)

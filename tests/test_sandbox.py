@@ -1,4 +1,5 @@
 """Sandbox pieces: inventory overrides (pure) and the SGLang stand-in server on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,28 @@ def standin(tmp_path):
     shutil.copytree(REPO / "remote_ops" / "dumper", tmp_path / "py" / "remote_ops_dump")
     sandbox.write_model_config(tmp_path / "model")
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'py'}:{tmp_path / 'tree' / 'python'}",
-           "SGLANG_HS_DUMP_DIR": str(tmp_path / "dumps"), "STANDIN_LOAD_SECONDS": "0"}
-    proc = subprocess.Popen([sys.executable, str(REPO / "docker/standin/sglang_standin_server.py"),
-                             "--model-path", str(tmp_path / "model"), "--port", str(port), "--tp", "8"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path / 'py'}:{tmp_path / 'tree' / 'python'}",
+        "SGLANG_HS_DUMP_DIR": str(tmp_path / "dumps"),
+        "STANDIN_LOAD_SECONDS": "0",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "docker/standin/sglang_standin_server.py"),
+            "--model-path",
+            str(tmp_path / "model"),
+            "--port",
+            str(port),
+            "--tp",
+            "8",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:

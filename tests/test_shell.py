@@ -1,4 +1,5 @@
 """Quoting and batched probes (pure)."""
+
 import shlex
 import subprocess
 
@@ -26,17 +27,26 @@ def test_redirect_and_combinators():
 def test_parallel_sections_parse_like_sections_and_run_concurrently():
     import time
 
-    probes = [("a", ["echo", "x; y"]), ("b", "sleep 0.5; exit 3"), ("c", "sleep 0.5; echo after"),
-              ("d", "printf 'no newline'")]
+    probes = [
+        ("a", ["echo", "x; y"]),
+        ("b", "sleep 0.5; exit 3"),
+        ("c", "sleep 0.5; echo after"),
+        ("d", "printf 'no newline'"),
+    ]
     start = time.monotonic()
-    out = subprocess.run(["sh", "-c", shell.parallel_sections(probes)], capture_output=True, text=True,
-                         timeout=10).stdout
+    out = subprocess.run(
+        ["sh", "-c", shell.parallel_sections(probes)], capture_output=True, text=True, timeout=10
+    ).stdout
     elapsed = time.monotonic() - start
     assert shell.split_sections(out) == {"a": (0, "x; y"), "b": (3, ""), "c": (0, "after"), "d": (0, "no newline")}
     assert elapsed < 0.95  # the two 0.5 s probes overlapped
 
 
 def test_sections_probe_without_final_newline():
-    out = subprocess.run(["sh", "-c", shell.sections([("d", "printf 'no newline'"), ("e", "echo ok")])],
-                         capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run(
+        ["sh", "-c", shell.sections([("d", "printf 'no newline'"), ("e", "echo ok")])],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
     assert shell.split_sections(out) == {"d": (0, "no newline"), "e": (0, "ok")}

@@ -1,4 +1,5 @@
 """inspect-source: numbered, scope-annotated listings of the real 0.5.9 file (pure + CLI on a local file)."""
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,12 @@ def test_lines_2830_2845_are_the_users_lines(text, data):
 def test_grep_like_grep_n(text):
     rows = S.grep_view(text, "capture_aux_hidden_states").rows
     assert [r.n for r in rows] == [2837, 2923, 2968, 2972]
-    assert [r.scope for r in rows] == ["DeepseekV2ForCausalLM.__init__", "DeepseekV2ForCausalLM.forward",
-                                       "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture",
-                                       "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"]
+    assert [r.scope for r in rows] == [
+        "DeepseekV2ForCausalLM.__init__",
+        "DeepseekV2ForCausalLM.forward",
+        "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture",
+        "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture",
+    ]
 
 
 def test_symbol(text):
@@ -97,14 +101,26 @@ def test_cli_lines_json(local_file, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["sha256"] == SHA_059 and doc["lines"] == 2986 and doc["sglang_version"] == "0.5.9"
     rows = doc["listings"][0]["rows"]
-    assert rows[7] == {"n": 2837, "text": "        self.capture_aux_hidden_states = False",
-                       "scope": "DeepseekV2ForCausalLM.__init__", "mark": ""}
+    assert rows[7] == {
+        "n": 2837,
+        "text": "        self.capture_aux_hidden_states = False",
+        "scope": "DeepseekV2ForCausalLM.__init__",
+        "mark": "",
+    }
 
 
-@pytest.mark.parametrize("args,code", [(["--lines", "2845:2830"], 2), (["--lines", "abc"], 2),
-                                       (["--lines", "2980:3000"], 2), (["--grep", "("], 2),
-                                       (["--lines", "1:2", "--grep", "x"], 2), ([], 2),
-                                       (["--symbol", "Nope.nope"], 13)])
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["--lines", "2845:2830"], 2),
+        (["--lines", "abc"], 2),
+        (["--lines", "2980:3000"], 2),
+        (["--grep", "("], 2),
+        (["--lines", "1:2", "--grep", "x"], 2),
+        ([], 2),
+        (["--symbol", "Nope.nope"], 13),
+    ],
+)
 def test_cli_bad_input_exit_codes(local_file, args, code):
     before = local_file.read_bytes()
     assert main(["inspect-source", "--local-file", str(local_file), *args]) == code

@@ -1,5 +1,6 @@
 """`spec bench` / `spec deploy`: SGLang 0.5.9's per-request spec fields, summarised; the SGLang STAND-IN
 (deterministic acceptance model, no drafter) served on a real lab host and benched through the CLI."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,17 +30,34 @@ def standin_module():
 
 # --------------------------------------------------------------------------- pure
 
+
 def test_acceptance_length_is_completion_tokens_over_verify_steps_weighted_by_tokens():
-    doc = {"server": {"speculative_algorithm": "EAGLE3"},
-           "results": [{"completion_tokens": 100, "spec_verify_ct": 40, "spec_accept_length": 2.5,
-                        "spec_accept_token_num": 60, "spec_draft_token_num": 120, "client_s": 1.0,
-                        "spec_accept_histogram": [10, 20, 10]},
-                       {"completion_tokens": 50, "spec_verify_ct": 10, "spec_accept_length": 5.0,
-                        "spec_accept_token_num": 40, "spec_draft_token_num": 30, "client_s": 0.5,
-                        "spec_accept_histogram": [0, 0, 0, 10]}]}
+    doc = {
+        "server": {"speculative_algorithm": "EAGLE3"},
+        "results": [
+            {
+                "completion_tokens": 100,
+                "spec_verify_ct": 40,
+                "spec_accept_length": 2.5,
+                "spec_accept_token_num": 60,
+                "spec_draft_token_num": 120,
+                "client_s": 1.0,
+                "spec_accept_histogram": [10, 20, 10],
+            },
+            {
+                "completion_tokens": 50,
+                "spec_verify_ct": 10,
+                "spec_accept_length": 5.0,
+                "spec_accept_token_num": 40,
+                "spec_draft_token_num": 30,
+                "client_s": 0.5,
+                "spec_accept_histogram": [0, 0, 0, 10],
+            },
+        ],
+    }
     s = sb.summarise(doc, "p", 100)
     assert s.mode == "spec" and not s.standin
-    assert s.acceptance_length == 3.0 and s.acceptance_length_mean == 3.75     # 150/50 vs mean(2.5, 5)
+    assert s.acceptance_length == 3.0 and s.acceptance_length_mean == 3.75  # 150/50 vs mean(2.5, 5)
     assert s.accept_rate == round(100 / 150, 4) and s.tokens_per_s == 100.0 and s.histogram == [10, 20, 10, 10]
     base = sb.summarise({"server": {}, "results": [{"completion_tokens": 150, "client_s": 3.0}]}, "p", 100)
     assert base.mode == "baseline" and base.acceptance_length is None
@@ -54,7 +72,7 @@ def test_standin_acceptance_model_reports_sglang_0_5_9_fields_consistently(monke
     mod = standin_module()
     args = SimpleNamespace(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_num_draft_tokens=4)
     meta = mod.speculative_meta(args, [1, 2, 3], 200)
-    assert meta == mod.speculative_meta(args, [1, 2, 3], 200)                  # deterministic
+    assert meta == mod.speculative_meta(args, [1, 2, 3], 200)  # deterministic
     assert meta["spec_accept_length"] == 200 / meta["spec_verify_ct"]
     assert sum(meta["spec_accept_histogram"]) == meta["spec_verify_ct"]
     assert meta["spec_accept_token_num"] + meta["spec_verify_ct"] == 200
@@ -82,20 +100,32 @@ def test_speculative_settings_come_from_the_inventory_and_the_options_override_t
 
     gpu = load_inventory([REPO / "inventory" / "gpu-node.yaml"]).hosts["gpu-node"]
     assert (gpu.speculative.num_steps, gpu.speculative.eagle_topk, gpu.speculative.num_draft_tokens) == (3, 1, 4)
-    h = HostSpec(name="h", speculative={"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6,
-                                        "draft_model_path": "/data/d"})
+    h = HostSpec(
+        name="h", speculative={"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6, "draft_model_path": "/data/d"}
+    )
     assert speculative_settings(h, None, None, None, None) == {
-        "draft": "/data/d", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
-    assert speculative_settings(h, "/x", 2, 4, 8) == {"draft": "/x", "num_steps": 2, "eagle_topk": 4,
-                                                      "num_draft_tokens": 8}
+        "draft": "/data/d",
+        "num_steps": 5,
+        "eagle_topk": 1,
+        "num_draft_tokens": 6,
+    }
+    assert speculative_settings(h, "/x", 2, 4, 8) == {
+        "draft": "/x",
+        "num_steps": 2,
+        "eagle_topk": 4,
+        "num_draft_tokens": 8,
+    }
     with pytest.raises(UsageError, match="--draft DIR or set speculative.draft_model_path"):
         speculative_settings(HostSpec(name="h"), None, None, None, None)
     with pytest.raises(UsageError, match="num_steps \\+ 1 = 3"):
-        speculative_settings(h, None, 2, None, None)         # topk 1: SGLang would rewrite 6 to 3
+        speculative_settings(h, None, 2, None, None)  # topk 1: SGLang would rewrite 6 to 3
     bad = tmp_path / "inv.yaml"
-    for section, field in (("num_steps: 3\n      eagle_topk: 2\n      num_draft_tokens: 8", "exceeds"),
-                           ("num_steps: 0", "num_steps"), ("draft_model_path: rel/dir", "draft_model_path"),
-                           ("topk: 1", "topk")):
+    for section, field in (
+        ("num_steps: 3\n      eagle_topk: 2\n      num_draft_tokens: 8", "exceeds"),
+        ("num_steps: 0", "num_steps"),
+        ("draft_model_path: rel/dir", "draft_model_path"),
+        ("topk: 1", "topk"),
+    ):
         bad.write_text(f"hosts:\n  h:\n    speculative:\n      {section}\n")
         with pytest.raises(ConfigError, match=field) as err:
             load_inventory([bad])
@@ -107,21 +137,40 @@ def test_spec_deploy_dry_run_uses_the_inventory_settings(tmp_path):
     inv = tmp_path / "inv.yaml"
     inv.write_text("hosts:\n  h:\n    address: 127.0.0.1\n    port: 9\n")
     env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", "h", "--dry-run"],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", "h", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2 and "speculative.draft_model_path" in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- stand-in on a lab host
+
 
 def start_standin(host, tmp_path, extra: list[str], name: str):
     log_path = tmp_path / f"{name}.log"
     env = {**os.environ, "STANDIN_LOAD_SECONDS": "0", "STANDIN_STEP_MS": "2", "STANDIN_DRAFT_MS": "0.3"}
     env.pop("SGLANG_HS_DUMP_DIR", None)
     log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(host.server_port),
-                             "--model-path", str(host.paths.model_dir), *extra], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(STANDIN),
+            "--port",
+            str(host.server_port),
+            "--model-path",
+            str(host.paths.model_dir),
+            *extra,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while b"listening" not in log_path.read_bytes():
         assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
@@ -140,9 +189,26 @@ def stop(proc, log):
 
 
 def bench(lab_env, host, out: Path):
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "bench", "--host", host.name,
-                           "--max-new-tokens", "48", "--out", str(out), "--json"],
-                          capture_output=True, text=True, timeout=180, env=lab_env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remote_ops",
+            "spec",
+            "bench",
+            "--host",
+            host.name,
+            "--max-new-tokens",
+            "48",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=lab_env,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
@@ -156,8 +222,19 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
         stop(proc, log)
     assert base["run"]["mode"] == "baseline" and base["run"]["standin"] and "STAND-IN" in base["label"]
     assert "comparison" not in base and "STAND-IN" in err
-    proc, log = start_standin(host, tmp_path, ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-                                               "/data/drafter", "--speculative-num-draft-tokens", "4"], "spec")
+    proc, log = start_standin(
+        host,
+        tmp_path,
+        [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            "/data/drafter",
+            "--speculative-num-draft-tokens",
+            "4",
+        ],
+        "spec",
+    )
     try:
         spec, err = bench(lab_env, host, out)
     finally:
@@ -167,15 +244,16 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
     assert run["acceptance_length"] == round(run["completion_tokens"] / run["verify_steps"], 4)
     assert run["completion_tokens"] == 8 * 48 and 1.0 < run["acceptance_length"] <= 4.0
     c = spec["comparison"]
-    assert c["standin"] and c["speedup"] > 1.0                        # simulated time: fewer target steps
+    assert c["standin"] and c["speedup"] > 1.0  # simulated time: fewer target steps
     assert Path(spec["png"]).stat().st_size > 1000
     table = Path(spec["table"]).read_text()
     assert "STAND-IN" in table and "acceptance length" in table and "STAND-IN" in err
-    for mode in ("baseline", "spec"):                                  # the stored runs say it too
+    for mode in ("baseline", "spec"):  # the stored runs say it too
         assert json.loads((out / f"{mode}.json").read_text())["label"].startswith("STAND-IN")
 
 
 # --------------------------------------------------------------------------- spec deploy on a real lab host
+
 
 @pytest.mark.docker
 @pytest.mark.slow
@@ -207,15 +285,30 @@ def test_spec_deploy_takes_the_drafter_and_flags_from_the_inventory_options_over
 
     from remote_ops.inventory import SpeculativeSpec
 
-    spec = lab.spec(host.name).model_copy(update={"speculative": SpeculativeSpec(
-        num_steps=5, eagle_topk=1, num_draft_tokens=6, draft_model_path="/data/inv-drafter")})
+    spec = lab.spec(host.name).model_copy(
+        update={
+            "speculative": SpeculativeSpec(
+                num_steps=5, eagle_topk=1, num_draft_tokens=6, draft_model_path="/data/inv-drafter"
+            )
+        }
+    )
     inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({"hosts": {spec.name: spec.model_dump(mode="json", exclude={"name", "source",
-                                                                                          "groups"})}}))
+    inv.write_text(
+        yaml.safe_dump({"hosts": {spec.name: spec.model_dump(mode="json", exclude={"name", "source", "groups"})}})
+    )
     env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
-    for extra, line in (([], "EAGLE3 draft /data/inv-drafter, steps 5, topk 1, draft tokens 6"),
-                        (["--draft", "/x", "--num-steps", "2", "--num-draft-tokens", "3"],
-                         "EAGLE3 draft /x, steps 2, topk 1, draft tokens 3")):
-        proc = subprocess.run([sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", host.name,
-                               "--dry-run", *extra], capture_output=True, text=True, timeout=120, env=env)
+    for extra, line in (
+        ([], "EAGLE3 draft /data/inv-drafter, steps 5, topk 1, draft tokens 6"),
+        (
+            ["--draft", "/x", "--num-steps", "2", "--num-draft-tokens", "3"],
+            "EAGLE3 draft /x, steps 2, topk 1, draft tokens 3",
+        ),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", host.name, "--dry-run", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert line in proc.stderr, proc.stderr

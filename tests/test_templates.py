@@ -1,4 +1,5 @@
 """Templates: StrictUndefined errors name the variable; the Dockerfile renders exactly (golden)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,11 +69,17 @@ def test_dockerfile_essentials():
 def test_context_hash_changes_with_the_patched_file():
     host = gpu_node()
     patch = deploy.load_patch(host)
-    assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) != deploy.context_hash(host, patch, SHA_BEFORE, "b" * 64)
-    assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) == deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER)
+    assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) != deploy.context_hash(
+        host, patch, SHA_BEFORE, "b" * 64
+    )
+    assert deploy.context_hash(host, patch, SHA_BEFORE, SHA_AFTER) == deploy.context_hash(
+        host, patch, SHA_BEFORE, SHA_AFTER
+    )
 
 
 def test_standin_base_template_renders():
-    text = rendering.render("standin-base.Dockerfile.j2", {"base_image": "b", "sglang_version": "0.5.9",
-                                                            "standin_dir": "/opt/s", "stands_in_for": "x"})
+    text = rendering.render(
+        "standin-base.Dockerfile.j2",
+        {"base_image": "b", "sglang_version": "0.5.9", "standin_dir": "/opt/s", "stands_in_for": "x"},
+    )
     assert "STAND-IN" in text and "FROM b" in text

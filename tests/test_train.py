@@ -2,6 +2,7 @@
 0.2.0's own config schema, the STAND-IN's lines re-printed by SpecForge 0.2.0's own console logger, and
 the labelled training STAND-IN run detached on a real lab host through the CLI: lock, audit line, run
 record, no-op re-runs, --dry-run/--diff."""
+
 from __future__ import annotations
 
 import contextlib
@@ -37,11 +38,19 @@ def test_tau_eta_and_latest_checkpoint():
 
 
 def test_status_parses_a_standin_log_and_listing():
-    log = ("SPECFORGE STAND-IN (remote-ops): ...\n"
-           "Training Epoch 0: 100%|##########| 4/4 [00:01<00:00, 4.0it/s, loss=1.5, acc=0.3, time=0.25s]\r\n"
-           "Train Epoch [1/2], position 0,  Acc: 0.60\nTrain Epoch [1/2], position 1,  Acc: 0.50\n")
-    out = shell.sections([("alive", "false"), ("container", "echo"), ("log", f"printf %s {shell.quote(log)}"),
-                          ("ckpt", "printf 'eagle3-step4\\neagle3-latest\\n'")])
+    log = (
+        "SPECFORGE STAND-IN (remote-ops): ...\n"
+        "Training Epoch 0: 100%|##########| 4/4 [00:01<00:00, 4.0it/s, loss=1.5, acc=0.3, time=0.25s]\r\n"
+        "Train Epoch [1/2], position 0,  Acc: 0.60\nTrain Epoch [1/2], position 1,  Acc: 0.50\n"
+    )
+    out = shell.sections(
+        [
+            ("alive", "false"),
+            ("container", "echo"),
+            ("log", f"printf %s {shell.quote(log)}"),
+            ("ckpt", "printf 'eagle3-step4\\neagle3-latest\\n'"),
+        ]
+    )
     text = subprocess.run(["bash", "-c", out], capture_output=True, text=True, timeout=30).stdout
     st = t.parse_status("h", text)
     assert st.standin and not st.running and st.state == "exited"
@@ -60,13 +69,23 @@ def test_run_yaml_is_accepted_by_specforge_0_2_0s_config_schema_and_dockerfile_p
     text = t.dockerfile(spec)
     assert text.splitlines()[2] == "FROM lmsysorg/sglang:v0.5.9-cu129" and '"specforge==0.2.0"' in text
     build, _, run, _ = t.real_commands(spec, p)
-    assert "--pull=false" in build and "--pull=never" in run and "/data/eagle3-dumps-specforge:/data/eagle3-dumps-specforge:ro" in run
+    assert (
+        "--pull=false" in build
+        and "--pull=never" in run
+        and "/data/eagle3-dumps-specforge:/data/eagle3-dumps-specforge:ro" in run
+    )
 
 
 def status_text(log: str, run: dict | None, ckpt: str = "", alive: bool = False) -> str:
-    out = shell.sections([("alive", "true" if alive else "false"), ("container", "echo"),
-                          ("run", f"printf %s {shell.quote(json.dumps(run))}" if run else "false"),
-                          ("log", f"printf %s {shell.quote(log)}"), ("ckpt", f"printf %s {shell.quote(ckpt)}")])
+    out = shell.sections(
+        [
+            ("alive", "true" if alive else "false"),
+            ("container", "echo"),
+            ("run", f"printf %s {shell.quote(json.dumps(run))}" if run else "false"),
+            ("log", f"printf %s {shell.quote(log)}"),
+            ("ckpt", f"printf %s {shell.quote(ckpt)}"),
+        ]
+    )
     return subprocess.run(["bash", "-c", out], capture_output=True, text=True, timeout=30).stdout
 
 
@@ -76,10 +95,10 @@ def test_status_of_a_0_2_0_log_takes_epoch_and_eta_from_run_json_and_perf_step_t
     plan = t.RunPlan("eagle3", True, 2, "/d", "/o", steps_per_epoch=5, step_s=0.5)
     st = t.parse_status("h", status_text(log, json.loads(plan.run_json()), "eagle3-step5\n", alive=True))
     assert st.standin and st.running and st.state == "running" and st.fingerprint == plan.fingerprint
-    assert (st.step, st.steps, st.epoch, st.epochs) == (7, 10, 2, 2) and st.eta_s == 1.5   # 3 steps x 0.5 s
+    assert (st.step, st.steps, st.epoch, st.epochs) == (7, 10, 2, 2) and st.eta_s == 1.5  # 3 steps x 0.5 s
     assert len(st.acc) == 7 and st.tau_estimate > 1 and st.latest_checkpoint == "eagle3-step5"
     real = t.parse_status("h", status_text(log.replace(sf.BANNER, ""), {"run_id": "r", "epochs": 2}))
-    assert (real.step, real.steps, real.epoch, real.eta_s) == (7, None, None, None)   # steps per epoch unknown
+    assert (real.step, real.steps, real.epoch, real.eta_s) == (7, None, None, None)  # steps per epoch unknown
 
 
 def test_standin_lines_are_what_specforge_0_2_0_prints_and_say_stand_in():
@@ -115,9 +134,15 @@ def test_start_decision_and_run_json_diff():
 
 # --------------------------------------------------------------------------- the stand-in on a lab host
 
+
 def cli(lab_env, *args, timeout=120, rc=0):
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "train", *args, "--json"], capture_output=True,
-                          text=True, timeout=timeout, env=lab_env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "train", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=lab_env,
+    )
     assert proc.returncode == rc, proc.stderr
     return (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
 
@@ -140,8 +165,9 @@ def test_standin_training_start_status_finish_then_stop(lab, lab_env, host):
     fresh(host)
     spec = lab.spec(host.name)
     audit0 = len(audit_lines(spec))
-    r, err = cli(lab_env, "start", "--host", host.name, "--standin", "--epochs", "2", "--steps", "5",
-                 "--step-s", "0.05")
+    r, err = cli(
+        lab_env, "start", "--host", host.name, "--standin", "--epochs", "2", "--steps", "5", "--step-s", "0.05"
+    )
     assert r["standin"] and not r["noop"] and "STAND-IN" in err
     assert [s["name"] for s in r["steps"]] == ["lock", "check", "upload", "launch", "wait"]
     st = r["status"]
@@ -164,7 +190,7 @@ def test_standin_training_start_status_finish_then_stop(lab, lab_env, host):
     audit = audit_lines(spec)[audit0:]
     assert [a["action"] for a in audit] == ["train start"] and audit[0]["ok"] and audit[0]["standin"]
     assert not Path(spec.lock_dir).exists()
-    r, _ = cli(lab_env, "stop", "--host", host.name)                     # nothing runs: a no-op
+    r, _ = cli(lab_env, "stop", "--host", host.name)  # nothing runs: a no-op
     assert r["noop"] and [s["name"] for s in r["steps"]] == ["lock", "check"]
 
 
@@ -192,8 +218,12 @@ def test_rerun_is_a_noop_another_plan_is_refused_and_stop_dry_run_changes_nothin
     assert not r["status"]["running"] and r["status"]["state"] == "stopped" and not r["noop"]
     assert [s["name"] for s in r["steps"]] == ["lock", "check", "stop", "verify"]
     actions = [(a["action"], a["ok"], a["noop"]) for a in audit_lines(spec)[-4:]]
-    assert actions == [("train start", True, False), ("train start", True, True), ("train start", False, False),
-                       ("train stop", True, False)]
+    assert actions == [
+        ("train start", True, False),
+        ("train start", True, True),
+        ("train start", False, False),
+        ("train stop", True, False),
+    ]
 
 
 def test_start_is_refused_while_the_host_lock_is_held_and_a_dry_run_only_reads(lab, lab_env, host, remote):
@@ -217,8 +247,7 @@ def test_start_is_refused_while_the_host_lock_is_held_and_a_dry_run_only_reads(l
 def test_a_failed_start_names_its_step_in_the_record_and_releases_the_lock(lab, lab_env, host):
     fresh(host)
     spec = lab.spec(host.name)
-    _, err = cli(lab_env, "start", "--host", host.name, "--standin", "--output", "/proc/remote-ops-no/drafter",
-                 rc=7)
+    _, err = cli(lab_env, "start", "--host", host.name, "--standin", "--output", "/proc/remote-ops-no/drafter", rc=7)
     rec = train_records(lab_env, host.name)[-1]
     assert rec["failed_step"] == "upload" and not rec["ok"] and rec["lock"] == "released", rec
     assert "upload:" in err and not Path(spec.lock_dir).exists()
@@ -233,10 +262,15 @@ def test_logs_summary_of_a_standin_log_says_stand_in_on_screen_and_in_the_json(t
     state = tmp_path / "state"
     (state / "hosts" / "h" / "logs").mkdir(parents=True)
     (state / "hosts" / "h" / "logs" / "training.log").write_text(
-        sf.BANNER + "\n" + sf.metrics_line(1, 0.1, 7, 1e-4, 0.1) + "\n")
-    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(state),
-           "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "remote_ops", "logs", "summary", "--host", "h", "--no-pull",
-                           "--json"], capture_output=True, text=True, timeout=60, env=env)
+        sf.BANNER + "\n" + sf.metrics_line(1, 0.1, 7, 1e-4, 0.1) + "\n"
+    )
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(state), "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_ops", "logs", "summary", "--host", "h", "--no-pull", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "STAND-IN" in proc.stderr and json.loads(proc.stdout)["training"]["standin"] is True

@@ -1,5 +1,6 @@
 """Bulk pull: the ssh command line (host-key policy), job planning, the tar stream reader,
 and pulls of many small files over a real lab host."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,15 @@ from remote_ops.sshconfig import SshTarget, Timeouts
 
 
 def _target(**kw):
-    base = dict(name="gpu", hostname="127.0.0.5", port=2222, user="ops", identity_files=("/k/id",),
-                known_hosts=("/k/known hosts", "/k/kh2"), timeouts=Timeouts(connect=7, keepalive=9))
+    base = dict(
+        name="gpu",
+        hostname="127.0.0.5",
+        port=2222,
+        user="ops",
+        identity_files=("/k/id",),
+        known_hosts=("/k/known hosts", "/k/kh2"),
+        timeouts=Timeouts(connect=7, keepalive=9),
+    )
     return SshTarget(**{**base, **kw})
 
 
@@ -46,21 +54,21 @@ def test_proxy_jump_becomes_a_proxy_command_with_the_same_policy():
     argv = transfer.ssh_argv(_target(jump=(hop,)))
     (proxy,) = _opt(argv, "ProxyCommand")
     assert "StrictHostKeyChecking=yes" in proxy and "-W %h:%p -- 127.0.0.9" in proxy
-    assert "known hosts" in proxy                      # quoted for the shell that runs it
+    assert "known hosts" in proxy  # quoted for the shell that runs it
 
 
 def test_plan_jobs_batches_files_resumes_partials_alone_and_streams_huge_ones(tmp_path):
     mib = 1 << 20
     sizes = [100 * mib, 1 * mib, 2 * mib, 3 * mib, 20 * mib, 30 * mib]
     items = [transfer.PullItem(f"f{i}", tmp_path / f"f{i}", s) for i, s in enumerate(sizes)]
-    items[5].part.write_bytes(b"x" * 10)                                 # an interrupted earlier pull
+    items[5].part.write_bytes(b"x" * 10)  # an interrupted earlier pull
 
     def names(jobs):
         return [[i.remote for i in j] for j in jobs]
+
     assert names(transfer.plan_jobs(items)) == [["f0", "f1", "f2", "f3", "f4"], ["f5"]]
     assert names(transfer.plan_jobs(items, jobs=2)) == [["f0"], ["f5"], ["f1", "f2", "f3", "f4"]]
-    assert names(transfer.plan_jobs(items, batch_bytes=4 * mib)) == [
-        ["f0"], ["f5"], ["f4"], ["f1", "f2", "f3"]]
+    assert names(transfer.plan_jobs(items, batch_bytes=4 * mib)) == [["f0"], ["f5"], ["f4"], ["f1", "f2", "f3"]]
 
 
 class _Bytes:
@@ -94,6 +102,7 @@ def test_tar_reader_handles_long_names_prefixes_and_padding():
 
 # --------------------------------------------------------------------------- lab host
 
+
 def test_many_small_files_pull_in_tar_batches_and_a_missing_one_is_reported(lab, host, tmp_path):
     root = host.paths.dump_dir / "small"
     root.mkdir(parents=True, exist_ok=True)
@@ -101,8 +110,9 @@ def test_many_small_files_pull_in_tar_batches_and_a_missing_one_is_reported(lab,
     for i in range(300):
         data = hashlib.sha256(str(i).encode()).digest() * (i + 1)
         (root / f"f{i:03d}").write_bytes(data)
-        items.append(transfer.PullItem(f"f{i:03d}", tmp_path / "out" / f"f{i:03d}", len(data),
-                                       hashlib.sha256(data).hexdigest()))
+        items.append(
+            transfer.PullItem(f"f{i:03d}", tmp_path / "out" / f"f{i:03d}", len(data), hashlib.sha256(data).hexdigest())
+        )
     items.append(transfer.PullItem("gone", tmp_path / "out" / "gone", 5, None))
     report = transfer.Puller(lab.target(host.name), str(root), jobs=3).pull(items)
     assert report.fetched == 300 and report.failed == [("gone", "missing on the host")]
@@ -119,7 +129,8 @@ def test_unknown_host_key_is_refused_by_the_bulk_path_too(lab, host, tmp_path):
     (host.paths.dump_dir).mkdir(parents=True, exist_ok=True)
     (host.paths.dump_dir / "one").write_bytes(b"x" * 10)
     report = transfer.Puller(target, str(host.paths.dump_dir), ssh_config=None).pull(
-        [transfer.PullItem("one", tmp_path / "one", 10)])
+        [transfer.PullItem("one", tmp_path / "one", 10)]
+    )
     assert report.fetched == 0 and "Host key verification failed" in report.failed[0][1]
     assert not (tmp_path / "one").exists()
 
@@ -127,10 +138,10 @@ def test_unknown_host_key_is_refused_by_the_bulk_path_too(lab, host, tmp_path):
 def test_a_stale_partial_file_is_fetched_again_from_byte_zero(lab, host, tmp_path):
     root = host.paths.dump_dir / "stale"
     root.mkdir(parents=True, exist_ok=True)
-    data = os.urandom(10 << 20)                                  # above SMALL_FILE: streamed
+    data = os.urandom(10 << 20)  # above SMALL_FILE: streamed
     (root / "big").write_bytes(data)
     item = transfer.PullItem("big", tmp_path / "big", len(data), hashlib.sha256(data).hexdigest())
-    item.part.write_bytes(b"\0" * (3 << 20))                     # left by an older version of the file
+    item.part.write_bytes(b"\0" * (3 << 20))  # left by an older version of the file
     report = transfer.Puller(lab.target(host.name), str(root)).pull([item])
     assert report.resumed == 1 and report.fetched == 1 and not report.failed
     assert item.local.read_bytes() == data and not item.part.exists()
@@ -150,10 +161,11 @@ def test_an_interrupted_tar_batch_keeps_verified_files_and_resumes_the_partial_o
         seen["n"] += n
         if seen["n"] > 15 << 20:
             raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         transfer.Puller(lab.target(host.name), str(root), jobs=1, advance=ctrl_c_at_15_mib).pull(items)
     assert items[0].local.exists() and items[1].part.stat().st_size > 0
-    assert not any(i.part.exists() for i in items[2:])           # created ahead, removed on the way out
+    assert not any(i.part.exists() for i in items[2:])  # created ahead, removed on the way out
     report = transfer.Puller(lab.target(host.name), str(root), jobs=1).pull(items)
     assert (report.skipped, report.resumed, report.fetched) == (1, 1, 3) and not report.failed
     assert report.bytes < 30 << 20

@@ -1,4 +1,5 @@
 """SGLang wheels through the index's JSON Simple API, checked and cached: against a loopback server speaking that API."""
+
 from __future__ import annotations
 
 import hashlib
@@ -34,12 +35,20 @@ def pypi(tmp_path, monkeypatch):
             state["hits"] += 1
             base = f"http://127.0.0.1:{self.server.server_port}"
             if self.path == "/simple/sglang/":
-                files = [{"filename": "sglang-9.9.9.tar.gz", "url": "x", "hashes": {"sha256": "0"}},
-                         {"filename": "sglang-9.9.9-cp311-cp311-manylinux_2_34_x86_64.whl",
-                          "url": f"{base}/wrong", "hashes": {"sha256": "0"}},
-                         {"filename": "sglang-9.9.9-py3-none-any.whl",
-                          "url": f"{base}/files/w.whl", "hashes": {"sha256": state["sha"]}},
-                         {"filename": "sglang-9.9.9.1-py3-none-any.whl", "url": "y", "hashes": {"sha256": "0"}}]
+                files = [
+                    {"filename": "sglang-9.9.9.tar.gz", "url": "x", "hashes": {"sha256": "0"}},
+                    {
+                        "filename": "sglang-9.9.9-cp311-cp311-manylinux_2_34_x86_64.whl",
+                        "url": f"{base}/wrong",
+                        "hashes": {"sha256": "0"},
+                    },
+                    {
+                        "filename": "sglang-9.9.9-py3-none-any.whl",
+                        "url": f"{base}/files/w.whl",
+                        "hashes": {"sha256": state["sha"]},
+                    },
+                    {"filename": "sglang-9.9.9.1-py3-none-any.whl", "url": "y", "hashes": {"sha256": "0"}},
+                ]
                 body = json.dumps({"files": files}).encode()
             elif self.path == "/files/w.whl":
                 body = blob
@@ -69,7 +78,7 @@ def test_the_pure_python_wheel_is_fetched_checked_and_cached(pypi):
     assert path.name == "sglang-9.9.9-py3-none-any.whl"
     assert b"DeepseekV2ForCausalLM" in wheels.read_member(path, MEMBER)
     hits = pypi["hits"]
-    assert wheels.fetch_sglang_wheel("9.9.9", timeout=10) == path and pypi["hits"] == hits   # from the cache
+    assert wheels.fetch_sglang_wheel("9.9.9", timeout=10) == path and pypi["hits"] == hits  # from the cache
 
 
 def test_a_digest_mismatch_keeps_nothing(pypi):
@@ -85,6 +94,7 @@ def test_an_unknown_release_is_not_found(pypi):
 
 
 def test_platform_wheels_only_pick_the_first_by_name():
-    files = [{"filename": n, "url": n, "hashes": {"sha256": "s"}}
-             for n in ("sglang-1-cp312-x.whl", "sglang-1-cp311-x.whl")]
+    files = [
+        {"filename": n, "url": n, "hashes": {"sha256": "s"}} for n in ("sglang-1-cp312-x.whl", "sglang-1-cp311-x.whl")
+    ]
     assert wheels.pick_wheel(files, "1")[0] == "sglang-1-cp311-x.whl"

@@ -7,6 +7,7 @@ verifies (header check with `verify`; size and sha256 on arrival with `pull`,
 falling back to the next copy when one fails).  A host that cannot be reached
 is reported and sets the exit code; the others go on.
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,17 +33,32 @@ def _recon(app, spec):
 
 
 def _host_rows(recons: dict) -> list[list]:
-    return [[h, r.manifest_rows, r.files_present, len(r.missing_files), len(r.size_mismatches), r.torn_lines,
-             f"{r.bytes / 1e6:,.1f} MB"] for h, r in recons.items()]
+    return [
+        [
+            h,
+            r.manifest_rows,
+            r.files_present,
+            len(r.missing_files),
+            len(r.size_mismatches),
+            r.torn_lines,
+            f"{r.bytes / 1e6:,.1f} MB",
+        ]
+        for h, r in recons.items()
+    ]
 
 
 def _render_merged(console, merged: dumps_mod.FleetDumps, recons: dict) -> None:
-    console.table(["host", "rows", "files", "no file", "size differs", "torn", "bytes"], _host_rows(recons),
-                  title=f"dumps on {len(recons)} hosts")
+    console.table(
+        ["host", "rows", "files", "no file", "size differs", "torn", "bytes"],
+        _host_rows(recons),
+        title=f"dumps on {len(recons)} hosts",
+    )
     doc = merged.to_dict()
-    console.status("ok" if not merged.conflicts else "fail",
-                   f"merged: {doc['keys']} distinct keys, {doc['bytes'] / 1e6:,.1f} MB, "
-                   f"{len(doc['duplicates'])} on more than one host, {len(merged.conflicts)} conflicting")
+    console.status(
+        "ok" if not merged.conflicts else "fail",
+        f"merged: {doc['keys']} distinct keys, {doc['bytes'] / 1e6:,.1f} MB, "
+        f"{len(doc['duplicates'])} on more than one host, {len(merged.conflicts)} conflicting",
+    )
     for key, hosts in list(doc["duplicates"].items())[:10]:
         console.say(f"    duplicate {key}: {', '.join(hosts)} (kept from {hosts[0]})", style="dim")
 
@@ -52,34 +68,47 @@ def group_status(app, hosts, forks) -> int:
     merged = dumps_mod.merge_hosts(recons)
     _render_merged(app.console, merged, recons)
     ok = all(r.ok for r in recons.values()) and not merged.conflicts
-    app.console.emit({"hosts": {h: r.to_dict() for h, r in recons.items()}, "merged": merged.to_dict(),
-                      **run.to_dict()})
+    app.console.emit(
+        {"hosts": {h: r.to_dict() for h, r in recons.items()}, "merged": merged.to_dict(), **run.to_dict()}
+    )
     return fleet.worst_exit([run.exit_code, 0 if ok else VerifyFailed.exit_code])
 
 
 def group_verify(app, hosts, forks, sha: bool) -> int:
     """Each host's header check; a key is good when one copy passes (the kept one)."""
+
     def work(spec):
         _, recon = _recon(app, spec)
         report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
         return 0, (recon, report)
+
     run, done = _each(app, hosts, forks, work)
     recons = {h: v[0] for h, v in done.items()}
     bad = {h: {str(p["where"]) for p in dumps_mod.errors_of(v[1])} for h, v in done.items()}
     merged = dumps_mod.merge_hosts(recons, bad)
     _render_merged(app.console, merged, recons)
     broken = [k for k, copies in merged.copies.items() if all(str(r["file"]) in bad[h] for h, r in copies)]
-    rescued = [k for k, copies in merged.copies.items() if k not in broken
-               and any(str(r["file"]) in bad[h] for h, r in copies)]
-    app.console.status("fail" if broken else "ok", f"host checks: {len(broken)} key(s) with no good copy, "
-                       f"{len(rescued)} duplicate(s) where one copy fails and another passes (the passing one is kept)")
-    result = {"merged": merged.to_dict(), "broken": broken, "rescued": rescued,
-              "hosts": {h: {"reconciliation": v[0].to_dict(), "host_check": v[1]} for h, v in done.items()},
-              **run.to_dict()}
+    rescued = [
+        k for k, copies in merged.copies.items() if k not in broken and any(str(r["file"]) in bad[h] for h, r in copies)
+    ]
+    app.console.status(
+        "fail" if broken else "ok",
+        f"host checks: {len(broken)} key(s) with no good copy, "
+        f"{len(rescued)} duplicate(s) where one copy fails and another passes (the passing one is kept)",
+    )
+    result = {
+        "merged": merged.to_dict(),
+        "broken": broken,
+        "rescued": rescued,
+        "hosts": {h: {"reconciliation": v[0].to_dict(), "host_check": v[1]} for h, v in done.items()},
+        **run.to_dict(),
+    }
     missing = sum(len(r.missing_files) for r in recons.values())
     if broken or missing:
-        raise VerifyFailed(f"{len(broken)} dump key(s) fail on every host that has them, {missing} manifest "
-                           f"row(s) have no file", details=result)
+        raise VerifyFailed(
+            f"{len(broken)} dump key(s) fail on every host that has them, {missing} manifest row(s) have no file",
+            details=result,
+        )
     app.console.emit(result)
     return run.exit_code
 
@@ -103,6 +132,7 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
         def tick(n):
             with lock:
                 advance(n)
+
         items = first
         while items:
             failed = _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports)
@@ -117,19 +147,29 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
 
 
 def _key_of(item) -> str:
-    return Path(item.remote).name[:-len(dumps_mod.SUFFIX)]
+    return Path(item.remote).name[: -len(dumps_mod.SUFFIX)]
 
 
 def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports) -> set[str]:
     """One pull per host (in parallel); returns the keys whose copy failed."""
+
     def work(spec):
-        return 0, transfer.pull(app.target(spec), spec.dump.dir, items[spec.name], ssh_config=app.ssh_config_path,
-                                jobs=jobs, stall_timeout=stall_timeout, advance=tick, strict=False)
+        return 0, transfer.pull(
+            app.target(spec),
+            spec.dump.dir,
+            items[spec.name],
+            ssh_config=app.ssh_config_path,
+            jobs=jobs,
+            stall_timeout=stall_timeout,
+            advance=tick,
+            strict=False,
+        )
+
     run = fleet.fan_out([by_name[h] for h in items], work, forks=forks)
     failed: set[str] = set()
     for o in run.outcomes:
         reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
-        bad = {Path(f).name[:-len(dumps_mod.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
+        bad = {Path(f).name[: -len(dumps_mod.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
         if o.error is not None:
             bad = {_key_of(i) for i in items[o.host]}
         for item in items[o.host]:
@@ -147,16 +187,31 @@ def _pull_result(app, run, recons, merged, kept, reports, seconds, written, loca
     lost = sorted(set(merged.copies) - set(kept))
     missing = [f"{h}:{m}" for h, r in recons.items() for m in r.missing_files]
     torn = [f"{h}:{t}" for h, r in recons.items() for t in r.torn]
-    app.console.status("fail" if lost else "ok",
-                       f"{len(kept)} keys kept, {len(lost)} with no good copy, {nbytes / 1e6:,.1f} MB fetched in "
-                       f"{seconds:.2f}s ({nbytes / 1e6 / seconds if seconds else 0:,.1f} MB/s aggregate) -> "
-                       f"{local_root} ({written} in the merged manifest)")
-    result = {"dest": str(local_root), "merged": merged.to_dict(), "kept_from": kept, "no_good_copy": lost,
-              "missing_on_host": missing, "torn": torn, "pulls": reports, "bytes": nbytes,
-              "seconds": round(seconds, 3), "allow_missing": allow_missing, **run.to_dict()}
+    app.console.status(
+        "fail" if lost else "ok",
+        f"{len(kept)} keys kept, {len(lost)} with no good copy, {nbytes / 1e6:,.1f} MB fetched in "
+        f"{seconds:.2f}s ({nbytes / 1e6 / seconds if seconds else 0:,.1f} MB/s aggregate) -> "
+        f"{local_root} ({written} in the merged manifest)",
+    )
+    result = {
+        "dest": str(local_root),
+        "merged": merged.to_dict(),
+        "kept_from": kept,
+        "no_good_copy": lost,
+        "missing_on_host": missing,
+        "torn": torn,
+        "pulls": reports,
+        "bytes": nbytes,
+        "seconds": round(seconds, 3),
+        "allow_missing": allow_missing,
+        **run.to_dict(),
+    }
     if lost or (not allow_missing and (missing or torn)):
-        raise VerifyFailed(f"{len(lost)} key(s) had no copy that verified; {len(missing)} manifest row(s) with "
-                           f"no file, {len(torn)} torn line(s)", details=result,
-                           hint="re-run (verified files are kept); --allow-missing accepts missing/torn rows")
+        raise VerifyFailed(
+            f"{len(lost)} key(s) had no copy that verified; {len(missing)} manifest row(s) with "
+            f"no file, {len(torn)} torn line(s)",
+            details=result,
+            hint="re-run (verified files are kept); --allow-missing accepts missing/torn rows",
+        )
     app.console.emit(result)
     return run.exit_code

@@ -8,6 +8,7 @@ then a per-host summary table, one JSON document (`{"hosts": [...],
 "exit_code": N}`, each host with its result or error), and the worst host's
 exit code.  A host's failure never stops the others.
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,13 +17,21 @@ from typing import Any, Callable
 from .. import fleet
 
 Work = Callable[[Any], tuple[int, Any]]
-Render = Callable[[Any, Any, Any], None]      # (console, host spec, result)
+Render = Callable[[Any, Any, Any], None]  # (console, host spec, result)
 
 
-def run_on_hosts(app, hosts: list, work: Work, render: Render, *, forks: int = fleet.DEFAULT_FORKS,
-                 serial: int | None = None, keep_going: bool = False,
-                 document: Callable[[fleet.FleetRun], Any] | None = None,
-                 emit: Callable[[Any], None] | None = None) -> int:
+def run_on_hosts(
+    app,
+    hosts: list,
+    work: Work,
+    render: Render,
+    *,
+    forks: int = fleet.DEFAULT_FORKS,
+    serial: int | None = None,
+    keep_going: bool = False,
+    document: Callable[[fleet.FleetRun], Any] | None = None,
+    emit: Callable[[Any], None] | None = None,
+) -> int:
     """`work(host) -> (exit code, result)` on every host; returns the exit code for the run.
 
     `document(run)` builds the JSON document instead of the defaults (a command whose
@@ -45,7 +54,7 @@ def run_on_hosts(app, hosts: list, work: Work, render: Render, *, forks: int = f
         try:
             return work(host)
         except BaseException:
-            app.forget(host.name)          # a broken connection is not reused by a later step
+            app.forget(host.name)  # a broken connection is not reused by a later step
             raise
 
     if serial:
@@ -67,8 +76,17 @@ def _render_outcome(app, spec, outcome: fleet.HostOutcome, render: Render) -> No
 
 def summarize(console, run: fleet.FleetRun) -> None:
     """The per-host table: host, exit code, time, and what went wrong."""
-    rows = [[o.host, "skipped" if o.skipped else o.exit_code, f"{o.duration_s:.2f}s",
-             "skipped after a failed batch" if o.skipped else (str(o.error.message) if o.error else "ok")]
-            for o in run.outcomes]
-    console.table(["host", "exit", "time", "result"], rows,
-                  title=f"{len(run.outcomes)} hosts, {sum(o.failed for o in run.outcomes)} failed")
+    rows = [
+        [
+            o.host,
+            "skipped" if o.skipped else o.exit_code,
+            f"{o.duration_s:.2f}s",
+            "skipped after a failed batch" if o.skipped else (str(o.error.message) if o.error else "ok"),
+        ]
+        for o in run.outcomes
+    ]
+    console.table(
+        ["host", "exit", "time", "result"],
+        rows,
+        title=f"{len(run.outcomes)} hosts, {sum(o.failed for o in run.outcomes)} failed",
+    )

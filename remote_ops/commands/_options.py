@@ -10,6 +10,7 @@ work on a single host only.  Every command gets `-v/--verbose` (each remote
 command with its round-trip time; `-vv` SSH transport events) and `--host`
 completes inventory host and group names in the shell.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,33 +25,78 @@ from ..errors import UsageError
 
 def app_options(fn):
     """--inventory, --ssh-config, --host-key-policy, timeouts, --json, --quiet -> `app`."""
-    @click.option("--inventory", "inventory", multiple=True, type=click.Path(path_type=Path),
-                  envvar="REMOTE_OPS_INVENTORY", help="inventory file or directory (default ./inventory) [env REMOTE_OPS_INVENTORY]")
-    @click.option("--ssh-config", "ssh_config", type=click.Path(), default=None,
-                  help="ssh_config file to use (default ~/.ssh/config if present)")
-    @click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict",
-                  show_default=True, help="strict refuses unknown keys; accept-new records first-seen keys. Changed keys are always refused.")
-    @click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                  help="seconds to connect, banner and auth included (default 10)")
-    @click.option("--command-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                  help="deadline of every remote command and probe, in seconds (default 120); "
-                       "long steps have their own (deploy --build-timeout, --healthy-timeout)")
+
+    @click.option(
+        "--inventory",
+        "inventory",
+        multiple=True,
+        type=click.Path(path_type=Path),
+        envvar="REMOTE_OPS_INVENTORY",
+        help="inventory file or directory (default ./inventory) [env REMOTE_OPS_INVENTORY]",
+    )
+    @click.option(
+        "--ssh-config",
+        "ssh_config",
+        type=click.Path(),
+        default=None,
+        help="ssh_config file to use (default ~/.ssh/config if present)",
+    )
+    @click.option(
+        "--host-key-policy",
+        type=click.Choice(["strict", "accept-new"]),
+        default="strict",
+        show_default=True,
+        help="strict refuses unknown keys; accept-new records first-seen keys. Changed keys are always refused.",
+    )
+    @click.option(
+        "--connect-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="seconds to connect, banner and auth included (default 10)",
+    )
+    @click.option(
+        "--command-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="deadline of every remote command and probe, in seconds (default 120); "
+        "long steps have their own (deploy --build-timeout, --healthy-timeout)",
+    )
     @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
     @click.option("-q", "--quiet", is_flag=True, help="no progress or notes on stderr (data and errors still print)")
-    @click.option("-v", "--verbose", count=True,
-                  help="-v: each remote command (secrets masked) and its round-trip time on stderr; "
-                       "-vv: whole commands and SSH transport events")
+    @click.option(
+        "-v",
+        "--verbose",
+        count=True,
+        help="-v: each remote command (secrets masked) and its round-trip time on stderr; "
+        "-vv: whole commands and SSH transport events",
+    )
     @functools.wraps(fn)
-    def wrapper(*args, inventory, ssh_config, host_key_policy, connect_timeout, command_timeout,
-                as_json, quiet, verbose, **kwargs):
+    def wrapper(
+        *args,
+        inventory,
+        ssh_config,
+        host_key_policy,
+        connect_timeout,
+        command_timeout,
+        as_json,
+        quiet,
+        verbose,
+        **kwargs,
+    ):
         if verbose > 1:
             _ssh_events_to_stderr()
-        app = App(console=Console(json_mode=as_json, quiet=quiet),
-                  inventory_paths=list(inventory) or None, ssh_config_path=ssh_config,
-                  host_key_policy=host_key_policy, connect_timeout=connect_timeout,
-                  command_timeout=command_timeout, verbose=verbose)
+        app = App(
+            console=Console(json_mode=as_json, quiet=quiet),
+            inventory_paths=list(inventory) or None,
+            ssh_config_path=ssh_config,
+            host_key_policy=host_key_policy,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            verbose=verbose,
+        )
         click.get_current_context().call_on_close(app.close)
         return fn(app, *args, **kwargs)
+
     return wrapper
 
 
@@ -73,18 +119,23 @@ def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
         from ..inventory import default_inventory_paths, load_inventory
 
         inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
-    except Exception:          # completion must never fail loudly: no inventory, no names
+    except Exception:  # completion must never fail loudly: no inventory, no names
         return []
     head, sep, last = incomplete.rpartition(",")
     sign = last[:1] if last[:1] in "!&" else ""
     names = [*inv.hosts, *inv.groups, "all"]
-    return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign):])]
+    return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign) :])]
 
 
 def host_option(required: bool = True):
-    return click.option("--host", "host", required=required, metavar="HOST", shell_complete=complete_hosts,
-                        help="inventory name, listed address, or ad-hoc address form "
-                             "(user@addr, addr:port, an IP; e.g. 10.1.230.174)")
+    return click.option(
+        "--host",
+        "host",
+        required=required,
+        metavar="HOST",
+        shell_complete=complete_hosts,
+        help="inventory name, listed address, or ad-hoc address form (user@addr, addr:port, an IP; e.g. 10.1.230.174)",
+    )
 
 
 def host_command(fn):
@@ -101,14 +152,24 @@ def hosts_command(fn=None, *, local_ok: bool = False):
     if fn is None:
         return functools.partial(hosts_command, local_ok=local_ok)
 
-    @click.option("--host", "pattern", metavar="PATTERN", default=None, shell_complete=complete_hosts,
-                  help="host, group, glob or comma list (Ansible patterns: 'fleet,!gpu-03'); "
-                       "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174")
+    @click.option(
+        "--host",
+        "pattern",
+        metavar="PATTERN",
+        default=None,
+        shell_complete=complete_hosts,
+        help="host, group, glob or comma list (Ansible patterns: 'fleet,!gpu-03'); "
+        "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174",
+    )
     @click.option("--all", "all_hosts", is_flag=True, help="every inventory host")
-    @click.option("--limit", metavar="PATTERN", default=None, shell_complete=complete_hosts,
-                  help="narrow the selection (as ansible --limit)")
-    @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True,
-                  help="hosts worked on at once")
+    @click.option(
+        "--limit",
+        metavar="PATTERN",
+        default=None,
+        shell_complete=complete_hosts,
+        help="narrow the selection (as ansible --limit)",
+    )
+    @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True, help="hosts worked on at once")
     @app_options
     @functools.wraps(fn)
     def wrapper(app, *args, pattern, all_hosts, limit, **kwargs):
@@ -117,4 +178,5 @@ def hosts_command(fn=None, *, local_ok: bool = False):
                 raise UsageError("give exactly one of --host/--all or --local-file PATH")
             return fn(app, [], *args, **kwargs)
         return fn(app, app.select(pattern, all_hosts=all_hosts, limit=limit), *args, **kwargs)
+
     return wrapper

@@ -1,4 +1,5 @@
 """`remote-ops container start|stop|restart|status --host PATTERN`: the SGLang container's lifecycle."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,10 +24,12 @@ def _show(console, spec, view: "ContainerView") -> None:
         console.status("fail", f"{spec.name}: container {spec.container.name} does not exist", data=True)
     else:
         health = f", {info.health}" if info.health else ""
-        console.status("ok" if info.running else "warn",
-                       f"{spec.name}: {info.name} {info.status}{health}, image {info.image_ref} "
-                       f"({info.image_id[:19]}), restarts {info.restart_count}"
-                       + (", OOM-killed" if info.oom_killed else ""), data=True)
+        console.status(
+            "ok" if info.running else "warn",
+            f"{spec.name}: {info.name} {info.status}{health}, image {info.image_ref} "
+            f"({info.image_id[:19]}), restarts {info.restart_count}" + (", OOM-killed" if info.oom_killed else ""),
+            data=True,
+        )
 
 
 @dataclass
@@ -50,8 +53,9 @@ def container_group() -> None:
 
 
 def _lifecycle(app, hosts, forks: int, action: str, grace: int, dry_run: bool, diff: bool) -> int:
-    return run_on_hosts(app, hosts, lambda spec: (0, _lifecycle_one(app, spec, action, grace, dry_run, diff)),
-                        _show, forks=forks)
+    return run_on_hosts(
+        app, hosts, lambda spec: (0, _lifecycle_one(app, spec, action, grace, dry_run, diff)), _show, forks=forks
+    )
 
 
 def _lifecycle_one(app, spec, action: str, grace: int, dry_run: bool, diff: bool) -> ContainerView:
@@ -61,7 +65,7 @@ def _lifecycle_one(app, spec, action: str, grace: int, dry_run: bool, diff: bool
     it, nothing touched); a dry run only reads."""
     from .. import patching
 
-    if action == "start" and not spec.sglang.patch:      # the image tag names the patch: derive the spec
+    if action == "start" and not spec.sglang.patch:  # the image tag names the patch: derive the spec
         spec = patching.bind_host(app.remote(spec), spec)[0]
     image = deploy.image_ref(spec) if action == "start" else None
     remote = app.remote(spec)
@@ -72,17 +76,30 @@ def _lifecycle_one(app, spec, action: str, grace: int, dry_run: bool, diff: bool
             commands, before, after = ctr.lifecycle(remote, spec, action, image=image, grace_s=grace)
     if not commands:
         app.console.status("ok", f"{spec.name}: nothing to do ({action}: container already in that state)")
-    for c in commands:        # a dry run's plan is its data (stdout); what ran is progress (stderr)
+    for c in commands:  # a dry run's plan is its data (stdout); what ran is progress (stderr)
         line = f"{spec.name}: {'would run' if dry_run else 'ran'}: {c}"
         app.console.text_block(line) if dry_run else app.console.say(line)
     if diff:
         was = f"{before.status} ({before.image_id[:19]})" if before else "absent"
-        app.console.text_block(f"--- container {spec.container.name}: {was}\n+++ after {action}: "
-                               + (f"{after.status} ({after.image_id[:19]})" if after and not dry_run
-                                  else "(not run)" if dry_run else "absent"))
+        app.console.text_block(
+            f"--- container {spec.container.name}: {was}\n+++ after {action}: "
+            + (
+                f"{after.status} ({after.image_id[:19]})"
+                if after and not dry_run
+                else "(not run)"
+                if dry_run
+                else "absent"
+            )
+        )
     if dry_run:
-        return ContainerView({"host": spec.name, "dry_run": True, "commands": commands,
-                              "container": before.to_dict() if before else None})
+        return ContainerView(
+            {
+                "host": spec.name,
+                "dry_run": True,
+                "commands": commands,
+                "container": before.to_dict() if before else None,
+            }
+        )
     return _info_doc(spec, after)
 
 
@@ -121,9 +138,11 @@ def restart_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int
 @hosts_command
 def status_cmd(app, hosts, forks) -> int:
     """Show the container's state, health, image and restart count (exit 13 if absent)."""
+
     def work(spec):
         info = ctr.status(app.remote(spec), spec)
         return (0 if info is not None else 13), _info_doc(spec, info)
+
     return run_on_hosts(app, hosts, work, _show, forks=forks)
 
 

@@ -1,4 +1,5 @@
 """`remote-ops dataset prepare`: chat JSONL -> {"id", "input_ids", "loss_mask"} with the model's tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -29,31 +30,54 @@ def dataset_group() -> None:
 def _render(console, report: ds.PrepareReport | dict, dest: str) -> None:
     r = report if isinstance(report, dict) else report.to_dict()
     share = r["assistant_tokens"] / r["tokens"] if r["tokens"] else 0
-    console.status("ok" if r["written"] else "warn",
-                   f"{r['written']}/{r['samples']} samples -> {dest}: {r['tokens']:,} tokens, "
-                   f"{r['assistant_tokens']:,} in the loss mask ({share:.0%})")
+    console.status(
+        "ok" if r["written"] else "warn",
+        f"{r['written']}/{r['samples']} samples -> {dest}: {r['tokens']:,} tokens, "
+        f"{r['assistant_tokens']:,} in the loss mask ({share:.0%})",
+    )
     over = f"--max-length {r['max_length']}" if r["max_length"] else "no --max-length"
-    console.say(f"  {over}: {r['truncated']} truncated, {r['dropped_too_long']} dropped as too long "
-                f"(overflow={r['overflow']}), {r['dropped_no_assistant']} dropped with no assistant token left")
+    console.say(
+        f"  {over}: {r['truncated']} truncated, {r['dropped_too_long']} dropped as too long "
+        f"(overflow={r['overflow']}), {r['dropped_no_assistant']} dropped with no assistant token left"
+    )
     if r["template_fallback"]:
-        console.status("warn", f"{r['template_fallback']} sample(s): template not prefix-stable, "
-                       "mask found from the reply text (end-of-turn marker not masked)")
+        console.status(
+            "warn",
+            f"{r['template_fallback']} sample(s): template not prefix-stable, "
+            "mask found from the reply text (end-of-turn marker not masked)",
+        )
     for bad in r["bad_records"][:10]:
         console.status("warn", f"skipped: {bad}")
 
 
 @dataset_group.command("prepare")
 @click.argument("source", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("-o", "--output", "output", default=None, metavar="PATH",
-              help="output JSONL (default <source>.prepared.jsonl; with --on-host, a path on the host)")
-@click.option("--tokenizer", default=None, metavar="DIR",
-              help="model dir with the tokenizer and chat template (default: model.path of --host)")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    default=None,
+    metavar="PATH",
+    help="output JSONL (default <source>.prepared.jsonl; with --on-host, a path on the host)",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    metavar="DIR",
+    help="model dir with the tokenizer and chat template (default: model.path of --host)",
+)
 @click.option("--max-length", type=int, default=None, help="token limit per sample")
-@click.option("--overflow", type=click.Choice(ds.OVERFLOW), default="truncate", show_default=True,
-              help="what to do with a sample over --max-length")
+@click.option(
+    "--overflow",
+    type=click.Choice(ds.OVERFLOW),
+    default="truncate",
+    show_default=True,
+    help="what to do with a sample over --max-length",
+)
 @click.option("--trust-remote-code", is_flag=True, help="let transformers run the model's tokenizer code")
-@click.option("--on-host", is_flag=True,
-              help="run in a throwaway container of the host's SGLang image (transformers + the model)")
+@click.option(
+    "--on-host", is_flag=True, help="run in a throwaway container of the host's SGLang image (transformers + the model)"
+)
 @host_option(required=False)
 @app_options
 def prepare_cmd(app, source, output, tokenizer, max_length, overflow, trust_remote_code, on_host, host) -> int:
@@ -76,12 +100,14 @@ def prepare_cmd(app, source, output, tokenizer, max_length, overflow, trust_remo
 
 # --------------------------------------------------------------------------- on the host
 
+
 def host_workdir(spec) -> str:
     return str(PurePosixPath(spec.logs.dir) / "dataset")
 
 
-def on_host_command(spec, workdir: str, tok_dir: str, src: str, dest: str, max_length, overflow,
-                    trust_remote_code: bool) -> str:
+def on_host_command(
+    spec, workdir: str, tok_dir: str, src: str, dest: str, max_length, overflow, trust_remote_code: bool
+) -> str:
     """`docker run --rm -i` of the running container's image, dataset.py on stdin (pure)."""
     image = f"$(docker inspect -f '{{{{.Config.Image}}}}' {shell.quote(spec.container.name)})"
     argv = ["-", "prepare", "--tokenizer", tok_dir, "--input", src, "--output", dest, "--overflow", overflow]
@@ -89,7 +115,7 @@ def on_host_command(spec, workdir: str, tok_dir: str, src: str, dest: str, max_l
     argv += ["--trust-remote-code"] if trust_remote_code else []
     mounts = ["-v", f"{tok_dir}:{tok_dir}:ro", "-v", f"{workdir}:{workdir}"]
     run = ["docker", "run", "--rm", "-i", "--pull=never", "--network", "none", "--entrypoint", "python3", *mounts]
-    return f"{shell.join(run)} \"{image}\" {shell.join(argv)}"
+    return f'{shell.join(run)} "{image}" {shell.join(argv)}'
 
 
 def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust_remote_code, host) -> int:
@@ -101,8 +127,9 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
     src, dest = f"{workdir}/source.jsonl", output or f"{workdir}/prepared.jsonl"
     remote.run(["mkdir", "-p", workdir])
     remote.put(source, src)
-    cmd = on_host_command(spec, workdir, tokenizer or spec.model.path, src, dest, max_length, overflow,
-                          trust_remote_code)
+    cmd = on_host_command(
+        spec, workdir, tokenizer or spec.model.path, src, dest, max_length, overflow, trust_remote_code
+    )
     result = remote.run(cmd, input=Path(ds.__file__).read_bytes(), check=False, timeout=3600)
     report = _host_report(result, remote.name)
     _render(app.console, report, f"{spec.name}:{dest}")
@@ -117,8 +144,13 @@ def _host_report(result, host: str) -> dict:
         report = None
     if result.exit_status != 0 or not isinstance(report, dict) or "error" in report:
         why = report.get("error") if isinstance(report, dict) else "no report"
-        raise CommandFailed(f"dataset prepare on the host failed: {why}", host=host, command=result.command,
-                            exit_status=result.exit_status, stderr_tail=result.stderr[-2000:])
+        raise CommandFailed(
+            f"dataset prepare on the host failed: {why}",
+            host=host,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
     return report
 
 

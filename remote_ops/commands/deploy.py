@@ -1,4 +1,5 @@
 """`remote-ops deploy --host PATTERN [--dry-run] [--diff] [--yes] [--serial N]`: the whole job, idempotent."""
+
 from __future__ import annotations
 
 import click
@@ -33,16 +34,41 @@ class ConsoleEvents(deploy_mod.Events):
 @click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before changing the host")
 @click.option("--why", default="deploy", show_default=True, help="reason stored in the lock and audit log")
-@click.option("--healthy-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)")
-@click.option("--build-timeout", type=click.FloatRange(min=0, min_open=True), default=deploy_mod.BUILD_TIMEOUT_S,
-              show_default=True, help="seconds the image build may take")
-@click.option("--serial", type=click.IntRange(min=1), default=None, metavar="N",
-              help="rolling: N hosts at a time; after a batch with a failure the rest are skipped")
+@click.option(
+    "--healthy-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)",
+)
+@click.option(
+    "--build-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=deploy_mod.BUILD_TIMEOUT_S,
+    show_default=True,
+    help="seconds the image build may take",
+)
+@click.option(
+    "--serial",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="rolling: N hosts at a time; after a batch with a failure the rest are skipped",
+)
 @click.option("--keep-going", is_flag=True, help="with --serial: go on after a failed batch")
 @hosts_command
-def deploy_cmd(app, hosts, forks, dry_run: bool, show_diff: bool, yes: bool, why: str,
-               healthy_timeout: float | None, build_timeout: float, serial: int | None, keep_going: bool) -> int:
+def deploy_cmd(
+    app,
+    hosts,
+    forks,
+    dry_run: bool,
+    show_diff: bool,
+    yes: bool,
+    why: str,
+    healthy_timeout: float | None,
+    build_timeout: float,
+    serial: int | None,
+    keep_going: bool,
+) -> int:
     """Preflight, lock, check, push, patch, verify, build, start, wait, record, unlock.
 
     \b
@@ -67,6 +93,7 @@ def deploy_cmd(app, hosts, forks, dry_run: bool, show_diff: bool, yes: bool, why
 
     def work(spec):
         return 0, _deploy_one(app, spec, dry_run, show_diff, yes or not one, why, healthy_timeout, build_timeout)
+
     return run_on_hosts(app, hosts, work, lambda *_: None, forks=forks, serial=serial, keep_going=keep_going)
 
 
@@ -91,12 +118,19 @@ def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
             _confirm(app, spec, preview)
-    result = deploy_mod.deploy(remote, spec, dry_run=dry_run, events=events, why=why,
-                               healthy_timeout_s=healthy_timeout, build_timeout_s=build_timeout)
+    result = deploy_mod.deploy(
+        remote,
+        spec,
+        dry_run=dry_run,
+        events=events,
+        why=why,
+        healthy_timeout_s=healthy_timeout,
+        build_timeout_s=build_timeout,
+    )
     if dry_run or show_diff:
         for name, text in result.diffs.items():
             app.console.step(f"{spec.name} diff: {name}")
-            app.console.text_block(text)      # the plan's diffs are data (stdout)
+            app.console.text_block(text)  # the plan's diffs are data (stdout)
     _summary(app, result)
     return Deployed(result, derivation)
 
@@ -107,8 +141,9 @@ def _confirm_many(hosts) -> None:
 
     names = ", ".join(h.name for h in hosts)
     if not sys.stdin.isatty():
-        raise Refused(f"deploy would change up to {len(hosts)} hosts ({names}); re-run with --yes "
-                      "(or --dry-run to see the plans)")
+        raise Refused(
+            f"deploy would change up to {len(hosts)} hosts ({names}); re-run with --yes (or --dry-run to see the plans)"
+        )
     if not click.confirm(f"deploy to {len(hosts)} hosts ({names})? Proceed?", default=False, err=True):
         raise click.exceptions.Abort()
 
@@ -119,8 +154,9 @@ def _confirm(app, spec, preview) -> None:
 
     todo = ", ".join(f"{k} ({v})" for k, v in preview.plan.get("reasons", {}).items())
     if not sys.stdin.isatty():
-        raise Refused(f"deploy would change {spec.name}: {todo}; re-run with --yes (or --dry-run to see the diff)",
-                      host=spec.name)
+        raise Refused(
+            f"deploy would change {spec.name}: {todo}; re-run with --yes (or --dry-run to see the diff)", host=spec.name
+        )
     if not click.confirm(f"{spec.name}: {todo}. Proceed?", default=False, err=True):
         raise click.exceptions.Abort()
 
@@ -130,8 +166,10 @@ def _summary(app, r: deploy_mod.DeployResult) -> None:
         word = "up to date (nothing to do)" if r.up_to_date else "dry run: nothing was changed"
     else:
         word = "up to date" if r.up_to_date else "deployed"
-    app.console.step(f"{r.host}: {word} - {r.image} in {r.wall_s:.2f}s, {r.round_trips} round trips"
-                     + (f"; record {r.record}" if r.record else ""))
+    app.console.step(
+        f"{r.host}: {word} - {r.image} in {r.wall_s:.2f}s, {r.round_trips} round trips"
+        + (f"; record {r.record}" if r.record else "")
+    )
 
 
 commands = [deploy_cmd]

@@ -1,4 +1,5 @@
 """`remote-ops dumps status|verify|pull`: the hidden-state dumps on a host."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,16 +34,25 @@ def _gb(n) -> str:
 
 
 def _render_recon(console, r: dumps_mod.Reconciliation) -> None:
-    rows = [["manifest rows (keys)", r.manifest_rows], ["files present", r.files_present],
-            ["tokens", f"{r.tokens:,}"], ["bytes", f"{r.bytes:,} ({_gb(r.bytes)})"],
-            ["hidden size", r.hidden_size or "-"],
-            ["float bytes/token (4*H*2)", f"{r.float_bytes_per_token:,}" if r.float_bytes_per_token else "-"],
-            ["file bytes/token (observed)", r.file_bytes_per_token or "-"],
-            ["partial spans", r.partial_rows], ["torn manifest lines", r.torn_lines]]
+    rows = [
+        ["manifest rows (keys)", r.manifest_rows],
+        ["files present", r.files_present],
+        ["tokens", f"{r.tokens:,}"],
+        ["bytes", f"{r.bytes:,} ({_gb(r.bytes)})"],
+        ["hidden size", r.hidden_size or "-"],
+        ["float bytes/token (4*H*2)", f"{r.float_bytes_per_token:,}" if r.float_bytes_per_token else "-"],
+        ["file bytes/token (observed)", r.file_bytes_per_token or "-"],
+        ["partial spans", r.partial_rows],
+        ["torn manifest lines", r.torn_lines],
+    ]
     console.table(["dumps", ""], rows, title=f"Dumps in {r.dump_dir}")
     _list(console, "fail", "manifest rows with no file", r.missing_files)
-    _list(console, "fail", "size differs from the manifest", [f"{m['file']} ({m['size']} vs {m['manifest']})"
-                                                              for m in r.size_mismatches])
+    _list(
+        console,
+        "fail",
+        "size differs from the manifest",
+        [f"{m['file']} ({m['size']} vs {m['manifest']})" for m in r.size_mismatches],
+    )
     _list(console, "warn", "files missing from the manifest", r.unlisted_files)
     _list(console, "warn", "temp files (interrupted writes)", r.temp_files)
     _list(console, "warn", "torn manifest lines", r.torn)
@@ -60,9 +70,12 @@ def _list(console, status: str, label: str, items: list[str], limit: int = 10) -
 
 def _render_projection(console, p: dumps_mod.Projection) -> None:
     status = lambda ok: "info" if ok is None else ("ok" if ok else "fail")  # noqa: E731
-    console.status(status(p.host_ok), f"host: {_gb(p.remaining_bytes)} still to write "
-                   f"({p.samples_done}/{p.samples_total or '?'} samples, {_gb(p.bytes_per_sample)}/sample, "
-                   f"{p.basis}), {_gb(p.host_free)} free")
+    console.status(
+        status(p.host_ok),
+        f"host: {_gb(p.remaining_bytes)} still to write "
+        f"({p.samples_done}/{p.samples_total or '?'} samples, {_gb(p.bytes_per_sample)}/sample, "
+        f"{p.basis}), {_gb(p.host_free)} free",
+    )
     console.status(status(p.local_ok), f"local: {_gb(p.local_needed)} to pull, {_gb(p.local_free)} free")
 
 
@@ -72,8 +85,12 @@ def _reconcile(app, spec):
 
 
 @dumps_group.command("status")
-@click.option("--samples", type=int, default=None,
-              help="samples the run will have in total (default: from the pulled extraction log)")
+@click.option(
+    "--samples",
+    type=int,
+    default=None,
+    help="samples the run will have in total (default: from the pulled extraction log)",
+)
 @hosts_command
 def status_cmd(app, hosts, forks, samples) -> int:
     """Manifest vs files (counts, tokens, bytes, bytes/token) and disk projection. One round trip.
@@ -85,8 +102,14 @@ def status_cmd(app, hosts, forks, samples) -> int:
     probe, recon = _reconcile(app, spec)
     total = samples or _total_from_log(spec.name)
     local_root = dumps_mod.local_dump_dir(spec.name)
-    proj = dumps_mod.project(recon, total, probe.free_bytes, dumps_mod.local_free_bytes(local_root),
-                             dumps_mod.local_bytes(local_root), hidden_size=spec.model.hidden_size)
+    proj = dumps_mod.project(
+        recon,
+        total,
+        probe.free_bytes,
+        dumps_mod.local_free_bytes(local_root),
+        dumps_mod.local_bytes(local_root),
+        hidden_size=spec.model.hidden_size,
+    )
     _render_recon(app.console, recon)
     _render_projection(app.console, proj)
     app.console.emit({"host": spec.name, "reconciliation": recon, "projection": proj})
@@ -101,8 +124,12 @@ def _total_from_log(host_name: str) -> int | None:
 
 
 @dumps_group.command("verify")
-@click.option("--sha/--no-sha", default=False, show_default=True,
-              help="also recompute every file's sha256 on the host (reads all bytes)")
+@click.option(
+    "--sha/--no-sha",
+    default=False,
+    show_default=True,
+    help="also recompute every file's sha256 on the host (reads all bytes)",
+)
 @hosts_command
 def verify_cmd(app, hosts, forks, sha) -> int:
     """Reconcile, then check every file's header on the host with dumpfile.py (no torch).
@@ -115,28 +142,44 @@ def verify_cmd(app, hosts, forks, sha) -> int:
     _render_recon(app.console, recon)
     report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
     errors = dumps_mod.errors_of(report)
-    app.console.status("ok" if report.get("ok") else "fail",
-                       f"host check ({'headers + sha256' if sha else 'headers'}): {report.get('files')} files, "
-                       f"{len(errors)} error(s)")
+    app.console.status(
+        "ok" if report.get("ok") else "fail",
+        f"host check ({'headers + sha256' if sha else 'headers'}): {report.get('files')} files, {len(errors)} error(s)",
+    )
     _list(app.console, "fail", "problems", [f"{p['where']}: {p['message']}" for p in errors])
     result = {"host": spec.name, "reconciliation": recon.to_dict(), "host_check": report}
-    if errors or not recon.ok:        # the error document (--json) carries the whole result
-        raise VerifyFailed(f"{len(errors)} dump file(s) failed the host check, "
-                           f"{len(recon.missing_files)} manifest row(s) have no file", host=spec.name,
-                           details=result)
+    if errors or not recon.ok:  # the error document (--json) carries the whole result
+        raise VerifyFailed(
+            f"{len(errors)} dump file(s) failed the host check, "
+            f"{len(recon.missing_files)} manifest row(s) have no file",
+            host=spec.name,
+            details=result,
+        )
     app.console.emit(result)
     return 0
 
 
 @dumps_group.command("pull")
 @click.option("--jobs", type=int, default=2, show_default=True, help="concurrent ssh streams")
-@click.option("--dest", type=click.Path(path_type=Path), default=None,
-              help="local dump dir (default <state>/hosts/<host>/dumps; a group: <state>/merged/dumps)")
-@click.option("--stall-timeout", type=float, default=60.0, show_default=True,
-              help="abort a stream that delivers no byte for this many seconds")
-@click.option("--allow-missing", is_flag=True,
-              help="exit 0 although manifest rows have no file on the host or manifest lines are torn "
-                   "(they are still named); corrupt files always exit 10")
+@click.option(
+    "--dest",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="local dump dir (default <state>/hosts/<host>/dumps; a group: <state>/merged/dumps)",
+)
+@click.option(
+    "--stall-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="abort a stream that delivers no byte for this many seconds",
+)
+@click.option(
+    "--allow-missing",
+    is_flag=True,
+    help="exit 0 although manifest rows have no file on the host or manifest lines are torn "
+    "(they are still named); corrupt files always exit 10",
+)
 @hosts_command
 def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int:
     """Pull every manifest-listed file: resumable, sha256-verified, parallel, with progress.
@@ -159,15 +202,29 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
     local_root = dest or dumps_mod.local_dump_dir(spec.name)
     items = dumps_mod.pull_items(recon, local_root)
     total = sum(i.size for i in items)
-    transfer.check_space([i for i in items if not transfer.is_complete(i)], spec.name)   # before any output
+    transfer.check_space([i for i in items if not transfer.is_complete(i)], spec.name)  # before any output
     with app.console.progress(f"{spec.name}: dumps", total=total) as advance:
-        report = transfer.pull(app.target(spec), spec.dump.dir, items, ssh_config=app.ssh_config_path,
-                               jobs=jobs, stall_timeout=stall_timeout, advance=advance, strict=False)
+        report = transfer.pull(
+            app.target(spec),
+            spec.dump.dir,
+            items,
+            ssh_config=app.ssh_config_path,
+            jobs=jobs,
+            stall_timeout=stall_timeout,
+            advance=advance,
+            strict=False,
+        )
     written = _write_local_manifests(recon, local_root, spec.name)
     problems = dumps_mod.pull_problems(recon, report.failed)
     _render_pull(app.console, report, problems, allow_missing, local_root, written)
-    result = {"host": spec.name, "dest": str(local_root), "pull": report.to_dict(),
-              "missing_on_host": problems.missing, "problems": problems.to_dict(), "allow_missing": allow_missing}
+    result = {
+        "host": spec.name,
+        "dest": str(local_root),
+        "pull": report.to_dict(),
+        "missing_on_host": problems.missing,
+        "problems": problems.to_dict(),
+        "allow_missing": allow_missing,
+    }
     if problems.blocking(allow_missing):
         raise VerifyFailed(_problem_sentence(problems), host=spec.name, details=result, hint=_pull_hint(problems))
     app.console.emit(result)
@@ -182,17 +239,22 @@ def _write_local_manifests(recon, local_root: Path, host: str) -> int:
         if exc.errno not in transfer.NO_SPACE_ERRNOS:
             raise
         where, free = transfer.free_space(local_root)
-        raise NoSpace(f"local disk full writing the local manifests: {free:,} bytes free on {where}", host=host,
-                      hint="free space there and re-run: the pulled files are kept",
-                      details={"needed_bytes": None, "free_bytes": free, "path": str(where)}) from None
+        raise NoSpace(
+            f"local disk full writing the local manifests: {free:,} bytes free on {where}",
+            host=host,
+            hint="free space there and re-run: the pulled files are kept",
+            details={"needed_bytes": None, "free_bytes": free, "path": str(where)},
+        ) from None
 
 
 def _render_pull(console, report, problems, allow_missing: bool, local_root: Path, written: int) -> None:
     bad = problems.blocking(allow_missing)
-    console.status("fail" if bad else ("warn" if problems.missing or problems.torn else "ok"),
-                   f"{report.fetched} fetched, {report.skipped} already here, {report.resumed} resumed, "
-                   f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
-                   f"({written} in local manifests)")
+    console.status(
+        "fail" if bad else ("warn" if problems.missing or problems.torn else "ok"),
+        f"{report.fetched} fetched, {report.skipped} already here, {report.resumed} resumed, "
+        f"{report.bytes / 1e6:,.1f} MB at {report.mb_per_s} MB/s -> {local_root} "
+        f"({written} in local manifests)",
+    )
     level = "warn" if allow_missing else "fail"
     _list(console, level, "manifest rows with no file on the host (not pulled)", problems.missing)
     _list(console, level, "torn manifest lines (their files are unknown)", problems.torn)
@@ -218,45 +280,74 @@ def _problem_sentence(p) -> str:
 # ============================================================================ dumps export (drafter tail)
 # `dumps export --format specforge`: the dumps -> SpecForge 0.2 offline feature files, on the host.
 
+
 def _render_export(console, report: dict) -> None:
     probe = report["disk_copy_probe"]
     ratio = report.get("ratio_to_disk")
-    console.status("ok" if not report["failed"] else "fail",
-                   f"{report['exported']} exported ({report.get('split_samples', 0)} stitched from chunked-prefill "
-                   f"spans), {report['skipped_done']} already done, "
-                   f"{report['missing_count']} without a dump, {len(report['failed'])} failed -> {report['out']}")
-    console.say(f"  export: {_gb(report['bytes_read'])} read in {report['seconds']:.1f}s = "
-                f"{report['mb_per_s'] or '-'} MB/s ({report['jobs']} streams); disk copy probe in the same run: "
-                f"{probe['mb_per_s'] or '-'} MB/s over {_gb(probe['bytes'])}; "
-                f"ratio {f'{ratio:.0%}' if ratio else '-'}")
-    _list(console, "warn", "samples without a full dump", [f"#{m['index']} {m['id']}: {m['reason']}"
-                                                          for m in report["missing"]])
+    console.status(
+        "ok" if not report["failed"] else "fail",
+        f"{report['exported']} exported ({report.get('split_samples', 0)} stitched from chunked-prefill "
+        f"spans), {report['skipped_done']} already done, "
+        f"{report['missing_count']} without a dump, {len(report['failed'])} failed -> {report['out']}",
+    )
+    console.say(
+        f"  export: {_gb(report['bytes_read'])} read in {report['seconds']:.1f}s = "
+        f"{report['mb_per_s'] or '-'} MB/s ({report['jobs']} streams); disk copy probe in the same run: "
+        f"{probe['mb_per_s'] or '-'} MB/s over {_gb(probe['bytes'])}; "
+        f"ratio {f'{ratio:.0%}' if ratio else '-'}"
+    )
+    _list(
+        console,
+        "warn",
+        "samples without a full dump",
+        [f"#{m['index']} {m['id']}: {m['reason']}" for m in report["missing"]],
+    )
     _list(console, "fail", "failed", [f"#{f['index']} {f['file']}: {f['reason']}" for f in report["failed"]])
 
 
 def _export_progress(advance, name: str):
     """Progress events from the host exporter -> the progress line."""
+
     def on_event(event: dict) -> None:
         if event.get("event") == "progress":
             advance(0, f"{name}: export {event.get('files', 0)}/{event.get('total', '?')} files")
+
     return on_event
 
 
 @dumps_group.command("export")
-@click.option("--format", "fmt", type=click.Choice(["specforge"]), default="specforge", show_default=True,
-              help="SpecForge 0.2 offline EAGLE-3 files: rows_<g>-<g+2000>/data_<idx>.ckpt")
-@click.option("--dataset", default=None, metavar="PATH",
-              help="prepared JSONL (with loss_mask) the extraction used: local file (uploaded) or a host "
-                   "path (default <logs.dir>/extract/dataset.jsonl on the host)")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["specforge"]),
+    default="specforge",
+    show_default=True,
+    help="SpecForge 0.2 offline EAGLE-3 files: rows_<g>-<g+2000>/data_<idx>.ckpt",
+)
+@click.option(
+    "--dataset",
+    default=None,
+    metavar="PATH",
+    help="prepared JSONL (with loss_mask) the extraction used: local file (uploaded) or a host "
+    "path (default <logs.dir>/extract/dataset.jsonl on the host)",
+)
 @click.option("--out", default=None, metavar="DIR", help="output dir on the host (default <dump.dir>-specforge)")
 @click.option("--jobs", type=int, default=4, show_default=True, help="files converted in parallel")
 @click.option("--limit", type=int, default=None, help="only the first N samples still to do")
-@click.option("--probe-mb", type=int, default=1024, show_default=True,
-              help="source bytes copied first to measure the disk (0: no probe)")
+@click.option(
+    "--probe-mb",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="source bytes copied first to measure the disk (0: no probe)",
+)
 @click.option("--mask-all", is_flag=True, help="dataset has no loss_mask: every token counts")
 @click.option("--no-fsync", is_flag=True, hidden=True, help="tests only")
-@click.option("--dry-run", is_flag=True, help="report what would be exported (reads the manifest and dataset); "
-                                              "write nothing but an uploaded dataset")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="report what would be exported (reads the manifest and dataset); write nothing but an uploaded dataset",
+)
 @host_command
 def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
     """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
@@ -266,13 +357,25 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
     remote = app.remote(spec)
     out = out or export_mod.default_out(spec)
     on_host = export_mod.place_dataset(remote, spec, dataset, out)
-    cmd = export_mod.export_command(spec.dump.dir, on_host, out, jobs=jobs, limit=limit, probe_mb=probe_mb,
-                                    mask_all=mask_all, fsync=not no_fsync, plan_only=dry_run)
+    cmd = export_mod.export_command(
+        spec.dump.dir,
+        on_host,
+        out,
+        jobs=jobs,
+        limit=limit,
+        probe_mb=probe_mb,
+        mask_all=mask_all,
+        fsync=not no_fsync,
+        plan_only=dry_run,
+    )
     if dry_run:
         plan = export_mod.run_export(remote, cmd).final
-        app.console.status("info", f"would export {plan['todo']} samples ({_gb(plan['bytes_to_read'])}, "
-                           f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
-                           f"{plan['missing_count']} without a full dump")
+        app.console.status(
+            "info",
+            f"would export {plan['todo']} samples ({_gb(plan['bytes_to_read'])}, "
+            f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
+            f"{plan['missing_count']} without a full dump",
+        )
         app.console.emit({"host": spec.name, "dry_run": True, "dataset": on_host, "command": cmd, **plan})
         return 0
     with app.console.progress(f"{spec.name}: export", total=None) as advance:
@@ -281,8 +384,12 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
     _render_export(app.console, report)
     result = {"host": spec.name, "format": fmt, "dataset": on_host, **report}
     if report["failed"]:
-        raise VerifyFailed(f"{len(report['failed'])} sample(s) failed to export", host=spec.name,
-                           hint="re-run: exported samples are kept, failed ones are tried again", details=result)
+        raise VerifyFailed(
+            f"{len(report['failed'])} sample(s) failed to export",
+            host=spec.name,
+            hint="re-run: exported samples are kept, failed ones are tried again",
+            details=result,
+        )
     app.console.emit(result)
     return 0
 

@@ -5,6 +5,7 @@ hosts (see `remote_ops.extract`: done-ness is the union of the hosts' manifests
 by dump key, plus the local record of hosts no longer selected); each host runs
 its own client against its own server on its own shard file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,17 +40,21 @@ def extract_group() -> None:
 
 
 def _render(console, st: extract_mod.ExtractStatus) -> None:
-    console.status("ok" if st.running else "info",
-                   f"client {'running, pid ' + str(st.pid) if st.running else 'not running'}; "
-                   f"{st.manifest_ok}/{st.dataset_total} samples of the current dataset done"
-                   + (f" (dataset {st.dataset_id})" if st.dataset_id else ""))
+    console.status(
+        "ok" if st.running else "info",
+        f"client {'running, pid ' + str(st.pid) if st.running else 'not running'}; "
+        f"{st.manifest_ok}/{st.dataset_total} samples of the current dataset done"
+        + (f" (dataset {st.dataset_id})" if st.dataset_id else ""),
+    )
     if st.reused_ids:
-        console.status("warn", f"{st.reused_ids} sample id(s) of this dataset were done earlier with other "
-                       f"token ids: sent again as new samples (new dumps, nothing skipped)")
+        console.status(
+            "warn",
+            f"{st.reused_ids} sample id(s) of this dataset were done earlier with other "
+            f"token ids: sent again as new samples (new dumps, nothing skipped)",
+        )
     _render_extraction(console, st.summary)
     if st.missing:
-        console.status("warn", f"{len(st.missing)} sample(s) produced no dump file "
-                       f"(first: {st.missing[0]})")
+        console.status("warn", f"{len(st.missing)} sample(s) produced no dump file (first: {st.missing[0]})")
 
 
 class _StartCommand(click.Command):
@@ -59,28 +64,43 @@ class _StartCommand(click.Command):
         args = list(args)
         for i, arg in enumerate(args[:-1]):
             if arg == "--limit" and args[i + 1].isdigit():
-                click.echo("note: `extract start --limit N` is now `--max-samples N` (--limit narrows the "
-                           "hosts, as in every command)", err=True)
+                click.echo(
+                    "note: `extract start --limit N` is now `--max-samples N` (--limit narrows the "
+                    "hosts, as in every command)",
+                    err=True,
+                )
                 args[i] = "--max-samples"
         return super().parse_args(ctx, args)
 
 
 @extract_group.command("start", cls=_StartCommand)
-@click.option("--dataset", required=True, metavar="PATH",
-              help="local JSONL file (uploaded; split across the hosts of a group) or a path on the host")
+@click.option(
+    "--dataset",
+    required=True,
+    metavar="PATH",
+    help="local JSONL file (uploaded; split across the hosts of a group) or a path on the host",
+)
 @click.option("--concurrency", type=int, default=8, show_default=True, help="requests in flight per host")
 @click.option("--retries", type=int, default=5, show_default=True, help="retries per sample (backoff)")
 @click.option("--max-samples", type=int, default=None, help="only the first N samples of the dataset")
 @click.option("--server-url", default=None, help="default http://127.0.0.1:<server.port> on the host")
-@click.option("--wait", "wait_s", type=float, default=None, metavar="SECONDS",
-              help="wait until the run finishes (progress every few seconds), at most SECONDS")
-@click.option("--restart", is_flag=True,
-              help="group: stop running clients first (gracefully), then re-split what is left")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="wait until the run finishes (progress every few seconds), at most SECONDS",
+)
+@click.option(
+    "--restart", is_flag=True, help="group: stop running clients first (gracefully), then re-split what is left"
+)
 @click.option("--dry-run", is_flag=True, help="show what would be uploaded and run; change nothing")
 @click.option("--diff", "show_plan", is_flag=True, help="also show that plan when starting")
 @hosts_command
-def start_cmd(app, hosts, forks, dataset, concurrency, retries, max_samples, server_url, wait_s, restart,
-              dry_run, show_plan) -> int:
+def start_cmd(
+    app, hosts, forks, dataset, concurrency, retries, max_samples, server_url, wait_s, restart, dry_run, show_plan
+) -> int:
     """Start (or resume) the client, detached on each host; a group splits the samples not yet dumped."""
     local = Path(dataset).expanduser()
     ledger = extract_mod.load_ledger(_dataset_id(local)) if local.is_file() else None
@@ -89,8 +109,10 @@ def start_cmd(app, hosts, forks, dataset, concurrency, retries, max_samples, ser
         kwargs = dict(concurrency=concurrency, retries=retries, limit=max_samples, server_url=server_url)
         return _start_one(app, hosts[0], dataset, kwargs, wait_s, dry_run, show_plan)
     if not local.is_file():
-        raise UsageError(f"a group start splits a local dataset file; {dataset} is not one here",
-                         hint="copy the dataset here, or start each host on its own file")
+        raise UsageError(
+            f"a group start splits a local dataset file; {dataset} is not one here",
+            hint="copy the dataset here, or start each host on its own file",
+        )
     kwargs = dict(concurrency=concurrency, retries=retries, server_url=server_url)
     return _start_sharded(app, hosts, forks, local, max_samples, kwargs, wait_s, restart, dry_run, ledger)
 
@@ -107,11 +129,10 @@ def _start_one(app, spec, dataset, kwargs, wait_s, dry_run, show_plan) -> int:
         if dry_run:
             app.console.emit({"host": spec.name, "dry_run": True, **plan})
             return 0
-    with hostlock.held(remote, spec, "extract start"):     # the start only; --wait below just reads
+    with hostlock.held(remote, spec, "extract start"):  # the start only; --wait below just reads
         st = extract_mod.start(remote, spec, dataset, **kwargs)
     if wait_s is not None:
-        st = extract_mod.wait_finished(remote, spec, wait_s,
-                                       on_status=lambda s: _render_progress(app.console, s))
+        st = extract_mod.wait_finished(remote, spec, wait_s, on_status=lambda s: _render_progress(app.console, s))
     _render(app.console, st)
     app.console.emit(st)
     return 0
@@ -126,21 +147,30 @@ def _start_sharded(app, hosts, forks, local: Path, max_samples, kwargs, wait_s, 
     keys = _probe_group(app, hosts, forks, restart and not dry_run)
     done = set().union(*keys.values()) | extract_mod.absent_done(ledger, names)
     shards = extract_mod.split_pending(samples, done, names)
-    plan = {"dataset_id": ledger["dataset_id"], "samples": len(samples),
-            "done": sum(1 for s in samples if s.key in done), "shards": {n: len(v) for n, v in shards.items()},
-            "counted_from_record": sorted(set(ledger["hosts"]) - set(names))}
+    plan = {
+        "dataset_id": ledger["dataset_id"],
+        "samples": len(samples),
+        "done": sum(1 for s in samples if s.key in done),
+        "shards": {n: len(v) for n, v in shards.items()},
+        "counted_from_record": sorted(set(ledger["hosts"]) - set(names)),
+    }
     _render_split(app.console, plan, dry_run)
     if dry_run:
         app.console.emit({"dry_run": True, **plan})
         return 0
-    extract_mod.record_seen(ledger, keys, shards)       # before any start: a dead host's work stays counted
+    extract_mod.record_seen(ledger, keys, shards)  # before any start: a dead host's work stays counted
 
     def work(spec):
         remote = app.remote(spec)
         with hostlock.held(remote, spec, "extract start"):
             return 0, extract_mod.start_shard(remote, spec, shards[spec.name], **kwargs)
-    run = fleet.fan_out(hosts, work, forks=forks, on_done=lambda o: _fleet_render_outcome(
-        app, None, o, lambda console, _spec, st: _render(console, st)))
+
+    run = fleet.fan_out(
+        hosts,
+        work,
+        forks=forks,
+        on_done=lambda o: _fleet_render_outcome(app, None, o, lambda console, _spec, st: _render(console, st)),
+    )
     summarize(app.console, run)
     if wait_s is not None and run.exit_code == 0:
         return _wait_group(app, hosts, forks, wait_s, plan)
@@ -154,19 +184,22 @@ def _probe_group(app, hosts, forks, restart: bool) -> dict[str, set[str]]:
     run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.probe_done(app.remote(spec), spec)), forks=forks)
     bad = [o for o in run.outcomes if o.error is not None]
     if bad:
-        err = bad[0].error                 # its own type and exit code (e.g. unreachable: 4)
+        err = bad[0].error  # its own type and exit code (e.g. unreachable: 4)
         assert err is not None
         err.message = f"cannot read the manifest of {', '.join(o.host for o in bad)}: {err.message}"
-        err.hint = (f"leave it out to re-split without it (e.g. --host 'GROUP,!{bad[0].host}'): "
-                    f"what the local record last saw done there stays counted")
+        err.hint = (
+            f"leave it out to re-split without it (e.g. --host 'GROUP,!{bad[0].host}'): "
+            f"what the local record last saw done there stays counted"
+        )
         raise err
     keys = {o.host: o.result[1] for o in run.outcomes}
     running = [h for h in hosts if dict((o.host, o.result[0]) for o in run.outcomes)[h.name]]
     if running and not restart:
-        raise Refused(f"an extraction client is running on {', '.join(h.name for h in running)}: "
-                      f"a split needs them stopped",
-                      hint="--restart stops them gracefully first (in-flight requests finish), "
-                           "or remote-ops extract stop --host ...")
+        raise Refused(
+            f"an extraction client is running on {', '.join(h.name for h in running)}: a split needs them stopped",
+            hint="--restart stops them gracefully first (in-flight requests finish), "
+            "or remote-ops extract stop --host ...",
+        )
     if running:
         keys.update(_stop_and_read(app, running, forks))
     return keys
@@ -178,6 +211,7 @@ def _stop_and_read(app, hosts, forks) -> dict[str, set[str]]:
         with hostlock.held(remote, spec, "extract stop"):
             extract_mod.stop(remote, spec)
         return 0, extract_mod.probe_done(remote, spec)[1]
+
     run = fleet.fan_out(hosts, work, forks=forks)
     for o in run.outcomes:
         if o.error is not None:
@@ -186,11 +220,17 @@ def _stop_and_read(app, hosts, forks) -> dict[str, set[str]]:
 
 
 def _render_split(console, plan: dict, dry_run: bool) -> None:
-    console.say(f"dataset {plan['dataset_id']}: {plan['samples']} samples, {plan['done']} already dumped "
-                f"(by dump key, over the hosts" + (f" and the record of {', '.join(plan['counted_from_record'])}"
-                                                   if plan["counted_from_record"] else "") + ")")
-    console.table(["host", "shard"], [[h, n] for h, n in plan["shards"].items()],
-                  title=("would split" if dry_run else "split") + " of the samples not yet dumped")
+    console.say(
+        f"dataset {plan['dataset_id']}: {plan['samples']} samples, {plan['done']} already dumped "
+        f"(by dump key, over the hosts"
+        + (f" and the record of {', '.join(plan['counted_from_record'])}" if plan["counted_from_record"] else "")
+        + ")"
+    )
+    console.table(
+        ["host", "shard"],
+        [[h, n] for h, n in plan["shards"].items()],
+        title=("would split" if dry_run else "split") + " of the samples not yet dumped",
+    )
 
 
 def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
@@ -203,8 +243,11 @@ def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
             app.console.emit({**plan, **fs.to_dict()})
             return run.exit_code
         if time.monotonic() + 2 > deadline:
-            raise CommandTimedOut(f"extraction still running after {wait_s:g}s (it goes on; `extract status` "
-                                  f"follows it)", command="extract start --wait", timeout=wait_s)
+            raise CommandTimedOut(
+                f"extraction still running after {wait_s:g}s (it goes on; `extract status` follows it)",
+                command="extract start --wait",
+                timeout=wait_s,
+            )
         time.sleep(2)
 
 
@@ -213,16 +256,19 @@ def _render_plan(console, plan: dict, dry_run: bool) -> None:
     if plan["already_running"]:
         console.status("warn", "a client is already running: start would be refused")
     console.say(f"{verb} upload the client: {'yes (changed)' if plan['upload_client'] else 'no (same sha256)'}")
-    console.say(f"{verb} upload the dataset to {plan['dataset_on_host']}: "
-                f"{'yes (changed)' if plan['upload_dataset'] else 'no'}")
+    console.say(
+        f"{verb} upload the dataset to {plan['dataset_on_host']}: {'yes (changed)' if plan['upload_dataset'] else 'no'}"
+    )
     console.say(f"{verb} run: {plan['command']}")
 
 
 def _render_progress(console, st) -> None:
     s = st.summary
     rate = f", {s.rate_tokens_s:,.0f} tokens/s" if s.rate_tokens_s else ""
-    console.say(f"extraction: {s.done}/{s.total if s.total is not None else '?'} samples, {s.tokens:,} tokens"
-                f"{rate}, {s.errors} errors ({'running' if st.running else s.state})")
+    console.say(
+        f"extraction: {s.done}/{s.total if s.total is not None else '?'} samples, {s.tokens:,} tokens"
+        f"{rate}, {s.errors} errors ({'running' if st.running else s.state})"
+    )
 
 
 @extract_group.command("status")
@@ -243,12 +289,15 @@ def status_cmd(app, hosts, forks) -> int:
 
 def _group_status(app, hosts, forks):
     """Each host's status and done keys (one round trip each), merged with the local record."""
-    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.status_with_keys(app.remote(spec), spec)),
-                        forks=forks)
+    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.status_with_keys(app.remote(spec), spec)), forks=forks)
     ok = {o.host: o.result for o in run.outcomes if o.error is None}
     ledger = extract_mod.latest_ledger([h.name for h in hosts])
-    fs = extract_mod.merge_status(ledger, {n: r[0] for n, r in ok.items()}, {n: r[1] for n, r in ok.items()},
-                                  [o.host for o in run.outcomes if o.error is not None])
+    fs = extract_mod.merge_status(
+        ledger,
+        {n: r[0] for n, r in ok.items()},
+        {n: r[1] for n, r in ok.items()},
+        [o.host for o in run.outcomes if o.error is not None],
+    )
     if ledger:
         extract_mod.record_seen(ledger, {n: r[1] for n, r in ok.items()})
     return fs, run
@@ -262,39 +311,59 @@ def _render_group(app, fs, run) -> None:
             app.console.step(o.host)
             _render(app.console, o.result[0])
     eta = "-" if fs.eta_s is None else f"{fs.eta_s:,.0f}s"
-    app.console.status("ok" if fs.done == fs.total and not fs.unreachable else "info",
-                       f"group: {fs.done}/{fs.total} samples done by dump key, {len(fs.running)} client(s) running, "
-                       f"{fs.rate_samples_s:,.1f} samples/s, {fs.rate_tokens_s:,.0f} tokens/s, ETA {eta}")
+    app.console.status(
+        "ok" if fs.done == fs.total and not fs.unreachable else "info",
+        f"group: {fs.done}/{fs.total} samples done by dump key, {len(fs.running)} client(s) running, "
+        f"{fs.rate_samples_s:,.1f} samples/s, {fs.rate_tokens_s:,.0f} tokens/s, ETA {eta}",
+    )
     if fs.last_seen:
         app.console.status("info", f"counted as last seen (not selected): {', '.join(fs.last_seen)}")
     if fs.duplicates:
-        app.console.status("warn", f"{fs.duplicates} dump key(s) done on more than one host "
-                           f"(content-keyed: the same file; `dumps pull --host GROUP` keeps the one that verifies)")
+        app.console.status(
+            "warn",
+            f"{fs.duplicates} dump key(s) done on more than one host "
+            f"(content-keyed: the same file; `dumps pull --host GROUP` keeps the one that verifies)",
+        )
 
 
 def _render_progress_group(console, fs) -> None:
-    console.say(f"extraction: {fs.done}/{fs.total} samples over {len(fs.hosts)} hosts, "
-                f"{fs.rate_tokens_s:,.0f} tokens/s, {len(fs.running)} running")
+    console.say(
+        f"extraction: {fs.done}/{fs.total} samples over {len(fs.hosts)} hosts, "
+        f"{fs.rate_tokens_s:,.0f} tokens/s, {len(fs.running)} running"
+    )
 
 
 @extract_group.command("stop")
-@click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
-              help="seconds to let in-flight requests finish before SIGKILL")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="seconds to let in-flight requests finish before SIGKILL",
+)
 @click.option("--dry-run", is_flag=True, help="show whether a client would be stopped; change nothing")
 @click.option("--diff", "show_plan", is_flag=True, help="show the client's state before stopping")
 @hosts_command
 def stop_cmd(app, hosts, forks, wait_s, dry_run, show_plan) -> int:
     """Stop the client by its recorded PID (SIGTERM, then SIGKILL at the deadline).  Not running: no-op."""
-    return run_on_hosts(app, hosts, lambda spec: _stop_one(app, spec, wait_s, dry_run, show_plan),
-                        lambda console, _spec, r: _render(console, r) if isinstance(r, extract_mod.ExtractStatus)
-                        else None, forks=forks)
+    return run_on_hosts(
+        app,
+        hosts,
+        lambda spec: _stop_one(app, spec, wait_s, dry_run, show_plan),
+        lambda console, _spec, r: _render(console, r) if isinstance(r, extract_mod.ExtractStatus) else None,
+        forks=forks,
+    )
 
 
 def _stop_one(app, spec, wait_s, dry_run, show_plan):
     if dry_run or show_plan:
         before = extract_mod.status(app.remote(spec), spec)
-        app.console.say(("would stop" if dry_run else "stopping") + f" pid {before.pid}" if before.running
-                        else "no client running: nothing to stop")
+        app.console.say(
+            ("would stop" if dry_run else "stopping") + f" pid {before.pid}"
+            if before.running
+            else "no client running: nothing to stop"
+        )
         if dry_run:
             return 0, {"host": spec.name, "dry_run": True, "running": before.running, "pid": before.pid}
     with hostlock.held(app.remote(spec), spec, "extract stop"):

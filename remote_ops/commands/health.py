@@ -1,4 +1,5 @@
 """`remote-ops health`: tiered, read-only checks; exit code follows the worst result."""
+
 from __future__ import annotations
 
 import time
@@ -18,15 +19,16 @@ def _expected_image(spec) -> str | None:
     except ImportError:
         return None
     fn = getattr(deploy, "image_ref", None)
-    if not fn or not spec.sglang.patch:     # a spec derived on the host: the tag is not known here
+    if not fn or not spec.sglang.patch:  # a spec derived on the host: the tag is not known here
         return None
     return fn(spec)
 
 
 def _check(app, spec, deep: bool) -> tuple[int, health_mod.HostHealth]:
     """One host's tiers (never raises: a connection failure is its failing ssh check)."""
-    r = health_mod.check_host(app.remote, spec, deep=deep, expected_image=_expected_image(spec),
-                              state_dir=host_dir(spec.name))
+    r = health_mod.check_host(
+        app.remote, spec, deep=deep, expected_image=_expected_image(spec), state_dir=host_dir(spec.name)
+    )
     return health_mod.exit_code([r]), r
 
 
@@ -34,8 +36,11 @@ def _document(run) -> dict:
     """The health document: `{"hosts": [HostHealth, ...]}` for one host or many (scripts read
     `hosts[i].checks`), the command's exit code and the hosts that failed."""
     results = [o.result for o in run.outcomes if o.result is not None]
-    return {"hosts": [r.to_dict() for r in results], "exit_code": health_mod.exit_code(results),
-            "failed": [o.host for o in run.outcomes if o.failed]}
+    return {
+        "hosts": [r.to_dict() for r in results],
+        "exit_code": health_mod.exit_code(results),
+        "failed": [o.host for o in run.outcomes if o.failed],
+    }
 
 
 def _drop_broken(app, results) -> None:
@@ -55,11 +60,21 @@ def render(console, _spec, r: health_mod.HostHealth) -> None:
 
 @click.command("health")
 @click.option("--deep", is_flag=True, help="also run ONE one-token generation probe per host")
-@click.option("--watch", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="repeat every SECONDS (with --json: one compact JSON line per round)")
-@click.option("--watch-for", type=click.FloatRange(min=0), default=3600.0, show_default=True,
-              help="stop watching after this many seconds (a round started before then may end up to "
-                   "--connect-timeout + --command-timeout later)")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="repeat every SECONDS (with --json: one compact JSON line per round)",
+)
+@click.option(
+    "--watch-for",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="stop watching after this many seconds (a round started before then may end up to "
+    "--connect-timeout + --command-timeout later)",
+)
 @hosts_command
 def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     """Check SSH, docker, GPUs, container, patch, SGLang endpoints and dumps.
@@ -81,6 +96,7 @@ def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
             code, r = _check(app, spec, deep)
             results.append(r)
             return code, r
+
         run_on_hosts(app, hosts, work, render, forks=forks, document=_document, emit=emit)
         if not watch or time.monotonic() + watch >= deadline:
             return health_mod.exit_code(results)

@@ -9,6 +9,7 @@ complete and check fields with it.
 `check` validates every file and lists ALL errors (each with file, field and
 line), not only the first one that loading stops at; exit 3 if there is any.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,17 +44,26 @@ def file_schema() -> dict:
 
     host = HostSpec.model_json_schema()
     defs = host.pop("$defs", {})
-    settings = {"type": "object", "title": "HostSettings", "additionalProperties": False,
-                "description": "A host's settings; every key is optional.",
-                "properties": {k: v for k, v in host["properties"].items() if k not in _INTERNAL}}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": "remote-ops inventory file",
-            "description": "One file per host or group (a file with several hosts is a group named after "
-                           "the file).  `defaults` apply to every host of the file; a host's own keys win.",
-            "type": "object", "additionalProperties": False,
-            "properties": {"defaults": {"$ref": "#/$defs/HostSettings"},
-                           "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/HostSettings"}}},
-            "$defs": {**defs, "HostSettings": settings}}
+    settings = {
+        "type": "object",
+        "title": "HostSettings",
+        "additionalProperties": False,
+        "description": "A host's settings; every key is optional.",
+        "properties": {k: v for k, v in host["properties"].items() if k not in _INTERNAL},
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "remote-ops inventory file",
+        "description": "One file per host or group (a file with several hosts is a group named after "
+        "the file).  `defaults` apply to every host of the file; a host's own keys win.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "defaults": {"$ref": "#/$defs/HostSettings"},
+            "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/HostSettings"}},
+        },
+        "$defs": {**defs, "HostSettings": settings},
+    }
 
 
 @inventory_group.command("schema")
@@ -85,8 +95,11 @@ def file_problems(path: Path) -> tuple[int, list[Problem]]:
         data = {} if data is None else data
         if not isinstance(data, dict):
             return 0, [Problem(str(path), "", None, "top level must be a mapping with 'hosts:'")]
-        problems = [Problem(str(path), k, lines.get((k,)), "unknown key; expected 'defaults' and 'hosts'")
-                    for k in map(str, data) if k not in ("defaults", "hosts")]
+        problems = [
+            Problem(str(path), k, lines.get((k,)), "unknown key; expected 'defaults' and 'hosts'")
+            for k in map(str, data)
+            if k not in ("defaults", "hosts")
+        ]
         defaults = inv._mapping(data, "defaults", str(path), lines)
         entries = inv._mapping(data, "hosts", str(path), lines)
     except ConfigError as exc:
@@ -143,10 +156,10 @@ def check_cmd(app) -> int:
     for path in files:
         good, found = file_problems(path)
         hosts, problems = hosts + good, problems + found
-    if not problems:              # files valid one by one; the whole (duplicate names) is checked on load
+    if not problems:  # files valid one by one; the whole (duplicate names) is checked on load
         try:
             app.inventory()
-        except Exception as exc:   # a ConfigError: the cross-file problem
+        except Exception as exc:  # a ConfigError: the cross-file problem
             problems.append(_from_error(exc, ""))
     rows = [[p.source, p.field, p.line or "", p.message] for p in problems]
     if rows:

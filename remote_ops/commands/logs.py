@@ -1,4 +1,5 @@
 """`remote-ops logs pull|follow|summary`: server, extraction and training logs."""
+
 from __future__ import annotations
 
 import time
@@ -32,9 +33,13 @@ def logs_group() -> None:
 
 @logs_group.command("pull")
 @click.option("--what", type=WHAT, default="all", show_default=True)
-@click.option("--since", default=None, metavar="WHEN",
-              help="server log only: start at docker's --since value (e.g. 30m, 2026-01-01T00:00:00) "
-                   "instead of where the last pull stopped")
+@click.option(
+    "--since",
+    default=None,
+    metavar="WHEN",
+    help="server log only: start at docker's --since value (e.g. 30m, 2026-01-01T00:00:00) "
+    "instead of where the last pull stopped",
+)
 @hosts_command
 def pull_cmd(app, hosts, forks, what, since) -> int:
     """Fetch new log bytes into the local run dir (<state>/hosts/<host>/logs/).
@@ -44,8 +49,10 @@ def pull_cmd(app, hosts, forks, what, since) -> int:
     and the old local copy kept as <name>.<n>.  Safe to interrupt: the offset is
     saved only after the bytes are on disk.
     """
+
     def work(spec):
         return 0, {"host": spec.name, "logs": logs_mod.pull_logs(app.remote(spec), spec, _kinds(what), since=since)}
+
     return run_on_hosts(app, hosts, work, _render_pull, forks=forks)
 
 
@@ -56,25 +63,35 @@ def _render_pull(console, spec, doc) -> None:
             console.status("skip", f"{spec.name} {r.kind}: {r.remote} not found on the host", data=True)
         else:
             note = f" (remote {r.reset}; old copy kept)" if r.reset else ""
-            console.status("ok", f"{spec.name} {r.kind}: +{r.new_bytes} bytes -> {r.local} ({r.total_bytes} bytes){note}",
-                           data=True)
+            console.status(
+                "ok",
+                f"{spec.name} {r.kind}: +{r.new_bytes} bytes -> {r.local} ({r.total_bytes} bytes){note}",
+                data=True,
+            )
 
 
 @logs_group.command("follow")
 @click.option("--what", type=WHAT, default="all", show_default=True)
 @click.option("--since", default=None, metavar="WHEN", help="server log: docker's --since")
 @click.option("--lines", type=int, default=20, show_default=True, help="lines of history first")
-@click.option("--duration", type=float, default=3600.0, show_default=True,
-              help="stop following after this many seconds (every wait has a deadline)")
+@click.option(
+    "--duration",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="stop following after this many seconds (every wait has a deadline)",
+)
 @hosts_command
 def follow_cmd(app, hosts, forks, what, since, lines, duration) -> int:
     """Stream logs live on stdout, each line prefixed with the host (and the log kind).
 
     With --json: JSON Lines, one `{"host", "kind", "stream", "line"}` object per log line.
     Many hosts are followed at once (--forks), their lines interleaved as they come."""
+
     def work(spec):
         _follow(app, spec, what, since, lines, duration)
         return 0, None
+
     return run_on_hosts(app, hosts, work, lambda *_: None, forks=max(forks, len(hosts)), emit=lambda _doc: None)
 
 
@@ -87,15 +104,20 @@ def _follow(app, spec, what, since, lines, duration) -> None:
             app.console.host_line(spec.name, stream, f"[{kind}] {text}", data=True)
 
     try:
-        app.remote(spec).run(logs_mod.follow_command(spec, _kinds(what), since, lines, duration),
-                             timeout=duration + 5, on_line=on_line, check=False)
+        app.remote(spec).run(
+            logs_mod.follow_command(spec, _kinds(what), since, lines, duration),
+            timeout=duration + 5,
+            on_line=on_line,
+            check=False,
+        )
     except CommandTimedOut:
         app.console.say(f"{spec.name}: followed for {duration:g}s; stopping", style="dim")
 
 
 @logs_group.command("summary")
-@click.option("--pull/--no-pull", "do_pull", default=True, show_default=True,
-              help="pull extraction and training logs first")
+@click.option(
+    "--pull/--no-pull", "do_pull", default=True, show_default=True, help="pull extraction and training logs first"
+)
 @click.option("--plot", is_flag=True, help="also write PNG plots next to the pulled logs")
 @hosts_command
 def summary_cmd(app, hosts, forks, do_pull, plot) -> int:
@@ -104,8 +126,10 @@ def summary_cmd(app, hosts, forks, do_pull, plot) -> int:
     Training logs are read in SpecForge's format (per-position `Acc`/`pLoss`
     lines per epoch or step, and train_eagle3.py's progress bar).
     """
+
     def work(spec):
         return 0, _summary_one(app, spec, do_pull, plot)
+
     return run_on_hosts(app, hosts, work, _render_summary, forks=forks)
 
 
@@ -131,8 +155,12 @@ class LogSummary:
     plots: list
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "extraction": self.extraction, "training": self.training.to_dict(),
-                "plots": self.plots}
+        return {
+            "host": self.host,
+            "extraction": self.extraction,
+            "training": self.training.to_dict(),
+            "plots": self.plots,
+        }
 
 
 def _render_summary(console, _spec, s: LogSummary) -> None:
@@ -163,11 +191,16 @@ def _fmt_eta(seconds) -> str:
 
 def _render_extraction(console, s) -> None:
     total = s.total if s.total is not None else "?"
-    rows = [["state", s.state], ["samples", f"{s.done} / {total}"], ["tokens", f"{s.tokens:,}"],
-            ["rate", f"{s.rate_samples_s or 0:.2f} samples/s, {s.rate_tokens_s or 0:,.0f} tokens/s"],
-            ["errors (retried) / failed", f"{s.errors} / {s.failed}"],
-            ["missing dumps", "-" if s.missing_dumps is None else s.missing_dumps],
-            ["ETA", _fmt_eta(s.eta_s)], ["last update", s.last_time or "-"]]
+    rows = [
+        ["state", s.state],
+        ["samples", f"{s.done} / {total}"],
+        ["tokens", f"{s.tokens:,}"],
+        ["rate", f"{s.rate_samples_s or 0:.2f} samples/s, {s.rate_tokens_s or 0:,.0f} tokens/s"],
+        ["errors (retried) / failed", f"{s.errors} / {s.failed}"],
+        ["missing dumps", "-" if s.missing_dumps is None else s.missing_dumps],
+        ["ETA", _fmt_eta(s.eta_s)],
+        ["last update", s.last_time or "-"],
+    ]
     console.table(["extraction", ""], rows, title="Extraction")
 
 
@@ -177,21 +210,32 @@ def _render_training(console, t) -> None:
         return
     positions = sorted({p for r in t.records for p in r.acc})
     cols = ["phase", "unit", "#", "loss", "step-0 acc", "tau"] + [f"acc@{p}" for p in positions]
-    rows = [[r.phase, r.unit, r.index if r.total is None else f"{r.index}/{r.total}",
-             "-" if r.loss is None else f"{r.loss:.3f}",
-             "-" if r.step0_acc is None else f"{r.step0_acc:.2f}",
-             "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"] +
-            [f"{r.acc[p]:.2f}" if p in r.acc else "" for p in positions] for r in t.records]
+    rows = [
+        [
+            r.phase,
+            r.unit,
+            r.index if r.total is None else f"{r.index}/{r.total}",
+            "-" if r.loss is None else f"{r.loss:.3f}",
+            "-" if r.step0_acc is None else f"{r.step0_acc:.2f}",
+            "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}",
+        ]
+        + [f"{r.acc[p]:.2f}" if p in r.acc else "" for p in positions]
+        for r in t.records
+    ]
     if rows:
-        console.table(cols, rows, title="Training (SpecForge)" + (" - STAND-IN: synthetic, nothing trained"
-                                                                  if t.standin else ""))
-        console.say("tau = 1 + sum_k prod_{i<=k} acc_i: the expected accepted tokens per verify step "
-                    "a chain draft would give (an estimate from training accuracy, not a measurement on the served model)",
-                    style="dim")
+        console.table(
+            cols, rows, title="Training (SpecForge)" + (" - STAND-IN: synthetic, nothing trained" if t.standin else "")
+        )
+        console.say(
+            "tau = 1 + sum_k prod_{i<=k} acc_i: the expected accepted tokens per verify step "
+            "a chain draft would give (an estimate from training accuracy, not a measurement on the served model)",
+            style="dim",
+        )
     if t.steps:
         last = t.steps[-1]
-        console.text_block(f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, "
-                    f"acc {last.acc:.3f}")
+        console.text_block(
+            f"last step: epoch {last.epoch}, {last.step}/{last.total}, loss {last.loss:.3f}, acc {last.acc:.3f}"
+        )
 
 
 commands = [logs_group]

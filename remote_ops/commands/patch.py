@@ -1,4 +1,5 @@
 """`remote-ops patch check|apply|verify|revert|status|drift`: the anchored SGLang patch."""
+
 from __future__ import annotations
 
 import click
@@ -38,14 +39,21 @@ def render_check(console, report: patching.CheckReport, data: bool = True) -> No
     """The check's evidence: its data for `patch check` (stdout), progress under apply (stderr)."""
     console.step(f"patch check {report.host}:{report.path}")
     version = report.sglang_version or "unknown"
-    gate = "validated" if report.version_validated else ("NOT validated, --force given" if report.forced
-                                                          else "NOT validated")
-    console.say(f"sha256 {report.sha256}  SGLang {version} ({report.version_source}; {gate})  "
-                f"patch state: {report.state}")
+    gate = (
+        "validated"
+        if report.version_validated
+        else ("NOT validated, --force given" if report.forced else "NOT validated")
+    )
+    console.say(
+        f"sha256 {report.sha256}  SGLang {version} ({report.version_source}; {gate})  patch state: {report.state}"
+    )
     _listings(console, report.evidence, data)
     for a in report.anchors:
-        console.status("ok", f"anchor {a.block}: line {a.line} `{a.text}` in {a.scope}; "
-                             f"before it line {a.prev_line or '-'}, after it line {a.next_line or 'end of method'}")
+        console.status(
+            "ok",
+            f"anchor {a.block}: line {a.line} `{a.text}` in {a.scope}; "
+            f"before it line {a.prev_line or '-'}, after it line {a.next_line or 'end of method'}",
+        )
     if report.refusal:
         console.status("fail", f"refused ({report.refusal['reason']}): {report.refusal['message']}")
     else:
@@ -79,20 +87,24 @@ def _diff(console, diff: str) -> None:
 @hosts_command(local_ok=True)
 def check_cmd(app, hosts, forks, path, local_file, model_class, force) -> int:
     """Pre-check: find both anchors, show grep -n / sed -n evidence; change nothing."""
+
     def work(remote, target):
         report = patching.check(remote, target, force=force)
         render_check(app.console, report)
         report.raise_if_refused()
         return 0, report
+
     return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
 def change_options(verb: str):
     """--dry-run / --diff / --no-lock: what every command that writes the file takes."""
+
     def decorate(fn):
         fn = click.option("--no-lock", is_flag=True, help="do not take the host lock (the caller holds it)")(fn)
         fn = click.option("--diff", "show_diff", is_flag=True, help=f"also print the diff when {verb}")(fn)
         return click.option("--dry-run", is_flag=True, help="print the unified diff and change nothing")(fn)
+
     return decorate
 
 
@@ -103,10 +115,12 @@ def change_options(verb: str):
 @hosts_command(local_ok=True)
 def apply_cmd(app, hosts, forks, path, local_file, model_class, force, dry_run, show_diff, no_lock) -> int:
     """Insert the marked blocks atomically (backup kept), then verify; restore the backup if verify fails."""
+
     def work(remote, target):
         result = patching.apply(remote, target, force=force, dry_run=dry_run, lock=not no_lock)
         _render_apply(app.console, result, dry_run, show_diff)
         return 0, result
+
     return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
@@ -117,9 +131,12 @@ def _render_apply(console, result, dry_run: bool, show_diff: bool) -> None:
     if result.action in ("applied", "replaced"):
         console.step(f"verify {result.host}:{result.path}")
         render_verify(console, result.verify, data=False)
-        console.status("ok", f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]}; backup "
-                             f"{result.backup_path} (sha256 {str(result.backup_sha256)[:16]}); "
-                             f"{result.round_trips} round trips, {result.duration_s:.2f}s")
+        console.status(
+            "ok",
+            f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]}; backup "
+            f"{result.backup_path} (sha256 {str(result.backup_sha256)[:16]}); "
+            f"{result.round_trips} round trips, {result.duration_s:.2f}s",
+        )
     elif result.action == "noop":
         console.status("ok", f"already applied with this content (sha256 {result.sha_before[:16]}); nothing written")
     else:
@@ -131,6 +148,7 @@ def _render_apply(console, result, dry_run: bool, show_diff: bool) -> None:
 @hosts_command(local_ok=True)
 def verify_cmd(app, hosts, forks, path, local_file, model_class) -> int:
     """Post-check: py_compile on the host, each block right after its anchor, after every flag reset."""
+
     def work(remote, target):
         result = patching.verify(remote, target)
         app.console.step(f"verify {result.host}:{result.path}")
@@ -138,6 +156,7 @@ def verify_cmd(app, hosts, forks, path, local_file, model_class) -> int:
         result.raise_if_failed()
         app.console.status("ok", f"{result.host}: patch verified")
         return 0, result
+
     return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
@@ -148,10 +167,12 @@ def verify_cmd(app, hosts, forks, path, local_file, model_class) -> int:
 @hosts_command(local_ok=True)
 def revert_cmd(app, hosts, forks, path, local_file, model_class, dry_run, show_diff, from_backup, no_lock) -> int:
     """Remove the blocks; the file must hash to the original (byte-identical)."""
+
     def work(remote, target):
         result = patching.revert(remote, target, dry_run=dry_run, from_backup=from_backup, lock=not no_lock)
         _render_revert(app.console, result, dry_run, show_diff)
         return (ExitCode.VERIFY_FAILED if result.identical is False else ExitCode.OK), result
+
     return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
 
 
@@ -160,9 +181,11 @@ def _render_revert(console, result, dry_run: bool, show_diff: bool) -> None:
     if dry_run or show_diff:
         _diff(console, result.diff)
     ident = {True: "byte-identical to the original", False: "NOT identical to the original", None: ""}[result.identical]
-    console.status("ok" if result.identical is not False else "fail",
-                   f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]} "
-                   f"(original {str(result.original_sha256)[:16]}) {ident}")
+    console.status(
+        "ok" if result.identical is not False else "fail",
+        f"{result.action}: sha256 {result.sha_before[:16]} -> {result.sha_after[:16]} "
+        f"(original {str(result.original_sha256)[:16]}) {ident}",
+    )
 
 
 @patch_group.command("status")
@@ -170,29 +193,45 @@ def _render_revert(console, result, dry_run: bool, show_diff: bool) -> None:
 @hosts_command(local_ok=True)
 def status_cmd(app, hosts, forks, path, local_file, model_class) -> int:
     """applied / not_applied / outdated / partial / misplaced / modified, with shas (exit 10 if misplaced/modified)."""
+
     def work(remote, target):
         result = patching.status(remote, target)
         bad = result.status in (anchors.MISPLACED, anchors.MODIFIED)
         return (ExitCode.VERIFY_FAILED if bad else ExitCode.OK), result
+
     return on_targets(app, hosts, forks, path, local_file, work, _render_status, model_class=model_class)
 
 
 def _render_status(console, _spec, result) -> None:
     console.step(f"patch status {result.host}:{result.path}: {result.status}")
-    console.say(f"sha256 {result.sha256}  pristine {result.pristine_sha256}  backup {result.backup_sha256 or '-'}  "
-                f"SGLang {result.sglang_version or 'unknown'}  spec {result.spec_hash}")
-    rows = [[b.name, b.state, b.spec_hash, b.region.marker_hash if b.region else "-",
-             f"{b.region.begin}-{b.region.end}" if b.region else "-", b.anchor.line if b.anchor else "-"]
-            for b in result.report.blocks]
+    console.say(
+        f"sha256 {result.sha256}  pristine {result.pristine_sha256}  backup {result.backup_sha256 or '-'}  "
+        f"SGLang {result.sglang_version or 'unknown'}  spec {result.spec_hash}"
+    )
+    rows = [
+        [
+            b.name,
+            b.state,
+            b.spec_hash,
+            b.region.marker_hash if b.region else "-",
+            f"{b.region.begin}-{b.region.end}" if b.region else "-",
+            b.anchor.line if b.anchor else "-",
+        ]
+        for b in result.report.blocks
+    ]
     console.table(["block", "state", "spec hash", "marker hash", "lines", "anchor"], rows)
     for f in result.report.findings:
         console.status("fail", f.message)
 
 
 @patch_group.command("drift")
-@click.option("--versions", default=None, metavar="V1,V2,...",
-              help="SGLang releases to compare, e.g. 0.5.5,0.5.9,0.5.14,0.5.23 (default with --all-specs: "
-                   "every release some spec validates)")
+@click.option(
+    "--versions",
+    default=None,
+    metavar="V1,V2,...",
+    help="SGLang releases to compare, e.g. 0.5.5,0.5.9,0.5.14,0.5.23 (default with --all-specs: "
+    "every release some spec validates)",
+)
 @click.option("--spec", "spec_name", default=None, metavar="NAME", help="patch spec (see `patch specs`)")
 @click.option("--all-specs", is_flag=True, help="one table: spec x release -> anchor lines or refusal reason")
 @click.option("--base", default="0.5.9", show_default=True, help="release the text hunk is generated for")
@@ -233,7 +272,7 @@ def _release_order(versions) -> list[str]:
 
 
 @patch_group.command("specs")
-@click.option("--markdown", is_flag=True, help="a Markdown table (the README's \"Supported models\")")
+@click.option("--markdown", is_flag=True, help='a Markdown table (the README\'s "Supported models")')
 @app_options
 def specs_cmd(app, markdown) -> None:
     """The supported models: spec name, file, class, config.json architectures, validated releases.
@@ -248,9 +287,21 @@ def specs_cmd(app, markdown) -> None:
         app.console.out(patchspec.markdown_table(rows))
     else:
         app.console.table(patchspec.TABLE_HEADERS, rows)
-    app.console.emit([{"spec": m.name, "patch": m.patch_id, "title": m.title, "file": m.file, "class": m.cls,
-                       "architectures": list(m.architectures), "validated_versions": list(m.versions),
-                       "source": m.source} for m in models])
+    app.console.emit(
+        [
+            {
+                "spec": m.name,
+                "patch": m.patch_id,
+                "title": m.title,
+                "file": m.file,
+                "class": m.cls,
+                "architectures": list(m.architectures),
+                "validated_versions": list(m.versions),
+                "source": m.source,
+            }
+            for m in models
+        ]
+    )
 
 
 commands = [patch_group]

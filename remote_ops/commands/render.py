@@ -1,4 +1,5 @@
 """`remote-ops render --host PATTERN`: print the Dockerfile deploy would build (stdout)."""
+
 from __future__ import annotations
 
 import click
@@ -21,6 +22,7 @@ def render_cmd(app, hosts, forks) -> int:
 
     def work(spec):
         return 0, {"host": spec.name, "image": deploy.image_ref(spec), "dockerfile": deploy.render_for_host(spec)}
+
     return run_on_hosts(app, hosts, work, _show, forks=forks)
 
 

@@ -1,4 +1,5 @@
 """`remote-ops sandbox up|down|status`: a local host (sshd + dockerd + SGLang stand-in) to try the flow."""
+
 from __future__ import annotations
 
 import click
@@ -12,18 +13,26 @@ def _show(app, st: sandbox_mod.SandboxStatus) -> None:
     if st.healed:
         app.console.status("ok", f"healed in place: {', '.join(st.healed)} (same address, checkout kept)")
     if st.running and len(st.hosts) > 1:
-        app.console.status("ok", f"sandbox running: {len(st.hosts)} hosts as group `sandbox`, base image "
-                                 f"{st.base_image}")
+        app.console.status(
+            "ok", f"sandbox running: {len(st.hosts)} hosts as group `sandbox`, base image {st.base_image}"
+        )
         for x in st.hosts:
-            app.console.say(f"  {x.get('name')}: ssh root@{x.get('address')}:{x.get('port')}, "
-                            f"server port {x.get('server_port')}")
+            app.console.say(
+                f"  {x.get('name')}: ssh root@{x.get('address')}:{x.get('port')}, server port {x.get('server_port')}"
+            )
     elif st.running:
-        app.console.status("ok", f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
-                                 f"server port {h.get('server_port')}, base image {st.base_image}")
+        app.console.status(
+            "ok",
+            f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
+            f"server port {h.get('server_port')}, base image {st.base_image}",
+        )
     elif st.recorded:
         down = [k for k, v in st.daemons.items() if not k.startswith("container") and not v["ok"]]
-        app.console.status("fail", f"sandbox degraded: {', '.join(down) or 'inventory entry'} not running "
-                                   f"(ssh root@{h.get('address')}:{h.get('port')})")
+        app.console.status(
+            "fail",
+            f"sandbox degraded: {', '.join(down) or 'inventory entry'} not running "
+            f"(ssh root@{h.get('address')}:{h.get('port')})",
+        )
     else:
         app.console.status("info", f"sandbox not running (state dir {st.dir})")
     _show_daemons(app.console, st)
@@ -49,10 +58,21 @@ def sandbox_group() -> None:
 
 @sandbox_group.command("up")
 @click.option("--sglang-version", default="0.5.9", show_default=True)
-@click.option("--hosts", "count", type=click.IntRange(min=1, max=16), default=1, show_default=True,
-              help="sandbox hosts: 1 is `sandbox`; N > 1 are sandbox1..sandboxN, the group `sandbox`")
-@click.option("--patch", default="deepseek-v2", show_default=True, metavar="SPEC",
-              help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama")
+@click.option(
+    "--hosts",
+    "count",
+    type=click.IntRange(min=1, max=16),
+    default=1,
+    show_default=True,
+    help="sandbox hosts: 1 is `sandbox`; N > 1 are sandbox1..sandboxN, the group `sandbox`",
+)
+@click.option(
+    "--patch",
+    default="deepseek-v2",
+    show_default=True,
+    metavar="SPEC",
+    help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama",
+)
 @app_options
 def up_cmd(app, sglang_version: str, count: int, patch: str) -> None:
     """Start the sandbox (needs root and scripts/setup's packages; idempotent).
@@ -61,8 +81,9 @@ def up_cmd(app, sglang_version: str, count: int, patch: str) -> None:
     same address, keeping the checkout, images and inventory entry.  With
     --hosts N the N hosts share one dockerd (their own container, server port
     and paths); `--host sandbox` then names all of them."""
-    st = sandbox_mod.up(sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"),
-                        hosts=count, patch=patch)
+    st = sandbox_mod.up(
+        sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"), hosts=count, patch=patch
+    )
     _show(app, st)
 
 
@@ -72,8 +93,12 @@ def down_cmd(app) -> None:
     """Stop the sandbox's daemons (by PID) and remove its inventory entry.  Not running: no-op."""
     was_running = sandbox_mod.status().running
     st = sandbox_mod.down()
-    app.console.status("ok", "sandbox stopped (sshd and dockerd by PID; inventory entry removed)"
-                       if was_running else "sandbox was not running: nothing to stop")
+    app.console.status(
+        "ok",
+        "sandbox stopped (sshd and dockerd by PID; inventory entry removed)"
+        if was_running
+        else "sandbox was not running: nothing to stop",
+    )
     app.console.emit(st)
 
 

@@ -1,4 +1,5 @@
 """`remote-ops inspect-source`: numbered, scope-annotated lines of the host's patch target file."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,23 +28,45 @@ def host_target(app, spec, path: str | None):
     its model's config.json (one more round trip; the derivation goes to stderr)."""
     remote = app.remote(spec)
     patch, derivation = patching.host_spec(remote, spec)
-    if derivation.how != "inventory":           # named in the inventory: nothing to explain
+    if derivation.how != "inventory":  # named in the inventory: nothing to explain
         app.console.say(f"patch spec: {spec.name}: {derivation} -> {patch.model_class} in {patch.target}")
     return remote, patching.PatchTarget.for_host(spec, path, patch)
 
 
 def target_options(fn):
     """--file / --local-file / --model-class, shared by inspect-source and patch (with `hosts_command(local_ok=True)`)."""
-    fn = click.option("--local-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                      help="work on a file on this machine instead (no SSH; instead of --host)")(fn)
-    fn = click.option("--model-class", default=None, metavar="NAME",
-                      help="with --local-file: the model class to patch when the file has several")(fn)
-    return click.option("--file", "path", default=None, metavar="PATH",
-                        help="file on the host (default: the host's patch spec target in its sglang checkout)")(fn)
+    fn = click.option(
+        "--local-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="work on a file on this machine instead (no SSH; instead of --host)",
+    )(fn)
+    fn = click.option(
+        "--model-class",
+        default=None,
+        metavar="NAME",
+        help="with --local-file: the model class to patch when the file has several",
+    )(fn)
+    return click.option(
+        "--file",
+        "path",
+        default=None,
+        metavar="PATH",
+        help="file on the host (default: the host's patch spec target in its sglang checkout)",
+    )(fn)
 
 
-def on_targets(app, hosts, forks: int, path: str | None, local_file: Path | None, work, render=None,
-               model_class: str | None = None, strict: bool = True) -> int:
+def on_targets(
+    app,
+    hosts,
+    forks: int,
+    path: str | None,
+    local_file: Path | None,
+    work,
+    render=None,
+    model_class: str | None = None,
+    strict: bool = True,
+) -> int:
     """`work(remote, PatchTarget) -> (exit code, result)` on the local file (one document, as
     before) or on every selected host (`run_on_hosts`: one host as before, many in parallel)."""
     render = render or (lambda *_: None)
@@ -97,8 +120,18 @@ def inspect_source(app, hosts, forks, path, local_file, model_class, lines, grep
 
     def work(remote, target):
         tf = patching.read_target(remote, target)
-        return 0, srcview.inspect(tf.data, path=tf.path, host=tf.host, sha256=tf.sha256, version=tf.version,
-                                  version_source=tf.version_source, lines=lines, grep=grep, symbol=symbol)
+        return 0, srcview.inspect(
+            tf.data,
+            path=tf.path,
+            host=tf.host,
+            sha256=tf.sha256,
+            version=tf.version,
+            version_source=tf.version_source,
+            lines=lines,
+            grep=grep,
+            symbol=symbol,
+        )
+
     return on_targets(app, hosts, forks, path, local_file, work, _show, model_class=model_class, strict=False)
 
 

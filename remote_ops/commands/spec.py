@@ -1,4 +1,5 @@
 """`remote-ops spec deploy|bench`: serve the target with an EAGLE-3 drafter, measure acceptance and speed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,14 +29,28 @@ def spec_group() -> None:
 
 # --------------------------------------------------------------------------- deploy
 
-SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
-              "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+SPEC_FLAGS = (
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
 
 
 def speculative_args(draft: str, steps: int, topk: int, draft_tokens: int) -> list[str]:
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-            "--speculative-num-draft-tokens", str(draft_tokens)]
+    return [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        draft,
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(draft_tokens),
+    ]
 
 
 def without_spec_flags(args: list[str]) -> list[str]:
@@ -57,11 +72,14 @@ def spec_host(spec, draft: str, steps: int, topk: int, draft_tokens: int):
     server = spec.server.model_copy(update={"extra_args": extra})
     mount = f"{draft}:{draft}:ro"
     volumes = list(spec.container.volumes) + ([mount] if mount not in spec.container.volumes else [])
-    return spec.model_copy(update={"server": server, "container": spec.container.model_copy(update={"volumes": volumes})})
+    return spec.model_copy(
+        update={"server": server, "container": spec.container.model_copy(update={"volumes": volumes})}
+    )
 
 
-def speculative_settings(spec, draft: str | None, num_steps: int | None, eagle_topk: int | None,
-                         num_draft_tokens: int | None) -> dict:
+def speculative_settings(
+    spec, draft: str | None, num_steps: int | None, eagle_topk: int | None, num_draft_tokens: int | None
+) -> dict:
     """The inventory's `speculative:` section with the CLI's overrides (pure; refused as a usage
     error when no draft dir is known or the combination is one SGLang would rewrite)."""
     from ..errors import UsageError
@@ -73,8 +91,10 @@ def speculative_settings(spec, draft: str | None, num_steps: int | None, eagle_t
     tokens = inv.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     out = {"draft": draft or inv.draft_model_path, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": tokens}
     if not out["draft"]:
-        raise UsageError(f"{spec.name}: no drafter: pass --draft DIR or set speculative.draft_model_path "
-                         f"in the inventory ({spec.source or 'inventory'})")
+        raise UsageError(
+            f"{spec.name}: no drafter: pass --draft DIR or set speculative.draft_model_path "
+            f"in the inventory ({spec.source or 'inventory'})"
+        )
     try:
         check_speculative(steps, topk, tokens)
     except ValueError as exc:
@@ -83,12 +103,17 @@ def speculative_settings(spec, draft: str | None, num_steps: int | None, eagle_t
 
 
 @spec_group.command("deploy")
-@click.option("--draft", default=None, metavar="DIR",
-              help="drafter checkpoint dir on the host (default: inventory speculative.draft_model_path)")
+@click.option(
+    "--draft",
+    default=None,
+    metavar="DIR",
+    help="drafter checkpoint dir on the host (default: inventory speculative.draft_model_path)",
+)
 @click.option("--num-steps", type=int, default=None, help="--speculative-num-steps (default: inventory, 3)")
 @click.option("--eagle-topk", type=int, default=None, help="--speculative-eagle-topk (default: inventory, 1)")
-@click.option("--num-draft-tokens", type=int, default=None,
-              help="--speculative-num-draft-tokens (default: inventory, 4)")
+@click.option(
+    "--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens (default: inventory, 4)"
+)
 @click.option("--dry-run", is_flag=True, help="print the plan; change nothing")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before restarting the server")
 @host_command
@@ -104,41 +129,59 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
     s = speculative_settings(base, draft, num_steps, eagle_topk, num_draft_tokens)
     spec = spec_host(base, s["draft"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"])
     remote = app.remote(spec)
-    app.console.step(f"spec deploy {spec.name}: EAGLE3 draft {s['draft']}, steps {s['num_steps']}, "
-                     f"topk {s['eagle_topk']}, draft tokens {s['num_draft_tokens']}")
+    app.console.step(
+        f"spec deploy {spec.name}: EAGLE3 draft {s['draft']}, steps {s['num_steps']}, "
+        f"topk {s['eagle_topk']}, draft tokens {s['num_draft_tokens']}"
+    )
     if not dry_run and not yes:
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
             _confirm(app, spec, preview)
-    result = deploy_mod.deploy(remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name),
-                               why="spec deploy")
+    result = deploy_mod.deploy(
+        remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name), why="spec deploy"
+    )
     _summary(app, result)
     app.console.emit(result)
 
 
 # --------------------------------------------------------------------------- bench
 
+
 def _render_run(console, s: sb.BenchSummary) -> None:
     tag = "STAND-IN " if s.standin else ""
     if s.mode == "spec":
-        console.status("warn" if s.standin else "ok",
-                       f"{tag}spec run: acceptance length {s.acceptance_length} "
-                       f"(mean per request {s.acceptance_length_mean}), accept rate {s.accept_rate}, "
-                       f"{s.tokens_per_s} tokens/s over {s.requests} prompts")
+        console.status(
+            "warn" if s.standin else "ok",
+            f"{tag}spec run: acceptance length {s.acceptance_length} "
+            f"(mean per request {s.acceptance_length_mean}), accept rate {s.accept_rate}, "
+            f"{s.tokens_per_s} tokens/s over {s.requests} prompts",
+        )
     else:
-        console.status("warn" if s.standin else "ok",
-                       f"{tag}baseline run (no speculation): {s.tokens_per_s} tokens/s over {s.requests} prompts")
+        console.status(
+            "warn" if s.standin else "ok",
+            f"{tag}baseline run (no speculation): {s.tokens_per_s} tokens/s over {s.requests} prompts",
+        )
     if s.standin:
         console.say(f"  {sb.label(True)}: these numbers measure no drafter", style="dim")
 
 
 @spec_group.command("bench")
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="JSONL of {\"text\"} or {\"input_ids\"} (default: the built-in set of 8 prompts)")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help='JSONL of {"text"} or {"input_ids"} (default: the built-in set of 8 prompts)',
+)
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
 @click.option("--warmup", type=int, default=1, show_default=True)
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="where runs, table and PNG go (default <state>/hosts/<host>/specbench)")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="where runs, table and PNG go (default <state>/hosts/<host>/specbench)",
+)
 @host_command
 def bench_cmd(app, host, prompts_file, max_new_tokens, warmup, out_dir) -> int:
     """Measure what is served now (spec or baseline); compare when both runs exist."""
@@ -165,8 +208,10 @@ def _render_comparison(console, c: sb.Comparison, folder: Path) -> dict:
     title = f"speculative decoding - {sb.label(c.standin)}"
     console.table(["", "baseline", "spec (EAGLE3)", "speed-up"], sb.table_rows(c), title=title)
     table = folder / "comparison.md"
-    table.write_text(f"# {title}\n\n| | baseline | spec (EAGLE3) | speed-up |\n|---|---|---|---|\n"
-                     + "".join(f"| {' | '.join(r)} |\n" for r in sb.table_rows(c)))
+    table.write_text(
+        f"# {title}\n\n| | baseline | spec (EAGLE3) | speed-up |\n|---|---|---|---|\n"
+        + "".join(f"| {' | '.join(r)} |\n" for r in sb.table_rows(c))
+    )
     png = sb.plot(c, folder / "comparison.png")
     console.say(f"  table {table}, plot {png}", style="dim")
     return {"comparison": c.to_dict(), "table": str(table), "png": str(png)}

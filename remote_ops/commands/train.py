@@ -1,4 +1,5 @@
 """`remote-ops train start|status|stop`: EAGLE-3 drafter training (SpecForge 0.2.0) on a host."""
+
 from __future__ import annotations
 
 import click
@@ -33,12 +34,16 @@ def _render(console, st: train_mod.TrainStatus) -> None:
     tag = "STAND-IN " if st.standin else ""
     acc = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(st.acc.items())) or "-"
     eta = f"ETA {st.eta_s:.0f}s" if st.eta_s is not None else "ETA -"
-    console.status("ok" if st.running else "info",
-                   f"{tag}training {st.state}: epoch {st.epoch or '-'}/{st.epochs or '-'}, step {st.step or '-'}/"
-                   f"{st.steps or '-'}, {eta}")
+    console.status(
+        "ok" if st.running else "info",
+        f"{tag}training {st.state}: epoch {st.epoch or '-'}/{st.epochs or '-'}, step {st.step or '-'}/"
+        f"{st.steps or '-'}, {eta}",
+    )
     console.say(f"  per-position accuracy (latest): {acc}")
-    console.say(f"  tau (estimated from accuracies, not measured): {st.tau_estimate or '-'}; "
-                f"latest checkpoint: {st.latest_checkpoint or '-'}")
+    console.say(
+        f"  tau (estimated from accuracies, not measured): {st.tau_estimate or '-'}; "
+        f"latest checkpoint: {st.latest_checkpoint or '-'}"
+    )
     if st.standin:
         console.say("  STAND-IN: synthetic numbers, no drafter is being trained", style="dim")
 
@@ -48,8 +53,11 @@ _STEP_STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "info
 
 def _step_line(console, host: str):
     def show(step: train_mod.Step) -> None:
-        console.status(_STEP_STATUS.get(step.status, "info"), f"{host}: {step.name} {step.status}"
-                       + (f": {step.detail}" if step.detail else ""))
+        console.status(
+            _STEP_STATUS.get(step.status, "info"),
+            f"{host}: {step.name} {step.status}" + (f": {step.detail}" if step.detail else ""),
+        )
+
     return show
 
 
@@ -62,8 +70,11 @@ def _render_result(app, r: train_mod.TrainResult, diff: bool) -> None:
         for cmd in r.commands:
             console.say(f"would run: {cmd}")
     if r.noop:
-        console.status("ok", f"{r.host}: nothing to do (train {r.action}: "
-                             + ("this run is already running)" if r.action == "start" else "no run is running)"))
+        console.status(
+            "ok",
+            f"{r.host}: nothing to do (train {r.action}: "
+            + ("this run is already running)" if r.action == "start" else "no run is running)"),
+        )
     if diff:
         _render_diff(console, r)
     if r.status:
@@ -81,14 +92,17 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
         after = "unchanged" if r.noop else f"running (run {plan.get('run_id')}, plan {plan.get('fingerprint')})"
     else:
         after = "unchanged" if r.noop else "stopped"
-    console.say(f"--- training on {r.host}: {was}\n+++ after train {r.action}: {after}"
-                + (" (not run)" if r.dry_run else ""))
+    console.say(
+        f"--- training on {r.host}: {was}\n+++ after train {r.action}: {after}" + (" (not run)" if r.dry_run else "")
+    )
     if r.diff:
         console.text_block(r.diff)
 
 
 @train_group.command("start")
-@click.option("--data", default=None, metavar="DIR", help="exported features on the host (default <dump.dir>-specforge)")
+@click.option(
+    "--data", default=None, metavar="DIR", help="exported features on the host (default <dump.dir>-specforge)"
+)
 @click.option("--output", default=None, metavar="DIR", help="checkpoint dir on the host (default <dump.dir>-drafter)")
 @click.option("--draft-config", default=None, metavar="PATH", help="EAGLE-3 draft model config (real runs)")
 @click.option("--run-id", default="eagle3", show_default=True)
@@ -100,8 +114,9 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
 @click.option("--dry-run", is_flag=True, help="show the plan, Dockerfile, run.yaml and commands; change nothing")
 @click.option("--diff", is_flag=True, help="show the training state before/after and the run.json change")
 @host_command
-def start_cmd(app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, dry_run,
-              diff) -> int:
+def start_cmd(
+    app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, dry_run, diff
+) -> int:
     """Start a training run: a no-op while this same run runs, refused (exit 9) while another does.
 
     Holds the host lock for the start only (not for the training), appends an
@@ -118,12 +133,18 @@ def start_cmd(app, host, data, output, draft_config, run_id, epochs, nproc, stan
         raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
     if dry_run and not plan.standin:
         app.console.text_block(train_mod.dockerfile(spec))
-        app.console.text_block(train_mod.run_yaml(spec, p, plan.draft_config or "<--draft-config>", run_id, epochs, nproc))
+        app.console.text_block(
+            train_mod.run_yaml(spec, p, plan.draft_config or "<--draft-config>", run_id, epochs, nproc)
+        )
     if plan.standin:
-        app.console.say("STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
-                        "no drafter is trained", style="yellow")
-    result = train_mod.start(app.remote(spec), spec, p, plan, dry_run=dry_run,
-                             events=None if dry_run else _step_line(app.console, spec.name))
+        app.console.say(
+            "STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
+            "no drafter is trained",
+            style="yellow",
+        )
+    result = train_mod.start(
+        app.remote(spec), spec, p, plan, dry_run=dry_run, events=None if dry_run else _step_line(app.console, spec.name)
+    )
     _render_result(app, result, diff)
     return 0
 
@@ -149,8 +170,9 @@ def stop_cmd(app, host, dry_run, diff) -> int:
 
     Holds the host lock while it stops, appends an audit line and writes a run record."""
     spec = app.host(host)
-    result = train_mod.stop(app.remote(spec), spec, dry_run=dry_run,
-                            events=None if dry_run else _step_line(app.console, spec.name))
+    result = train_mod.stop(
+        app.remote(spec), spec, dry_run=dry_run, events=None if dry_run else _step_line(app.console, spec.name)
+    )
     _render_result(app, result, diff)
     return 0
 

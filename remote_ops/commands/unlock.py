@@ -1,4 +1,5 @@
 """`remote-ops unlock --host PATTERN [--force] [--dry-run]`: show the host lock's holder and release it."""
+
 from __future__ import annotations
 
 import click
@@ -27,8 +28,7 @@ def unlock_cmd(app, hosts, forks, force: bool, dry_run: bool) -> int:
       remote-ops unlock --host gpu-node
       remote-ops unlock --host gpu-node --force
     """
-    return run_on_hosts(app, hosts, lambda spec: (0, _unlock(app, spec, force, dry_run)),
-                        lambda *_: None, forks=forks)
+    return run_on_hosts(app, hosts, lambda spec: (0, _unlock(app, spec, force, dry_run)), lambda *_: None, forks=forks)
 
 
 def _unlock(app, spec, force: bool, dry_run: bool) -> dict:
@@ -41,20 +41,34 @@ def _unlock(app, spec, force: bool, dry_run: bool) -> dict:
     stale = hostlock.stale_reason(holder, hostlock.this_client(), hostlock.pid_alive)
     app.console.say(f"{spec.name}: {spec.lock_dir} held by {holder.describe()}" + (f" ({stale})" if stale else ""))
     if not stale and not force:
-        raise Refused(f"lock {spec.lock_dir} is held by {holder.describe()}; its holder may still be running "
-                      "(not provably stale from here)", host=spec.name,
-                      hint=f"if that run is gone, `remote-ops unlock --host {spec.name} --force`",
-                      details={"reason": "lock_held", "lock": holder.to_dict()})
-    doc = {"host": spec.name, "lock_dir": spec.lock_dir, "held": True, "holder": holder.to_dict(),
-           "stale": stale, "forced": force and not stale, "released": not dry_run}
+        raise Refused(
+            f"lock {spec.lock_dir} is held by {holder.describe()}; its holder may still be running "
+            "(not provably stale from here)",
+            host=spec.name,
+            hint=f"if that run is gone, `remote-ops unlock --host {spec.name} --force`",
+            details={"reason": "lock_held", "lock": holder.to_dict()},
+        )
+    doc = {
+        "host": spec.name,
+        "lock_dir": spec.lock_dir,
+        "held": True,
+        "holder": holder.to_dict(),
+        "stale": stale,
+        "forced": force and not stale,
+        "released": not dry_run,
+    }
     if dry_run:
         app.console.status("info", "dry run: would release the lock and write it to the audit log")
     else:
         audit = hostlock.audit_record("unlock", spec.name, holder, forced=force and not stale, reason=stale)
         # only the lock shown above (its token), so a run that took it meanwhile keeps its lock
         remote.run(hostlock.release_cmd(spec.lock_dir, holder.token or None, spec.audit_log, audit))
-        app.console.status("ok", f"released {spec.lock_dir} (" + ("forced" if force and not stale else stale or "")
-                           + f"); recorded in {spec.audit_log}")
+        app.console.status(
+            "ok",
+            f"released {spec.lock_dir} ("
+            + ("forced" if force and not stale else stale or "")
+            + f"); recorded in {spec.audit_log}",
+        )
     return doc
 
 

@@ -5,6 +5,7 @@ decided here, and hashed (`context_hash`) so a no-op deploy knows the image
 is current from its labels alone, without rendering the template (Jinja2's
 import alone is ~40 ms).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,39 +54,61 @@ def image_ref(host: HostSpec) -> str:
     return image_tag(host, load_patch(host))
 
 
-def dockerfile_variables(host: HostSpec, patch, sha_before: str, sha_after: str,
-                         context_hash: str | None) -> dict[str, Any]:
+def dockerfile_variables(
+    host: HostSpec, patch, sha_before: str, sha_after: str, context_hash: str | None
+) -> dict[str, Any]:
     """Everything Dockerfile.j2 needs; labels tie the image to the patch and the file shas."""
-    image_labels = {labels.PATCH_ID: patch.id, labels.PATCH_HASH: patch.hash,
-                    labels.SHA_BEFORE: sha_before, labels.SHA_AFTER: sha_after,
-                    labels.TOOL_VERSION: __version__, labels.SGLANG_VERSION: host.sglang.version,
-                    labels.BASE_IMAGE: host.sglang.base_image}
+    image_labels = {
+        labels.PATCH_ID: patch.id,
+        labels.PATCH_HASH: patch.hash,
+        labels.SHA_BEFORE: sha_before,
+        labels.SHA_AFTER: sha_after,
+        labels.TOOL_VERSION: __version__,
+        labels.SGLANG_VERSION: host.sglang.version,
+        labels.BASE_IMAGE: host.sglang.base_image,
+    }
     if context_hash:
         image_labels[labels.CONTEXT_HASH] = context_hash
-    return {"host_name": host.name, "remote_ops_version": __version__, "base_image": host.sglang.base_image,
-            "sglang_version": host.sglang.version, "image_checkout": host.sglang.image_checkout.rstrip("/"),
-            "tool_dir": container.TOOL_DIR, "port": host.server.port, "target_sha256_after": sha_after,
-            "labels": image_labels,
-            "healthcheck": {"path": HEALTHCHECK_PATH, "interval_s": 15, "timeout_s": 5, "retries": 3,
-                            "start_period_s": host.container.healthcheck_start_period_s}}
+    return {
+        "host_name": host.name,
+        "remote_ops_version": __version__,
+        "base_image": host.sglang.base_image,
+        "sglang_version": host.sglang.version,
+        "image_checkout": host.sglang.image_checkout.rstrip("/"),
+        "tool_dir": container.TOOL_DIR,
+        "port": host.server.port,
+        "target_sha256_after": sha_after,
+        "labels": image_labels,
+        "healthcheck": {
+            "path": HEALTHCHECK_PATH,
+            "interval_s": 15,
+            "timeout_s": 5,
+            "retries": 3,
+            "start_period_s": host.container.healthcheck_start_period_s,
+        },
+    }
 
 
 def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
     """The Dockerfile as it will be built, with its context-hash label."""
     from .. import rendering
 
-    return rendering.render(rendering.DOCKERFILE,
-                            dockerfile_variables(host, patch, sha_before, sha_after, context_hash(host, patch, sha_before, sha_after)))
+    return rendering.render(
+        rendering.DOCKERFILE,
+        dockerfile_variables(host, patch, sha_before, sha_after, context_hash(host, patch, sha_before, sha_after)),
+    )
 
 
 def context_files(patch) -> dict[str, bytes]:
     """Build-context files shipped from here (name in context -> bytes); the sglang tree comes from the host."""
     from .. import anchors
 
-    files = {"anchors.py": Path(anchors.__file__).read_bytes(),
-             "patch-spec.json": json.dumps(anchors.spec_to_dict(patch), indent=1, sort_keys=True).encode(),
-             "verify_patch.py": repo_resource("docker", "verify_patch.py").read_bytes(),
-             "entrypoint.sh": repo_resource("docker", "entrypoint.sh").read_bytes()}
+    files = {
+        "anchors.py": Path(anchors.__file__).read_bytes(),
+        "patch-spec.json": json.dumps(anchors.spec_to_dict(patch), indent=1, sort_keys=True).encode(),
+        "verify_patch.py": repo_resource("docker", "verify_patch.py").read_bytes(),
+        "entrypoint.sh": repo_resource("docker", "entrypoint.sh").read_bytes(),
+    }
     dump_dir = Path(__file__).resolve().parents[1] / "dumper"
     for path in sorted(dump_dir.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md"):
@@ -127,8 +150,11 @@ def context_tar(files: dict[str, bytes]) -> bytes:
 def copy_tree_cmd(host: HostSpec, stage: str) -> str:
     """Copy the (patched) checkout's python/sglang into the context, without bytecode."""
     src = host.sglang.checkout.rstrip("/") + "/python/sglang"
-    return shell.and_then(["rm", "-rf", f"{stage}/sglang"], ["cp", "-a", src, f"{stage}/sglang"],
-                          f"find {shell.quote(stage + '/sglang')} -name __pycache__ -prune -exec rm -rf {{}} +")
+    return shell.and_then(
+        ["rm", "-rf", f"{stage}/sglang"],
+        ["cp", "-a", src, f"{stage}/sglang"],
+        f"find {shell.quote(stage + '/sglang')} -name __pycache__ -prune -exec rm -rf {{}} +",
+    )
 
 
 def render_for_host(host: HostSpec) -> str:
@@ -145,7 +171,8 @@ def render_for_host(host: HostSpec) -> str:
     try:
         new = anchors.plan(text, patch).new_text
     except anchors.AnchorRefusal as exc:
-        raise Refused(f"render: the patch does not apply to SGLang {host.sglang.version}: {exc}",
-                      host=host.name) from None
+        raise Refused(
+            f"render: the patch does not apply to SGLang {host.sglang.version}: {exc}", host=host.name
+        ) from None
     before = hashlib.sha256(text.encode()).hexdigest()
     return render_dockerfile(host, patch, before, hashlib.sha256(new.encode()).hexdigest())

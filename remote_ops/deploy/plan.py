@@ -6,6 +6,7 @@ answer for container + image (`engine.probe`: one `inspect` of both).
 `parse_probe` reads it into a `Probe`; `preflight_problems` and `make_plan`
 decide from that alone what is out of date.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,8 +55,9 @@ SKIPPED_FACTS = {"runtimes", "nvidia_ctk"}
 ENGINE_SECTIONS = engine_probe.SectionNames(version=None, objects="objects", runtimes=None)
 
 
-def probe_commands(host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None,
-                   probe_s: float | None = None) -> list[tuple[str, str]]:
+def probe_commands(
+    host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None, probe_s: float | None = None
+) -> list[tuple[str, str]]:
     """Preflight facts, the lock, then the state under the lock: target sha, container + image (pure).
 
     One engine inspect of NAME and REF answers for both objects (each docker CLI
@@ -65,8 +67,11 @@ def probe_commands(host: HostSpec, ref: str, lock_why: str | None = None, token:
     only reads the lock (`hostlock.read_cmd`).  With `probe_s`, each docker
     probe is bounded on the host (a frozen dockerd is that probe's failure).
     """
-    lock = (hostlock.take_cmd(host.lock_dir, hostlock.info_text(f"deploy: {lock_why}", token)) if lock_why
-            else hostlock.read_cmd(host.lock_dir))
+    lock = (
+        hostlock.take_cmd(host.lock_dir, hostlock.info_text(f"deploy: {lock_why}", token))
+        if lock_why
+        else hostlock.read_cmd(host.lock_dir)
+    )
     found = [(n, c) for n, c in facts.probes(host) if n not in SKIPPED_FACTS]
     preflight = [(n, c) for n, c in found if n != "target"]
     objects = engine_probe.probe_sections(host.container.name, ref, names=ENGINE_SECTIONS)[0][1]
@@ -94,11 +99,10 @@ def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]], locking: bool =
     return Probe(f, "", image, ctr, lock, sec, took_lock=took, holder=holder)
 
 
-def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None,
-          token: str | None = None) -> Probe:
+def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None) -> Probe:
     """One round trip under the run's command deadline: facts, container + image, and
     (unless a dry run) the lock, taken with `token`."""
-    probe_s = facts.probe_deadline(command_deadline(remote)) / 2   # its two docker probes run one after the other
+    probe_s = facts.probe_deadline(command_deadline(remote)) / 2  # its two docker probes run one after the other
     out = remote.run(shell.sections(probe_commands(host, ref, lock_why, token, probe_s)), check=False).stdout
     return parse_probe(host, shell.split_sections(out), locking=lock_why is not None)
 
@@ -109,8 +113,10 @@ def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
     if f.docker.get("error") or not f.docker.get("server"):
         problems.append(f"docker engine not usable: {f.docker.get('error', 'no server version')}")
     if host.gpus.count and len(f.gpus) != host.gpus.count:
-        problems.append(f"inventory expects {host.gpus.count} GPUs, nvidia-smi shows {len(f.gpus)}"
-                        + (f" ({f.gpu_error})" if f.gpu_error else ""))
+        problems.append(
+            f"inventory expects {host.gpus.count} GPUs, nvidia-smi shows {len(f.gpus)}"
+            + (f" ({f.gpu_error})" if f.gpu_error else "")
+        )
     free_gb = (f.dump_dir_free_bytes or 0) / 1e9
     if f.dump_dir_free_bytes is not None and free_gb < host.dump.min_free_gb:
         problems.append(f"{free_gb:.1f} GB free under {host.dump.dir}, inventory wants {host.dump.min_free_gb:g} GB")
@@ -122,17 +128,29 @@ def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
 def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     """Decide what to do from the probe alone (pure)."""
     img, ctr, reasons = p.image, p.container, {}
-    patched = bool(img and img.labels.get(labels.SHA_AFTER) == p.facts.target_sha256
-                   and img.labels.get(labels.PATCH_HASH) == patch.hash)
+    patched = bool(
+        img
+        and img.labels.get(labels.SHA_AFTER) == p.facts.target_sha256
+        and img.labels.get(labels.PATCH_HASH) == patch.hash
+    )
     if not patched:
         reasons["patch"] = f"{PurePosixPath(patch.target).name} is not the patched file of the current image"
-    want_ctx = context_hash(host, patch, (img.labels.get(labels.SHA_BEFORE, "") if img else ""),
-                            p.facts.target_sha256 or "") if patched else None
+    want_ctx = (
+        context_hash(host, patch, (img.labels.get(labels.SHA_BEFORE, "") if img else ""), p.facts.target_sha256 or "")
+        if patched
+        else None
+    )
     build = not patched or img is None or img.labels.get(labels.CONTEXT_HASH) != want_ctx
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = build or img is None or ctr is None or not ctr.running or ctr.image_id != img.id \
+    start = (
+        build
+        or img is None
+        or ctr is None
+        or not ctr.running
+        or ctr.image_id != img.id
         or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
+    )
     if start:
         reasons["start"] = _start_reason(host, ctr, img, ref, build)
     wait = start or (ctr is not None and ctr.health not in ("healthy", None))

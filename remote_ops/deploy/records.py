@@ -1,4 +1,5 @@
 """deploy's records: the local run record (JSON per run) and the host's audit line."""
+
 from __future__ import annotations
 
 import getpass
@@ -27,11 +28,20 @@ def write_record(host_name: str, doc: dict) -> Path:
 
 def _audit_line(record: dict) -> dict:
     """The short line appended to the host's audit log."""
-    return {"time": record["time"], "tool": f"remote-ops {__version__}", "action": "deploy",
-            "user": getpass.getuser(), "client": socket.gethostname(), "ok": record["ok"],
-            "up_to_date": record["up_to_date"], "image": record["image"], "image_id": record.get("image_id"),
-            "steps": {s["name"]: s["status"] for s in record["steps"]},
-            "error": (record.get("error") or {}).get("message"), "failed_step": record.get("failed_step")}
+    return {
+        "time": record["time"],
+        "tool": f"remote-ops {__version__}",
+        "action": "deploy",
+        "user": getpass.getuser(),
+        "client": socket.gethostname(),
+        "ok": record["ok"],
+        "up_to_date": record["up_to_date"],
+        "image": record["image"],
+        "image_id": record.get("image_id"),
+        "steps": {s["name"]: s["status"] for s in record["steps"]},
+        "error": (record.get("error") or {}).get("message"),
+        "failed_step": record.get("failed_step"),
+    }
 
 
 def _error_doc(failure: BaseException | None) -> dict | None:

@@ -36,6 +36,7 @@ their own: `build` (`--build-timeout`) and `wait` (`--healthy-timeout`, else
 the inventory's `server.healthy_timeout_s`).  A wait whose host stops
 answering fails at once with the SSH error, not at the end of the wait.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,7 +64,7 @@ from .context import (
 from .plan import Plan, Probe, make_plan, preflight_problems, probe
 from .records import _audit_line, _error_doc, _failed_step, write_record
 
-BUILD_TIMEOUT_S = 3600.0    # default of `deploy --build-timeout`
+BUILD_TIMEOUT_S = 3600.0  # default of `deploy --build-timeout`
 
 
 @dataclass
@@ -115,8 +116,10 @@ def push(remote: Remote, host: HostSpec, patch, events: Events) -> str:
     """Stage the build context on the host in one round trip: a tar of the shipped files on stdin."""
     stage = staging_dir(host)
     files = context_files(patch)
-    remote.run(shell.and_then(["rm", "-rf", stage], ["mkdir", "-p", stage], ["tar", "-x", "-f", "-", "-C", stage]),
-               input=context_tar(files))
+    remote.run(
+        shell.and_then(["rm", "-rf", stage], ["mkdir", "-p", stage], ["tar", "-x", "-f", "-", "-C", stage]),
+        input=context_tar(files),
+    )
     events.progress(f"staged {len(files)} files in {stage}")
     return stage
 
@@ -141,12 +144,25 @@ def verify_on_host(remote: Remote, host: HostSpec) -> dict:
             result.raise_if_failed()
         except VerifyFailed as exc:
             raise VerifyFailed(f"verify: {exc.message}", host=host.name, details=exc.details) from None
-    return {"status": result.status, "sha256": result.sha256,
-            "pristine_sha256": result.report.pristine_sha256, "compile_ok": result.compile_ok}
+    return {
+        "status": result.status,
+        "sha256": result.sha256,
+        "pristine_sha256": result.report.pristine_sha256,
+        "compile_ok": result.compile_ok,
+    }
 
 
-def build_image(remote: Remote, host: HostSpec, patch, stage: str, ref: str, builder: str,
-                shas: dict, events: Events, timeout: float = BUILD_TIMEOUT_S) -> str:
+def build_image(
+    remote: Remote,
+    host: HostSpec,
+    patch,
+    stage: str,
+    ref: str,
+    builder: str,
+    shas: dict,
+    events: Events,
+    timeout: float = BUILD_TIMEOUT_S,
+) -> str:
     """Render the Dockerfile into the context and build it on the host, streaming output."""
     text = render_dockerfile(host, patch, shas["before"], shas["after"])
     remote.put(text.encode(), f"{stage}/Dockerfile")
@@ -155,9 +171,14 @@ def build_image(remote: Remote, host: HostSpec, patch, stage: str, ref: str, bui
     try:
         return container.build(remote, stage, ref, builder, on_line=events.line, timeout=timeout)
     except CommandFailed as exc:
-        raise CommandFailed(f"build: docker build of {ref} failed (exit {exc.exit_status})", host=host.name,
-                            command=exc.command, exit_status=exc.exit_status, stderr_tail=exc.stderr_tail,
-                            hint="the checkout stays patched and verified; the old container was not touched") from None
+        raise CommandFailed(
+            f"build: docker build of {ref} failed (exit {exc.exit_status})",
+            host=host.name,
+            command=exc.command,
+            exit_status=exc.exit_status,
+            stderr_tail=exc.stderr_tail,
+            hint="the checkout stays patched and verified; the old container was not touched",
+        ) from None
 
 
 #: Seconds between state polls on the engine channel (one API request, ~3 ms on a warm channel).
@@ -166,8 +187,9 @@ POLL_S = 0.5
 FULL_CHECK_S = 2.0
 
 
-def wait_until_healthy(remote: Remote, host: HostSpec, ref: str, timeout_s: float,
-                       progress: Callable[[str], None], engine: Any = None) -> list:
+def wait_until_healthy(
+    remote: Remote, host: HostSpec, ref: str, timeout_s: float, progress: Callable[[str], None], engine: Any = None
+) -> list:
     """Wait until the container serves: its state on the engine channel, then one full check.
 
     The container's state is polled every `POLL_S` on the engine channel (a
@@ -187,8 +209,11 @@ def wait_until_healthy(remote: Remote, host: HostSpec, ref: str, timeout_s: floa
         while True:
             info = _answer(lambda: e.container(host.container.name), what)
             if info is None or info.status in ("exited", "dead"):
-                raise VerifyFailed("wait: container stopped while starting: " + _stopped(host, info),
-                                   host=host.name, hint=f"see `docker logs {host.container.name}` on the host")
+                raise VerifyFailed(
+                    "wait: container stopped while starting: " + _stopped(host, info),
+                    host=host.name,
+                    hint=f"see `docker logs {host.container.name}` on the host",
+                )
             due = info.health == "healthy" or time.monotonic() - last_full >= FULL_CHECK_S
             if info.running and due:
                 checks, last_full = _full_check(remote, host, ref, what), time.monotonic()
@@ -197,10 +222,13 @@ def wait_until_healthy(remote: Remote, host: HostSpec, ref: str, timeout_s: floa
                     return checks
                 reasons = "; ".join(f"{c.tier}/{c.name}: {c.reason}" for c in failing[:3])
             if time.monotonic() >= deadline:
-                raise CommandTimedOut(f"wait: not healthy after {timeout_s:g}s waiting for {what}: {reasons}",
-                                      host=host.name, timeout=timeout_s,
-                                      hint="raise --healthy-timeout or inventory server.healthy_timeout_s if the "
-                                           "model needs longer; `remote-ops health` shows the checks")
+                raise CommandTimedOut(
+                    f"wait: not healthy after {timeout_s:g}s waiting for {what}: {reasons}",
+                    host=host.name,
+                    timeout=timeout_s,
+                    hint="raise --healthy-timeout or inventory server.healthy_timeout_s if the "
+                    "model needs longer; `remote-ops health` shows the checks",
+                )
             progress(f"waiting for health: {reasons}")
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
@@ -223,7 +251,8 @@ def _stopped(host: HostSpec, info: Any) -> str:
     if info is None:
         return f"container {host.container.name} does not exist"
     return f"container {host.container.name} is {info.status} (exit code {info.exit_code})" + (
-        ", OOM-killed" if info.oom_killed else "")
+        ", OOM-killed" if info.oom_killed else ""
+    )
 
 
 def _named(exc: RemoteOpsError, step: str, context: str = "") -> RemoteOpsError:
@@ -238,9 +267,17 @@ def _named(exc: RemoteOpsError, step: str, context: str = "") -> RemoteOpsError:
 class Deploy:
     """One deploy run over one connected host; `run()` returns a DeployResult."""
 
-    def __init__(self, remote: Remote, host: HostSpec, *, dry_run: bool = False, events: Events | None = None,
-                 why: str = "deploy", healthy_timeout_s: float | None = None,
-                 build_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        remote: Remote,
+        host: HostSpec,
+        *,
+        dry_run: bool = False,
+        events: Events | None = None,
+        why: str = "deploy",
+        healthy_timeout_s: float | None = None,
+        build_timeout_s: float | None = None,
+    ) -> None:
         self.remote, self.host, self.dry_run, self.why = remote, host, dry_run, why
         self.events = events or Events()
         self.timeout = healthy_timeout_s or host.server.healthy_timeout_s
@@ -250,10 +287,10 @@ class Deploy:
         self.result = DeployResult(host.name, dry_run, False, self.ref)
         self.t0 = time.monotonic()
         self.rt0 = remote.round_trips
-        self.current = "preflight"     # the step running now: what a failure is recorded against
+        self.current = "preflight"  # the step running now: what a failure is recorded against
         self.token = None if dry_run else hostlock.new_token()
-        self._locked: bool | None = None   # None: unknown (the probe did not come back)
-        self._engine: Any = None           # opened when the container must change (start, wait)
+        self._locked: bool | None = None  # None: unknown (the probe did not come back)
+        self._engine: Any = None  # opened when the container must change (start, wait)
 
     def engine(self) -> Any:
         """The engine channel of this run, opened on first use (a no-op deploy never opens it)."""
@@ -317,14 +354,23 @@ class Deploy:
         return exc
 
     def _preflight(self, p: Probe, t: float) -> None:
-        self.result.versions = {"remote_ops": __version__, "docker": p.facts.docker,
-                                "sglang": self.host.sglang.version, "patch": f"{self.patch.id}@{self.patch.hash}"}
+        self.result.versions = {
+            "remote_ops": __version__,
+            "docker": p.facts.docker,
+            "sglang": self.host.sglang.version,
+            "patch": f"{self.patch.id}@{self.patch.hash}",
+        }
         problems = preflight_problems(self.host, p)
         if problems:
             self._step("preflight", "failed", "; ".join(problems), t)
             raise Refused("preflight: " + "; ".join(problems), host=self.host.name)
-        self._step("preflight", "ok", f"docker {p.facts.docker.get('server')}, {len(p.facts.gpus)} GPUs, "
-                   f"{(p.facts.dump_dir_free_bytes or 0) / 1e9:.0f} GB free for dumps", t)
+        self._step(
+            "preflight",
+            "ok",
+            f"docker {p.facts.docker.get('server')}, {len(p.facts.gpus)} GPUs, "
+            f"{(p.facts.dump_dir_free_bytes or 0) / 1e9:.0f} GB free for dumps",
+            t,
+        )
 
     def _lock(self, p: Probe) -> None:
         """The probe took the lock (atomic mkdir) unless someone holds it: then refuse (exit 9)."""
@@ -334,11 +380,11 @@ class Deploy:
 
     def _act(self, p: Probe, plan: Plan) -> None:
         """check -> push -> patch -> verify -> build -> start -> wait, skipping what is current."""
-        shas = {"before": (p.image.labels.get(labels.SHA_BEFORE) if p.image else None),
-                "after": p.facts.target_sha256}
+        shas = {"before": (p.image.labels.get(labels.SHA_BEFORE) if p.image else None), "after": p.facts.target_sha256}
         self.current = "check"
-        self._step("check", "ok", "up to date" if plan.up_to_date else
-                   "; ".join(f"{k}: {v}" for k, v in plan.reasons.items()))
+        self._step(
+            "check", "ok", "up to date" if plan.up_to_date else "; ".join(f"{k}: {v}" for k, v in plan.reasons.items())
+        )
         stage = staging_dir(self.host)
         if plan.patch or plan.build:
             t, self.current = time.monotonic(), "push"
@@ -361,8 +407,12 @@ class Deploy:
             self._step("patch", "failed", exc.message, t)
             raise
         changed = doc.get("action") in ("applied", "replaced")
-        self._step("patch", "changed" if changed else "ok",
-                   f"{doc.get('action')} (backup {doc.get('backup_path') or '-'})" if changed else "already applied", t)
+        self._step(
+            "patch",
+            "changed" if changed else "ok",
+            f"{doc.get('action')} (backup {doc.get('backup_path') or '-'})" if changed else "already applied",
+            t,
+        )
         t, self.current = time.monotonic(), "verify"
         report = verify_on_host(self.remote, self.host)
         self._step("verify", "ok", f"{report.get('status')} (sha {report.get('sha256', '')[:12]})", t)
@@ -371,28 +421,39 @@ class Deploy:
     def _build(self, plan: Plan, stage: str, shas: dict, p: Probe) -> str:
         t, self.current = time.monotonic(), "build"
         current = p.image is not None and p.image.labels.get(labels.CONTEXT_HASH) == context_hash(
-            self.host, self.patch, shas["before"] or "", shas["after"] or "")
+            self.host, self.patch, shas["before"] or "", shas["after"] or ""
+        )
         if not plan.build or current:
             assert p.image is not None, "the plan builds when there is no image"
             self._step("build", "ok", f"{self.ref} up to date ({p.image.id[:19]})")
             return p.image.id
         builder = container.detect_builder(self.remote)
         self.result.versions["builder"] = builder
-        image_id = build_image(self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events,
-                               timeout=self.build_timeout)
-        verification = container.require_ok(container.verify_patch(
-            self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name)
+        image_id = build_image(
+            self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events, timeout=self.build_timeout
+        )
+        verification = container.require_ok(
+            container.verify_patch(self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name
+        )
         self.result.image_id = image_id
-        self._step("build", "changed", f"{self.ref} {image_id[:19]}; patch verified in image "
-                   f"(sha {(verification.sha256 or '')[:12]} = label)", t)
+        self._step(
+            "build",
+            "changed",
+            f"{self.ref} {image_id[:19]}; patch verified in image (sha {(verification.sha256 or '')[:12]} = label)",
+            t,
+        )
         return image_id
 
     def _start(self, plan: Plan, image_id: str, p: Probe) -> None:
         t, self.current = time.monotonic(), "start"
         self.result.image_id = image_id
         c = p.container
-        current = bool(c and c.running and c.image_id == image_id and c.labels.get(labels.RUN_CONFIG)
-                       == container.expected_run_config(self.host, self.ref))
+        current = bool(
+            c
+            and c.running
+            and c.image_id == image_id
+            and c.labels.get(labels.RUN_CONFIG) == container.expected_run_config(self.host, self.ref)
+        )
         if not plan.start or current:
             plan.start = False
             assert c is not None, "the plan starts when there is no container"
@@ -404,11 +465,14 @@ class Deploy:
             self.result.container_id = container.run(self.remote, self.host, self.ref, engine=self.engine())
         except CommandFailed as exc:
             self._step("start", "failed", exc.stderr_tail.splitlines()[-1] if exc.stderr_tail else exc.message, t)
-            raise CommandFailed(f"start: the engine could not run {self.ref}: {exc.message}",
-                                host=self.host.name, command=exc.command, exit_status=exc.exit_status,
-                                stderr_tail=exc.stderr_tail,
-                                hint="the image is built and the checkout patched; fix the run settings "
-                                     "and re-run deploy") from None
+            raise CommandFailed(
+                f"start: the engine could not run {self.ref}: {exc.message}",
+                host=self.host.name,
+                command=exc.command,
+                exit_status=exc.exit_status,
+                stderr_tail=exc.stderr_tail,
+                hint="the image is built and the checkout patched; fix the run settings and re-run deploy",
+            ) from None
         self._step("start", "changed", f"{self.host.container.name} {self.result.container_id[:12]}", t)
 
     def _wait(self, plan: Plan) -> None:
@@ -416,11 +480,19 @@ class Deploy:
         if not plan.wait:
             self._step("wait", "ok", "container healthy (docker health check)")
             return
-        checks = wait_until_healthy(self.remote, self.host, self.ref, self.timeout, self.events.progress,
-                                    engine=self.engine())
-        verified = container.require_ok(container.verify_patch(
-            self.remote, container_name=self.host.container.name,
-            expected_sha256=self.result.shas.get("after")), self.host.name) if plan.start else None
+        checks = wait_until_healthy(
+            self.remote, self.host, self.ref, self.timeout, self.events.progress, engine=self.engine()
+        )
+        verified = (
+            container.require_ok(
+                container.verify_patch(
+                    self.remote, container_name=self.host.container.name, expected_sha256=self.result.shas.get("after")
+                ),
+                self.host.name,
+            )
+            if plan.start
+            else None
+        )
         ok = sum(1 for c in checks if c.status == "ok")
         self._step("wait", "ok", f"healthy ({ok} checks ok)" + ("; patch verified in container" if verified else ""), t)
 
@@ -432,9 +504,17 @@ class Deploy:
         self.current = "record"
         from ..console import to_jsonable
 
-        doc = secrets.mask_data(to_jsonable({**self.result.to_dict(), "time": time.time(), "ok": failure is None,
-                                             "error": _error_doc(failure),
-                                             "failed_step": _failed_step(self.result.steps)}))
+        doc = secrets.mask_data(
+            to_jsonable(
+                {
+                    **self.result.to_dict(),
+                    "time": time.time(),
+                    "ok": failure is None,
+                    "error": _error_doc(failure),
+                    "failed_step": _failed_step(self.result.steps),
+                }
+            )
+        )
         doc["lock"], unlock_error = self._unlock(doc, failure)
         if unlock_error is not None and failure is None:
             doc.update(ok=False, error=_error_doc(unlock_error), failed_step="unlock")
@@ -467,8 +547,9 @@ class Deploy:
 
     def _dry_run(self, p: Probe, plan: Plan) -> DeployResult:
         """Plan + diffs; nothing on the host is changed (not even the lock)."""
-        self._step("check", "ok", "up to date" if plan.up_to_date else
-                   "; ".join(f"{k}: {v}" for k, v in plan.reasons.items()))
+        self._step(
+            "check", "ok", "up to date" if plan.up_to_date else "; ".join(f"{k}: {v}" for k, v in plan.reasons.items())
+        )
         self._step("lock", "skipped", "dry run" + (f"; HELD: {json.dumps(p.lock)}" if p.lock else ""))
         for name in ("patch", "build", "start"):
             if getattr(plan, name):

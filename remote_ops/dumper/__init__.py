@@ -9,6 +9,7 @@ Entry points called by the patch blocks in `DeepseekV2ForCausalLM`:
 - `model._remote_ops_dump.capture(forward_batch, hidden_states, aux_hidden_states)`
   from `forward`.
 """
+
 from __future__ import annotations
 
 

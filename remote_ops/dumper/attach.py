@@ -12,6 +12,7 @@ flips its inner model's flag, DeepSeek >= 0.5.13 adds 1 only when the first id
 is 1), read back and checked; the language model is found inside wrappers
 (Kimi-K2.5's `language_model`).  The class and convention go into the metadata.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,10 +74,15 @@ def turn_on(lm: Any, layers: list, num_layers: int) -> dict:
             method(list(layers))
             convention = "as_given"
     if lm.capture_aux_hidden_states is not True or _captured(lm) != list(layers):
-        raise RuntimeError("%s.set_eagle3_layers_to_capture left capture=%s, layers_to_capture=%s; wanted %s"
-                           % (type(lm).__name__, lm.capture_aux_hidden_states, _captured(lm), list(layers)))
-    return {"model_class": type(lm).__name__, "capture_convention": convention,
-            "capture_method": "attributes" if method is None else "set_eagle3_layers_to_capture"}
+        raise RuntimeError(
+            "%s.set_eagle3_layers_to_capture left capture=%s, layers_to_capture=%s; wanted %s"
+            % (type(lm).__name__, lm.capture_aux_hidden_states, _captured(lm), list(layers))
+        )
+    return {
+        "model_class": type(lm).__name__,
+        "capture_convention": convention,
+        "capture_method": "attributes" if method is None else "set_eagle3_layers_to_capture",
+    }
 
 
 def _unmark_layers(lm: Any, keep: list) -> None:
@@ -90,12 +96,19 @@ def file_metadata(model: Any, runtime: Runtime, layers: list, hidden_size: int, 
     """Run-wide metadata of every file (span fields are added by format.span_metadata)."""
     num_layers, _ = model_shape(model)
     arch = getattr(getattr(model, "config", None), "architectures", None) or [type(model).__name__]
-    return {"sglang_version": runtime.version, "layers_to_capture": json.dumps(layers),
-            "eagle_aux_hidden_state_layer_ids": json.dumps(eagle_layer_ids(layers)),
-            "num_hidden_layers": str(num_layers), "hidden_size": str(hidden_size),
-            "hidden_states_norm": "post-norm", "aux_hidden_states_norm": "pre-norm",
-            "allreduce_fusion": fusion, "tp_size": str(runtime.tp_size), "model_arch": str(arch[0]),
-            "dtype": "unknown"}
+    return {
+        "sglang_version": runtime.version,
+        "layers_to_capture": json.dumps(layers),
+        "eagle_aux_hidden_state_layer_ids": json.dumps(eagle_layer_ids(layers)),
+        "num_hidden_layers": str(num_layers),
+        "hidden_size": str(hidden_size),
+        "hidden_states_norm": "post-norm",
+        "aux_hidden_states_norm": "pre-norm",
+        "allreduce_fusion": fusion,
+        "tp_size": str(runtime.tp_size),
+        "model_arch": str(arch[0]),
+        "dtype": "unknown",
+    }
 
 
 def refuse(config: Optional[DumpConfig], runtime: Runtime, reasons: list) -> None:
@@ -107,9 +120,16 @@ def refuse(config: Optional[DumpConfig], runtime: Runtime, reasons: list) -> Non
     try:
         folder = os.path.join(config.root, dumpfile.rank_dir_name(runtime.rank))
         os.makedirs(folder, exist_ok=True)
-        dumpfile.write_json_atomic(os.path.join(folder, dumpfile.STATS_NAME),
-                              {"state": "refused", "reason": reasons, "rank": runtime.rank,
-                               "sglang_version": runtime.version, "files": 0})
+        dumpfile.write_json_atomic(
+            os.path.join(folder, dumpfile.STATS_NAME),
+            {
+                "state": "refused",
+                "reason": reasons,
+                "rank": runtime.rank,
+                "sglang_version": runtime.version,
+                "files": 0,
+            },
+        )
     except OSError as exc:
         log.error("[hs-dump] could not write the refusal to %s: %s", config.root, exc)
 
@@ -151,13 +171,28 @@ def _install(model, config, runtime, layers, hidden_size, fusion, dumper_cls, ca
     """Create this rank's dumper (capture is already on) and store it on the model."""
     writer = config.all_ranks or runtime.rank == 0
     chunk = runtime.server_args.get("chunked_prefill_size", None)
-    dumper = dumper_cls(config, runtime.rank, writer, layers, hidden_size,
-                        dict(file_metadata(model, runtime, layers, hidden_size, fusion), **(capture or {})),
-                        buffer_tokens=config.buffer_tokens or (chunk if chunk and chunk > 0 else None))
+    dumper = dumper_cls(
+        config,
+        runtime.rank,
+        writer,
+        layers,
+        hidden_size,
+        dict(file_metadata(model, runtime, layers, hidden_size, fusion), **(capture or {})),
+        buffer_tokens=config.buffer_tokens or (chunk if chunk and chunk > 0 else None),
+    )
     model._remote_ops_dump = dumper
-    log.warning("[hs-dump] rank %d (%s): capture on, layers_to_capture=%s (EAGLE-3 ids %s), %s, "
-                "all-reduce fusion: %s, policy=%s buffers=%d writers=%d, dir=%s",
-                runtime.rank, runtime.rank_source, layers, eagle_layer_ids(layers),
-                "writer" if writer else "not writing", fusion, config.policy, config.buffers,
-                config.writers, config.root)
+    log.warning(
+        "[hs-dump] rank %d (%s): capture on, layers_to_capture=%s (EAGLE-3 ids %s), %s, "
+        "all-reduce fusion: %s, policy=%s buffers=%d writers=%d, dir=%s",
+        runtime.rank,
+        runtime.rank_source,
+        layers,
+        eagle_layer_ids(layers),
+        "writer" if writer else "not writing",
+        fusion,
+        config.policy,
+        config.buffers,
+        config.writers,
+        config.root,
+    )
     return dumper

@@ -7,6 +7,7 @@ recorded in every file:
 - EAGLE-3's `eagle_aux_hidden_state_layer_ids` = layers_to_capture - 1.
 For Kimi-K2.5 / DeepSeek-V3 (61 layers): [2, 30, 58] <-> [1, 29, 57].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ WRITER_MODES = ("process", "thread")
 @dataclass
 class DumpConfig:
     """What the environment asks of the dumper (validated, with defaults)."""
+
     root: str
     layers: Optional[List[int]] = None  # layers_to_capture convention; None = default for L
     all_ranks: bool = False
@@ -113,7 +115,9 @@ def resolve_layers(num_layers: int, override: Optional[List[int]] = None) -> Lis
     layers = sorted(set(override if override is not None else default_layers(num_layers)))
     bad = [i for i in layers if not 1 <= i <= num_layers - 1]
     if bad or len(layers) != 3:
-        raise ValueError("layers_to_capture %s: want 3 distinct ids in 1..%d (L=%d)" % (layers, num_layers - 1, num_layers))
+        raise ValueError(
+            "layers_to_capture %s: want 3 distinct ids in 1..%d (L=%d)" % (layers, num_layers - 1, num_layers)
+        )
     return layers
 
 

@@ -11,6 +11,7 @@ libc's POSIX semaphores (`sem_post` as a CUDA host function) tell the writer
 process that a batch's copies landed, without any Python in the forward
 process: the driver's callback thread calls `sem_post` directly.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,13 +26,25 @@ SEM_SLOT_BYTES = 64  # one cache line per semaphore
 
 class CUDA_MEMCPY2D(ctypes.Structure):
     """cuda.h's CUDA_MEMCPY2D (the _v2 layout)."""
-    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
-                ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-                ("srcPitch", ctypes.c_size_t),
-                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
-                ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
-                ("dstPitch", ctypes.c_size_t),
-                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t),
+        ("srcY", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64),
+        ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t),
+        ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+    ]
 
 
 class CudaError(RuntimeError):
@@ -43,7 +56,9 @@ class Driver:
 
     def __init__(self, lib: ctypes.CDLL, libc: ctypes.CDLL):
         self.lib, self.libc = lib, libc
-        self._d2h = self._fn("cuMemcpyDtoHAsync_v2", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p])
+        self._d2h = self._fn(
+            "cuMemcpyDtoHAsync_v2", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        )
         self._2d = self._fn("cuMemcpy2DAsync_v2", [ctypes.POINTER(CUDA_MEMCPY2D), ctypes.c_void_p])
         self._host_fn = self._fn("cuLaunchHostFunc", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
         self._register = self._fn("cuMemHostRegister_v2", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint])

@@ -8,6 +8,7 @@ thread), else writer threads (`SGLANG_HS_DUMP_WRITER=thread`, or when the
 process cannot start).  It blocks only when every buffer is still waiting for
 the disk (backpressure), or never (drop policy).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -57,15 +58,24 @@ def graph_capturing() -> bool:
 class Dumper:
     """Captures plain-EXTEND batches and writes one file per request span (writer ranks only)."""
 
-    def __init__(self, config: DumpConfig, rank: int, writer: bool, layers: Sequence[int],
-                 hidden_size: int, metadata: Mapping[str, str], buffer_tokens: Optional[int] = None):
+    def __init__(
+        self,
+        config: DumpConfig,
+        rank: int,
+        writer: bool,
+        layers: Sequence[int],
+        hidden_size: int,
+        metadata: Mapping[str, str],
+        buffer_tokens: Optional[int] = None,
+    ):
         self.config, self.rank, self.writer = config, rank, writer
         self.layers, self.hidden_size = list(layers), hidden_size
         self.metadata = dict(metadata)
         self.buffer_tokens = buffer_tokens or config.buffer_tokens or DEFAULT_BUFFER_TOKENS
         self.dir = ensure_rank_dir(config.root, rank) if writer else None
-        self.stats = DumpStats(os.path.join(self.dir, dumpfile.STATS_NAME) if writer and self.dir is not None else None,
-                               self._static())
+        self.stats = DumpStats(
+            os.path.join(self.dir, dumpfile.STATS_NAME) if writer and self.dir is not None else None, self._static()
+        )
         self.pool: Optional[BufferPool] = None
         self.stager = Stager()
         self.driver: Optional[Driver] = None
@@ -82,18 +92,33 @@ class Dumper:
 
     def _static(self) -> dict:
         c = self.config
-        return {"rank": self.rank, "writer": self.writer, "policy": c.policy, "buffers": c.buffers,
-                "writers": c.writers, "buffer_tokens": self.buffer_tokens, "hidden_size": self.hidden_size,
-                "layers_to_capture": self.layers, "metadata": self.metadata, "pid": os.getpid()}
+        return {
+            "rank": self.rank,
+            "writer": self.writer,
+            "policy": c.policy,
+            "buffers": c.buffers,
+            "writers": c.writers,
+            "buffer_tokens": self.buffer_tokens,
+            "hidden_size": self.hidden_size,
+            "layers_to_capture": self.layers,
+            "metadata": self.metadata,
+            "pid": os.getpid(),
+        }
 
     def _start_writers(self, mode: str) -> None:
         """The writer process (default), or threads when asked or when the process cannot start."""
         if mode == "process":
             try:
-                config = {"root": self.config.root, "rank": self.rank, "fsync": self.config.fsync,
-                          "writers": self.config.writers, "metadata": self.metadata}
-                self.sink = WriterProcess(config, self.config.buffers, self._on_done, self._on_exit,
-                                          self.stats.maybe_write)
+                config = {
+                    "root": self.config.root,
+                    "rank": self.rank,
+                    "fsync": self.config.fsync,
+                    "writers": self.config.writers,
+                    "metadata": self.metadata,
+                }
+                self.sink = WriterProcess(
+                    config, self.config.buffers, self._on_done, self._on_exit, self.stats.maybe_write
+                )
             except Exception as exc:
                 log.error("[hs-dump] the writer process could not start (%r): using writer threads", exc)
                 mode = "thread"
@@ -103,8 +128,9 @@ class Dumper:
 
     # ------------------------------------------------------------------ forward hook
 
-    def capture(self, forward_batch: Any, hidden_states: torch.Tensor,
-                aux_hidden_states: Optional[Sequence[torch.Tensor]]) -> None:
+    def capture(
+        self, forward_batch: Any, hidden_states: torch.Tensor, aux_hidden_states: Optional[Sequence[torch.Tensor]]
+    ) -> None:
         """Called from DeepseekV2ForCausalLM.forward after the aux unpack; never raises."""
         if not self.writer or self.closed:
             return
@@ -148,8 +174,17 @@ class Dumper:
         assert self.sink is not None and self.pool is not None, "called with the writer process running"
         self.inflight[buf.slot] = (len(spans), rows)
         try:
-            self.sink.job(buf.slot, buf.gen, rows, self.hidden_size, buf.esize, staged.id_size, staged.pos_size,
-                          ST_DTYPES[buf.dtype], spans)
+            self.sink.job(
+                buf.slot,
+                buf.gen,
+                rows,
+                self.hidden_size,
+                buf.esize,
+                staged.id_size,
+                staged.pos_size,
+                ST_DTYPES[buf.dtype],
+                spans,
+            )
         except OSError:
             self.inflight.pop(buf.slot, None)
             self.stager.synchronize()
@@ -169,8 +204,11 @@ class Dumper:
         if getattr(fb, "can_run_tbo", False):
             return self._warned_reason("two_batch_overlap", "two-batch-overlap batch skipped")
         if aux is None or len(aux) != len(self.layers):
-            return self._warned_reason("no_aux", "forward returned %s aux states, want %d: is capture on?"
-                                       % (None if aux is None else len(aux), len(self.layers)))
+            return self._warned_reason(
+                "no_aux",
+                "forward returned %s aux states, want %d: is capture on?"
+                % (None if aux is None else len(aux), len(self.layers)),
+            )
         if getattr(fb, "extend_seq_lens_cpu", None) is None or getattr(fb, "input_ids", None) is None:
             return self._warned_reason("no_lengths", "EXTEND batch without extend_seq_lens_cpu/input_ids")
         return None
@@ -181,8 +219,10 @@ class Dumper:
         bad = [tuple(t.shape) for t in tensors if t.dim() != 2 or t.shape[0] < rows or t.shape[1] != self.hidden_size]
         if bad or fb.input_ids.shape[0] < rows or hidden.dtype not in ST_DTYPES:
             self.stats.add(errors=1)
-            self._warn_once("shape", "batch of %d rows skipped: shapes %s, dtype %s, H=%d"
-                            % (rows, bad, hidden.dtype, self.hidden_size))
+            self._warn_once(
+                "shape",
+                "batch of %d rows skipped: shapes %s, dtype %s, H=%d" % (rows, bad, hidden.dtype, self.hidden_size),
+            )
             return False
         return True
 
@@ -213,9 +253,11 @@ class Dumper:
             if self.pool is None:
                 self._choose_path(hidden)
                 pin, shared = hidden.is_cuda, self.sink is not None
-                self.pool = BufferPool(self.config.buffers, self.buffer_tokens,
-                                       lambda slot, gen, rows, h, dtype: self._make_buffer(slot, gen, rows, h, dtype,
-                                                                                          pin, shared))
+                self.pool = BufferPool(
+                    self.config.buffers,
+                    self.buffer_tokens,
+                    lambda slot, gen, rows, h, dtype: self._make_buffer(slot, gen, rows, h, dtype, pin, shared),
+                )
                 self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
                 if self.sink is not None:
                     self.sink.meta(self.metadata)
@@ -234,8 +276,9 @@ class Dumper:
                 self.sink = None
                 self._start_writers("thread")
 
-    def _make_buffer(self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype,
-                     pin: bool, shared: bool) -> HostBuffer:
+    def _make_buffer(
+        self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
+    ) -> HostBuffer:
         """A slot's buffer; a shared one is handed to the writer process before any job names it."""
         buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver)
         if shared:
@@ -255,8 +298,9 @@ class Dumper:
     def _write_one(self, job: BatchJob, span: Span) -> None:
         """Writer-thread body for one span: the file, its manifest line, the counters."""
         dtype = ST_DTYPES[job.staged.buffer.dtype]
-        record = write_span_file(self.config.root, self.rank, job, span, self.hidden_size, dtype,
-                                 self.metadata, self.config.fsync)
+        record = write_span_file(
+            self.config.root, self.rank, job, span, self.hidden_size, dtype, self.metadata, self.config.fsync
+        )
         self.stats.add(files=1, spans=1, tokens=span.tokens, bytes=record["bytes"])
 
     def _on_done(self, slot: int, files: int, tokens: int, nbytes: int, errors: int, first_error: str) -> None:

@@ -9,6 +9,7 @@ written.  Keep it importable by Python 3.8.
 Layout (see FORMAT.md): `<dir>/rank<R>/<key>.safetensors`, `<dir>/rank<R>/manifest.jsonl`,
 `<dir>/rank<R>/stats.json`; temp files are `.tmp-*` and never in the manifest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,21 @@ TENSOR_ORDER = ("hidden_states", "aux_hidden_states", "input_ids", "positions")
 ID_DTYPE = "I32"
 
 DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 WRITE_CHUNK = 16 << 20  # bytes per write() call: bounded syscalls, writeback started per chunk
@@ -52,6 +64,7 @@ TensorBytes = Tuple[str, Sequence[int], BytesLike]
 
 
 # --------------------------------------------------------------------------- keys, names
+
 
 def token_ids_bytes(token_ids: Iterable[int]) -> bytes:
     """Token ids as int32 little-endian: the bytes the dump key is hashed from."""
@@ -76,9 +89,11 @@ def dump_file_name(key: str) -> str:
 
 # --------------------------------------------------------------------------- header
 
+
 @dataclass
 class TensorInfo:
     """One tensor entry of a safetensors header; offsets are relative to the data section."""
+
     dtype: str
     shape: List[int]
     start: int
@@ -92,6 +107,7 @@ class TensorInfo:
 @dataclass
 class SafetensorsHeader:
     """A parsed safetensors header: where each tensor's bytes lie in the file."""
+
     header_len: int
     tensors: Dict[str, TensorInfo]
     metadata: Dict[str, str]
@@ -112,8 +128,7 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def build_header(tensors: Mapping[str, TensorBytes], metadata: Mapping[str, str],
-                 order: Sequence[str] = ()) -> bytes:
+def build_header(tensors: Mapping[str, TensorBytes], metadata: Mapping[str, str], order: Sequence[str] = ()) -> bytes:
     """The 8-byte length + JSON header (space-padded to 8 bytes) for tensors laid out in `order`."""
     names = [n for n in order if n in tensors] + [n for n in tensors if n not in order]
     head: Dict[str, object] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
@@ -121,8 +136,7 @@ def build_header(tensors: Mapping[str, TensorBytes], metadata: Mapping[str, str]
     for name in names:
         dtype, shape, _ = tensors[name]
         size = _numel(shape) * DTYPE_SIZES[dtype]
-        head[name] = {"dtype": dtype, "shape": [int(d) for d in shape],
-                      "data_offsets": [offset, offset + size]}
+        head[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(head, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
@@ -133,9 +147,12 @@ def parse_header(raw: bytes) -> SafetensorsHeader:
     """Parse the JSON part of a safetensors header (without the 8-byte length)."""
     head = json.loads(raw.decode("utf-8"))
     metadata = head.pop("__metadata__", None) or {}
-    tensors = {name: TensorInfo(str(e["dtype"]), [int(d) for d in e["shape"]],
-                                int(e["data_offsets"][0]), int(e["data_offsets"][1]))
-               for name, e in head.items()}
+    tensors = {
+        name: TensorInfo(
+            str(e["dtype"]), [int(d) for d in e["shape"]], int(e["data_offsets"][0]), int(e["data_offsets"][1])
+        )
+        for name, e in head.items()
+    }
     return SafetensorsHeader(len(raw), tensors, {str(k): str(v) for k, v in metadata.items()})
 
 
@@ -164,9 +181,11 @@ def read_tensor_bytes(path: str, header: SafetensorsHeader, name: str) -> bytes:
 
 # --------------------------------------------------------------------------- writing
 
+
 @dataclass
 class WrittenFile:
     """What `write_dump_file` wrote: final path, size and digests (whole file, data section)."""
+
     path: str
     bytes: int
     sha256: str
@@ -192,12 +211,12 @@ def _write_all(fd: int, data: BytesLike, hashers: Sequence, offset: int = 0) -> 
     """
     view = memoryview(data).cast("B")
     for pos in range(0, view.nbytes, WRITE_CHUNK):
-        chunk = view[pos:pos + WRITE_CHUNK]
+        chunk = view[pos : pos + WRITE_CHUNK]
         for h in hashers:
             h.update(chunk)
         size = chunk.nbytes
         while chunk.nbytes:
-            chunk = chunk[os.write(fd, chunk):]
+            chunk = chunk[os.write(fd, chunk) :]
         start_writeback(fd, offset, size)
         offset += size
     return offset
@@ -234,8 +253,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_dump_file(path: str, tensors: Mapping[str, TensorBytes], metadata: Mapping[str, str],
-                    fsync: bool = True, payload_digest: bool = False) -> WrittenFile:
+def write_dump_file(
+    path: str,
+    tensors: Mapping[str, TensorBytes],
+    metadata: Mapping[str, str],
+    fsync: bool = True,
+    payload_digest: bool = False,
+) -> WrittenFile:
     """Write one safetensors file crash-safely: hidden temp name, fsync, rename, dir fsync.
 
     `tensors` maps name -> (dtype string e.g. "BF16", shape, bytes-like); the data
@@ -308,6 +332,7 @@ def append_manifest(manifest_path: str, record: Mapping[str, object], fsync: boo
 @dataclass
 class ManifestRead:
     """Manifest records in file order, plus lines that were not valid JSON (e.g. torn by a crash)."""
+
     records: List[dict] = field(default_factory=list)
     bad_lines: List[int] = field(default_factory=list)
 
@@ -336,30 +361,57 @@ def read_manifest(manifest_path: str) -> ManifestRead:
 
 # --------------------------------------------------------------------------- spans (writer + stand-in)
 
+
 def span_metadata(base: Mapping[str, str], key: str, tokens: int, prefix_len: int, rank: int) -> Dict[str, str]:
     """File metadata for one span: the run-wide fields plus the span's own."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}
     meta.update({str(k): str(v) for k, v in base.items()})
-    meta.update({"key": key, "tokens": str(tokens), "prefix_len": str(prefix_len),
-                 "partial": "true" if prefix_len > 0 else "false", "rank": str(rank)})
+    meta.update(
+        {
+            "key": key,
+            "tokens": str(tokens),
+            "prefix_len": str(prefix_len),
+            "partial": "true" if prefix_len > 0 else "false",
+            "rank": str(rank),
+        }
+    )
     return meta
 
 
-def manifest_record(root: str, written: WrittenFile, key: str, tokens: int, prefix_len: int,
-                    rank: int, hidden_size: int, dtype: str) -> Dict[str, object]:
+def manifest_record(
+    root: str, written: WrittenFile, key: str, tokens: int, prefix_len: int, rank: int, hidden_size: int, dtype: str
+) -> Dict[str, object]:
     """The manifest line for one written span file."""
-    return {"key": key, "file": os.path.relpath(written.path, root).replace(os.sep, "/"),
-            "tokens": int(tokens), "bytes": written.bytes, "sha256": written.sha256,
-            "prefix_len": int(prefix_len),
-            "partial": prefix_len > 0, "rank": int(rank), "hidden_size": int(hidden_size),
-            "dtype": dtype, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-            "time": round(time.time(), 3)}
+    return {
+        "key": key,
+        "file": os.path.relpath(written.path, root).replace(os.sep, "/"),
+        "tokens": int(tokens),
+        "bytes": written.bytes,
+        "sha256": written.sha256,
+        "prefix_len": int(prefix_len),
+        "partial": prefix_len > 0,
+        "rank": int(rank),
+        "hidden_size": int(hidden_size),
+        "dtype": dtype,
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "time": round(time.time(), 3),
+    }
 
 
-def write_span(root: str, rank: int, ids_int32_le: BytesLike, positions_int32_le: BytesLike,
-               hidden: BytesLike, aux: BytesLike, hidden_size: int, dtype: str = "BF16",
-               prefix_len: int = 0, metadata: Optional[Mapping[str, str]] = None,
-               fsync: bool = True) -> Dict[str, object]:
+def write_span(
+    root: str,
+    rank: int,
+    ids_int32_le: BytesLike,
+    positions_int32_le: BytesLike,
+    hidden: BytesLike,
+    aux: BytesLike,
+    hidden_size: int,
+    dtype: str = "BF16",
+    prefix_len: int = 0,
+    metadata: Optional[Mapping[str, str]] = None,
+    fsync: bool = True,
+) -> Dict[str, object]:
     """Write one request span as a contract-conformant file and append its manifest line.
 
     `hidden` holds n*H values and `aux` n*3H (row-major, layer order), all as raw
@@ -370,10 +422,12 @@ def write_span(root: str, rank: int, ids_int32_le: BytesLike, positions_int32_le
     key = dump_key(ids, prefix_len)
     folder = os.path.join(root, rank_dir_name(rank))
     os.makedirs(folder, exist_ok=True)
-    tensors = {"hidden_states": (dtype, [tokens, hidden_size], hidden),
-               "aux_hidden_states": (dtype, [tokens, 3 * hidden_size], aux),
-               "input_ids": (ID_DTYPE, [tokens], ids),
-               "positions": (ID_DTYPE, [tokens], positions_int32_le)}
+    tensors = {
+        "hidden_states": (dtype, [tokens, hidden_size], hidden),
+        "aux_hidden_states": (dtype, [tokens, 3 * hidden_size], aux),
+        "input_ids": (ID_DTYPE, [tokens], ids),
+        "positions": (ID_DTYPE, [tokens], positions_int32_le),
+    }
     meta = span_metadata(metadata or {}, key, tokens, prefix_len, rank)
     written = write_dump_file(os.path.join(folder, dump_file_name(key)), tensors, meta, fsync)
     record = manifest_record(root, written, key, tokens, prefix_len, rank, hidden_size, dtype)
@@ -383,9 +437,11 @@ def write_span(root: str, rank: int, ids_int32_le: BytesLike, positions_int32_le
 
 # --------------------------------------------------------------------------- verification
 
+
 @dataclass
 class Problem:
     """One finding of the verifier; `level` is "error" or "warning"."""
+
     level: str
     where: str
     message: str
@@ -394,6 +450,7 @@ class Problem:
 @dataclass
 class VerifyReport:
     """Outcome of `verify_dir`: counts, per-rank summary and every problem found."""
+
     root: str
     ok: bool = True
     files: int = 0
@@ -421,8 +478,9 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def check_layout(header: SafetensorsHeader, file_size: int, tokens: int,
-                 hidden_size: Optional[int]) -> Tuple[List[str], int, int]:
+def check_layout(
+    header: SafetensorsHeader, file_size: int, tokens: int, hidden_size: Optional[int]
+) -> Tuple[List[str], int, int]:
     """Check names, dtypes, shapes and offsets of a dump file's header.
 
     Returns (errors, hidden size found, float bytes per token).  Pure: no I/O.
@@ -433,8 +491,12 @@ def check_layout(header: SafetensorsHeader, file_size: int, tokens: int,
         return ["tensors are %s, want %s" % (sorted(t), sorted(TENSOR_ORDER))], 0, 0
     hid, aux = t["hidden_states"], t["aux_hidden_states"]
     h = hid.shape[1] if len(hid.shape) == 2 else 0
-    want_shapes = {"hidden_states": [tokens, h], "aux_hidden_states": [tokens, 3 * h],
-                   "input_ids": [tokens], "positions": [tokens]}
+    want_shapes = {
+        "hidden_states": [tokens, h],
+        "aux_hidden_states": [tokens, 3 * h],
+        "input_ids": [tokens],
+        "positions": [tokens],
+    }
     for name, want in want_shapes.items():
         if t[name].shape != want:
             errs.append("%s shape %s, want %s" % (name, t[name].shape, want))
@@ -467,8 +529,9 @@ def _offset_errors(header: SafetensorsHeader, file_size: int) -> List[str]:
     return errs
 
 
-def verify_record(root: str, rec: Mapping[str, Any], hidden_size: Optional[int],
-                  check_sha: bool, report: VerifyReport) -> None:
+def verify_record(
+    root: str, rec: Mapping[str, Any], hidden_size: Optional[int], check_sha: bool, report: VerifyReport
+) -> None:
     """Verify one manifest record against its file; findings go into `report`."""
     where = str(rec.get("file"))
     path = os.path.join(root, where)
@@ -516,7 +579,9 @@ def _account(report: VerifyReport, rec: Mapping[str, Any], h: int, per_token: in
     report.bytes += size
     if h:
         if report.hidden_size not in (None, h):
-            report.add("error", str(rec.get("file")), "hidden size %d differs from other files (%d)" % (h, report.hidden_size))
+            report.add(
+                "error", str(rec.get("file")), "hidden size %d differs from other files (%d)" % (h, report.hidden_size)
+            )
         report.hidden_size, report.bytes_per_token = h, per_token
     rank = report.ranks.setdefault(str(rec.get("rank")), {"files": 0, "tokens": 0, "bytes": 0, "partial": 0})
     rank["files"] += 1
@@ -527,13 +592,13 @@ def _account(report: VerifyReport, rec: Mapping[str, Any], h: int, per_token: in
 
 def rank_dirs(root: str) -> List[str]:
     """The `rank<R>` folders of a dump dir, in rank order."""
-    names = [n for n in os.listdir(root) if n.startswith("rank") and n[4:].isdigit()
-             and os.path.isdir(os.path.join(root, n))]
+    names = [
+        n for n in os.listdir(root) if n.startswith("rank") and n[4:].isdigit() and os.path.isdir(os.path.join(root, n))
+    ]
     return sorted(names, key=lambda n: int(n[4:]))
 
 
-def verify_rank_dir(root: str, name: str, hidden_size: Optional[int], check_sha: bool,
-                    report: VerifyReport) -> None:
+def verify_rank_dir(root: str, name: str, hidden_size: Optional[int], check_sha: bool, report: VerifyReport) -> None:
     """Verify every manifest record of one rank dir and flag unlisted files and temp leftovers."""
     folder = os.path.join(root, name)
     manifest = read_manifest(os.path.join(folder, MANIFEST_NAME))
@@ -547,7 +612,9 @@ def verify_rank_dir(root: str, name: str, hidden_size: Optional[int], check_sha:
         if entry.startswith(TMP_PREFIX):
             report.add("warning", "%s/%s" % (name, entry), "temp file left by an interrupted write")
         elif entry.endswith(SUFFIX) and entry not in listed:
-            report.add("warning", "%s/%s" % (name, entry), "complete file not in the manifest (crash before the append?)")
+            report.add(
+                "warning", "%s/%s" % (name, entry), "complete file not in the manifest (crash before the append?)"
+            )
 
 
 def verify_dir(root: str, hidden_size: Optional[int] = None, check_sha: bool = True) -> VerifyReport:
@@ -589,22 +656,39 @@ def compare_ranks(root: str) -> dict:
         for key, rec in read_manifest(os.path.join(root, name, MANIFEST_NAME)).latest_by_key().items():
             by_key.setdefault(key, {})[name] = os.path.join(root, str(rec.get("file")))
     shared = {k: v for k, v in by_key.items() if len(v) > 1}
-    differing = sorted(k for k, files in shared.items()
-                       if len({payload_sha256(p) for p in files.values()}) > 1)
-    return {"root": root, "keys": len(by_key), "compared": len(shared),
-            "identical": len(shared) - len(differing), "differing": differing,
-            "ok": bool(shared) and not differing}
+    differing = sorted(k for k, files in shared.items() if len({payload_sha256(p) for p in files.values()}) > 1)
+    return {
+        "root": root,
+        "keys": len(by_key),
+        "compared": len(shared),
+        "identical": len(shared) - len(differing),
+        "differing": differing,
+        "ok": bool(shared) and not differing,
+    }
 
 
 # --------------------------------------------------------------------------- command line
 
+
 def _print_report(report: VerifyReport) -> None:
     """Human summary of a verify run on stdout."""
-    print("%s: %s, %d files, %d tokens, %d bytes, H=%s, float bytes/token=%s" % (
-        report.root, "OK" if report.ok else "FAILED", report.files, report.tokens,
-        report.bytes, report.hidden_size, report.bytes_per_token))
+    print(
+        "%s: %s, %d files, %d tokens, %d bytes, H=%s, float bytes/token=%s"
+        % (
+            report.root,
+            "OK" if report.ok else "FAILED",
+            report.files,
+            report.tokens,
+            report.bytes,
+            report.hidden_size,
+            report.bytes_per_token,
+        )
+    )
     for rank, s in sorted(report.ranks.items()):
-        print("  rank %s: %d files (%d partial), %d tokens, %d bytes" % (rank, s["files"], s["partial"], s["tokens"], s["bytes"]))
+        print(
+            "  rank %s: %d files (%d partial), %d tokens, %d bytes"
+            % (rank, s["files"], s["partial"], s["tokens"], s["bytes"])
+        )
     for p in report.problems:
         print("  %s: %s: %s" % (p.level, p.where, p.message))
 
@@ -630,8 +714,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if report.ok else 1
     if args.cmd == "compare":
         result = compare_ranks(args.dir)
-        print(json.dumps(result, indent=1) if args.json else
-              "%(compared)d keys on several ranks, %(identical)d identical, differing: %(differing)s" % result)
+        print(
+            json.dumps(result, indent=1)
+            if args.json
+            else "%(compared)d keys on several ranks, %(identical)d identical, differing: %(differing)s" % result
+        )
         return 0 if result["ok"] else 1
     if args.cmd == "header":
         print(json.dumps(asdict(read_header(args.file)), indent=1))

@@ -7,6 +7,7 @@ hidden [C, H] | aux [C, 3H] (row t = the 3 aux rows of token t) | ids [C] | posi
 ids and positions in 8-byte slots holding the source dtype (int32 or int64);
 the writer converts them to int32 while writing.
 """
+
 from __future__ import annotations
 
 from array import array
@@ -43,14 +44,13 @@ def _bad(item_size: int):
     raise ValueError("ids/positions of %d bytes per value" % item_size)
 
 
-def span_views(mem: memoryview, layout: Layout, start: int, rows: int, id_size: int,
-               pos_size: int) -> List[object]:
+def span_views(mem: memoryview, layout: Layout, start: int, rows: int, id_size: int, pos_size: int) -> List[object]:
     """(ids int32, positions int32, hidden bytes, aux bytes) of one span, zero-copy for the floats."""
     out = []
     for index, item in ((REGION_IDS, id_size), (REGION_POS, pos_size)):
         begin, size = layout.region(index, start, rows, item)
-        out.append(int32_bytes(mem[begin:begin + size], item))
+        out.append(int32_bytes(mem[begin : begin + size], item))
     for index in (REGION_HIDDEN, REGION_AUX):
         begin, size = layout.region(index, start, rows)
-        out.append(mem[begin:begin + size])
+        out.append(mem[begin : begin + size])
     return out

@@ -21,6 +21,7 @@ driver's thread (a host function queued after the copies) or by the parent
 itself after CPU copies.  Jobs are taken in order; each slot has at most one
 job in flight, so each post pairs with exactly one job.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -61,6 +62,7 @@ def recv(sock: socket.socket) -> Tuple[Optional[tuple], list]:
 
 
 # --------------------------------------------------------------------------- parent side
+
 
 class WriterProcess:
     """The parent's handle: start the child, send it segments and jobs, collect results.
@@ -105,10 +107,23 @@ class WriterProcess:
     def meta(self, metadata: dict) -> None:
         self._send(("meta", {str(k): str(v) for k, v in metadata.items()}))
 
-    def job(self, slot: int, gen: int, rows: int, hidden: int, esize: int, id_size: int, pos_size: int,
-            st_dtype: str, spans) -> None:
-        self._send(("job", slot, gen, rows, hidden, esize, id_size, pos_size, st_dtype,
-                    [(s.start, s.tokens, s.prefix_len) for s in spans]))
+    def job(
+        self, slot: int, gen: int, rows: int, hidden: int, esize: int, id_size: int, pos_size: int, st_dtype: str, spans
+    ) -> None:
+        self._send(
+            (
+                "job",
+                slot,
+                gen,
+                rows,
+                hidden,
+                esize,
+                id_size,
+                pos_size,
+                st_dtype,
+                [(s.start, s.tokens, s.prefix_len) for s in spans],
+            )
+        )
 
     def _send(self, msg: tuple, fds=()) -> None:
         if self.dead:
@@ -177,18 +192,33 @@ def _spawn(child_sock: socket.socket):
         root = os.path.dirname(root)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.Popen([sys.executable, "-m", __name__, str(child_sock.fileno())],
-                            pass_fds=[child_sock.fileno()], env=env, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", __name__, str(child_sock.fileno())],
+        pass_fds=[child_sock.fileno()],
+        env=env,
+        close_fds=True,
+    )
 
 
 # --------------------------------------------------------------------------- child side
+
 
 class Job:
     """A batch to write: the spans of one slot, and how many are still pending."""
 
     def __init__(self, msg: tuple):
-        (_, self.slot, self.gen, self.rows, self.hidden, self.esize, self.id_size, self.pos_size,
-         self.st_dtype, spans) = msg
+        (
+            _,
+            self.slot,
+            self.gen,
+            self.rows,
+            self.hidden,
+            self.esize,
+            self.id_size,
+            self.pos_size,
+            self.st_dtype,
+            spans,
+        ) = msg
         self.spans = [tuple(s) for s in spans]
         self.remaining = len(self.spans)
         self.files = self.tokens = self.bytes = self.errors = 0
@@ -308,8 +338,9 @@ class Child:
         start, tokens, prefix = span
         ids, pos, hidden, aux = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
         c = self.config
-        return dumpfile.write_span(c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype,
-                              prefix, job.metadata, c["fsync"])
+        return dumpfile.write_span(
+            c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype, prefix, job.metadata, c["fsync"]
+        )
 
     def _span_done(self, job: Job) -> None:
         with job.lock:

@@ -4,6 +4,7 @@ Every lookup tolerates version differences (getattr with fallbacks, imports in
 try blocks): the dumper must never take the server down because a helper moved.
 Tests pass a `Runtime` built by hand instead of probing a real SGLang.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -45,6 +46,7 @@ class ServerArgsView:
 @dataclass
 class Runtime:
     """Facts about this SGLang process that the dumper decides on."""
+
     version: str = "unknown"
     rank: int = 0  # attention-TP rank (= TP rank without DP attention)
     tp_size: int = 1
@@ -73,31 +75,47 @@ def _first(candidates: List[Tuple[str, Callable[[], Any]]]) -> Tuple[Any, str]:
 
 def sglang_version() -> str:
     """sglang.__version__, sglang.version.__version__ or the installed distribution's version."""
-    value, _ = _first([
-        ("sglang", lambda: getattr(importlib.import_module("sglang"), "__version__", None)),
-        ("sglang.version", lambda: getattr(importlib.import_module("sglang.version"), "__version__", None)),
-        ("metadata", lambda: importlib.import_module("importlib.metadata").version("sglang")),
-    ])
+    value, _ = _first(
+        [
+            ("sglang", lambda: getattr(importlib.import_module("sglang"), "__version__", None)),
+            ("sglang.version", lambda: getattr(importlib.import_module("sglang.version"), "__version__", None)),
+            ("metadata", lambda: importlib.import_module("importlib.metadata").version("sglang")),
+        ]
+    )
     return str(value) if value else "unknown"
 
 
 def load_server_args() -> ServerArgsView:
     """get_global_server_args() (0.5.x) or the older global_server_args_dict."""
-    value, _ = _first([
-        ("server_args", lambda: _call("sglang.srt.server_args", "get_global_server_args")),
-        ("schedule_batch", lambda: getattr(importlib.import_module("sglang.srt.managers.schedule_batch"),
-                                           "global_server_args_dict", None)),
-    ])
+    value, _ = _first(
+        [
+            ("server_args", lambda: _call("sglang.srt.server_args", "get_global_server_args")),
+            (
+                "schedule_batch",
+                lambda: getattr(
+                    importlib.import_module("sglang.srt.managers.schedule_batch"), "global_server_args_dict", None
+                ),
+            ),
+        ]
+    )
     return ServerArgsView(value)
 
 
 def attention_tp_rank() -> Tuple[int, str]:
     """The attention-TP rank, falling back to the TP rank, the torch.distributed rank, 0."""
-    value, source = _first([
-        ("dp_attention.get_attention_tp_rank", lambda: _call("sglang.srt.layers.dp_attention", "get_attention_tp_rank")),
-        ("distributed.get_tensor_model_parallel_rank", lambda: _call("sglang.srt.distributed", "get_tensor_model_parallel_rank")),
-        ("torch.distributed", _torch_rank),
-    ])
+    value, source = _first(
+        [
+            (
+                "dp_attention.get_attention_tp_rank",
+                lambda: _call("sglang.srt.layers.dp_attention", "get_attention_tp_rank"),
+            ),
+            (
+                "distributed.get_tensor_model_parallel_rank",
+                lambda: _call("sglang.srt.distributed", "get_tensor_model_parallel_rank"),
+            ),
+            ("torch.distributed", _torch_rank),
+        ]
+    )
     return (int(value), source) if value is not None else (0, "default")
 
 
@@ -109,11 +127,13 @@ def _torch_rank() -> Optional[int]:
 
 def tensor_parallel_size(args: ServerArgsView) -> int:
     """TP world size from SGLang's parallel state, else server args, else 1."""
-    value, _ = _first([
-        ("dp_attention", lambda: _call("sglang.srt.layers.dp_attention", "get_attention_tp_size")),
-        ("distributed", lambda: _call("sglang.srt.distributed", "get_tensor_model_parallel_world_size")),
-        ("server_args", lambda: args.get("tp_size")),
-    ])
+    value, _ = _first(
+        [
+            ("dp_attention", lambda: _call("sglang.srt.layers.dp_attention", "get_attention_tp_size")),
+            ("distributed", lambda: _call("sglang.srt.distributed", "get_tensor_model_parallel_world_size")),
+            ("server_args", lambda: args.get("tp_size")),
+        ]
+    )
     return int(value) if value else 1
 
 
@@ -146,7 +166,11 @@ HAZARD_FLAGS = (
     ("enable_piecewise_cuda_graph", bool, "piecewise CUDA graph: the extend forward is compiled and replayed"),
     ("enable_attn_tp_input_scattered", bool, "attention-TP input scattering: each rank holds a slice of the tokens"),
     ("enable_nsa_prefill_context_parallel", bool, "NSA prefill context parallelism: tokens are split across ranks"),
-    ("dp_size", lambda v: (v or 1) > 1, "data-parallel replicas (--dp-size > 1) would share rank dirs; run one per dump dir"),
+    (
+        "dp_size",
+        lambda v: (v or 1) > 1,
+        "data-parallel replicas (--dp-size > 1) would share rank dirs; run one per dump dir",
+    ),
 )
 
 
@@ -161,6 +185,7 @@ def hazards(args: ServerArgsView) -> List[str]:
 
 
 # --------------------------------------------------------------------------- all-reduce fusion
+
 
 def handle_fusion(model: Any, runtime: Runtime, mode: str, layers: List[int]) -> str:
     """Make the captured residual stream complete under flashinfer all-reduce fusion.

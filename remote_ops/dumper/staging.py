@@ -13,6 +13,7 @@ function (writer process) or a blocking-sync event (writer threads: waiting
 sleeps instead of spinning a core).  CPU path (tests, CPU-only hosts): plain
 synchronous copies, no event.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -41,8 +42,17 @@ class HostBuffer:
     shared segment) so that the copies into it are true asynchronous DMA.
     """
 
-    def __init__(self, capacity: int, hidden_size: int, dtype: torch.dtype, pin: bool,
-                 shared: bool = False, slot: int = 0, gen: int = 0, driver=None):
+    def __init__(
+        self,
+        capacity: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        pin: bool,
+        shared: bool = False,
+        slot: int = 0,
+        gen: int = 0,
+        driver=None,
+    ):
         self.capacity, self.hidden_size, self.dtype = capacity, hidden_size, dtype
         self.slot, self.gen, self.driver = slot, gen, None
         self.esize = torch.empty((), dtype=dtype).element_size()
@@ -70,12 +80,16 @@ class HostBuffer:
                 driver.register(self.flat.data_ptr(), self.layout.nbytes)
                 self.driver = driver
             except Exception as exc:  # e.g. a locked-memory limit: still correct, copies become synchronous
-                log.error("[hs-dump] could not page-lock a %d-byte host buffer (%r): copies into it "
-                          "will block the forward thread", self.layout.nbytes, exc)
+                log.error(
+                    "[hs-dump] could not page-lock a %d-byte host buffer (%r): copies into it "
+                    "will block the forward thread",
+                    self.layout.nbytes,
+                    exc,
+                )
 
     def _region(self, index: int) -> torch.Tensor:
         start = self.layout.offsets[index]
-        return self.flat[start:start + self.layout.sizes[index]]
+        return self.flat[start : start + self.layout.sizes[index]]
 
     def id_view(self, index: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
         """The ids (REGION_IDS) or positions (REGION_POS) region as `rows` values of `dtype`."""
@@ -102,7 +116,9 @@ class BufferPool:
     (backpressure) or returns None (drop).
     """
 
-    def __init__(self, count: int, min_tokens: int, make_buffer: Callable[[int, int, int, int, torch.dtype], HostBuffer]):
+    def __init__(
+        self, count: int, min_tokens: int, make_buffer: Callable[[int, int, int, int, torch.dtype], HostBuffer]
+    ):
         self.count, self.min_tokens, self.make_buffer = count, min_tokens, make_buffer
         self.buffers: List[Optional[HostBuffer]] = [None] * count
         self.free: List[int] = list(range(count - 1, -1, -1))
@@ -112,8 +128,9 @@ class BufferPool:
         self.last_wait = 0.0
         self.closed = False
 
-    def acquire(self, rows: int, hidden_size: int, dtype: torch.dtype, block: bool,
-                timeout: float) -> Optional[HostBuffer]:
+    def acquire(
+        self, rows: int, hidden_size: int, dtype: torch.dtype, block: bool, timeout: float
+    ) -> Optional[HostBuffer]:
         """A buffer able to hold `rows` rows, or None (pool full and not blocking, timeout, closed).
 
         `last_wait` holds the seconds spent waiting for a free slot (not making its buffer).
@@ -198,6 +215,7 @@ class Staged:
     `ready` is a blocking-sync CUDA event (writer threads), or None: copies done
     (CPU) or signalled through the slot's semaphore (writer process).
     """
+
     buffer: HostBuffer
     rows: int
     ready: Optional[Any]  # a torch.cuda.Event (or stream) to synchronize on
@@ -218,8 +236,16 @@ class Stager:
         self.side_stream = None
         self.fence = None
 
-    def stage(self, buf: HostBuffer, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids: torch.Tensor,
-              positions: Optional[torch.Tensor], rows: int, sem_addr: Optional[int] = None) -> Staged:
+    def stage(
+        self,
+        buf: HostBuffer,
+        hidden: torch.Tensor,
+        aux: Sequence[torch.Tensor],
+        ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        rows: int,
+        sem_addr: Optional[int] = None,
+    ) -> Staged:
         """Queue (CUDA) or do (CPU) the copies; with `sem_addr`, post that semaphore once they landed."""
         if not hidden.is_cuda:
             id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
@@ -252,8 +278,9 @@ class Stager:
         """hidden: one (2D if strided) copy; aux k: a 2D copy into columns [kH, (k+1)H) of the aux rows."""
         drv, lay, e = self.driver, buf.layout, buf.esize
         width = buf.hidden_size * e
-        drv.d2h_2d(buf.base + lay.offsets[REGION_HIDDEN], width, hidden.data_ptr(), hidden.stride(0) * e,
-                   width, rows, stream)
+        drv.d2h_2d(
+            buf.base + lay.offsets[REGION_HIDDEN], width, hidden.data_ptr(), hidden.stride(0) * e, width, rows, stream
+        )
         aux_base, aux_pitch = buf.base + lay.offsets[REGION_AUX], 3 * width
         for k, a in enumerate(aux):
             drv.d2h_2d(aux_base + k * width, aux_pitch, a.data_ptr(), a.stride(0) * e, width, rows, stream)

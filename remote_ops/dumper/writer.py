@@ -7,6 +7,7 @@ through `format.write_span` (temp name, fsync, rename, manifest line after
 the rename) and gives the batch's buffer back to the pool when the batch's
 last span is written.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,6 +29,7 @@ STATS_EVERY_S = 1.0
 @dataclass
 class Span:
     """One request's rows in a batch: rows [start, start+tokens), after `prefix_len` cached tokens."""
+
     start: int
     tokens: int
     prefix_len: int
@@ -45,9 +47,23 @@ class DumpStats:
     def __init__(self, path: Optional[str], static: Mapping[str, object]):
         self.path, self.static = path, dict(static)
         self.lock = threading.Lock()
-        self.counts: Dict[str, float] = {k: 0 for k in (
-            "files", "spans", "tokens", "bytes", "dropped_spans", "dropped_tokens", "dropped_batches",
-            "errors", "batches", "backpressure_waits", "backpressure_wait_s", "backpressure_timeouts")}
+        self.counts: Dict[str, float] = {
+            k: 0
+            for k in (
+                "files",
+                "spans",
+                "tokens",
+                "bytes",
+                "dropped_spans",
+                "dropped_tokens",
+                "dropped_batches",
+                "errors",
+                "batches",
+                "backpressure_waits",
+                "backpressure_wait_s",
+                "backpressure_timeouts",
+            )
+        }
         self.skipped: Dict[str, int] = {}
         self.state, self.reason = "running", None
         self.queue_high_water = 0
@@ -66,8 +82,13 @@ class DumpStats:
         with self.lock:
             out = dict(self.static)
             out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.counts.items()})
-            out.update(skipped=dict(self.skipped), state=self.state, reason=self.reason,
-                       queue_high_water=self.queue_high_water, updated=round(time.time(), 3))
+            out.update(
+                skipped=dict(self.skipped),
+                state=self.state,
+                reason=self.reason,
+                queue_high_water=self.queue_high_water,
+                updated=round(time.time(), 3),
+            )
             return out
 
     def maybe_write(self, force: bool = False) -> None:
@@ -85,6 +106,7 @@ class DumpStats:
 @dataclass
 class BatchJob:
     """A staged batch and the spans still to write from it; the last span frees the buffer."""
+
     staged: Staged
     spans: List[Span]
     pool: BufferPool
@@ -108,8 +130,9 @@ class SpanWriters:
     def __init__(self, count: int, write_one: Callable[[BatchJob, Span], None], stats: DumpStats):
         self.tasks: "queue.Queue" = queue.Queue()
         self.write_one, self.stats = write_one, stats
-        self.threads = [threading.Thread(target=self._run, name="hs-dump-writer-%d" % i, daemon=True)
-                        for i in range(count)]
+        self.threads = [
+            threading.Thread(target=self._run, name="hs-dump-writer-%d" % i, daemon=True) for i in range(count)
+        ]
         for t in self.threads:
             t.start()
 
@@ -153,12 +176,21 @@ class SpanWriters:
             t.join(max(0.0, deadline - time.monotonic()))
 
 
-def write_span_file(root: str, rank: int, job: BatchJob, span: Span, hidden_size: int,
-                    dtype: str, metadata: Mapping[str, str], fsync: bool) -> dict:
+def write_span_file(
+    root: str,
+    rank: int,
+    job: BatchJob,
+    span: Span,
+    hidden_size: int,
+    dtype: str,
+    metadata: Mapping[str, str],
+    fsync: bool,
+) -> dict:
     """Write one span of a staged batch with the shared stdlib writer; returns the manifest record."""
     staged = job.staged
-    ids, pos, hidden, aux = span_views(staged.buffer.mem, staged.buffer.layout, span.start, span.tokens,
-                                       staged.id_size, staged.pos_size)
+    ids, pos, hidden, aux = span_views(
+        staged.buffer.mem, staged.buffer.layout, span.start, span.tokens, staged.id_size, staged.pos_size
+    )
     return dumpfile.write_span(root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync)
 
 

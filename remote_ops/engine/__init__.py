@@ -24,6 +24,7 @@ Usage::
         ctr = engine.container("sglang-eagle3")
         img = engine.image(ctr.image_ref) if ctr else None
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -59,14 +60,23 @@ class Engine(Protocol):
 
     def remove(self, name: str, *, force: bool = True, timeout: float | None = None) -> bool: ...
 
-    def logs(self, name: str, *, since: Since | None = None, until: Since | None = None,
-             tail: int | None = None, timeout: float | None = None) -> list[LogLine]: ...
+    def logs(
+        self,
+        name: str,
+        *,
+        since: Since | None = None,
+        until: Since | None = None,
+        tail: int | None = None,
+        timeout: float | None = None,
+    ) -> list[LogLine]: ...
 
-    def events(self, *, since: Since, until: Since, filters: dict[str, list[str]] | None = None,
-               timeout: float | None = None) -> list[EngineEvent]: ...
+    def events(
+        self, *, since: Since, until: Since, filters: dict[str, list[str]] | None = None, timeout: float | None = None
+    ) -> list[EngineEvent]: ...
 
-    def probe_sections(self, container: str, image: str | None = None, *,
-                       runtimes: bool = False) -> list[tuple[str, str]]: ...
+    def probe_sections(
+        self, container: str, image: str | None = None, *, runtimes: bool = False
+    ) -> list[tuple[str, str]]: ...
 
     def parse_probe(self, sections: dict[str, tuple[int, str]]) -> Snapshot: ...
 
@@ -84,5 +94,16 @@ def open_engine(remote: Any, *, kind: str = "docker", timeout: float | None = No
     return DockerEngine(remote, timeout=timeout)
 
 
-__all__ = ["Engine", "open_engine", "RunSpec", "PortBinding", "EngineVersion", "EngineInfo", "ImageInfo",
-           "ContainerInfo", "LogLine", "EngineEvent", "Snapshot"]
+__all__ = [
+    "Engine",
+    "open_engine",
+    "RunSpec",
+    "PortBinding",
+    "EngineVersion",
+    "EngineInfo",
+    "ImageInfo",
+    "ContainerInfo",
+    "LogLine",
+    "EngineEvent",
+    "Snapshot",
+]

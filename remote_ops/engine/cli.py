@@ -9,6 +9,7 @@
 - The lifecycle's `--dry-run` text: the `docker` command lines equivalent to
   the engine calls that would be made (what an operator would type).
 """
+
 from __future__ import annotations
 
 from .. import shell
@@ -36,8 +37,18 @@ def verify_patch_args(expected_sha256: str | None) -> list[str]:
 
 def verify_in_image_cmd(image: str, expected_sha256: str | None) -> list[str]:
     """Run the verifier with the image's python3 in a throwaway container (no network, no pull)."""
-    return ["docker", "run", "--rm", "--pull=never", "--network", "none", "--entrypoint", "python3",
-            image, *verify_patch_args(expected_sha256)[1:]]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network",
+        "none",
+        "--entrypoint",
+        "python3",
+        image,
+        *verify_patch_args(expected_sha256)[1:],
+    ]
 
 
 def verify_in_container_cmd(name: str, expected_sha256: str | None) -> list[str]:

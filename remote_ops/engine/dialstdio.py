@@ -22,6 +22,7 @@ The layers, bottom up:
   mounted on `http://` of a `docker.APIClient(base_url="tcp://localhost:2375")`
   (APIClient rejects unknown URL schemes; `localhost:2375` is never dialled).
 """
+
 from __future__ import annotations
 
 import threading
@@ -160,8 +161,9 @@ class DialStdioAdapter(requests.adapters.HTTPAdapter):
     def get_connection(self, url: Any, proxies: Any = None) -> DialStdioPool:
         return self._pool
 
-    def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
-                                        cert: Any = None) -> DialStdioPool:
+    def get_connection_with_tls_context(
+        self, request: Any, verify: Any, proxies: Any = None, cert: Any = None
+    ) -> DialStdioPool:
         return self._pool
 
     def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,7 @@ kept alive across requests.  What this module adds on top of the SDK:
 One engine per host connection.  Its calls are serialised by a lock: they
 share one channel, which carries one request at a time anyway.
 """
+
 from __future__ import annotations
 
 import threading
@@ -90,30 +91,47 @@ class DockerEngine:
         except docker.errors.NotFound as exc:
             raise NotFound(f"{_explain(exc)}", host=self.host, details={"request": what}) from None
         except docker.errors.APIError as exc:
-            raise CommandFailed(f"engine API refused {what}: {_explain(exc)}", host=self.host,
-                                command=f"engine API {what}", stderr_tail=_explain(exc),
-                                details={"status_code": exc.status_code}) from None
+            raise CommandFailed(
+                f"engine API refused {what}: {_explain(exc)}",
+                host=self.host,
+                command=f"engine API {what}",
+                stderr_tail=_explain(exc),
+                details={"status_code": exc.status_code},
+            ) from None
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._transport_error(what, timeout, exc) from None
-        except docker.errors.DockerException as exc:     # the SDK refused the request before sending it
-            raise CommandFailed(f"engine request {what} is invalid: {exc}", host=self.host,
-                                command=f"engine API {what}", stderr_tail=str(exc)) from None
+        except docker.errors.DockerException as exc:  # the SDK refused the request before sending it
+            raise CommandFailed(
+                f"engine request {what} is invalid: {exc}",
+                host=self.host,
+                command=f"engine API {what}",
+                stderr_tail=str(exc),
+            ) from None
 
     def _transport_error(self, what: str, timeout: float, exc: Exception) -> RemoteOpsError:
         """A request that got no HTTP answer: timeout, lost connection, or a dial that failed."""
         if _is_timeout(exc):
-            return CommandTimedOut(f"engine API {what} timed out after {timeout:g}s", host=self.host,
-                                   command=f"engine API {what}", timeout=timeout)
+            return CommandTimedOut(
+                f"engine API {what} timed out after {timeout:g}s",
+                host=self.host,
+                command=f"engine API {what}",
+                timeout=timeout,
+            )
         sock = self.adapter.last_socket
         if sock is not None and not sock.transport_alive():
-            return Unreachable(f"connection was lost during engine API {what}", host=self.host,
-                               details={"reason": "connection_lost"})
+            return Unreachable(
+                f"connection was lost during engine API {what}", host=self.host, details={"reason": "connection_lost"}
+            )
         status, err = self.adapter.dial_diagnostics()
-        return CommandFailed(f"engine API {what} failed: {' '.join(self.dial)} "
-                             f"{'exited ' + str(status) if status is not None else 'dropped the connection'}",
-                             host=self.host, command=" ".join(self.dial), exit_status=status,
-                             stderr_tail=err or tail(str(exc), 3),
-                             hint="is the docker daemon running on the host, and `docker` on its PATH?")
+        return CommandFailed(
+            f"engine API {what} failed: {' '.join(self.dial)} "
+            f"{'exited ' + str(status) if status is not None else 'dropped the connection'}",
+            host=self.host,
+            command=" ".join(self.dial),
+            exit_status=status,
+            stderr_tail=err or tail(str(exc), 3),
+            hint="is the docker daemon running on the host, and `docker` on its PATH?",
+        )
 
     # -- version / info -----------------------------------------------------------------------
     def version(self, *, timeout: float | None = None) -> EngineVersion:
@@ -129,31 +147,38 @@ class DockerEngine:
     def image(self, ref: str, *, timeout: float | None = None) -> ImageInfo | None:
         """The image `ref` (name:tag or id), or None when the host does not have it."""
         try:
-            return types.parse_image(self._call(f"GET /images/{ref}/json", lambda: self._api.inspect_image(ref),
-                                                timeout))
+            return types.parse_image(
+                self._call(f"GET /images/{ref}/json", lambda: self._api.inspect_image(ref), timeout)
+            )
         except NotFound:
             return None
 
     def container(self, name: str, *, timeout: float | None = None) -> ContainerInfo | None:
         """The container `name` (state, health, labels), or None when there is none."""
         try:
-            return types.parse_container(self._call(f"GET /containers/{name}/json",
-                                                    lambda: self._api.inspect_container(name), timeout))
+            return types.parse_container(
+                self._call(f"GET /containers/{name}/json", lambda: self._api.inspect_container(name), timeout)
+            )
         except NotFound:
             return None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def create(self, spec: RunSpec, *, timeout: float | None = None) -> str:
         """Create (not start) a container from `spec`; NotFound if its image is not on the host."""
+
         def post() -> str:
             body = create_request(spec, self._api._version)
             return self._api.create_container_from_config(body, name=spec.name)["Id"]
+
         try:
             return self._call(f"POST /containers/create?name={spec.name}", post, timeout)
         except NotFound as exc:
-            raise NotFound(f"image {spec.image} is not on the host: {exc.message}", host=self.host,
-                           hint="images are never pulled: build it (remote-ops deploy) or load it first",
-                           details={"image": spec.image}) from None
+            raise NotFound(
+                f"image {spec.image} is not on the host: {exc.message}",
+                host=self.host,
+                hint="images are never pulled: build it (remote-ops deploy) or load it first",
+                details={"image": spec.image},
+            ) from None
 
     def run(self, spec: RunSpec, *, timeout: float | None = None) -> ContainerInfo:
         """Create and start a container from `spec`; its state after the start."""
@@ -170,38 +195,61 @@ class DockerEngine:
 
     def stop(self, name: str, *, grace_s: int = 30, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL after `grace_s`; the deadline allows for the grace period."""
-        self._call(f"POST /containers/{name}/stop", lambda: self._api.stop(name, timeout=grace_s),
-                   (timeout or self.timeout) + grace_s)
+        self._call(
+            f"POST /containers/{name}/stop",
+            lambda: self._api.stop(name, timeout=grace_s),
+            (timeout or self.timeout) + grace_s,
+        )
 
     def restart(self, name: str, *, grace_s: int = 30, timeout: float | None = None) -> None:
-        self._call(f"POST /containers/{name}/restart", lambda: self._api.restart(name, timeout=grace_s),
-                   (timeout or self.timeout) + grace_s)
+        self._call(
+            f"POST /containers/{name}/restart",
+            lambda: self._api.restart(name, timeout=grace_s),
+            (timeout or self.timeout) + grace_s,
+        )
 
     def remove(self, name: str, *, force: bool = True, timeout: float | None = None) -> bool:
         """Remove the container (killed first when `force`); False when it did not exist."""
         try:
-            self._call(f"DELETE /containers/{name}", lambda: self._api.remove_container(name, force=force),
-                       timeout)
+            self._call(f"DELETE /containers/{name}", lambda: self._api.remove_container(name, force=force), timeout)
         except NotFound:
             return False
         return True
 
     # -- logs and events ----------------------------------------------------------------------
-    def logs(self, name: str, *, since: types.Since | None = None, until: types.Since | None = None,
-             tail: int | None = None, timeout: float | None = None) -> list[LogLine]:
+    def logs(
+        self,
+        name: str,
+        *,
+        since: types.Since | None = None,
+        until: types.Since | None = None,
+        tail: int | None = None,
+        timeout: float | None = None,
+    ) -> list[LogLine]:
         """stdout + stderr lines with the daemon's timestamps, from `since` (unix s or datetime)."""
-        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1,
-                                  "tail": "all" if tail is None else str(tail)}
+        params: dict[str, Any] = {
+            "stdout": 1,
+            "stderr": 1,
+            "timestamps": 1,
+            "tail": "all" if tail is None else str(tail),
+        }
         params.update({k: types.api_time(v) for k, v in (("since", since), ("until", until)) if v is not None})
 
         def get() -> bytes:
             res = self._api._get(self._api._url("/containers/{0}/logs", name), params=params)
             self._api._raise_for_status(res)
             return res.content
+
         return types.parse_logs(self._call(f"GET /containers/{name}/logs", get, timeout))
 
-    def events(self, *, since: types.Since, until: types.Since, filters: dict[str, list[str]] | None = None,
-               timeout: float | None = None) -> list[EngineEvent]:
+    def events(
+        self,
+        *,
+        since: types.Since,
+        until: types.Since,
+        filters: dict[str, list[str]] | None = None,
+        timeout: float | None = None,
+    ) -> list[EngineEvent]:
         """Events between `since` and `until` (the daemon's clock; see `info().system_time`).
 
         The daemon ends the stream at `until`; the deadline is the time left
@@ -210,18 +258,23 @@ class DockerEngine:
         import json
 
         wait = max(0.0, _unix(until) - time.time())
-        params = {"since": types.api_time(since), "until": types.api_time(until),
-                  "filters": json.dumps(filters) if filters else None}
+        params = {
+            "since": types.api_time(since),
+            "until": types.api_time(until),
+            "filters": json.dumps(filters) if filters else None,
+        }
 
         def get() -> bytes:
             res = self._api._get(self._api._url("/events"), params=params)
             self._api._raise_for_status(res)
             return res.content
+
         return types.parse_events(self._call("GET /events", get, (timeout or self.timeout) + wait))
 
     # -- probes -------------------------------------------------------------------------------
-    def probe_sections(self, container: str, image: str | None = None, *,
-                       runtimes: bool = False) -> list[tuple[str, str]]:
+    def probe_sections(
+        self, container: str, image: str | None = None, *, runtimes: bool = False
+    ) -> list[tuple[str, str]]:
         """The same questions as shell sections, for a caller's one-round-trip probe (pure)."""
         return probe.probe_sections(container, image, cli="docker", runtimes=runtimes)
 
@@ -229,8 +282,9 @@ class DockerEngine:
         """Read those sections back into the records the API gives (pure)."""
         return probe.parse_probe(sections, self.kind)
 
-    def objects(self, container: str, image: str, *, timeout: float | None = None
-                ) -> tuple[ContainerInfo | None, ImageInfo | None]:
+    def objects(
+        self, container: str, image: str, *, timeout: float | None = None
+    ) -> tuple[ContainerInfo | None, ImageInfo | None]:
         """Container + image in two requests on the kept-alive channel (the deploy probe's objects)."""
         return self.container(container, timeout=timeout), self.image(image, timeout=timeout)
 

@@ -4,6 +4,7 @@ The Dockerfile's labels (`deploy.context.dockerfile_variables`), the plan's
 checks (`deploy.plan`), `health` and the run spec (`engine.spec.for_host`)
 all use these names.
 """
+
 from __future__ import annotations
 
 LABEL_PREFIX = "org.remote-ops."
@@ -16,9 +17,9 @@ SHA_AFTER = LABEL_PREFIX + "source.sha256.after"
 TOOL_VERSION = LABEL_PREFIX + "version"
 SGLANG_VERSION = LABEL_PREFIX + "sglang.version"
 BASE_IMAGE = LABEL_PREFIX + "base-image"
-CONTEXT_HASH = LABEL_PREFIX + "context-hash"     # hash of every build input
+CONTEXT_HASH = LABEL_PREFIX + "context-hash"  # hash of every build input
 
 # container labels (set at create time)
 MANAGED = LABEL_PREFIX + "managed"
 HOST = LABEL_PREFIX + "host"
-RUN_CONFIG = LABEL_PREFIX + "run-config"         # hash of the run spec: a changed setting means a restart
+RUN_CONFIG = LABEL_PREFIX + "run-config"  # hash of the run spec: a changed setting means a restart

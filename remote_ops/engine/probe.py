@@ -8,6 +8,7 @@ sections (built with `remote_ops.shell`), `parse_probe` reads their output
 into the same typed records the API gives.  Either way the docker commands,
 the labels and the parsing live behind the engine seam.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,8 @@ class Snapshot:
     error: str | None
     container: ContainerInfo | None
     image: ImageInfo | None
-    client_version: str | None = None     # the host's docker CLI (decides BuildKit for builds)
-    runtimes: tuple[str, ...] = ()        # only when asked for (facts)
+    client_version: str | None = None  # the host's docker CLI (decides BuildKit for builds)
+    runtimes: tuple[str, ...] = ()  # only when asked for (facts)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,10 @@ def objects_command(container: str, image: str | None = None, cli: str = "docker
     if image:
         return shell.join([cli, "inspect", container, image])
     name = shell.quote(container)
-    return (f"{cli} inspect --type container {name} && {cli} image inspect "
-            f"\"$({cli} inspect --type container -f '{{{{.Config.Image}}}}' {name})\"")
+    return (
+        f"{cli} inspect --type container {name} && {cli} image inspect "
+        f"\"$({cli} inspect --type container -f '{{{{.Config.Image}}}}' {name})\""
+    )
 
 
 def inspect_argv(kind: str, ref: str, cli: str = "docker") -> list[str]:
@@ -72,8 +75,13 @@ def exec_command(container: str, argv: list[str], cli: str = "docker") -> str:
     return shell.join([cli, "exec", container, *argv])
 
 
-def probe_sections(container: str | None, image: str | None = None, cli: str = "docker",
-                   runtimes: bool = False, names: SectionNames = ENGINE_SECTIONS) -> list[tuple[str, str]]:
+def probe_sections(
+    container: str | None,
+    image: str | None = None,
+    cli: str = "docker",
+    runtimes: bool = False,
+    names: SectionNames = ENGINE_SECTIONS,
+) -> list[tuple[str, str]]:
     """Shell sections: engine version, then container + image in one inspect (pure).
 
     With `container` None, no objects (facts).  With `runtimes`, also the
@@ -88,8 +96,9 @@ def probe_sections(container: str | None, image: str | None = None, cli: str = "
     return out
 
 
-def parse_probe(sections: dict[str, tuple[int, str]], engine: str = "docker",
-                names: SectionNames = ENGINE_SECTIONS) -> Snapshot:
+def parse_probe(
+    sections: dict[str, tuple[int, str]], engine: str = "docker", names: SectionNames = ENGINE_SECTIONS
+) -> Snapshot:
     """`shell.split_sections` output of `probe_sections` -> Snapshot (pure)."""
     status, text = sections.get(names.version or "", (1, ""))
     doc = _first_json_line(text)
@@ -101,8 +110,14 @@ def parse_probe(sections: dict[str, tuple[int, str]], engine: str = "docker",
     img = next((i for i in items if "State" not in i), None)
     rt_status, rt_text = sections.get(names.runtimes or "", (1, ""))
     runtimes = _first_json_line(rt_text) if rt_status == 0 else {}
-    return Snapshot(version, error, parse_container(ctr) if ctr else None, parse_image(img) if img else None,
-                    (doc.get("Client") or {}).get("Version"), tuple(sorted(runtimes)))
+    return Snapshot(
+        version,
+        error,
+        parse_container(ctr) if ctr else None,
+        parse_image(img) if img else None,
+        (doc.get("Client") or {}).get("Version"),
+        tuple(sorted(runtimes)),
+    )
 
 
 def parse_version_line(text: str) -> dict[str, Any]:

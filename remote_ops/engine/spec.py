@@ -17,6 +17,7 @@ Never a pull: creating from the low-level API only ever uses an image that is
 already on the host (a missing one is a 404, i.e. NotFound); the SDK's
 high-level `containers.run` would pull it, so it is never used.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,15 +51,15 @@ class RunSpec:
     entrypoint: tuple[str, ...] | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    init: bool = True                        # --init: tini reaps SGLang's worker processes
-    restart: str = "no"                      # no | always | unless-stopped | on-failure[:N]
-    gpus: str | tuple[int, ...] = "none"     # "all" | "none" | device indices
-    shm_size: str | None = None              # "16g"
-    ipc: str | None = None                   # "host" | "private" | ...
+    init: bool = True  # --init: tini reaps SGLang's worker processes
+    restart: str = "no"  # no | always | unless-stopped | on-failure[:N]
+    gpus: str | tuple[int, ...] = "none"  # "all" | "none" | device indices
+    shm_size: str | None = None  # "16g"
+    ipc: str | None = None  # "host" | "private" | ...
     ports: tuple[PortBinding, ...] = ()
-    volumes: tuple[str, ...] = ()            # "SRC:DST[:MODE]", bind mounts
+    volumes: tuple[str, ...] = ()  # "SRC:DST[:MODE]", bind mounts
     runtime: str | None = None
-    network: str | None = None               # "none" for throwaway containers
+    network: str | None = None  # "none" for throwaway containers
     auto_remove: bool = False
 
     def config_hash(self) -> str:
@@ -93,13 +94,20 @@ def host_config(spec: RunSpec, api_version: str) -> dict[str, Any]:
     from docker.types import HostConfig
 
     hc = HostConfig(
-        api_version, binds=list(spec.volumes) or None,
+        api_version,
+        binds=list(spec.volumes) or None,
         port_bindings={f"{p.container_port}/{p.proto}": (p.host_ip, p.host_port) for p in spec.ports} or None,
-        restart_policy=restart_policy(spec.restart), init=spec.init or None,
-        shm_size=spec.shm_size, ipc_mode=spec.ipc, runtime=spec.runtime, network_mode=spec.network,
-        device_requests=device_requests(spec.gpus) or None, auto_remove=spec.auto_remove or None)
+        restart_policy=restart_policy(spec.restart),
+        init=spec.init or None,
+        shm_size=spec.shm_size,
+        ipc_mode=spec.ipc,
+        runtime=spec.runtime,
+        network_mode=spec.network,
+        device_requests=device_requests(spec.gpus) or None,
+        auto_remove=spec.auto_remove or None,
+    )
     for request in hc.get("DeviceRequests") or []:
-        request["DeviceIDs"] = request["DeviceIDs"] or None     # as the CLI sends `--gpus all`
+        request["DeviceIDs"] = request["DeviceIDs"] or None  # as the CLI sends `--gpus all`
     return hc
 
 
@@ -108,18 +116,33 @@ def create_request(spec: RunSpec, api_version: str) -> dict[str, Any]:
     from docker.types import ContainerConfig
 
     return ContainerConfig(
-        api_version, spec.image, list(spec.command) or None, detach=True,
+        api_version,
+        spec.image,
+        list(spec.command) or None,
+        detach=True,
         ports=[(p.container_port, p.proto) for p in spec.ports] or None,
         environment=[f"{k}={v}" for k, v in sorted(spec.env.items())] or None,
         entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
-        labels=dict(spec.labels) or None, host_config=host_config(spec, api_version))
+        labels=dict(spec.labels) or None,
+        host_config=host_config(spec, api_version),
+    )
 
 
 def cli_argv(spec: RunSpec) -> list[str]:
     """`spec` as the `docker run` command line (pure; never pulls).  Flag order is fixed:
     the run-config hash of inventory hosts is taken over this form."""
-    argv = ["docker", "run", "-d", "--pull=never", *(["--init"] if spec.init else []), "--name", spec.name,
-            "--restart", spec.restart, *gpu_flags(spec.gpus)]
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--pull=never",
+        *(["--init"] if spec.init else []),
+        "--name",
+        spec.name,
+        "--restart",
+        spec.restart,
+        *gpu_flags(spec.gpus),
+    ]
     argv += ["--shm-size", spec.shm_size] if spec.shm_size else []
     argv += ["--ipc", spec.ipc] if spec.ipc else []
     for p in spec.ports:
@@ -152,7 +175,7 @@ def inventory_run_config(spec: RunSpec, launcher_len: int) -> str:
     is running on a host keeps its label's value (tests/test_container.py pins it).
     """
     argv = cli_argv(replace(spec, labels={k: v for k, v in spec.labels.items() if k != RUN_CONFIG}))
-    flags = argv[:len(argv) - 1 - len(spec.command)]
+    flags = argv[: len(argv) - 1 - len(spec.command)]
     doc = json.dumps([flags, spec.image, list(spec.command[:launcher_len]), list(spec.command[launcher_len:])])
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
@@ -160,8 +183,12 @@ def inventory_run_config(spec: RunSpec, launcher_len: int) -> str:
 def dump_env(host: "HostSpec") -> dict[str, str]:
     """The dumper's SGLANG_HS_DUMP_* settings from the inventory (dump contract)."""
     d = host.dump
-    env = {"SGLANG_HS_DUMP_DIR": d.dir, "SGLANG_HS_DUMP_POLICY": d.policy,
-           "SGLANG_HS_DUMP_BUFFERS": str(d.pinned_buffers), "SGLANG_HS_DUMP_WRITERS": str(d.writer_threads)}
+    env = {
+        "SGLANG_HS_DUMP_DIR": d.dir,
+        "SGLANG_HS_DUMP_POLICY": d.policy,
+        "SGLANG_HS_DUMP_BUFFERS": str(d.pinned_buffers),
+        "SGLANG_HS_DUMP_WRITERS": str(d.writer_threads),
+    }
     if d.layers:
         env["SGLANG_HS_DUMP_LAYERS"] = ",".join(str(i) for i in d.layers)
     if d.all_ranks:
@@ -172,9 +199,20 @@ def dump_env(host: "HostSpec") -> dict[str, str]:
 def server_args(host: "HostSpec") -> list[str]:
     """SGLang launch arguments from the inventory (extraction: radix cache off, big chunks)."""
     s, m = host.server, host.model
-    args = ["--model-path", m.path, "--served-model-name", m.served_name, "--tp", str(s.tp),
-            "--chunked-prefill-size", str(s.chunked_prefill_size), "--port", str(s.port),
-            "--host", "0.0.0.0"]
+    args = [
+        "--model-path",
+        m.path,
+        "--served-model-name",
+        m.served_name,
+        "--tp",
+        str(s.tp),
+        "--chunked-prefill-size",
+        str(s.chunked_prefill_size),
+        "--port",
+        str(s.port),
+        "--host",
+        "0.0.0.0",
+    ]
     args += ["--disable-radix-cache"] if s.disable_radix_cache else []
     args += ["--trust-remote-code"] if m.trust_remote_code else []
     args += ["--mem-fraction-static", str(s.mem_fraction_static)] if s.mem_fraction_static else []
@@ -186,12 +224,26 @@ def for_host(host: "HostSpec", image: str) -> RunSpec:
     from .labels import HOST, MANAGED
 
     c, port = host.container, host.server.port
-    volumes = (f"{host.model.path}:{host.model.path}:ro", f"{host.dump.dir}:{host.dump.dir}",
-               f"{host.logs.dir}:{host.logs.dir}", *c.volumes)
-    spec = RunSpec(name=c.name, image=image, command=(*host.server.launcher, *server_args(host)),
-                   env={**dump_env(host), "SGLANG_PORT": str(port), **c.env},
-                   labels={MANAGED: "1", HOST: host.name}, init=True, restart=c.restart,
-                   gpus=c.gpus if isinstance(c.gpus, str) else tuple(c.gpus), shm_size=c.shm_size, ipc=c.ipc,
-                   ports=(PortBinding(c.bind_address, port, port),), volumes=volumes, runtime=c.runtime)
+    volumes = (
+        f"{host.model.path}:{host.model.path}:ro",
+        f"{host.dump.dir}:{host.dump.dir}",
+        f"{host.logs.dir}:{host.logs.dir}",
+        *c.volumes,
+    )
+    spec = RunSpec(
+        name=c.name,
+        image=image,
+        command=(*host.server.launcher, *server_args(host)),
+        env={**dump_env(host), "SGLANG_PORT": str(port), **c.env},
+        labels={MANAGED: "1", HOST: host.name},
+        init=True,
+        restart=c.restart,
+        gpus=c.gpus if isinstance(c.gpus, str) else tuple(c.gpus),
+        shm_size=c.shm_size,
+        ipc=c.ipc,
+        ports=(PortBinding(c.bind_address, port, port),),
+        volumes=volumes,
+        runtime=c.runtime,
+    )
     run_config = inventory_run_config(spec, len(host.server.launcher))
     return replace(spec, labels={**spec.labels, RUN_CONFIG: run_config})

@@ -5,6 +5,7 @@ parsers here read API responses and captured CLI output alike.  Field names
 match `remote_ops.container.ImageInfo` / `ContainerInfo` so callers can switch
 to these without change.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,14 +24,14 @@ Since = float | datetime
 class EngineVersion:
     """The daemon's `/version`: what runs on the host (the CLI client is not involved)."""
 
-    engine: str                 # "docker" | "podman"
-    server: str                 # e.g. "20.10.24+dfsg1"
-    api: str                    # the daemon's API version, e.g. "1.41"
+    engine: str  # "docker" | "podman"
+    server: str  # e.g. "20.10.24+dfsg1"
+    api: str  # the daemon's API version, e.g. "1.41"
     min_api: str = ""
     os: str = ""
     arch: str = ""
     kernel: str = ""
-    negotiated_api: str = ""    # the API version this client speaks to it
+    negotiated_api: str = ""  # the API version this client speaks to it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +43,7 @@ class EngineInfo:
 
     runtimes: tuple[str, ...]
     default_runtime: str
-    system_time: float          # the daemon's clock, unix seconds
+    system_time: float  # the daemon's clock, unix seconds
     containers: int = 0
     images: int = 0
     storage_driver: str = ""
@@ -73,8 +74,8 @@ class ContainerInfo:
     name: str
     image_id: str
     image_ref: str
-    status: str                 # created | running | restarting | exited | paused | dead
-    health: str | None          # starting | healthy | unhealthy | None (no healthcheck)
+    status: str  # created | running | restarting | exited | paused | dead
+    health: str | None  # starting | healthy | unhealthy | None (no healthcheck)
     restart_count: int = 0
     oom_killed: bool = False
     exit_code: int | None = None
@@ -98,8 +99,8 @@ class ContainerInfo:
 class LogLine:
     """One line of a container's log: which stream, the daemon's timestamp, the text."""
 
-    stream: str                 # stdout | stderr
-    time: str                   # RFC 3339 with nanoseconds, as the daemon wrote it
+    stream: str  # stdout | stderr
+    time: str  # RFC 3339 with nanoseconds, as the daemon wrote it
     text: str
 
     @property
@@ -111,10 +112,10 @@ class LogLine:
 class EngineEvent:
     """One `/events` record (container start/die/health_status, image pull/tag, ...)."""
 
-    type: str                   # container | image | network | volume | ...
-    action: str                 # start | die | health_status: healthy | pull | ...
+    type: str  # container | image | network | volume | ...
+    action: str  # start | die | health_status: healthy | pull | ...
     id: str
-    time: float                 # unix seconds (from timeNano)
+    time: float  # unix seconds (from timeNano)
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -123,27 +124,40 @@ def parse_version(doc: dict[str, Any], engine: str = "docker", negotiated: str =
     """`/version` JSON -> EngineVersion; podman's compat API names itself in Components."""
     names = " ".join(str(c.get("Name", "")) for c in doc.get("Components") or [])
     kind = "podman" if "podman" in names.lower() else engine
-    return EngineVersion(engine=kind, server=str(doc.get("Version", "")), api=str(doc.get("ApiVersion", "")),
-                         min_api=str(doc.get("MinAPIVersion", "")), os=str(doc.get("Os", "")),
-                         arch=str(doc.get("Arch", "")), kernel=str(doc.get("KernelVersion", "")),
-                         negotiated_api=negotiated)
+    return EngineVersion(
+        engine=kind,
+        server=str(doc.get("Version", "")),
+        api=str(doc.get("ApiVersion", "")),
+        min_api=str(doc.get("MinAPIVersion", "")),
+        os=str(doc.get("Os", "")),
+        arch=str(doc.get("Arch", "")),
+        kernel=str(doc.get("KernelVersion", "")),
+        negotiated_api=negotiated,
+    )
 
 
 def parse_info(doc: dict[str, Any]) -> EngineInfo:
     """`/info` JSON -> EngineInfo."""
-    return EngineInfo(runtimes=tuple(sorted(doc.get("Runtimes") or {})),
-                      default_runtime=str(doc.get("DefaultRuntime", "")),
-                      system_time=unix_time(str(doc.get("SystemTime", ""))),
-                      containers=int(doc.get("Containers") or 0), images=int(doc.get("Images") or 0),
-                      storage_driver=str(doc.get("Driver", "")))
+    return EngineInfo(
+        runtimes=tuple(sorted(doc.get("Runtimes") or {})),
+        default_runtime=str(doc.get("DefaultRuntime", "")),
+        system_time=unix_time(str(doc.get("SystemTime", ""))),
+        containers=int(doc.get("Containers") or 0),
+        images=int(doc.get("Images") or 0),
+        storage_driver=str(doc.get("Driver", "")),
+    )
 
 
 def parse_image(d: dict[str, Any]) -> ImageInfo:
     """One image inspect document -> ImageInfo."""
     config = d.get("Config") or {}
-    return ImageInfo(id=d.get("Id", ""), tags=tuple(d.get("RepoTags") or ()),
-                     labels=dict(config.get("Labels") or {}), created=d.get("Created", ""),
-                     size=d.get("Size"))
+    return ImageInfo(
+        id=d.get("Id", ""),
+        tags=tuple(d.get("RepoTags") or ()),
+        labels=dict(config.get("Labels") or {}),
+        created=d.get("Created", ""),
+        size=d.get("Size"),
+    )
 
 
 def parse_container(d: dict[str, Any]) -> ContainerInfo:
@@ -151,23 +165,36 @@ def parse_container(d: dict[str, Any]) -> ContainerInfo:
     state, config = d.get("State") or {}, d.get("Config") or {}
     health = state.get("Health") or {}
     log = health.get("Log") or []
-    return ContainerInfo(id=d.get("Id", ""), name=(d.get("Name") or "").lstrip("/"),
-                         image_id=d.get("Image", ""), image_ref=config.get("Image", ""),
-                         status=state.get("Status", "unknown"), health=health.get("Status"),
-                         restart_count=int(d.get("RestartCount") or 0),
-                         oom_killed=bool(state.get("OOMKilled")), exit_code=state.get("ExitCode"),
-                         started_at=state.get("StartedAt", ""), labels=dict(config.get("Labels") or {}),
-                         finished_at=state.get("FinishedAt", ""), error=state.get("Error", ""),
-                         health_failing_streak=int(health.get("FailingStreak") or 0),
-                         health_last_output=(log[-1].get("Output", "") if log else "").strip(),
-                         init=bool((d.get("HostConfig") or {}).get("Init")))
+    return ContainerInfo(
+        id=d.get("Id", ""),
+        name=(d.get("Name") or "").lstrip("/"),
+        image_id=d.get("Image", ""),
+        image_ref=config.get("Image", ""),
+        status=state.get("Status", "unknown"),
+        health=health.get("Status"),
+        restart_count=int(d.get("RestartCount") or 0),
+        oom_killed=bool(state.get("OOMKilled")),
+        exit_code=state.get("ExitCode"),
+        started_at=state.get("StartedAt", ""),
+        labels=dict(config.get("Labels") or {}),
+        finished_at=state.get("FinishedAt", ""),
+        error=state.get("Error", ""),
+        health_failing_streak=int(health.get("FailingStreak") or 0),
+        health_last_output=(log[-1].get("Output", "") if log else "").strip(),
+        init=bool((d.get("HostConfig") or {}).get("Init")),
+    )
 
 
 def parse_event(d: dict[str, Any]) -> EngineEvent:
     actor = d.get("Actor") or {}
     nanos = d.get("timeNano") or int(d.get("time") or 0) * 1_000_000_000
-    return EngineEvent(type=d.get("Type", ""), action=d.get("Action", ""), id=actor.get("ID", d.get("id", "")),
-                       time=nanos / 1e9, attributes=dict(actor.get("Attributes") or {}))
+    return EngineEvent(
+        type=d.get("Type", ""),
+        action=d.get("Action", ""),
+        id=actor.get("ID", d.get("id", "")),
+        time=nanos / 1e9,
+        attributes=dict(actor.get("Attributes") or {}),
+    )
 
 
 def parse_events(body: bytes) -> list[EngineEvent]:
@@ -197,7 +224,7 @@ def demux(body: bytes) -> list[tuple[str, bytes]]:
     frames, i = [], 0
     while i + 8 <= len(body):
         kind, size = struct.unpack_from(">BxxxL", body, i)
-        frames.append((STREAMS.get(kind, "stdout"), body[i + 8:i + 8 + size]))
+        frames.append((STREAMS.get(kind, "stdout"), body[i + 8 : i + 8 + size]))
         i += 8 + size
     return frames
 

@@ -12,6 +12,7 @@ Main entry points:
 - `SshdHost`, `Dockerd`: the single daemons, if a caller needs just one.
 - `lab_unavailable()`: None, or why a lab cannot run here (for skips).
 """
+
 from ._proc import LabError
 from .dockerd import Dockerd
 from .faults import Faults, crash, drop, freeze, hang_command, iptables_available, refuse, thaw, unblock
@@ -19,7 +20,29 @@ from .images import BASE_PYTHON_TAG, BUSYBOX_TAG, base_python_image, base_python
 from .lab import LAB_TIMEOUTS, HostLab, HostPaths, LabHost, RecordedLab, lab_unavailable
 from .sshd import SshdHost
 
-__all__ = ["LabError", "Dockerd", "Faults", "crash", "drop", "freeze", "hang_command", "iptables_available",
-           "refuse", "thaw", "unblock", "BASE_PYTHON_TAG", "BUSYBOX_TAG", "base_python_image",
-           "base_python_tarball", "busybox_image", "import_tar", "LAB_TIMEOUTS", "HostLab", "HostPaths",
-           "LabHost", "RecordedLab", "lab_unavailable", "SshdHost"]
+__all__ = [
+    "LabError",
+    "Dockerd",
+    "Faults",
+    "crash",
+    "drop",
+    "freeze",
+    "hang_command",
+    "iptables_available",
+    "refuse",
+    "thaw",
+    "unblock",
+    "BASE_PYTHON_TAG",
+    "BUSYBOX_TAG",
+    "base_python_image",
+    "base_python_tarball",
+    "busybox_image",
+    "import_tar",
+    "LAB_TIMEOUTS",
+    "HostLab",
+    "HostPaths",
+    "LabHost",
+    "RecordedLab",
+    "lab_unavailable",
+    "SshdHost",
+]

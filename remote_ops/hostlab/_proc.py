@@ -5,6 +5,7 @@ recorded, and it is stopped by PID together with its descendants (found by
 walking /proc by PPID).  Every wait has a deadline.  Nothing here matches
 processes by name.
 """
+
 from __future__ import annotations
 
 import errno
@@ -25,8 +26,9 @@ class LabError(RemoteOpsError):
     kind = "lab"
 
 
-def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None,
-          cwd: Path | None = None, subreaper: bool = False) -> subprocess.Popen:
+def spawn(
+    argv: list[str], log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None, subreaper: bool = False
+) -> subprocess.Popen:
     """Start a daemon in its own session, output appended to `log`, stdin closed.
 
     `subreaper=True` makes the daemon a child subreaper (kept across exec), so
@@ -36,9 +38,17 @@ def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None,
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True, close_fds=True,
-                                preexec_fn=_become_subreaper if subreaper else None)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=_become_subreaper if subreaper else None,
+        )
 
 
 def _become_subreaper() -> None:
@@ -48,12 +58,24 @@ def _become_subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 
 
-def run(argv: list[str], *, timeout: float = 60.0, check: bool = True, input: bytes | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str],
+    *,
+    timeout: float = 60.0,
+    check: bool = True,
+    input: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run a short helper command with a deadline; raise LabError on failure."""
     try:
-        proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=env,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         raise LabError(f"{argv[0]} timed out after {timeout:g}s: {' '.join(argv)}") from None
     except FileNotFoundError:
@@ -64,8 +86,13 @@ def run(argv: list[str], *, timeout: float = 60.0, check: bool = True, input: by
     return proc
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02,
-             alive: Callable[[], bool] | None = None) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    alive: Callable[[], bool] | None = None,
+) -> None:
     """Poll `predicate` until true; raise LabError at the deadline or if `alive()` turns false."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,8 +182,9 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
                 raise
 
 
-def kill_tree(pid: int, *, term_timeout: float = 0.0, timeout: float = 10.0,
-              proc: subprocess.Popen | None = None) -> None:
+def kill_tree(
+    pid: int, *, term_timeout: float = 0.0, timeout: float = 10.0, proc: subprocess.Popen | None = None
+) -> None:
     """Stop `pid` and every descendant.
 
     The tree is frozen first (SIGSTOP until no new process appears) so no child

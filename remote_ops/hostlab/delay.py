@@ -16,6 +16,7 @@ loopback only.
     ...
     proxy.stop()
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,10 @@ async def _pipe(client_r, client_w, target: tuple[str, int], one_way_s: float, r
         client_w.close()
         return
     up, down = _Direction(one_way_s, rate_bps), _Direction(one_way_s, rate_bps)
-    tasks = [asyncio.ensure_future(c) for c in (up.read(client_r), up.write(server_w),
-                                                down.read(server_r), down.write(client_w))]
+    tasks = [
+        asyncio.ensure_future(c)
+        for c in (up.read(client_r), up.write(server_w), down.read(server_r), down.write(client_w))
+    ]
     try:
         await asyncio.gather(*tasks)
     except (ConnectionError, OSError):
@@ -111,8 +114,11 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], rtt_ms: float,
     one_way = rtt_ms / 2000.0
     rate = rate_mbit * 1e6 if rate_mbit else None
     server = await asyncio.start_server(lambda r, w: _pipe(r, w, target, one_way, rate), *listen)
-    print(f"delay proxy {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} rtt {rtt_ms:g} ms"
-          f"{f', {rate_mbit:g} Mbit/s' if rate_mbit else ''}", flush=True)
+    print(
+        f"delay proxy {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} rtt {rtt_ms:g} ms"
+        f"{f', {rate_mbit:g} Mbit/s' if rate_mbit else ''}",
+        flush=True,
+    )
     async with server:
         await server.serve_forever()
 
@@ -156,19 +162,33 @@ class DelayProxy:
         return self.proc.pid if self.proc else None
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "remote_ops.hostlab.delay",
-                "--listen", f"{self.listen_address}:{self.listen_port}",
-                "--target", f"{self.target_address}:{self.target_port}", "--rtt-ms", str(self.rtt_ms),
-                "--tag", str(self.dir)]
+        argv = [
+            sys.executable,
+            "-m",
+            "remote_ops.hostlab.delay",
+            "--listen",
+            f"{self.listen_address}:{self.listen_port}",
+            "--target",
+            f"{self.target_address}:{self.target_port}",
+            "--rtt-ms",
+            str(self.rtt_ms),
+            "--tag",
+            str(self.dir),
+        ]
         return argv + (["--rate-mbit", str(self.rate_mbit)] if self.rate_mbit else [])
 
     def start(self, timeout: float = 10.0) -> "DelayProxy":
         from ._proc import port_open, spawn, wait_for
 
         repo = Path(__file__).resolve().parents[2]
-        proc = self.proc = spawn(self.argv(), self.dir / f"delay-{self.listen_address}-{self.listen_port}.log", cwd=repo)
-        wait_for(lambda: port_open(self.listen_address, self.listen_port) or proc.poll() is not None,
-                 timeout, f"delay proxy on {self.listen_address}:{self.listen_port}")
+        proc = self.proc = spawn(
+            self.argv(), self.dir / f"delay-{self.listen_address}-{self.listen_port}.log", cwd=repo
+        )
+        wait_for(
+            lambda: port_open(self.listen_address, self.listen_port) or proc.poll() is not None,
+            timeout,
+            f"delay proxy on {self.listen_address}:{self.listen_port}",
+        )
         if proc.poll() is not None:
             from ._proc import LabError
 

@@ -19,6 +19,7 @@ Isolation and safety choices, and why:
   whole tree by PID, then any containerd shim whose command line names this
   lab's exec-root, then leftover mounts, the bridge and the firewall rule.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,9 @@ class Dockerd:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def docker(self, *args: str, timeout: float = 120.0, check: bool = True,
-               input: bytes | None = None) -> subprocess.CompletedProcess:
+    def docker(
+        self, *args: str, timeout: float = 120.0, check: bool = True, input: bytes | None = None
+    ) -> subprocess.CompletedProcess:
         """Run the docker CLI against this daemon (see `images.docker`)."""
         return docker(self.socket, *args, timeout=timeout, check=check, input=input)
 
@@ -101,8 +103,9 @@ class Dockerd:
         self._clear_stale_pidfile()
         self.proxy_port = free_port()
         proc = self.proc = spawn(self.argv(), self.log_file, env=self.env())
-        wait_for(self._answers, timeout, f"dockerd (log: {self.log_file})", interval=0.1,
-                 alive=lambda: proc.poll() is None)
+        wait_for(
+            self._answers, timeout, f"dockerd (log: {self.log_file})", interval=0.1, alive=lambda: proc.poll() is None
+        )
         return self
 
     def _clear_stale_pidfile(self) -> None:
@@ -130,16 +133,43 @@ class Dockerd:
     def argv(self) -> list[str]:
         runc = shutil.which("runc") or "/usr/sbin/runc"
         d = self.dir
-        return ["dockerd", "--config-file", str(d / "daemon.json"), "--data-root", str(d / "data"),
-                "--exec-root", str(self.exec_root), "--pidfile", str(d / "docker.pid"), "-H", self.host,
-                "--iptables=false", "--ip-masq=false", "--ip-forward=false", "--bridge", self.bridge,
-                "--add-runtime", f"nvidia={runc}", "--shutdown-timeout", "3", "--log-level", "warn"]
+        return [
+            "dockerd",
+            "--config-file",
+            str(d / "daemon.json"),
+            "--data-root",
+            str(d / "data"),
+            "--exec-root",
+            str(self.exec_root),
+            "--pidfile",
+            str(d / "docker.pid"),
+            "-H",
+            self.host,
+            "--iptables=false",
+            "--ip-masq=false",
+            "--ip-forward=false",
+            "--bridge",
+            self.bridge,
+            "--add-runtime",
+            f"nvidia={runc}",
+            "--shutdown-timeout",
+            "3",
+            "--log-level",
+            "warn",
+        ]
 
     def env(self) -> dict[str, str]:
         proxy = f"http://127.0.0.1:{self.proxy_port}"
-        return {"PATH": f"{self.bin_dir}:{DAEMON_PATH}", "HOME": str(self.dir),
-                "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
-                "NO_PROXY": "", "no_proxy": ""}
+        return {
+            "PATH": f"{self.bin_dir}:{DAEMON_PATH}",
+            "HOME": str(self.dir),
+            "HTTP_PROXY": proxy,
+            "HTTPS_PROXY": proxy,
+            "http_proxy": proxy,
+            "https_proxy": proxy,
+            "NO_PROXY": "",
+            "no_proxy": "",
+        }
 
     def _write_hook(self) -> None:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
@@ -190,8 +220,7 @@ def _iptables_forward(op: str, bridge: str, check: bool = True) -> bool:
     """Drop anything forwarded out of the lab bridge (belt and braces with ip_forward=0)."""
     if not shutil.which("iptables"):
         return False
-    proc = run(["iptables", "-w", "5", op, "FORWARD", "-i", bridge, "!", "-o", bridge, "-j", "DROP"],
-               check=check)
+    proc = run(["iptables", "-w", "5", op, "FORWARD", "-i", bridge, "!", "-o", bridge, "-j", "DROP"], check=check)
     return proc.returncode == 0
 
 
@@ -215,8 +244,7 @@ def unmount_under(path: Path) -> None:
 
 def dockerd_available() -> str | None:
     """None if dockerd, a docker client, runc and ip are installed, else why not."""
-    for tool, pkg in (("dockerd", "docker.io"), ("runc", "runc"), ("ip", "iproute2"),
-                      ("containerd", "containerd")):
+    for tool, pkg in (("dockerd", "docker.io"), ("runc", "runc"), ("ip", "iproute2"), ("containerd", "containerd")):
         if not shutil.which(tool, path=DAEMON_PATH):
             return f"{tool} not found (apt-get install {pkg})"
     if not os.path.exists("/usr/bin/docker") and not shutil.which("docker"):

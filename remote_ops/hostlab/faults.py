@@ -15,6 +15,7 @@ hooked into INPUT by one rule that matches only that host's address and port;
 healing deletes the hook and the chain, leaving the rest of the firewall
 untouched.
 """
+
 from __future__ import annotations
 
 import shutil

@@ -11,6 +11,7 @@
 
 Nothing here pulls from a registry.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -47,16 +48,19 @@ def docker_client() -> str:
     raise LabError("no docker client found (apt-get install docker.io)")
 
 
-def docker(socket_path: str | Path, *args: str, timeout: float = 120.0, input: bytes | None = None,
-           check: bool = True) -> subprocess.CompletedProcess:
+def docker(
+    socket_path: str | Path, *args: str, timeout: float = 120.0, input: bytes | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run the docker CLI against the lab daemon at `socket_path`."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-           "DOCKER_HOST": f"unix://{socket_path}"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "DOCKER_HOST": f"unix://{socket_path}",
+    }
     return run([docker_client(), *args], timeout=timeout, input=input, check=check, env=env)
 
 
-def import_tar(socket_path: str | Path, tarball: str | Path | bytes, tag: str,
-               timeout: float = 300.0) -> str:
+def import_tar(socket_path: str | Path, tarball: str | Path | bytes, tag: str, timeout: float = 300.0) -> str:
     """`docker import` a rootfs tarball (path or bytes) as `tag`; return the image id."""
     if isinstance(tarball, bytes):
         out = docker(socket_path, "import", "-", tag, input=tarball, timeout=timeout)
@@ -89,8 +93,14 @@ def _is_static(path: Path) -> bool:
 def _download_busybox(dest: Path) -> None:
     """`apt-get download busybox-static` + `dpkg -x`, keeping only the binary."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["apt-get", "download", "busybox-static"], cwd=tmp, check=True,
-                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "download", "busybox-static"],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         deb = next(Path(tmp).glob("busybox-static_*.deb"))
         run(["dpkg", "-x", str(deb), f"{tmp}/x"])
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +113,21 @@ def busybox_rootfs_tar() -> bytes:
     applets = run([str(binary), "--list-full"]).stdout.decode().split()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for d in ("bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "tmp", "root", "proc", "sys", "dev", "var",
-                  "var/www"):
+        for d in (
+            "bin",
+            "sbin",
+            "usr",
+            "usr/bin",
+            "usr/sbin",
+            "etc",
+            "tmp",
+            "root",
+            "proc",
+            "sys",
+            "dev",
+            "var",
+            "var/www",
+        ):
             _tar_dir(tar, d, 0o1777 if d == "tmp" else 0o755)
         tar.add(str(binary), "bin/busybox")
         for applet in applets:
@@ -177,8 +200,10 @@ def _build_python_rootfs(tarball: Path, mirror: str, timeout: float) -> None:
         raise LabError("debootstrap is not installed (apt-get install debootstrap)")
     with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=".build-") as tmp:
         root = Path(tmp) / "root"
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
-            timeout=timeout)
+        run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
+            timeout=timeout,
+        )
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for f in (root / junk).glob("*"):
                 if f.is_file():

@@ -20,6 +20,7 @@ so parallel labs do not clash.  Stopping is by PID, with deadlines, idempotent,
 and registered with `atexit` as a safety net (`keep=True` opts out: a sandbox
 that must outlive the process; `HostLab.attach(dir).stop()` stops it later).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -112,19 +113,38 @@ class LabHost:
     def inventory_entry(self, lab: "HostLab", base_image: str) -> dict:
         """The inventory mapping for this host (SSH settings + per-host paths)."""
         p = self.paths
-        return {"address": self.address, "port": self.port, "user": "root",
-                "identity_file": str(lab.client_key.private), "known_hosts": str(lab.known_hosts),
-                "gpus": {"count": 0},
-                "sglang": {"checkout": str(p.checkout), "version": lab.sglang_version, "base_image": base_image,
-                           "patch": lab.patch},
-                "container": {"name": self.container_name, "image": self.image_name, "gpus": "all",
-                              "shm_size": "1g", "restart": "no", "healthcheck_start_period_s": 60},
-                "model": {"path": str(p.model_dir), "served_name": "standin", "num_layers": 8, "hidden_size": 64},
-                "dump": {"dir": str(p.dump_dir), "min_free_gb": 0},
-                "server": {"port": self.server_port, "tp": 1, "healthy_timeout_s": 120},
-                "logs": {"dir": str(p.logs_dir), "extraction": str(p.logs_dir / "extraction.log"),
-                         "training": str(p.logs_dir / "training.log")},
-                "audit_log": str(p.audit_log), "lock_dir": str(p.lock_dir)}
+        return {
+            "address": self.address,
+            "port": self.port,
+            "user": "root",
+            "identity_file": str(lab.client_key.private),
+            "known_hosts": str(lab.known_hosts),
+            "gpus": {"count": 0},
+            "sglang": {
+                "checkout": str(p.checkout),
+                "version": lab.sglang_version,
+                "base_image": base_image,
+                "patch": lab.patch,
+            },
+            "container": {
+                "name": self.container_name,
+                "image": self.image_name,
+                "gpus": "all",
+                "shm_size": "1g",
+                "restart": "no",
+                "healthcheck_start_period_s": 60,
+            },
+            "model": {"path": str(p.model_dir), "served_name": "standin", "num_layers": 8, "hidden_size": 64},
+            "dump": {"dir": str(p.dump_dir), "min_free_gb": 0},
+            "server": {"port": self.server_port, "tp": 1, "healthy_timeout_s": 120},
+            "logs": {
+                "dir": str(p.logs_dir),
+                "extraction": str(p.logs_dir / "extraction.log"),
+                "training": str(p.logs_dir / "training.log"),
+            },
+            "audit_log": str(p.audit_log),
+            "lock_dir": str(p.lock_dir),
+        }
 
 
 def lab_unavailable() -> str | None:
@@ -161,9 +181,19 @@ def pick_endpoint(port: int | None, taken: set[str]) -> tuple[str, int]:
 class HostLab:
     """N sshd hosts + one dockerd + client files in one directory (see module doc)."""
 
-    def __init__(self, dir: str | Path | None = None, *, hosts: int = 3, names: list[str] | None = None,
-                 docker: bool = True, keep: bool = False, base_image: str = "remote-ops/base-python:bookworm",
-                 sglang_version: str = "0.5.9", port: int | None = None, patch: str = "deepseek-v2") -> None:
+    def __init__(
+        self,
+        dir: str | Path | None = None,
+        *,
+        hosts: int = 3,
+        names: list[str] | None = None,
+        docker: bool = True,
+        keep: bool = False,
+        base_image: str = "remote-ops/base-python:bookworm",
+        sglang_version: str = "0.5.9",
+        port: int | None = None,
+        patch: str = "deepseek-v2",
+    ) -> None:
         self.id = secrets.token_hex(3)
         self._owns_dir = dir is None
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="ro-lab-", dir="/tmp"))
@@ -172,10 +202,10 @@ class HostLab:
         self.keep = keep
         self.base_image = base_image
         self.sglang_version = sglang_version
-        self.patch = patch                      # the patch spec its inventory names (sglang.patch)
+        self.patch = patch  # the patch spec its inventory names (sglang.patch)
         self.port = port
         self.hosts: list[LabHost] = []
-        self.delayed: dict[str, tuple[str, DelayProxy]] = {}   # alias -> (host name, proxy)
+        self.delayed: dict[str, tuple[str, DelayProxy]] = {}  # alias -> (host name, proxy)
         self.dockerd: Dockerd | None = None
         self.startup_s: float | None = None
         self._stopped = False
@@ -250,8 +280,9 @@ class HostLab:
         for name in self.names:
             address, port = pick_endpoint(self.port, taken)
             taken.add(address)
-            sshd = SshdHost(name, address, port, self.dir / "hosts" / name / "sshd", self.client_key,
-                            env=self.session_env())
+            sshd = SshdHost(
+                name, address, port, self.dir / "hosts" / name / "sshd", self.client_key, env=self.session_env()
+            )
             host = LabHost(name, sshd, HostPaths(self.dir / "hosts" / name), free_port())
             host.paths.create()
             sshd.start()
@@ -262,9 +293,10 @@ class HostLab:
         lines = [h.sshd.known_hosts_line() for h in self.hosts]
         lines += [self._alias_known_hosts_line(alias) for alias in self.delayed]
         self.known_hosts.write_text("".join(line + "\n" for line in lines))
-        self.ssh_config.write_text("".join(self._ssh_config_block(h.name, h.address, h.port) for h in self.hosts)
-                                   + "".join(self._ssh_config_block(a, p.listen_address, p.listen_port)
-                                             for a, (_, p) in self.delayed.items()))
+        self.ssh_config.write_text(
+            "".join(self._ssh_config_block(h.name, h.address, h.port) for h in self.hosts)
+            + "".join(self._ssh_config_block(a, p.listen_address, p.listen_port) for a, (_, p) in self.delayed.items())
+        )
         self.inventory_dir.mkdir(parents=True, exist_ok=True)
         for h in self.hosts:
             self._write_inventory(h.name, h.inventory_entry(self, self.base_image))
@@ -274,7 +306,8 @@ class HostLab:
 
     def _write_inventory(self, name: str, entry: dict) -> None:
         text = "# written by remote_ops.hostlab: a lab host on loopback\n" + yaml.safe_dump(
-            {"hosts": {name: entry}}, sort_keys=False)
+            {"hosts": {name: entry}}, sort_keys=False
+        )
         (self.inventory_dir / f"{name}.yaml").write_text(text)
 
     def _alias_known_hosts_line(self, alias: str) -> str:
@@ -285,8 +318,7 @@ class HostLab:
         return f"{host} {keytype} {key}"
 
     # -- latency --------------------------------------------------------------
-    def add_delay(self, name: str, rtt_ms: float, *, rate_mbit: float | None = None,
-                  alias: str | None = None) -> str:
+    def add_delay(self, name: str, rtt_ms: float, *, rate_mbit: float | None = None, alias: str | None = None) -> str:
         """Put a delay proxy with `rtt_ms` (and a rate cap) in front of host `name`; return its alias.
 
         The alias is a host of its own in the inventory, ssh_config and
@@ -304,10 +336,12 @@ class HostLab:
         return alias
 
     def _ssh_config_block(self, name: str, address: str, port: int) -> str:
-        return (f"Host {name}\n  HostName {address}\n  Port {port}\n  User root\n"
-                f"  IdentityFile {self.client_key.private}\n  IdentitiesOnly yes\n"
-                f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n"
-                f"  BatchMode yes\n  ConnectTimeout 5\n\n")
+        return (
+            f"Host {name}\n  HostName {address}\n  Port {port}\n  User root\n"
+            f"  IdentityFile {self.client_key.private}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n"
+            f"  BatchMode yes\n  ConnectTimeout 5\n\n"
+        )
 
     def stop(self) -> None:
         """Stop every sshd tree and the dockerd, by PID with deadlines; idempotent."""
@@ -353,8 +387,7 @@ class HostLab:
     def spec(self, name: str) -> HostSpec:
         return self.inventory().one(name)
 
-    def target(self, name: str, *, policy: str = "strict", timeouts: Timeouts | None = None,
-               **overrides) -> SshTarget:
+    def target(self, name: str, *, policy: str = "strict", timeouts: Timeouts | None = None, **overrides) -> SshTarget:
         """The SshTarget for `name` from the lab inventory + ssh_config (as the CLI resolves it).
 
         `overrides` replace HostSpec fields first (e.g. known_hosts=…, proxy_jump=…).
@@ -362,8 +395,7 @@ class HostLab:
         spec = self.spec(name)
         if overrides:
             spec = spec.model_copy(update=overrides)
-        return resolve_target(spec, load_ssh_config(self.ssh_config), policy=policy,
-                              timeouts=timeouts or LAB_TIMEOUTS)
+        return resolve_target(spec, load_ssh_config(self.ssh_config), policy=policy, timeouts=timeouts or LAB_TIMEOUTS)
 
     def connect(self, name: str, **kwargs) -> FabricRemote:
         """A connected FabricRemote to `name` (caller closes it)."""
@@ -389,13 +421,33 @@ class HostLab:
     # -- state file -----------------------------------------------------------
     def write_state(self) -> None:
         """Record PIDs and addresses in lab.json (for `attach` from another process)."""
-        state = {"id": self.id, "stopped": self._stopped,
-                 "dockerd": {"pid": self.dockerd.pid, "dir": str(self.dockerd.dir), "bridge": self.dockerd.bridge,
-                             "subnet": self.dockerd.subnet} if self.dockerd else None,
-                 "hosts": [{"name": h.name, "address": h.address, "port": h.port, "pid": h.sshd.pid,
-                            "server_port": h.server_port} for h in self.hosts],
-                 "delayed": [{"alias": a, "host": n, "address": p.listen_address, "port": p.listen_port,
-                              "rtt_ms": p.rtt_ms, "pid": p.pid} for a, (n, p) in self.delayed.items()]}
+        state = {
+            "id": self.id,
+            "stopped": self._stopped,
+            "dockerd": {
+                "pid": self.dockerd.pid,
+                "dir": str(self.dockerd.dir),
+                "bridge": self.dockerd.bridge,
+                "subnet": self.dockerd.subnet,
+            }
+            if self.dockerd
+            else None,
+            "hosts": [
+                {"name": h.name, "address": h.address, "port": h.port, "pid": h.sshd.pid, "server_port": h.server_port}
+                for h in self.hosts
+            ],
+            "delayed": [
+                {
+                    "alias": a,
+                    "host": n,
+                    "address": p.listen_address,
+                    "port": p.listen_port,
+                    "rtt_ms": p.rtt_ms,
+                    "pid": p.pid,
+                }
+                for a, (n, p) in self.delayed.items()
+            ],
+        }
         (self.dir / "lab.json").write_text(json.dumps(state, indent=2) + "\n")
 
     @classmethod
@@ -460,8 +512,19 @@ def _ours(pid: int, lab_dir: Path) -> bool:
 
 
 def _git_commit(checkout: Path, message: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "remote-ops lab", "GIT_AUTHOR_EMAIL": "lab@localhost",
-           "GIT_COMMITTER_NAME": "remote-ops lab", "GIT_COMMITTER_EMAIL": "lab@localhost"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "remote-ops lab",
+        "GIT_AUTHOR_EMAIL": "lab@localhost",
+        "GIT_COMMITTER_NAME": "remote-ops lab",
+        "GIT_COMMITTER_EMAIL": "lab@localhost",
+    }
     for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", message]):
-        subprocess.run(["git", "-C", str(checkout), *argv[1:]], check=True, env=env, capture_output=True,
-                       timeout=120, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "-C", str(checkout), *argv[1:]],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )

@@ -8,6 +8,7 @@ alive).  Remote sessions get `DOCKER_HOST` (and a PATH whose `docker` is the
 lab's chosen client) through sshd_config `SetEnv`, so `docker` run over SSH
 reaches the lab dockerd.
 """
+
 from __future__ import annotations
 
 import os
@@ -92,15 +93,25 @@ class SshdHost:
 
     def render_config(self) -> str:
         """The sshd_config text: key auth only, SFTP, SetEnv for the lab dockerd."""
-        lines = [f"ListenAddress {self.address}:{self.port}",
-                 f"HostKey {self.host_key.private}",
-                 f"PidFile {self.dir / 'sshd.pid'}",
-                 f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
-                 "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
-                 "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-                 "StrictModes no", "MaxSessions 32", "MaxStartups 64:30:128", "UseDNS no",
-                 "PrintMotd no", "LogLevel INFO", "AllowTcpForwarding yes",
-                 "Subsystem sftp internal-sftp"]
+        lines = [
+            f"ListenAddress {self.address}:{self.port}",
+            f"HostKey {self.host_key.private}",
+            f"PidFile {self.dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "MaxSessions 32",
+            "MaxStartups 64:30:128",
+            "UseDNS no",
+            "PrintMotd no",
+            "LogLevel INFO",
+            "AllowTcpForwarding yes",
+            "Subsystem sftp internal-sftp",
+        ]
         if self.env:
             lines.append("SetEnv " + " ".join(f'{k}="{v}"' for k, v in sorted(self.env.items())))
         return "\n".join(lines) + "\n"
@@ -112,9 +123,12 @@ class SshdHost:
         self.prepare()  # always: a kept lab (the sandbox) restarts on a new address
         self.proc = proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
         try:
-            wait_for(lambda: port_open(self.address, self.port), timeout,
-                     f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
-                     alive=lambda: proc.poll() is None)
+            wait_for(
+                lambda: port_open(self.address, self.port),
+                timeout,
+                f"sshd {self.name} on {self.address}:{self.port} (log: {self.log_file})",
+                alive=lambda: proc.poll() is None,
+            )
         except BaseException:
             self.stop()  # not yet known to the lab: nobody else would stop it
             raise

@@ -11,6 +11,7 @@ fabric, paramiko, docker, or starts ssh as a process.
     hostkeys.py  HostKeyPolicy: known_hosts + strict/accept-new, for paramiko and for ssh
     transfer.py  bulk pull over the system ssh (resumable, verified, parallel)
 """
+
 from __future__ import annotations
 
 from .base import BaseRemote, CommandHook, LineSink, Remote, RunResult, command_deadline
@@ -18,5 +19,16 @@ from .fabric import FabricRemote, connect
 from .hostkeys import HostKeyPolicy, fingerprint
 from .local import LocalRemote
 
-__all__ = ["BaseRemote", "CommandHook", "FabricRemote", "HostKeyPolicy", "LineSink", "LocalRemote", "Remote",
-           "RunResult", "command_deadline", "connect", "fingerprint"]
+__all__ = [
+    "BaseRemote",
+    "CommandHook",
+    "FabricRemote",
+    "HostKeyPolicy",
+    "LineSink",
+    "LocalRemote",
+    "Remote",
+    "RunResult",
+    "command_deadline",
+    "connect",
+    "fingerprint",
+]

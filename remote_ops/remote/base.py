@@ -10,6 +10,7 @@ Subclasses only say how to execute one command line (`_execute`) and how to
 move files (`put` / `get`): `FabricRemote` over SSH, `LocalRemote` with
 /bin/sh on this machine.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,8 +51,15 @@ class Remote(Protocol):
     name: str
     target: Any
 
-    def run(self, command: str | shell.Argv, *, timeout: float | None = None, check: bool = True,
-            input: bytes | None = None, on_line: LineSink | None = None) -> RunResult: ...
+    def run(
+        self,
+        command: str | shell.Argv,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        input: bytes | None = None,
+        on_line: LineSink | None = None,
+    ) -> RunResult: ...
 
     def put(self, local: str | Path | bytes, remote_path: str, *, mode: int | None = None) -> None: ...
 
@@ -90,8 +98,15 @@ class BaseRemote:
         self._round_trips = 0
         self.on_command: CommandHook | None = None
 
-    def run(self, command: str | shell.Argv, *, timeout: float | None = None, check: bool = True,
-            input: bytes | None = None, on_line: LineSink | None = None) -> RunResult:
+    def run(
+        self,
+        command: str | shell.Argv,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        input: bytes | None = None,
+        on_line: LineSink | None = None,
+    ) -> RunResult:
         """Run one command; raise CommandFailed / CommandTimedOut (or the transport's Unreachable)."""
         line = shell.cmd(command)
         deadline_s = command_deadline(self) if timeout is None else timeout
@@ -101,18 +116,26 @@ class BaseRemote:
         finally:
             self._report(line, time.monotonic() - start, status)
         if status is None:
-            raise CommandTimedOut(f"command timed out after {deadline_s:g}s", host=self.name,
-                                  command=line, timeout=deadline_s)
-        result = RunResult(line, status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                           time.monotonic() - start)
+            raise CommandTimedOut(
+                f"command timed out after {deadline_s:g}s", host=self.name, command=line, timeout=deadline_s
+            )
+        result = RunResult(
+            line, status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.monotonic() - start
+        )
         if check and status != 0:
-            raise CommandFailed(f"command exited {status}", host=self.name, command=line,
-                                exit_status=status, stderr_tail=tail(result.stderr),
-                                stdout_tail=tail(result.stdout, 5))
+            raise CommandFailed(
+                f"command exited {status}",
+                host=self.name,
+                command=line,
+                exit_status=status,
+                stderr_tail=tail(result.stderr),
+                stdout_tail=tail(result.stdout, 5),
+            )
         return result
 
-    def _execute(self, line: str, input: bytes | None, deadline_s: float,
-                 on_line: LineSink | None) -> tuple[int | None, bytes, bytes]:
+    def _execute(
+        self, line: str, input: bytes | None, deadline_s: float, on_line: LineSink | None
+    ) -> tuple[int | None, bytes, bytes]:
         """Run `line` within `deadline_s`: (exit status, or None at the deadline; stdout; stderr)."""
         raise NotImplementedError
 

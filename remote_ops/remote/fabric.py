@@ -16,6 +16,7 @@ Its choices, and why:
   select() on the channel, so output can be streamed line by line and the
   deadline is exact.
 """
+
 from __future__ import annotations
 
 import select
@@ -53,11 +54,15 @@ class FabricRemote(BaseRemote):
         from fabric import Config, Connection
 
         t = self.target
-        conn = Connection(t.hostname, user=t.user, port=t.port,
-                          config=Config(overrides={"load_ssh_configs": False}),
-                          gateway=self._gateway._fabric() if self._gateway else False,
-                          connect_timeout=t.timeouts.connect,
-                          connect_kwargs=self._connect_kwargs())
+        conn = Connection(
+            t.hostname,
+            user=t.user,
+            port=t.port,
+            config=Config(overrides={"load_ssh_configs": False}),
+            gateway=self._gateway._fabric() if self._gateway else False,
+            connect_timeout=t.timeouts.connect,
+            connect_kwargs=self._connect_kwargs(),
+        )
         conn.client = HostKeyPolicy.of(t).client()
         try:
             conn.open()
@@ -76,9 +81,13 @@ class FabricRemote(BaseRemote):
 
     def _connect_kwargs(self) -> dict[str, Any]:
         t = self.target
-        kwargs: dict[str, Any] = {"banner_timeout": t.timeouts.banner, "auth_timeout": t.timeouts.auth,
-                  "channel_timeout": t.timeouts.connect, "allow_agent": True,
-                  "look_for_keys": not t.identity_files}
+        kwargs: dict[str, Any] = {
+            "banner_timeout": t.timeouts.banner,
+            "auth_timeout": t.timeouts.auth,
+            "channel_timeout": t.timeouts.connect,
+            "allow_agent": True,
+            "look_for_keys": not t.identity_files,
+        }
         if t.identity_files:
             kwargs["key_filename"] = [f for f in t.identity_files if Path(f).exists()] or list(t.identity_files)
         return kwargs
@@ -92,8 +101,11 @@ class FabricRemote(BaseRemote):
         if isinstance(exc, paramiko.BadHostKeyException):
             return self._host_key_changed(exc)
         if isinstance(exc, paramiko.AuthenticationException):
-            return AuthFailed(f"authentication failed for {self.target.display}: {exc}", host=self.name,
-                              hint="check User and IdentityFile (inventory or ssh_config)")
+            return AuthFailed(
+                f"authentication failed for {self.target.display}: {exc}",
+                host=self.name,
+                hint="check User and IdentityFile (inventory or ssh_config)",
+            )
         reason, text = _unreachable_reason(exc, self.target)
         return Unreachable(text, host=self.name, details={"reason": reason})
 
@@ -101,9 +113,11 @@ class FabricRemote(BaseRemote):
         offered, expected = fingerprint(exc.key), fingerprint(exc.expected_key)
         return HostKeyChanged(
             f"host key for {self.target.display} CHANGED: known_hosts has {expected}, server offered "
-            f"{offered}; refusing (possible man-in-the-middle)", host=self.name,
+            f"{offered}; refusing (possible man-in-the-middle)",
+            host=self.name,
             hint=f"if the host was reinstalled, remove its line from {self.target.known_hosts_file}",
-            details={"offered": offered, "expected": expected})
+            details={"offered": offered, "expected": expected},
+        )
 
     @property
     def host_key_fingerprint(self) -> str:
@@ -127,8 +141,9 @@ class FabricRemote(BaseRemote):
         self.close()
 
     # -- commands -----------------------------------------------------------
-    def _execute(self, line: str, input: bytes | None, deadline_s: float,
-                 on_line: LineSink | None) -> tuple[int | None, bytes, bytes]:
+    def _execute(
+        self, line: str, input: bytes | None, deadline_s: float, on_line: LineSink | None
+    ) -> tuple[int | None, bytes, bytes]:
         """Run `line` on a fresh session channel, streaming lines to `on_line`, within the deadline."""
         deadline = time.monotonic() + deadline_s
         chan = self._open_channel(deadline, line, deadline_s)
@@ -146,8 +161,11 @@ class FabricRemote(BaseRemote):
         finally:
             chan.close()
         if status == -1 and _connection_lost(chan):
-            raise Unreachable(f"connection to {self.target.display} was lost while running a command",
-                              host=self.name, details={"reason": "connection_lost", "command": line})
+            raise Unreachable(
+                f"connection to {self.target.display} was lost while running a command",
+                host=self.name,
+                details={"reason": "connection_lost", "command": line},
+            )
         return status, out or b"", err
 
     def pull(self, root: str, items: list, **kwargs: Any) -> Any:
@@ -172,8 +190,9 @@ class FabricRemote(BaseRemote):
             chan.exec_command(shell.cmd(command))
         except Exception as exc:  # paramiko: SSHException / EOFError when the session is refused
             chan.close()
-            raise Unreachable(f"cannot start a stream on {self.target.display}: {exc}",
-                              host=self.name, details={"reason": "session"}) from None
+            raise Unreachable(
+                f"cannot start a stream on {self.target.display}: {exc}", host=self.name, details={"reason": "session"}
+            ) from None
         return chan
 
     def _open_channel(self, deadline: float | None = None, line: str = "", deadline_s: float | None = None) -> Any:
@@ -183,8 +202,9 @@ class FabricRemote(BaseRemote):
         command's timeout (exit 8), not a connection failure."""
         transport = self._fabric().client.get_transport()
         if transport is None or not transport.is_active():
-            raise Unreachable(f"connection to {self.target.display} was lost", host=self.name,
-                              details={"reason": "connection_lost"})
+            raise Unreachable(
+                f"connection to {self.target.display} was lost", host=self.name, details={"reason": "connection_lost"}
+            )
         wait, shown = self.target.timeouts.connect, self.target.timeouts.connect
         if deadline is not None and deadline - time.monotonic() < wait:
             wait, shown = max(0.1, deadline - time.monotonic()), deadline_s or wait
@@ -192,11 +212,16 @@ class FabricRemote(BaseRemote):
             return transport.open_session(timeout=wait)
         except Exception as exc:
             if transport.is_active() and "timeout" in str(exc).lower():
-                raise CommandTimedOut(f"command timed out after {shown:g}s: the host did not open a session "
-                                      "(not answering: frozen or overloaded?)", host=self.name, command=line,
-                                      timeout=wait) from None
-            raise Unreachable(f"cannot open a session on {self.target.display}: {exc}",
-                              host=self.name, details={"reason": "session"}) from None
+                raise CommandTimedOut(
+                    f"command timed out after {shown:g}s: the host did not open a session "
+                    "(not answering: frozen or overloaded?)",
+                    host=self.name,
+                    command=line,
+                    timeout=wait,
+                ) from None
+            raise Unreachable(
+                f"cannot open a session on {self.target.display}: {exc}", host=self.name, details={"reason": "session"}
+            ) from None
 
     # -- files --------------------------------------------------------------
     def _sftp_client(self) -> Any:
@@ -219,8 +244,9 @@ class FabricRemote(BaseRemote):
             if mode is not None:
                 sftp.chmod(remote_path, mode)
         except (OSError, socket.timeout) as exc:
-            raise CommandFailed(f"upload to {remote_path} failed: {exc}", host=self.name,
-                                command=f"sftp put {remote_path}") from None
+            raise CommandFailed(
+                f"upload to {remote_path} failed: {exc}", host=self.name, command=f"sftp put {remote_path}"
+            ) from None
 
     def get(self, remote_path: str, local: str | Path) -> None:
         """Download `remote_path` to `local` (written in place; callers rename)."""
@@ -233,8 +259,9 @@ class FabricRemote(BaseRemote):
 
             raise NotFound(f"{remote_path} does not exist", host=self.name) from None
         except (OSError, socket.timeout) as exc:
-            raise CommandFailed(f"download of {remote_path} failed: {exc}", host=self.name,
-                                command=f"sftp get {remote_path}") from None
+            raise CommandFailed(
+                f"download of {remote_path} failed: {exc}", host=self.name, command=f"sftp get {remote_path}"
+            ) from None
 
 
 def _unreachable_reason(exc: Exception, t: SshTarget) -> tuple[str, str]:

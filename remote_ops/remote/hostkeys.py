@@ -7,6 +7,7 @@ strict `SSHClient` (`client()`), the system ssh of bulk transfers
 answer to an unknown key (refuse, or record it), and a changed key is always
 refused.
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,14 +31,17 @@ def fingerprint(key: Any) -> str:
 class HostKeyPolicy:
     """Which known_hosts files count, and what an unknown key gets."""
 
-    host: str                       # the inventory name (for error messages)
-    known_hosts: tuple[str, ...]    # expanded paths; the first one records accepted keys
+    host: str  # the inventory name (for error messages)
+    known_hosts: tuple[str, ...]  # expanded paths; the first one records accepted keys
     accept_new: bool
 
     @classmethod
     def of(cls, target: SshTarget) -> "HostKeyPolicy":
-        return cls(target.name, tuple(os.path.expanduser(p) for p in target.known_hosts),
-                   target.host_key_policy == "accept-new")
+        return cls(
+            target.name,
+            tuple(os.path.expanduser(p) for p in target.known_hosts),
+            target.host_key_policy == "accept-new",
+        )
 
     @property
     def record_file(self) -> Path:
@@ -46,9 +50,14 @@ class HostKeyPolicy:
     def ssh_options(self) -> list[str]:
         """OpenSSH `-o` options with the same meaning (`BatchMode`: never prompt)."""
         files = " ".join(f'"{p}"' if any(c.isspace() for c in p) else p for p in self.known_hosts)
-        return ["-o", "BatchMode=yes",
-                "-o", f"StrictHostKeyChecking={'accept-new' if self.accept_new else 'yes'}",
-                "-o", "UserKnownHostsFile=" + files]
+        return [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"StrictHostKeyChecking={'accept-new' if self.accept_new else 'yes'}",
+            "-o",
+            "UserKnownHostsFile=" + files,
+        ]
 
     def client(self) -> Any:
         """A paramiko SSHClient that knows only these known_hosts files and this policy."""
@@ -72,9 +81,11 @@ class _RejectUnknown:
         raise HostKeyUnknown(
             f"host key for {hostname} is not in {self.policy.record_file} "
             f"(server offered {key.get_name()} {fingerprint(key)}); refusing",
-            host=self.policy.host, hint="verify the fingerprint out of band, then re-run with "
+            host=self.policy.host,
+            hint="verify the fingerprint out of band, then re-run with "
             "--host-key-policy accept-new (or add it with ssh-keyscan)",
-            details={"offered": fingerprint(key)})
+            details={"offered": fingerprint(key)},
+        )
 
 
 class _AcceptNew:

@@ -3,6 +3,7 @@
 The same scripts run locally and over SSH, so the local path exercises the
 exact write/lock/backup logic the remote path uses (`remote_ops.patching`).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -21,12 +22,12 @@ class LocalRemote(BaseRemote):
         super().__init__()
         self.timeout = timeout
 
-    def _execute(self, line: str, input: bytes | None, deadline_s: float,
-                 on_line: LineSink | None) -> tuple[int | None, bytes, bytes]:
+    def _execute(
+        self, line: str, input: bytes | None, deadline_s: float, on_line: LineSink | None
+    ) -> tuple[int | None, bytes, bytes]:
         self._count()
         try:
-            proc = subprocess.run(["/bin/sh", "-c", line], input=input or b"", capture_output=True,
-                                  timeout=deadline_s)
+            proc = subprocess.run(["/bin/sh", "-c", line], input=input or b"", capture_output=True, timeout=deadline_s)
         except subprocess.TimeoutExpired:
             return None, b"", b""
         return proc.returncode, proc.stdout, proc.stderr

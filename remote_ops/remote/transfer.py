@@ -33,6 +33,7 @@ BatchMode); plus explicit identity/port/user, `-F /dev/null` unless an
 ssh_config was given, connect timeout and keepalives.  `FabricRemote.pull`
 runs it for a connected host.
 """
+
 from __future__ import annotations
 
 import errno
@@ -60,12 +61,12 @@ from .hostkeys import HostKeyPolicy
 
 #: Preferred ciphers: AES-GCM is 1.2-1.6x faster than the default chacha20 on AES-NI hosts.
 CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
-SMALL_FILE = 8 << 20          # below this a partial file is fetched again, not resumed
-BATCH_BYTES = 8 << 30         # bytes per tar batch (one ssh connection each)
-BUF = 4 << 20                 # receive buffer
-PIPE_SIZE = 1 << 20           # F_SETPIPE_SZ on ssh's stdout (fewer wakeups)
+SMALL_FILE = 8 << 20  # below this a partial file is fetched again, not resumed
+BATCH_BYTES = 8 << 30  # bytes per tar batch (one ssh connection each)
+BUF = 4 << 20  # receive buffer
+PIPE_SIZE = 1 << 20  # F_SETPIPE_SZ on ssh's stdout (fewer wakeups)
 F_SETPIPE_SZ = 1031
-BLOCK = 4096                  # local files take whole blocks: sizes are rounded up to this
+BLOCK = 4096  # local files take whole blocks: sizes are rounded up to this
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 Advance = Callable[[int], None]
@@ -73,14 +74,26 @@ Advance = Callable[[int], None]
 
 # --------------------------------------------------------------------------- ssh command line
 
+
 def ssh_argv(target: SshTarget, *, ssh_config: str | None = None, ciphers: str | None = CIPHERS) -> list[str]:
     """`ssh` argv (without the remote command) holding the seam's host-key policy."""
     t = target
-    argv = ["ssh", "-F", ssh_config or "/dev/null", *HostKeyPolicy.of(t).ssh_options(),
-            "-o", f"ConnectTimeout={int(max(1, t.timeouts.connect))}",
-            "-o", f"ServerAliveInterval={int(max(1, t.timeouts.keepalive))}",
-            "-o", "ServerAliveCountMax=3",
-            "-p", str(t.port), "-l", t.user]
+    argv = [
+        "ssh",
+        "-F",
+        ssh_config or "/dev/null",
+        *HostKeyPolicy.of(t).ssh_options(),
+        "-o",
+        f"ConnectTimeout={int(max(1, t.timeouts.connect))}",
+        "-o",
+        f"ServerAliveInterval={int(max(1, t.timeouts.keepalive))}",
+        "-o",
+        "ServerAliveCountMax=3",
+        "-p",
+        str(t.port),
+        "-l",
+        t.user,
+    ]
     if ciphers:
         argv += ["-c", ciphers]
     for identity in t.identity_files:
@@ -106,12 +119,13 @@ def _with_jump(target: SshTarget, jump: tuple[SshTarget, ...]) -> SshTarget:
 
 # --------------------------------------------------------------------------- items and report
 
+
 @dataclass(frozen=True)
 class PullItem:
     """One remote file to fetch, with what the manifest promises about it."""
 
-    remote: str                 # path on the host, relative to the pull's root
-    local: Path                 # final local path
+    remote: str  # path on the host, relative to the pull's root
+    local: Path  # final local path
     size: int
     sha256: str | None = None
 
@@ -137,9 +151,16 @@ class PullReport:
         return round(self.bytes / 1e6 / self.seconds, 1) if self.seconds else 0.0
 
     def to_dict(self) -> dict:
-        return {"files": self.files, "fetched": self.fetched, "skipped": self.skipped,
-                "resumed": self.resumed, "bytes": self.bytes, "seconds": round(self.seconds, 3),
-                "mb_per_s": self.mb_per_s, "failed": [{"file": f, "reason": r} for f, r in self.failed]}
+        return {
+            "files": self.files,
+            "fetched": self.fetched,
+            "skipped": self.skipped,
+            "resumed": self.resumed,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "mb_per_s": self.mb_per_s,
+            "failed": [{"file": f, "reason": r} for f, r in self.failed],
+        }
 
 
 def is_complete(item: PullItem) -> bool:
@@ -158,8 +179,9 @@ def has_partial(item: PullItem, resume_from: int = SMALL_FILE) -> bool:
         return False
 
 
-def plan_jobs(items: Iterable[PullItem], batch_bytes: int = BATCH_BYTES, jobs: int = 1,
-              resume_from: int = SMALL_FILE) -> list[list[PullItem]]:
+def plan_jobs(
+    items: Iterable[PullItem], batch_bytes: int = BATCH_BYTES, jobs: int = 1, resume_from: int = SMALL_FILE
+) -> list[list[PullItem]]:
     """Group pending items into jobs (pure apart from looking for `.part` files).
 
     - a file with a partial `.part` is its own job: it resumes with `tail -c +N`;
@@ -187,6 +209,7 @@ def plan_jobs(items: Iterable[PullItem], batch_bytes: int = BATCH_BYTES, jobs: i
 
 
 # --------------------------------------------------------------------------- local space
+
 
 def _blocks(n: int) -> int:
     return -(-max(n, 0) // BLOCK) * BLOCK
@@ -226,11 +249,14 @@ def no_space_error(pending: list[PullItem], host: str, during: bool) -> NoSpace:
     need = bytes_to_write(i for i in pending if not is_complete(i))
     left = sum(1 for i in pending if not is_complete(i))
     what = "local disk full during the pull" if during else "not enough local disk space for the pull"
-    return NoSpace(f"{what}: {_gb(need)} ({need:,} bytes) still to write for {left} file(s), "
-                   f"{_gb(free)} ({free:,} bytes) free on {where}", host=host,
-                   hint="free space there (or pull to a bigger disk with --dest) and re-run: verified "
-                        "files are kept, partial ones resume",
-                   details={"needed_bytes": need, "free_bytes": free, "path": str(where), "files_left": left})
+    return NoSpace(
+        f"{what}: {_gb(need)} ({need:,} bytes) still to write for {left} file(s), "
+        f"{_gb(free)} ({free:,} bytes) free on {where}",
+        host=host,
+        hint="free space there (or pull to a bigger disk with --dest) and re-run: verified "
+        "files are kept, partial ones resume",
+        details={"needed_bytes": need, "free_bytes": free, "path": str(where), "files_left": left},
+    )
 
 
 def check_space(pending: list[PullItem], host: str) -> None:
@@ -241,11 +267,20 @@ def check_space(pending: list[PullItem], host: str) -> None:
 
 # --------------------------------------------------------------------------- the pull
 
+
 class Puller:
     """Runs the jobs of one pull over `jobs` concurrent ssh processes."""
 
-    def __init__(self, target: SshTarget, root: str, *, ssh_config: str | None = None,
-                 jobs: int = 2, stall_timeout: float = 60.0, advance: Advance | None = None) -> None:
+    def __init__(
+        self,
+        target: SshTarget,
+        root: str,
+        *,
+        ssh_config: str | None = None,
+        jobs: int = 2,
+        stall_timeout: float = 60.0,
+        advance: Advance | None = None,
+    ) -> None:
         self.argv = ssh_argv(target, ssh_config=ssh_config)
         self.host = target.name
         self.root = root
@@ -256,7 +291,7 @@ class Puller:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self._stop = threading.Event()
-        self._local = threading.local()       # one receive buffer per worker thread
+        self._local = threading.local()  # one receive buffer per worker thread
         self._dirs: set[Path] = set()
         self._files_pool = ThreadPoolExecutor(1, thread_name_prefix="ro-pull-files")
 
@@ -283,8 +318,8 @@ class Puller:
             for future in [pool.submit(self._run_job, job) for job in plan_jobs(pending, jobs=self.jobs)]:
                 future.result()
         except BaseException:
-            self._stop.set()          # workers stop at their next block
-            self._kill_all()          # and their ssh processes end now
+            self._stop.set()  # workers stop at their next block
+            self._kill_all()  # and their ssh processes end now
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -365,7 +400,7 @@ class Puller:
                 else:
                     self._member(lane, *opened, size, reader)
                 _skip(reader, -size % 512)
-            _skip(reader, 1 << 62)                # the record padding after the end marker
+            _skip(reader, 1 << 62)  # the record padding after the end marker
         finally:
             unseen = lane.close()
         rc, err = self._reap(proc)
@@ -417,8 +452,14 @@ class Puller:
         """Start one ssh (own session: Ctrl-C reaches us, we stop it by its handle)."""
         if self._stop.is_set():
             raise KeyboardInterrupt
-        proc = subprocess.Popen(self.argv + [command], stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        proc = subprocess.Popen(
+            self.argv + [command],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,
+        )
         try:
             fcntl.fcntl(_pipe(proc.stdout).fileno(), F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:
@@ -444,13 +485,13 @@ class Puller:
         view = self._buffer()
         total = 0
         while eof_ok or total < limit:
-            n = reader.readinto(view if eof_ok else view[:min(BUF, limit - total)])
+            n = reader.readinto(view if eof_ok else view[: min(BUF, limit - total)])
             if not n:
                 break
             chunk = view[:n]
             digest.update(chunk)
             while chunk:
-                chunk = chunk[os.write(fd, chunk):]
+                chunk = chunk[os.write(fd, chunk) :]
             total += n
             self._count(n)
         return total
@@ -597,16 +638,20 @@ class _StallReader:
         ready, _, _ = select.select([self.fd], [], [], self.stall)
         if not ready:
             self.proc.kill()
-            raise CommandTimedOut(f"no data for {self.stall:g}s; pull stopped (resume by re-running)",
-                                  host=self.host, command="ssh pull", timeout=self.stall)
+            raise CommandTimedOut(
+                f"no data for {self.stall:g}s; pull stopped (resume by re-running)",
+                host=self.host,
+                command="ssh pull",
+                timeout=self.stall,
+            )
 
     def readinto(self, view: memoryview) -> int:
         if self.start < self.end:
             n = min(len(view), self.end - self.start)
-            view[:n] = self.buf[self.start:self.start + n]
+            view[:n] = self.buf[self.start : self.start + n]
             self.start += n
             return n
-        if len(view) < len(self.buf):            # small read: refill the internal buffer
+        if len(view) < len(self.buf):  # small read: refill the internal buffer
             self.start, self.end = 0, self._raw(memoryview(self.buf))
             return self.readinto(view) if self.end else 0
         return self._raw(view)
@@ -626,7 +671,7 @@ def _skip(reader: _StallReader, n: int) -> None:
     """Discard `n` bytes (or up to EOF)."""
     scratch = memoryview(bytearray(min(max(n, 0), 1 << 20)))
     while n > 0:
-        got = reader.readinto(scratch[:min(n, len(scratch))])
+        got = reader.readinto(scratch[: min(n, len(scratch))])
         if not got:
             return
         n -= got
@@ -658,7 +703,7 @@ def _tar_members(reader: _StallReader) -> Iterator[tuple[str, int]]:
 
 
 def _tar_size(field: bytes) -> int:
-    if field[0] & 0x80:                 # base-256 (GNU, files >= 8 GiB)
+    if field[0] & 0x80:  # base-256 (GNU, files >= 8 GiB)
         return int.from_bytes(field[1:], "big")
     return int(field.strip(b"\0 ") or b"0", 8)
 
@@ -669,19 +714,44 @@ def _tar_name(block: bytes) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def pull(target: SshTarget, root: str, items: list[PullItem], *, ssh_config: str | None = None,
-         jobs: int = 2, stall_timeout: float = 60.0, advance: Advance | None = None,
-         strict: bool = True) -> PullReport:
+def pull(
+    target: SshTarget,
+    root: str,
+    items: list[PullItem],
+    *,
+    ssh_config: str | None = None,
+    jobs: int = 2,
+    stall_timeout: float = 60.0,
+    advance: Advance | None = None,
+    strict: bool = True,
+) -> PullReport:
     """Pull `items` (paths relative to `root` on the host); raise VerifyFailed if any failed."""
-    report = Puller(target, root, ssh_config=ssh_config, jobs=jobs, stall_timeout=stall_timeout,
-                    advance=advance).pull(items)
+    report = Puller(target, root, ssh_config=ssh_config, jobs=jobs, stall_timeout=stall_timeout, advance=advance).pull(
+        items
+    )
     if strict and report.failed:
         first = "; ".join(f"{f}: {r}" for f, r in report.failed[:3])
-        raise VerifyFailed(f"{len(report.failed)} file(s) failed: {first}", host=target.name,
-                           hint="re-run the pull: verified files are kept, the rest are fetched again",
-                           details=report.to_dict())
+        raise VerifyFailed(
+            f"{len(report.failed)} file(s) failed: {first}",
+            host=target.name,
+            hint="re-run the pull: verified files are kept, the rest are fetched again",
+            details=report.to_dict(),
+        )
     return report
 
 
-__all__ = ["CIPHERS", "PullItem", "PullReport", "Puller", "plan_jobs", "pull", "ssh_argv",
-           "is_complete", "CommandFailed", "bytes_to_write", "check_space", "free_space", "NoSpace"]
+__all__ = [
+    "CIPHERS",
+    "PullItem",
+    "PullReport",
+    "Puller",
+    "plan_jobs",
+    "pull",
+    "ssh_argv",
+    "is_complete",
+    "CommandFailed",
+    "bytes_to_write",
+    "check_space",
+    "free_space",
+    "NoSpace",
+]
