@@ -1,8 +1,8 @@
 """The in-container hidden-state dumper (copied into the SGLang image as `remote_ops_dump`).
 
-Only relative imports, the stdlib, torch and safetensors are allowed here: the
-package runs inside SGLang's image under another name.  torch is imported
-lazily so that `format` (stdlib only) stays importable where torch is absent.
+Only relative imports, the stdlib and torch are allowed here: the package runs
+inside SGLang's image under another name.  torch is imported lazily so that
+`dumpfile` (stdlib only) stays importable where torch is absent.
 
 Entry points called by the patch blocks in `DeepseekV2ForCausalLM`:
 - `attach(model)` from `__init__` (turns capture on, stores `model._remote_ops_dump`);
