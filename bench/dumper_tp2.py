@@ -11,7 +11,7 @@ the writer rank writes.
 
 Phases (each rank prints one JSON line per result; rank 0 merges them):
 1. gating: SGLANG_HS_DUMP_ALL_RANKS unset -> files under rank0/ only;
-   =1 -> rank0/ and rank1/, data sections identical (`format.compare_ranks`),
+   =1 -> rank0/ and rank1/, data sections identical (`dumpfile.compare_ranks`),
    every span bit-identical to that rank's tensors after the GPU memory was
    overwritten, `verify_dir` OK;
 2. overhead: per step size, R repetitions (ABBA) of the loop without dump and

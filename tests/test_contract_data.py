@@ -110,7 +110,7 @@ H = 64
 
 
 def _host_dumps(host, count: int, tokens: int, seed: int = 0) -> list[dict]:
-    """`count` contract dump files of `tokens` tokens (H=64) in the host's dump dir, via format.write_span."""
+    """`count` contract dump files of `tokens` tokens (H=64) in the host's dump dir, via dumpfile.write_span."""
     from remote_ops.dumper import dumpfile
 
     subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=60)

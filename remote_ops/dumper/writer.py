@@ -3,7 +3,7 @@
 The default writer is a separate process (`procwriter`); these in-process
 threads are the fallback where it cannot start.  A writer takes a span task,
 waits for its batch's copy event (never the forward thread), writes the file
-through `format.write_span` (temp name, fsync, rename, manifest line after
+through `dumpfile.write_span` (temp name, fsync, rename, manifest line after
 the rename) and gives the batch's buffer back to the pool when the batch's
 last span is written.
 """
