@@ -14,7 +14,7 @@ from .console import Console
 from .errors import ConfigError
 from .inventory import HostSpec, Inventory, default_inventory_paths, load_inventory
 from .remote import FabricRemote, Remote
-from .sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
+from .remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 
 
 @dataclass

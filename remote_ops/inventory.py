@@ -8,7 +8,7 @@ group; its name (the file stem) can be given to `--host` as well.
 Everything here is pure data: loading turns text into `HostSpec` records and
 any problem into a `ConfigError` naming the file and the field.  SSH settings
 come from three layers, strongest first: the inventory, the ssh_config entry
-for the host, built-in defaults (see `remote_ops.sshconfig`).
+for the host, built-in defaults (see `remote_ops.remote.sshconfig`).
 """
 
 from __future__ import annotations

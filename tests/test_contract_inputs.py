@@ -20,7 +20,7 @@ import yaml
 from remote_ops import container, deploy, rendering, secrets, shell
 from remote_ops.errors import CommandFailed, ConfigError, ExitCode
 from remote_ops.inventory import adhoc_host, load_inventory, load_yaml, parse_inventory_data
-from remote_ops.sshconfig import load_ssh_config, resolve_target
+from remote_ops.remote.sshconfig import load_ssh_config, resolve_target
 
 TOKEN = "hf_s3cr3tTOKENvalue42"
 INJECTED = "lmsysorg/sglang:v0.5.9-cu129\nRUN touch /tmp/remote-ops-pwned"

@@ -7,7 +7,7 @@ import pytest
 
 from remote_ops.errors import ConfigError, ExitCode
 from remote_ops.inventory import adhoc_host, load_inventory, parse_inventory_data
-from remote_ops.sshconfig import resolve_target
+from remote_ops.remote.sshconfig import resolve_target
 
 REPO = Path(__file__).resolve().parent.parent
 

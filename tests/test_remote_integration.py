@@ -20,7 +20,7 @@ from remote_ops.hostlab import hang_command
 from remote_ops.hostlab.lab import random_loopback
 from remote_ops.hostlab.sshd import make_key
 from remote_ops.remote import FabricRemote
-from remote_ops.sshconfig import Timeouts
+from remote_ops.remote.sshconfig import Timeouts
 
 SHORT = Timeouts(connect=2.0, banner=3.0, auth=3.0, command=30.0, keepalive=1)
 AWKWARD = "dir with spaces; rm -rf nothing $(echo x) 'q' \"dq\""

@@ -6,8 +6,8 @@ import pytest
 
 from remote_ops.errors import CommandFailed, CommandTimedOut
 from remote_ops.remote import HostKeyPolicy, LocalRemote
+from remote_ops.remote.sshconfig import SshTarget
 from remote_ops.remote.transfer import ssh_argv
-from remote_ops.sshconfig import SshTarget
 
 
 def test_local_remote_shares_the_run_protocol_and_reports_each_command():

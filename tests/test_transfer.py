@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from remote_ops.remote import transfer
-from remote_ops.sshconfig import SshTarget, Timeouts
+from remote_ops.remote.sshconfig import SshTarget, Timeouts
 
 
 def _target(**kw):

@@ -40,7 +40,7 @@ import yaml
 
 from ..inventory import HostSpec, Inventory, load_inventory
 from ..remote import FabricRemote
-from ..sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
+from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 from ._proc import LabError, alive, can_bind, free_port, kill_tree
 from .delay import DelayProxy
 from .dockerd import Dockerd, dockerd_available, pick_subnet

@@ -27,9 +27,9 @@ from typing import Any
 
 from .. import shell
 from ..errors import AuthFailed, CommandFailed, CommandTimedOut, HostKeyChanged, RemoteOpsError, Unreachable
-from ..sshconfig import SshTarget
 from .base import BaseRemote, LineSink
 from .hostkeys import HostKeyPolicy, fingerprint
+from .sshconfig import SshTarget
 
 
 class FabricRemote(BaseRemote):

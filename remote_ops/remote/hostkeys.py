@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HostKeyUnknown
-from ..sshconfig import SshTarget
+from .sshconfig import SshTarget
 
 
 def fingerprint(key: Any) -> str:

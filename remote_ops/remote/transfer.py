@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from hashlib import _Hash
 
 from ..errors import CommandFailed, CommandTimedOut, NoSpace, VerifyFailed
-from ..sshconfig import SshTarget
 from .hostkeys import HostKeyPolicy
+from .sshconfig import SshTarget
 
 #: Preferred ciphers: AES-GCM is 1.2-1.6x faster than the default chacha20 on AES-NI hosts.
 CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
