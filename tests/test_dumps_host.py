@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops import dumps, transfer
+from remote_ops import dumps
+from remote_ops.remote import transfer
 
 torch = pytest.importorskip("torch")
 H = 64
