@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -208,3 +209,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if lab_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.hosts)
+
+
+def run_cli(env: dict, *args: str, timeout: float = 120) -> tuple[int, str, str]:
+    """Run the real CLI (`python -m remote_ops`, this checkout's code) in a subprocess with `env`;
+    stdin closed.  Returns (exit code, stdout, stderr)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "remote_ops", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    return p.returncode, p.stdout, p.stderr

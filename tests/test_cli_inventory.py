@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from conftest import run_cli
 
 from remote_ops.commands.inventory import file_problems, file_schema
 
@@ -33,16 +32,7 @@ hosts:
 """
 
 
-def cli(env, *args):
-    p = subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-    return p.returncode, p.stdout, p.stderr
+cli = run_cli  # (rc, stdout, stderr) of `python -m remote_ops ARGS` (tests/conftest.py)
 
 
 def test_schema_is_printed_on_stdout_and_describes_every_host_field(tmp_path):

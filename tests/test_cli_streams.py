@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 from remote_ops import wheels
 from remote_ops.app import App
@@ -25,16 +26,7 @@ hosts:
 """
 
 
-def cli(env, *args, timeout=120):
-    p = subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    return p.returncode, p.stdout, p.stderr
+cli = run_cli  # (rc, stdout, stderr) of `python -m remote_ops ARGS` (tests/conftest.py)
 
 
 @pytest.fixture

@@ -1,25 +1,14 @@
 """`facts`, `hosts` and `health` over real lab hosts (real sshd + dockerd)."""
 
 import json
-import subprocess
-import sys
+
+from conftest import run_cli
 
 from remote_ops import facts
 from remote_ops.cli import main
 from remote_ops.errors import ExitCode
 
-
-def cli(lab_env, *args, timeout=120):
-    """Run the real CLI in a subprocess against the lab; returns (rc, stdout, stderr)."""
-    p = subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=lab_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    return p.returncode, p.stdout, p.stderr
+cli = run_cli  # (rc, stdout, stderr) of `python -m remote_ops ARGS` (tests/conftest.py)
 
 
 def test_facts_reports_real_host(lab, host, remote):

@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+from conftest import run_cli
 
-def cli(env, *args, timeout=120):
-    p = subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    return p.returncode, p.stdout, p.stderr
+cli = run_cli  # (rc, stdout, stderr) of `python -m remote_ops ARGS` (tests/conftest.py)
 
 
 def test_facts_on_a_pattern_reports_each_host_in_one_document(lab, lab_env):
