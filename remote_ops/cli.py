@@ -194,7 +194,8 @@ def cli() -> None:
 
     Exit codes are documented in the README (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
-    failed, 11/12 health warn/fail, 13 not found, 129/130/143 SIGHUP/SIGINT/SIGTERM).
+    failed, 11/12 health warn/fail, 13 not found, 14 no space,
+    129/130/143 SIGHUP/SIGINT/SIGTERM).
     """
 
 
