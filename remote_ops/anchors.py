@@ -30,7 +30,6 @@ content hash, in the file's own indentation and line endings.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -1047,6 +1046,8 @@ def _write_atomic(path, text):
 
 def main(argv=None):
     """`python3 anchors.py verify|status|check|apply --spec SPEC.json FILE` -> JSON on stdout."""
+    import argparse  # here: importing anchors (health, deploy) should not pay for it
+
     ap = argparse.ArgumentParser(prog="anchors.py", description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["verify", "status", "check", "apply"])
     ap.add_argument("--spec", required=True)

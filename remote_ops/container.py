@@ -118,6 +118,12 @@ def image_ref(host: HostSpec, tag: str) -> str:
     return f"{host.container.image}:{tag}"
 
 
+def deploy_image(host: HostSpec, patch_hash: str) -> str:
+    """The image deploy builds for `host`: `image:tag`, the tag `<sglang version>-<patch hash[:12]>`
+    unless the inventory names one (the one definition: deploy builds it, health expects it)."""
+    return image_ref(host, host.container.tag or f"{host.sglang.version}-{patch_hash[:12]}")
+
+
 def gpu_args(host: HostSpec) -> list[str]:
     """`--gpus all`, `--gpus "device=0,1"` (docker parses the value as CSV), or nothing."""
     gpus = host.container.gpus

@@ -147,3 +147,82 @@ def test_allreduce_fusion_window_from_real_gpus_tp_and_version():
     assert health.check_fusion(HostSpec(name="h", server={"tp": 1}), [gpu("9.0")]).status == "ok"
     newer = HostSpec(name="h", server={"tp": 8}, sglang={"version": "0.5.14"})
     assert health.check_fusion(newer, [gpu("9.0")]).status == "ok"
+
+
+# -- the HTTP probe: curl on the host, python3 where there is no curl ----------------------------
+
+CURL_OUTPUT = (
+    '@@http /model_info /model_info 0 200 0.001200\n{"model_path": "m"}\n'
+    "@@http /server_info /server_info 0 404 0.000800\n\n"
+    '@@http /server_info /get_server_info 0 200 0.000900\n{"version": "0.5.9"}\n'
+    "@@http /v1/models /v1/models 7 000 0.000100\n"
+    "curl: (7) Failed to connect to 127.0.0.1 port 30000 after 0 ms: Couldn't connect to server\n"
+)
+
+
+def test_curl_output_parses_to_the_python_probe_records():
+    res = health.parse_http(CURL_OUTPUT)
+    assert res["/model_info"] == {"path": "/model_info", "status": 200, "ms": 1.2, "body": '{"model_path": "m"}'}
+    assert res["/server_info"]["path"] == "/get_server_info" and res["/server_info"]["status"] == 200
+    assert res["/v1/models"]["error"].startswith("curl exit 7: curl: (7) Failed to connect")
+    by = by_name(health.check_http(HOST, (0, CURL_OUTPUT), None))
+    assert by["sglang/model_info"].status == "ok" and by["sglang/version"].status == "ok"
+    assert by["sglang/v1_models"].status == "fail" and "Failed to connect" in by["sglang/v1_models"].reason
+
+
+def test_http_probe_gives_the_same_records_with_curl_and_with_python_only(tmp_path):
+    """The built probe, run by /bin/sh against a real local HTTP server: once with curl on PATH,
+    once with only python3 (hosts without curl) - the parsed records agree."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path in ("/model_info", "/get_server_info", "/v1/models")
+            body = json.dumps({"version": "0.5.9", "path": self.path}).encode() if found else b"no"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.do_GET() if self.path != "/generate" else self._generated()
+
+        def _generated(self):
+            body = b'{"text": "x"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = HostSpec(name="h", server={"port": server.server_address[1]})
+        only_python = tmp_path / "bin"
+        only_python.mkdir()
+        (only_python / "python3").symlink_to(sys.executable)
+        runs = {}
+        for name, path in (("curl", os.environ["PATH"]), ("python", str(only_python))):
+            proc = subprocess.run(
+                ["/bin/sh", "-c", health.http_probe(host, deep=True, probe_s=20)],
+                env={"PATH": path},
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert proc.returncode == 0, (name, proc.stderr)
+            assert ("@@http" in proc.stdout) == (name == "curl")
+            runs[name] = health.parse_http(proc.stdout)
+    finally:
+        server.shutdown()
+    strip = {g: {k: v for k, v in r.items() if k != "ms"} for g, r in runs["curl"].items()}
+    assert strip == {g: {k: v for k, v in r.items() if k != "ms"} for g, r in runs["python"].items()}
+    assert strip["/server_info"]["path"] == "/get_server_info" and strip["/generate"]["status"] == 200

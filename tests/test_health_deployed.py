@@ -67,6 +67,16 @@ def test_missing_patch_fails_patch_check(sglang_remote, deployed):
     assert by["patch/in_container"].status == "fail"
 
 
+def test_patch_probe_reads_the_same_file_through_proc_root_and_through_docker_exec(sglang_remote, deployed):
+    """The fast path (the container's root seen from the host, no process started) and the
+    `docker exec` fallback (a user who may not read /proc/PID/root) see the same file."""
+    sha = shell.sha256_of_word('"$f"')
+    count = "grep -c '>>> remote-ops' \"$f\""
+    fast = sglang_remote.run(health.patch_probe(deployed)).stdout.split()
+    slow = sglang_remote.run(health._exec_patch_probe(deployed, sha, count)).stdout.split()
+    assert fast == slow and len(fast[0]) == 64 and fast[-1] == "2", (fast, slow)
+
+
 def test_health_cli_exit_code_on_deployed_host(lab, deployed, lab_env, tmp_path):
     """Through the CLI: everything up -> exit 0 (or 11 while docker's own check is still starting)."""
     import subprocess

@@ -46,7 +46,7 @@ def load_patch(host: HostSpec):
 
 def image_tag(host: HostSpec, patch) -> str:
     """`image:tag`; the tag defaults to `<sglang version>-<patch hash[:12]>`."""
-    return container.image_ref(host, host.container.tag or f"{host.sglang.version}-{patch.hash[:12]}")
+    return container.deploy_image(host, patch.hash)
 
 
 def image_ref(host: HostSpec) -> str:

@@ -70,6 +70,11 @@ def container_id_command(container: str, cli: str = "docker") -> str:
     return f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.Id}}', container])} 2>/dev/null"
 
 
+def container_pid_command(container: str, cli: str = "docker") -> str:
+    """The PID of the container's first process on the host (0 when stopped), or nothing."""
+    return f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.State.Pid}}', container])} 2>/dev/null"
+
+
 def exec_command(container: str, argv: list[str], cli: str = "docker") -> str:
     """Run `argv` inside the running container."""
     return shell.join([cli, "exec", container, *argv])
