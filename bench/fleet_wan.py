@@ -22,7 +22,10 @@ Timed (each `--repeat` times, medians):
 4. Ansible (bench/deploy_noop.py's 14-task playbook) at RTT, defaults and pipelining.
 5. sharded extraction: one host vs `--extract-hosts` (4) hosts, N samples per
    host (CLI `extract start --wait`); ratio = group wall / one-host wall
-   (ideal: the same, total / (4 x one host's rate)).
+   (ideal: the same, total / (4 x one host's rate)).  The stand-in's prefill
+   takes `--gpu-ms-per-1k-tokens` of simulated GPU time (a sleep, one prefill
+   at a time per host): on real hosts that is GPU time, so it must not be this
+   machine's shared CPU (the stand-in's own CPU per sample is small).
 6. `dumps pull` of what (5) dumped: one host vs the group, aggregate MB/s, at 0 and RTT.
 
     .venv/bin/python bench/fleet_wan.py [--hosts 8] [--rtt-ms 50] [--repeat 3] [--json out.json]
@@ -59,17 +62,17 @@ REPO = Path(__file__).resolve().parents[1]
 med = statistics.median
 
 
-def setup(tmp: Path, n: int, rtt_ms: float):
+def setup(tmp: Path, n: int, rtt_ms: float, gpu_ms: float = 0.0):
     names = [f"w{i}" for i in range(1, n + 1)]
     lab = HostLab(tmp / "lab", names=names).start()
     try:
-        return _prepare(lab, tmp, names, rtt_ms)
+        return _prepare(lab, tmp, names, rtt_ms, gpu_ms)
     except BaseException:
         lab.stop()
         raise
 
 
-def _prepare(lab, tmp: Path, names: list[str], rtt_ms: float):
+def _prepare(lab, tmp: Path, names: list[str], rtt_ms: float, gpu_ms: float = 0.0):
     base = base_python_image(lab.dockerd.socket)
     standin = sandbox.build_standin_base(
         lambda *a, timeout=600: lab_docker(lab.dockerd.socket, *a, timeout=timeout), "0.5.9", base
@@ -79,6 +82,8 @@ def _prepare(lab, tmp: Path, names: list[str], rtt_ms: float):
         sandbox.write_model_config(lab.host(name).paths.model_dir)
         lab.add_delay(name, rtt_ms, alias=f"{name}-far")
     near = {nm: sandbox.standin_overrides(lab.host(nm).inventory_entry(lab, standin), standin) for nm in names}
+    for entry in near.values():  # simulated GPU time per prefill: sleeps, so hosts don't share it as CPU
+        entry["container"]["env"]["STANDIN_GPU_MS_PER_1K_TOKENS"] = str(gpu_ms)
     # the same host names through the proxies (a host's name is part of its build inputs, so no aliases here)
     far = {
         nm: {
@@ -313,18 +318,30 @@ def main() -> None:
     ap.add_argument("--extract-hosts", type=int, default=4)
     ap.add_argument("--samples", type=int, default=300, help="extraction samples per host")
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument(
+        "--gpu-ms-per-1k-tokens",
+        type=float,
+        default=200.0,
+        help="the stand-in's simulated prefill time (a sleep, one GPU per host); 0: none",
+    )
     ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
     ap.add_argument("--only", default="fanout,single,compare,extract,pull")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     only = set(args.only.split(","))
-    res: dict = {"rtt_ms": args.rtt_ms, "hosts": args.hosts, "repeat": args.repeat, "cpus": os.cpu_count()}
+    res: dict = {
+        "rtt_ms": args.rtt_ms,
+        "hosts": args.hosts,
+        "repeat": args.repeat,
+        "cpus": os.cpu_count(),
+        "gpu_ms_per_1k_tokens": args.gpu_ms_per_1k_tokens,
+    }
     with tempfile.TemporaryDirectory(prefix="ro-bench-wan-") as d:
         tmp = Path(d)
         global TMP
         TMP = tmp
         t0 = time.perf_counter()
-        lab, specs, names = setup(tmp, args.hosts, args.rtt_ms)
+        lab, specs, names = setup(tmp, args.hosts, args.rtt_ms, args.gpu_ms_per_1k_tokens)
         res["setup_s"] = time.perf_counter() - t0
         try:
             for key, fn in (

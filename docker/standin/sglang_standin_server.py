@@ -18,7 +18,10 @@ bf16 "hidden states" of a small hidden size (model config.json's hidden_size,
 default 64), so the logs/dumps tooling can be exercised end to end.
 
 Environment: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
-STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes).
+STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes),
+STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep, one request at a time
+like one GPU; default 0: benchmarks of several stand-in hosts on one machine set it, so that
+what they measure is the tool and not the machine's shared CPU).
 """
 import argparse
 import hashlib
@@ -95,17 +98,31 @@ def model_config(model_path):
 
 
 # -- fake hidden states and dumps -----------------------------------------------------------------
+_LOW = bytes(b & 0x7F for b in range(256))                       # mantissa bits, exponent LSB clear
+_HIGH = bytes(0x3F if b & 1 else 0xBF for b in range(256))        # sign, exponent near 1.0
+
+
 def pseudo_bf16(seed, count):
-    """`count` deterministic bf16 values (finite, |x| < 2) as bytes, from a sha256 stream."""
-    out = bytearray()
-    counter = 0
-    while len(out) < 2 * count:
-        block = hashlib.sha256(b"%s:%d" % (seed.encode(), counter)).digest()
-        for i in range(0, len(block), 2):
-            hi = 0x3F if block[i] & 1 else 0xBF         # sign, exponent near 1.0
-            out += bytes((block[i + 1] & 0x7F, hi))
-        counter += 1
-    return bytes(out[:2 * count])
+    """`count` deterministic bf16 values (finite, |x| < 2) as bytes, from a SHAKE-256 stream
+    (C speed: a stand-in's CPU must not stand for the GPU's work)."""
+    raw = hashlib.shake_256(seed.encode()).digest(2 * count)
+    out = bytearray(2 * count)
+    out[0::2] = raw[0::2].translate(_LOW)
+    out[1::2] = raw[1::2].translate(_HIGH)
+    return bytes(out)
+
+
+GPU = threading.Lock()  # one simulated GPU per server: prefills run one at a time
+
+
+def simulated_prefill(n_tokens):
+    """Sleep for the GPU time a prefill of `n_tokens` would take, if STANDIN_GPU_MS_PER_1K_TOKENS
+    is set (default 0): real prefill time is GPU time, not host CPU, so benchmarks of several
+    stand-in hosts on one machine measure the tool, not the shared CPU."""
+    ms = float(os.environ.get("STANDIN_GPU_MS_PER_1K_TOKENS") or 0)
+    if ms > 0 and n_tokens:
+        with GPU:
+            time.sleep(ms * n_tokens / 1e6)
 
 
 def capture_layers(num_layers):
@@ -242,6 +259,7 @@ class State:
 
     def generate_one(self, ids, max_new):
         self.requests += 1
+        simulated_prefill(len(ids))
         if self.dumper is not None and ids:
             self.dumper.dump(ids)
         out_ids = [(sum(ids) + i) % 32000 for i in range(max_new)]
