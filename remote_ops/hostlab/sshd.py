@@ -9,13 +9,12 @@ lab's chosen client) through sshd_config `SetEnv`, so `docker` run over SSH
 reaches the lab dockerd.
 
 A lab host models a standard server, not this machine's own login: sshd
-starts the command through the user's shell, and bash sources `~/.bashrc`
-when sshd runs it.  Debian's stock `~/.bashrc` returns at once for a
-non-interactive shell; a developer's own (pyenv/conda init without that
-guard) costs ~0.1 s per session and puts a shim first on PATH.  So when
-`unshare` can, sshd runs in a private mount namespace (mounts from outside
-still propagate in) where the user's `~/.bashrc` is Debian's guard only
-(`lab_bashrc`), and sessions see `/usr/bin/python3`, as on a plain host.
+starts the command through the user's shell, and Debian's bash sources
+`~/.bashrc` when sshd runs it as a top-level shell.  Debian's stock
+`~/.bashrc` returns at once for a non-interactive shell; a developer's own
+(pyenv/conda init without that guard) costs ~0.1 s per session and puts a
+shim first on PATH.  So sessions get `SHLVL=1` (`SESSION_ENV`): bash then
+counts itself as a nested shell and reads no rc file, as on a plain host.
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ from ._proc import kill_tree, port_open, run, spawn, wait_for
 SSHD = "/usr/sbin/sshd"
 #: sshd's compiled-in default PATH, with the lab's bin dir put first.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: What a lab session's bash reads as ~/.bashrc: Debian's stock non-interactive guard.
-LAB_BASHRC = (
-    "# remote-ops lab host: Debian's stock start of ~/.bashrc (this machine's own is not the host's)\n"
-    "case $- in *i*) ;; *) return;; esac\n"
-)
+#: Every lab session's environment: bash started by sshd reads ~/.bashrc only as a top-level shell.
+SESSION_ENV = {"SHLVL": "1"}
 
 
 @dataclass
@@ -126,8 +122,8 @@ class SshdHost:
             "AllowTcpForwarding yes",
             "Subsystem sftp internal-sftp",
         ]
-        if self.env:
-            lines.append("SetEnv " + " ".join(f'{k}="{v}"' for k, v in sorted(self.env.items())))
+        env = {**SESSION_ENV, **self.env}
+        lines.append("SetEnv " + " ".join(f'{k}="{v}"' for k, v in sorted(env.items())))
         return "\n".join(lines) + "\n"
 
     def start(self, timeout: float = 15.0) -> "SshdHost":
@@ -135,7 +131,7 @@ class SshdHost:
         if self.running:
             return self
         self.prepare()  # always: a kept lab (the sandbox) restarts on a new address
-        self.proc = proc = spawn(self.argv(), self.log_file, subreaper=True)
+        self.proc = proc = spawn([SSHD, "-D", "-e", "-f", str(self.config_file)], self.log_file, subreaper=True)
         try:
             wait_for(
                 lambda: port_open(self.address, self.port),
@@ -147,18 +143,6 @@ class SshdHost:
             self.stop()  # not yet known to the lab: nobody else would stop it
             raise
         return self
-
-    def argv(self) -> list[str]:
-        """sshd in the foreground; inside a private mount namespace with a stock ~/.bashrc when
-        this machine's user has one and `unshare` is there (see the module docstring)."""
-        sshd = [SSHD, "-D", "-e", "-f", str(self.config_file)]
-        home_rc = Path(os.path.expanduser("~")) / ".bashrc"
-        if not home_rc.is_file() or shutil.which("unshare") is None:
-            return sshd
-        rc = self.dir / "lab_bashrc"
-        rc.write_text(LAB_BASHRC)
-        script = 'mount --bind "$1" "$2" || echo "lab: ~/.bashrc left as it is" >&2; shift 2; exec "$@"'
-        return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", script, "sh", str(rc), str(home_rc), *sshd]
 
     @property
     def running(self) -> bool:
