@@ -100,8 +100,13 @@ def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]], locking: bool =
 
 
 def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None) -> Probe:
-    """One round trip under the run's command deadline: facts, container + image, and
-    (unless a dry run) the lock, taken with `token`."""
+    """One round trip under the run's command deadline: facts, container + image, and the
+    lock: taken with `token` when `lock_why` is given (sections in order: the state is read
+    under the lock), else only read (sections concurrently on the host)."""
+    if lock_why is None:  # read-only: the sections run at once on the host
+        commands = probe_commands(host, ref, None, None, facts.probe_deadline(command_deadline(remote)))
+        out = remote.run(shell.parallel_sections(commands), check=False).stdout
+        return parse_probe(host, shell.split_sections(out), locking=False)
     probe_s = facts.probe_deadline(command_deadline(remote)) / 2  # its two docker probes run one after the other
     out = remote.run(shell.sections(probe_commands(host, ref, lock_why, token, probe_s)), check=False).stdout
     return parse_probe(host, shell.split_sections(out), locking=lock_why is not None)

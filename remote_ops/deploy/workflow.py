@@ -11,8 +11,12 @@ and run-config label, the lock) what is out of date, and does only that:
           was started with other settings (`run-config` label);
 - wait    until the container answers the cheap endpoints (deadline, progress).
 
-So a re-run with nothing changed costs one probe plus the lock/record round
-trips, and changes nothing (and opens no engine channel).  `dry_run` stops
+The first probe only reads.  A re-run with nothing changed stops there: one
+round trip (two when docker's health check is still `starting`: the wait),
+nothing written on the host (no lock, no audit line; the local run record says
+it was up to date), no engine channel.  When something must change, the probe
+runs again taking the lock (`hostlock`, atomic) and the plan is made again from
+what it read under the lock, so a concurrent run's changes are never missed.  `dry_run` stops
 after the probe and returns the plan plus every diff (the patch's unified
 diff, the Dockerfile, the run command line).
 
@@ -307,25 +311,32 @@ class Deploy:
         return s
 
     def run(self) -> DeployResult:
-        """Probe (taking the lock), plan, act on what is out of date; always record and unlock,
-        also after an error or a signal (`failure` is then recorded against the current step)."""
+        """Probe, plan; when something must change, probe again taking the lock, and act on what
+        is out of date; always record (and unlock what was taken), also after an error or a
+        signal (`failure` is then recorded against the current step).  Nothing to change: one
+        read-only round trip, no lock, no audit line on the host (the local record says so)."""
         from .. import signals
 
         t = time.monotonic()
         failure: BaseException | None = None
         try:
-            p = probe(self.remote, self.host, self.ref, None if self.dry_run else self.why, self.token)
-            self._locked = p.took_lock
+            p = probe(self.remote, self.host, self.ref)  # read-only: nothing is written yet
+            self._locked = False
             self.result.fingerprint = self.remote.host_key_fingerprint
             self._preflight(p, t)
             self.current = "check"
-            plan = make_plan(self.host, self.patch, p, self.ref)
-            self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
-            self.result.up_to_date = plan.up_to_date
+            plan = self._plan(p)
             if self.dry_run:
                 return self._dry_run(p, plan)
             self.current = "lock"
-            self._lock(p)
+            if plan.up_to_date and p.holder is None:
+                self._step("lock", "skipped", "nothing to change")
+            else:
+                self._locked = None  # unknown until the locking probe comes back
+                p = probe(self.remote, self.host, self.ref, self.why, self.token)
+                self._locked = p.took_lock
+                self._lock(p)
+                plan = self._plan(p)  # read again under the lock: another run may have changed the host
             self._act(p, plan)
         except BaseException as exc:
             failure = self._failed(exc)
@@ -337,6 +348,12 @@ class Deploy:
                 with signals.deferred():
                     self._finish(failure)
         return self.result
+
+    def _plan(self, p: Probe) -> Plan:
+        plan = make_plan(self.host, self.patch, p, self.ref)
+        self.result.plan = {**asdict(plan), "up_to_date": plan.up_to_date}
+        self.result.up_to_date = plan.up_to_date
+        return plan
 
     def _failed(self, exc: BaseException) -> BaseException:
         """Name the step in the error and record that step as failed (once)."""
