@@ -136,7 +136,7 @@ def gpu_process_probe(host: HostSpec) -> str:
     """GPU compute processes, each marked `ours` when its cgroup names our container."""
     return (
         "command -v nvidia-smi >/dev/null || exit 127; "
-        f"cid=$({engine_probe.container_id_command(host.container.name)}); "
+        f"cid=$({engine_probe.container_id_command(host.container.name, api=True)}); "
         "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | "
         "while IFS=', ' read -r pid mem; do [ -n \"$pid\" ] || continue; "
         'if [ -n "$cid" ] && grep -q "$cid" /proc/$pid/cgroup 2>/dev/null; '
@@ -160,7 +160,7 @@ def patch_probe(host: HostSpec) -> str:
     except RemoteOpsError:  # no local spec for this host's patch: ask inside the container only
         return _exec_patch_probe(host, sha, count)
     fast = (
-        f"pid=$({engine_probe.container_pid_command(host.container.name)}); f=/proc/$pid/root{shell.quote(in_image)}; "
+        f"pid=$({engine_probe.container_pid_command(host.container.name, api=True)}); f=/proc/$pid/root{shell.quote(in_image)}; "
         f'if [ "${{pid:-0}}" -gt 0 ] 2>/dev/null && [ -r "$f" ]; then {sha} && {count}; else '
     )
     return fast + _exec_patch_probe(host, sha, count) + "; fi"
@@ -271,7 +271,7 @@ def extraction_probe(host: HostSpec) -> str:
 
 
 def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: float) -> list[tuple[str, str]]:
-    version, objects = engine_probe.probe_sections(host.container.name, expected_image, names=ENGINE_SECTIONS)
+    version, objects = engine_probe.probe_sections(host.container.name, expected_image, names=ENGINE_SECTIONS, api=True)
     return [
         version,
         ("gpus", f"command -v nvidia-smi >/dev/null || exit 127; {facts.gpu_query_cmd()}"),

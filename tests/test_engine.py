@@ -326,3 +326,33 @@ def test_host_killed_is_unreachable(lab, faults, spare_host):
     assert err.value.exit_code == ExitCode.UNREACHABLE and time.monotonic() - t < 30
     e.close()
     r.close()
+
+
+def test_probe_over_the_engine_socket_reads_the_same_records_as_the_cli(engine, remote, busybox_image, name):
+    """The hot probes ask the Engine API over its socket with curl (`api=True`); with a docker
+    context selected (or no curl, no unix socket) the same sections fall back to the CLI.
+    Both read back as the same records, absent objects included; the id/pid one-liners agree."""
+    from remote_ops import shell
+    from remote_ops.engine import probe
+
+    engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
+    want = engine.container(name)
+    for image in (busybox_image, None):
+        snaps = []
+        for prefix in ("", "DOCKER_CONTEXT=default; export DOCKER_CONTEXT; "):
+            sections = [(n, prefix + c) for n, c in probe.probe_sections(name, image, api=True)]
+            out = remote.run(shell.parallel_sections(sections), check=False, timeout=30).stdout
+            snaps.append(probe.parse_probe(shell.split_sections(out)))
+        api, cli = snaps
+        assert api.container == cli.container == want and api.image == cli.image == engine.image(busybox_image)
+        assert api.version.server == cli.version.server == engine.version().server and api.error is None
+        assert api.client_version is None and cli.client_version, "the socket form has no client version"
+    for api in (True, False):
+        cid = remote.run(probe.container_id_command(name, api=api), timeout=30).stdout.strip()
+        pid = remote.run(probe.container_pid_command(name, api=api), timeout=30).stdout.strip()
+        assert cid == want.id and int(pid) > 0, (api, cid, pid)
+    absent = probe.probe_sections("ro-engine-none", "remote-ops/none:x", api=True)
+    snap = probe.parse_probe(shell.split_sections(remote.run(shell.sections(absent), check=False, timeout=30).stdout))
+    assert snap.container is None and snap.image is None and snap.version is not None
+    gone = remote.run(probe.container_pid_command("ro-engine-none", api=True), check=False, timeout=30).stdout
+    assert gone.strip() == ""

@@ -74,7 +74,7 @@ def probe_commands(
     )
     found = [(n, c) for n, c in facts.probes(host) if n not in SKIPPED_FACTS]
     preflight = [(n, c) for n, c in found if n != "target"]
-    objects = engine_probe.probe_sections(host.container.name, ref, names=ENGINE_SECTIONS)[0][1]
+    objects = engine_probe.probe_sections(host.container.name, ref, names=ENGINE_SECTIONS, api=True)[0][1]
     if probe_s:
         preflight = facts.bounded(preflight, probe_s)
         objects = facts.bounded([("objects", objects)], probe_s)[0][1]

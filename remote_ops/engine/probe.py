@@ -43,21 +43,71 @@ class SectionNames:
 ENGINE_SECTIONS = SectionNames()
 
 
-def version_command(cli: str = "docker") -> str:
-    """The engine's version, client and server, as one JSON line (the one definition)."""
-    return f"{shell.quote(cli)} version --format '{{{{json .}}}}'"
+#: Sets `sock` to the engine's unix socket when its API can be asked directly with curl (~5 ms,
+#: against 25-35 ms of CPU per docker CLI process on the host): curl present, no docker context
+#: selected, DOCKER_HOST unset or unix://, the socket readable and writable by this user.
+#: Otherwise `sock` is empty and the section falls back to the docker CLI.
+API_SOCKET = (
+    'sock=; if command -v curl >/dev/null 2>&1 && [ -z "${DOCKER_CONTEXT:-}" ] && '
+    '! grep -qs \'"currentContext"\' "${DOCKER_CONFIG:-$HOME/.docker}/config.json"; then '
+    'case "${DOCKER_HOST:-unix:///var/run/docker.sock}" in unix://*) '
+    "sock=${DOCKER_HOST:-unix:///var/run/docker.sock}; sock=${sock#unix://}; "
+    '[ -S "$sock" ] && [ -r "$sock" ] && [ -w "$sock" ] || sock=;; esac; fi'
+)
 
 
-def objects_command(container: str, image: str | None = None, cli: str = "docker") -> str:
+def _api_get(path: str) -> str:
+    """curl GET of an Engine API path on `$sock`; exit 22 (and no output) on an HTTP error."""
+    return f"curl -sf --noproxy '*' -m 30 --unix-socket \"$sock\" {shell.quote('http://docker' + path)}"
+
+
+def _api_or_cli(api: str, cli: str, cli_on_error: bool = False) -> str:
+    """`api` when the socket can be used, else `cli`; with `cli_on_error` also when `api` fails
+    (it must print nothing before it succeeds): the CLI then says what is wrong."""
+    if cli_on_error:
+        return f'{API_SOCKET}; if [ -n "$sock" ] && {api}; then :; else {cli}; fi'
+    return f'{API_SOCKET}; if [ -n "$sock" ]; then {api}; else {cli}; fi'
+
+
+def version_command(cli: str = "docker", api: bool = False) -> str:
+    """The engine's version, client and server, as one JSON line (the one definition).
+
+    With `api`, asked over the socket when it can be (`API_SOCKET`): the same line with the
+    server part only (`{"Server": {...}}`: no client version, which only `facts` reports)."""
+    command = f"{shell.quote(cli)} version --format '{{{{json .}}}}'"
+    if not api:
+        return command
+    api_cmd = "v=$(" + _api_get("/version") + ') && printf \'{"Server":%s}\\n\' "$v"'
+    return _api_or_cli(api_cmd, command, cli_on_error=True)
+
+
+def objects_command(container: str, image: str | None = None, cli: str = "docker", api: bool = False) -> str:
     """Container + image in one inspect (each CLI call costs 0.1-0.25 s on a busy host); with
-    `image` unknown, the container's own image is inspected after it."""
+    `image` unknown, the container's own image is inspected after it.  With `api`, the two
+    documents come from the socket when they can (`API_SOCKET`), each printed as a JSON array
+    as `inspect` prints it (an absent object: an empty array)."""
     if image:
-        return shell.join([cli, "inspect", container, image])
-    name = shell.quote(container)
-    return (
-        f"{cli} inspect --type container {name} && {cli} image inspect "
-        f"\"$({cli} inspect --type container -f '{{{{.Config.Image}}}}' {name})\""
+        command = shell.join([cli, "inspect", container, image])
+    else:
+        name = shell.quote(container)
+        command = (
+            f"{cli} inspect --type container {name} && {cli} image inspect "
+            f"\"$({cli} inspect --type container -f '{{{{.Config.Image}}}}' {name})\""
+        )
+    if not api:
+        return command
+    get_ctr = _api_get(f"/containers/{container}/json")
+    if image:
+        get_img = _api_get(f"/images/{image}/json")
+        find_img = ""
+    else:  # by the container's image id: the first "Image":"sha256:..." of its document
+        get_img = 'curl -sf --noproxy \'*\' -m 30 --unix-socket "$sock" "http://docker/images/$img/json"'
+        find_img = 'img=$(printf %s "$c" | grep -o \'"Image":"sha256:[0-9a-f]*"\' | head -1 | cut -d\'"\' -f4); '
+    api_cmd = (
+        f"c=$({get_ctr}); printf '[%s]\\n' \"$c\"; {find_img}"
+        f'i=$({get_img}); printf \'[%s]\\n\' "$i"; [ -n "$c" ] && [ -n "$i" ]'
     )
+    return _api_or_cli(api_cmd, command)
 
 
 def inspect_argv(kind: str, ref: str, cli: str = "docker") -> list[str]:
@@ -65,14 +115,25 @@ def inspect_argv(kind: str, ref: str, cli: str = "docker") -> list[str]:
     return [cli, kind, "inspect", ref]
 
 
-def container_id_command(container: str, cli: str = "docker") -> str:
+def container_id_command(container: str, cli: str = "docker", api: bool = False) -> str:
     """The container's full id, or nothing when it does not exist (stderr silenced)."""
-    return f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.Id}}', container])} 2>/dev/null"
+    command = f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.Id}}', container])} 2>/dev/null"
+    return _api_field(container, "Id", '"[0-9a-f]*"', command) if api else command
 
 
-def container_pid_command(container: str, cli: str = "docker") -> str:
+def container_pid_command(container: str, cli: str = "docker", api: bool = False) -> str:
     """The PID of the container's first process on the host (0 when stopped), or nothing."""
-    return f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.State.Pid}}', container])} 2>/dev/null"
+    command = f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.State.Pid}}', container])} 2>/dev/null"
+    return _api_field(container, "Pid", "[0-9]*", command) if api else command
+
+
+def _api_field(container: str, key: str, value: str, cli_command: str) -> str:
+    """The first `"key":value` of the container's compact API document (`Id` is its first key,
+    `State.Pid` comes before any other "Pid"; strings inside it escape their quotes)."""
+    pattern = shell.quote(f'"{key}":{value}')
+    get = _api_get(f"/containers/{container}/json")
+    pick = f"grep -o {pattern} | head -1 | cut -d: -f2 | tr -d '\"'"
+    return _api_or_cli(f"{get} | {pick}", cli_command)
 
 
 def exec_command(container: str, argv: list[str], cli: str = "docker") -> str:
@@ -86,16 +147,19 @@ def probe_sections(
     cli: str = "docker",
     runtimes: bool = False,
     names: SectionNames = ENGINE_SECTIONS,
+    api: bool = False,
 ) -> list[tuple[str, str]]:
     """Shell sections: engine version, then container + image in one inspect (pure).
 
     With `container` None, no objects (facts).  With `runtimes`, also the
     daemon's runtimes (what `facts` reports).  `names` renames the sections
-    to fit the caller's probe.
+    to fit the caller's probe.  With `api`, version and objects are asked over
+    the engine's socket when they can be (`API_SOCKET`; the CLI otherwise):
+    the hot probes (health, the deploy probe) use it.
     """
-    out = [(names.version, version_command(cli))] if names.version else []
+    out = [(names.version, version_command(cli, api))] if names.version else []
     if container and names.objects:
-        out.append((names.objects, objects_command(container, image, cli)))
+        out.append((names.objects, objects_command(container, image, cli, api)))
     if runtimes and names.runtimes:
         out.append((names.runtimes, f"{shell.quote(cli)} info --format '{{{{json .Runtimes}}}}'"))
     return out
