@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import deploy_noop  # noqa: E402
+import startup  # noqa: E402
 
 from remote_ops import deploy, fleet, sandbox  # noqa: E402
 from remote_ops.hostlab import HostLab, base_python_image  # noqa: E402
@@ -115,11 +116,12 @@ def _first_deploy(lab, spec):
 
 
 TMP = Path("/nonexistent")
+INSTALLED_ENV: dict = {}  # os.environ as an installed remote-ops runs in (startup.as_installed_env), set in main
 
 
 def cli(*args, ok=(0,), timeout=300, rtt=True) -> tuple[float, dict | None]:
     """One CLI run in a new process against the direct (`rtt=False`) or the delayed inventory."""
-    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(TMP / ("inv-rtt" if rtt else "inv-0ms"))}
+    env = {**INSTALLED_ENV, "REMOTE_OPS_INVENTORY": str(TMP / ("inv-rtt" if rtt else "inv-0ms"))}
     t = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-m", "remote_ops", *args],
@@ -338,8 +340,9 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="ro-bench-wan-") as d:
         tmp = Path(d)
-        global TMP
+        global TMP, INSTALLED_ENV
         TMP = tmp
+        INSTALLED_ENV = startup.as_installed_env()
         t0 = time.perf_counter()
         lab, specs, names = setup(tmp, args.hosts, args.rtt_ms, args.gpu_ms_per_1k_tokens)
         res["setup_s"] = time.perf_counter() - t0
