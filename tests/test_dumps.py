@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from remote_ops import dumps, shell
+from remote_ops.core import shell
+from remote_ops.workflows import dumps
 
 
 def _rec(key, tokens, size, rank=0, **extra):

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops import dumps
 from remote_ops.remote import transfer
+from remote_ops.workflows import dumps
 
 torch = pytest.importorskip("torch")
 H = 64

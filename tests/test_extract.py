@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract, extract_onhost
+from remote_ops.onhost import extract_onhost
+from remote_ops.workflows import extract
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import dumps
+from remote_ops.workflows import dumps
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))

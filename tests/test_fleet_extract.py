@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract
 from remote_ops.dumper import dumpfile
+from remote_ops.workflows import extract
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
 
 
 def _sample(sid, ids):
-    from remote_ops.extract_onhost import dump_key
+    from remote_ops.onhost.extract_onhost import dump_key
 
     return extract.Sample(sid, dump_key(ids), len(ids), json.dumps({"id": sid, "input_ids": ids}))
 
@@ -45,7 +45,7 @@ def test_split_skips_done_keys_keeps_same_content_together_and_balances_tokens()
 
 def test_merged_status_counts_by_content_and_the_record_of_absent_hosts():
     ledger = {"dataset_id": "d", "keys": ["k1", "k2", "k3", "k4"], "hosts": {"dead": {"done": ["k3"]}}}
-    from remote_ops.logs import ExtractionSummary
+    from remote_ops.workflows.logs import ExtractionSummary
 
     def st(name, running, eta):
         return extract.ExtractStatus(
@@ -137,7 +137,7 @@ def cli(env, *args, timeout=240):
 
 
 def _dataset(path: Path, n: int, tokens: int) -> set[str]:
-    from remote_ops.extract_onhost import dump_key
+    from remote_ops.onhost.extract_onhost import dump_key
 
     keys = set()
     with open(path, "w") as fh:
@@ -149,7 +149,7 @@ def _dataset(path: Path, n: int, tokens: int) -> set[str]:
 
 
 def _ok_keys(host) -> set[str]:
-    from remote_ops.extract_onhost import done_keys, manifest_records
+    from remote_ops.onhost.extract_onhost import done_keys, manifest_records
 
     return set(done_keys(manifest_records(str(host.paths.logs_dir / "extract" / "manifest.jsonl"))))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import logs
+from remote_ops.workflows import logs
 
 DATA = Path(__file__).parent / "data" / "logs"
 
@@ -183,7 +183,7 @@ def test_a_new_container_starts_a_new_generation():
 
 
 def test_follow_command_tags_each_source_and_quotes_paths():
-    from remote_ops.inventory import HostSpec
+    from remote_ops.core.inventory import HostSpec
 
     spec = HostSpec(name="h", logs={"extraction": "/data/a b.log"}, container={"name": "c1"})
     cmd = logs.follow_command(spec, ("server", "extraction"), None, 5, duration=60)
@@ -195,8 +195,8 @@ def test_follow_command_tags_each_source_and_quotes_paths():
 
 
 def test_unknown_log_kind_is_a_usage_error():
+    from remote_ops.core.inventory import HostSpec
     from remote_ops.errors import UsageError
-    from remote_ops.inventory import HostSpec
 
     with pytest.raises(UsageError):
         logs.log_sources(HostSpec(name="h"), ("nope",))

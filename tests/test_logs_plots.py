@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import logs, plots
+from remote_ops.core import plots
+from remote_ops.workflows import logs
 
 pytest.importorskip("matplotlib")
 DATA = Path(__file__).parent / "data" / "logs"

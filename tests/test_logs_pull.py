@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from remote_ops import logs
+from remote_ops.workflows import logs
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import hostlock, logs, shell, train as t
-from remote_ops.inventory import HostSpec
+from remote_ops.core import shell
+from remote_ops.core.inventory import HostSpec
+from remote_ops.workflows import hostlock, logs, train as t
 
 STANDIN = Path(__file__).resolve().parents[1] / "docker" / "standin" / "specforge_standin_train.py"
 

@@ -1,7 +1,7 @@
 """`dumps status|verify|pull --host GROUP`: every host's dumps as one tree with one merged manifest.
 
 Each host is reconciled (and verified) on its own, `--forks` at a time; the
-results are merged by dump key (`remote_ops.dumps.merge_hosts`).  A key on two
+results are merged by dump key (`remote_ops.workflows.dumps.merge_hosts`).  A key on two
 hosts is a duplicate: reported, and pulled once, from the first host whose copy
 verifies (header check with `verify`; size and sha256 on arrival with `pull`,
 falling back to the next copy when one fails).  A host that cannot be reached
@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import dumps as dumps_mod, fleet
 from ..errors import VerifyFailed
 from ..remote import transfer
+from ..workflows import dumps as dumps_mod, fleet
 
 
 def _each(app, hosts, forks, work):

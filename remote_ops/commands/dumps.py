@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from .. import dumps as dumps_mod
 from ..errors import NoSpace, VerifyFailed
 from ..remote import transfer
+from ..workflows import dumps as dumps_mod
 from . import _dumps_group
 from ._options import host_command, hosts_command
 
@@ -117,7 +117,7 @@ def status_cmd(app, hosts, forks, samples) -> int:
 
 
 def _total_from_log(host_name: str) -> int | None:
-    from .. import logs as logs_mod
+    from ..workflows import logs as logs_mod
 
     path = logs_mod.local_log_dir(host_name) / "extraction.log"
     return logs_mod.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
@@ -351,7 +351,7 @@ def _export_progress(advance, name: str):
 @host_command
 def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
     """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
-    from .. import export as export_mod
+    from ..workflows import export as export_mod
 
     spec = app.host(host)
     remote = app.remote(spec)

@@ -1,7 +1,7 @@
 """`remote-ops extract start|status|stop`: the extraction client on a host, or sharded over a group.
 
 A group (`--host GROUP`, `--all`) splits the samples not yet dumped across its
-hosts (see `remote_ops.extract`: done-ness is the union of the hosts' manifests
+hosts (see `remote_ops.workflows.extract`: done-ness is the union of the hosts' manifests
 by dump key, plus the local record of hosts no longer selected); each host runs
 its own client against its own server on its own shard file.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from .. import extract as extract_mod, fleet, hostlock
 from ..errors import CommandTimedOut, Refused, UsageError
+from ..workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
 from ._options import hosts_command
 from .logs import _render_extraction

@@ -6,8 +6,8 @@ import time
 
 import click
 
-from .. import health as health_mod
 from ..paths import host_dir
+from ..workflows import health as health_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -15,7 +15,7 @@ from ._options import hosts_command
 def _expected_image(spec) -> str | None:
     """The image ref deploy builds for this host (None when deploy can't tell)."""
     try:
-        from .. import deploy
+        from ..workflows import deploy
     except ImportError:
         return None
     fn = getattr(deploy, "image_ref", None)

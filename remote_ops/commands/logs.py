@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import click
 
-from .. import logs as logs_mod
 from ..errors import CommandTimedOut
+from ..workflows import logs as logs_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -175,7 +175,7 @@ def _read(path) -> str:
 
 
 def _plots(local, name, ext_text, training):
-    from .. import plots
+    from ..core import plots
 
     out = local / "plots"
     written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)

@@ -25,7 +25,7 @@ import fnmatch
 import ipaddress
 from typing import Any, Protocol
 
-from .errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError
 
 
 class _Inventory(Protocol):

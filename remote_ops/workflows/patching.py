@@ -19,7 +19,7 @@ Round trips (each is one `remote.run`):
 - check, status: 1 (file bytes + sha256 + stat + SGLang version + backup record,
   framed by `shell.sections`); verify: 1 (the same plus `python3 -m py_compile`).
 - apply: 2: the read, then one write that takes the new bytes on stdin and, under
-  the host lock (`remote_ops.hostlock`: atomic `mkdir`, holder info inside,
+  the host lock (`remote_ops.workflows.hostlock`: atomic `mkdir`, holder info inside,
   deadline, stale locks of dead remote PIDs broken), checks the file is unchanged since the read, writes a temp
   file in the same directory, keeps mode and owner, fsyncs, runs
   `python3 -m py_compile` on it, makes the backup (+ sha256 sidecar) and renames
@@ -32,7 +32,7 @@ Round trips (each is one `remote.run`):
 - revert: 2 (read, write).
 
 The decisions (anchors, evidence, diffs, version gate) are pure functions of
-the bytes read, in `remote_ops.anchors` and `remote_ops.source`.
+the bytes read, in `remote_ops.core.anchors` and `remote_ops.core.source`.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import anchors, hostlock, patchspec, shell, source as srcview
-from .anchors import AnchorRefusal, PatchSpec
-from .errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
-from .remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
+from ..core import anchors, patchspec, shell, source as srcview
+from ..core.anchors import AnchorRefusal, PatchSpec
+from ..errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
+from ..remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
+from . import hostlock
 
 BACKUP_SUFFIX = ".remote-ops-backup"
 LOCK_WAIT_S = 30.0

@@ -1,6 +1,6 @@
 """The extraction run: start, watch and stop `extract_onhost.py` on a host.
 
-The client (stdlib-only, `remote_ops/extract_onhost.py`) runs beside the
+The client (stdlib-only, `remote_ops/onhost/extract_onhost.py`) runs beside the
 container with the host's `python3` and talks to the server's published port
 (`127.0.0.1:<server.port>`).  Everything it needs lives in one work dir on the
 host, `<logs.dir>/extract/`: the client script, the dataset, its manifest
@@ -24,8 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from . import shell
-from .errors import CommandTimedOut, NotFound, Refused
+from .. import onhost
+from ..core import shell
+from ..errors import CommandTimedOut, NotFound, Refused
 from .logs import ExtractionSummary, parse_extraction
 
 CLIENT_NAME = "extract_onhost.py"
@@ -56,7 +57,7 @@ def paths_for(host) -> ExtractPaths:
 
 
 def client_source() -> bytes:
-    return (Path(__file__).resolve().parent / CLIENT_NAME).read_bytes()
+    return onhost.source(CLIENT_NAME)
 
 
 # --------------------------------------------------------------------------- commands (pure)
@@ -380,7 +381,7 @@ class Sample:
 
 def read_samples(path: Path, max_samples: int | None = None) -> list[Sample]:
     """The local dataset as `Sample`s (first `max_samples` only), with the client's key rule."""
-    from .extract_onhost import dump_key, read_dataset
+    from ..onhost.extract_onhost import dump_key, read_dataset
 
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     parsed = read_dataset(str(path))
@@ -481,7 +482,7 @@ def merge_status(
 
 
 def ledger_dir() -> Path:
-    from .paths import state_dir
+    from ..paths import state_dir
 
     return state_dir() / "extract" / "fleet"
 

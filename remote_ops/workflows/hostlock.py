@@ -43,9 +43,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
-from . import __version__, shell
-from .errors import Refused, RemoteOpsError
-from .remote import Remote
+from .. import __version__
+from ..core import shell
+from ..errors import Refused, RemoteOpsError
+from ..remote import Remote
 
 #: Exit status of `take_cmd` when someone else holds the lock.
 RC_HELD = 75
@@ -271,7 +272,7 @@ def take(remote: Remote, host, what: str) -> str:
     if r.exit_status == RC_HELD:
         raise held_refusal(host, parse_info(r.stdout) if r.stdout.strip() else None, what)
     if r.exit_status != 0:
-        from .errors import CommandFailed
+        from ..errors import CommandFailed
 
         raise CommandFailed(
             f"lock: cannot create {host.lock_dir}",
@@ -309,7 +310,7 @@ def held(remote: Remote, host, what: str) -> Iterator[str]:
 
     If the release itself fails (connection lost), the original error wins and
     the recovery hint is added to it."""
-    from . import signals
+    from .. import signals
 
     token = take(remote, host, what)
     failed = False

@@ -43,11 +43,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import facts, shell
-from .engine import labels, probe as engine_probe
-from .engine.types import ContainerInfo, ImageInfo
-from .errors import ExitCode
-from .inventory import HostSpec
+from ..core import shell
+from ..core.inventory import HostSpec
+from ..engine import labels, probe as engine_probe
+from ..engine.types import ContainerInfo, ImageInfo
+from ..errors import ExitCode
+from . import facts
 
 ORDER = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
 #: The engine's sections in the health probe (commands and parsing live in `remote_ops.engine.probe`).
@@ -532,7 +533,7 @@ def probe_checks(
 
     Raises the SSH seam's typed error when the host does not answer at all
     (timeout, connection lost); a single hung probe is only its own failure."""
-    from .remote import command_deadline
+    from ..remote import command_deadline
 
     probe_s = facts.probe_deadline(command_deadline(remote))
     out = remote.run(shell.parallel_sections(probes(host, deep, expected_image, probe_s)), check=False).stdout
@@ -547,7 +548,7 @@ def check_host(
     Connection failures become the failing SSH check instead of an exception,
     so `--all` reports every host; the error's exit code is kept (`exit_code`).
     """
-    from .errors import RemoteOpsError
+    from ..errors import RemoteOpsError
 
     start = time.monotonic()
     try:

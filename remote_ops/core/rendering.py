@@ -22,8 +22,8 @@ from typing import Any
 
 import jinja2
 
-from .errors import ConfigError
-from .paths import repo_resource
+from ..errors import ConfigError
+from ..paths import repo_resource
 
 DOCKERFILE = "Dockerfile.j2"
 

@@ -28,9 +28,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import secrets, shell
-from .engine import labels, probe as engine_probe
-from .engine.cli import (
+from ..core import secrets, shell
+from ..core.inventory import HostSpec
+from ..engine import labels, probe as engine_probe
+from ..engine.cli import (
     TOOL_DIR,
     build_cmd,
     buildx_cmd,
@@ -41,11 +42,10 @@ from .engine.cli import (
     verify_in_container_cmd,
     verify_in_image_cmd,
 )
-from .engine.spec import cli_argv, dump_env, for_host, gpu_flags, server_args
-from .engine.types import ContainerInfo, ImageInfo
-from .errors import NotFound, RemoteOpsError
-from .inventory import HostSpec
-from .remote import LineSink, Remote, command_deadline
+from ..engine.spec import cli_argv, dump_env, for_host, gpu_flags, server_args
+from ..engine.types import ContainerInfo, ImageInfo
+from ..errors import NotFound, RemoteOpsError
+from ..remote import LineSink, Remote, command_deadline
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def engine_for(remote: Remote, engine: Any = None) -> Iterator[Any]:
     if engine is not None:
         yield engine
         return
-    from .engine import open_engine
+    from ..engine import open_engine
 
     fresh = open_engine(remote)
     try:
@@ -252,7 +252,7 @@ def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int
 
 def _run_masked(remote: Remote, command: str | list[str], timeout: float):
     """Run a command that may carry secret values (`docker run -e HF_TOKEN=…`); an error
-    raised by it shows the command with those values masked (`remote_ops.secrets`)."""
+    raised by it shows the command with those values masked (`remote_ops.core.secrets`)."""
     try:
         return remote.run(command, timeout=timeout)
     except RemoteOpsError as exc:
@@ -328,7 +328,7 @@ def verify_patch(
 
 def require_ok(result: PatchInImage, host: str) -> PatchInImage:
     """Raise VerifyFailed unless the in-image verification passed."""
-    from .errors import VerifyFailed
+    from ..errors import VerifyFailed
 
     if not result.ok:
         raise VerifyFailed(

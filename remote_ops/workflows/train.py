@@ -40,8 +40,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import __version__, hostlock, shell
-from .errors import CommandTimedOut, Refused, RemoteOpsError
+from .. import __version__
+from ..core import shell
+from ..errors import CommandTimedOut, Refused, RemoteOpsError
+from . import hostlock
 from .logs import parse_training
 
 STANDIN = "specforge_standin_train.py"
@@ -72,7 +74,7 @@ def paths_for(spec, data: str | None = None, output: str | None = None) -> Train
 
 
 def standin_source() -> bytes:
-    from .paths import repo_resource
+    from ..paths import repo_resource
 
     return repo_resource("docker", "standin", STANDIN).read_bytes()
 
@@ -131,8 +133,8 @@ def run_yaml(spec, p: TrainPaths, draft_config: str, run_id: str, epochs: int, n
 
 
 def dockerfile(spec, extra_packages: tuple[str, ...] = ("datasets", "yunchang", "openai-harmony")) -> str:
-    from . import __version__
-    from .rendering import render
+    from .. import __version__
+    from ..core.rendering import render
 
     return render(
         "Dockerfile.train.j2",
@@ -449,7 +451,7 @@ class _Lifecycle:
             self.events(s)
 
     def run(self, act) -> TrainResult:
-        from . import signals
+        from .. import signals
 
         failure = None
         try:
@@ -510,7 +512,7 @@ class _Lifecycle:
         return None
 
     def _record_doc(self, failure: BaseException | None) -> dict:
-        from .console import to_jsonable
+        from ..console import to_jsonable
 
         error = None
         if failure is not None:
@@ -555,7 +557,7 @@ def audit_line(record: dict) -> dict:
 
 def write_record(host_name: str, doc: dict) -> Path:
     """runs/<UTC time>-<pid>-train.json under the host's state dir (atomic rename), beside deploy's records."""
-    from .paths import host_dir
+    from ..paths import host_dir
 
     runs = host_dir(host_name) / "runs"
     runs.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """`dumps export --format specforge`: run the stdlib exporter on the host, follow it, read its report.
 
-The work is done on the host by `remote_ops/specforge_export.py` (stdlib only,
+The work is done on the host by `remote_ops/onhost/specforge_export.py` (stdlib only,
 sent on stdin to the host's `python3`, like `dumper/dumpfile.py`), so the dumps never
 travel. This module builds its command line (pure), parses its JSON-lines
 output (pure), and runs it over the `Remote` seam.
@@ -18,14 +18,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import shell
-from .errors import CommandFailed, NotFound
+from .. import onhost
+from ..core import shell
+from ..errors import CommandFailed, NotFound
 
 SCRIPT = "specforge_export.py"
 
 
 def script_source() -> bytes:
-    return (Path(__file__).resolve().parent / SCRIPT).read_bytes()
+    return onhost.source(SCRIPT)
 
 
 def default_out(spec) -> str:

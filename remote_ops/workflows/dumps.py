@@ -23,9 +23,10 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import shell
-from .errors import CommandFailed, NotFound
-from .remote.transfer import PullItem
+from ..core import shell
+from ..errors import CommandFailed, NotFound
+from ..paths import package_file
+from ..remote.transfer import PullItem
 
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
@@ -297,7 +298,7 @@ def probe(remote, dump_dir: str, timeout: float | None = None) -> Probe:
 
 def format_script() -> bytes:
     """The stdlib-only dump checker shipped to the host on stdin."""
-    return (Path(__file__).resolve().parent / "dumper" / "dumpfile.py").read_bytes()
+    return package_file("dumper", "dumpfile.py").read_bytes()
 
 
 def verify_command(dump_dir: str, hidden_size: int | None, check_sha: bool) -> str:
@@ -334,7 +335,7 @@ def errors_of(report: dict) -> list[dict]:
 
 
 def local_dump_dir(host_name: str) -> Path:
-    from .paths import host_dir
+    from ..paths import host_dir
 
     return host_dir(host_name) / "dumps"
 
@@ -461,6 +462,6 @@ def write_merged_manifests(merged: FleetDumps, kept: dict[str, str], local_root:
 
 
 def merged_dump_dir() -> Path:
-    from .paths import state_dir
+    from ..paths import state_dir
 
     return state_dir() / "merged" / "dumps"

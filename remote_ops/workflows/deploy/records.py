@@ -9,8 +9,8 @@ import socket
 import time
 from pathlib import Path
 
-from .. import __version__
-from ..paths import host_dir
+from ... import __version__
+from ...paths import host_dir
 
 
 def write_record(host_name: str, doc: dict) -> Path:
@@ -19,7 +19,7 @@ def write_record(host_name: str, doc: dict) -> Path:
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}-deploy.json")
     tmp = path.with_suffix(".tmp")
-    from ..console import to_jsonable
+    from ...console import to_jsonable
 
     tmp.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
     tmp.replace(path)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..errors import NotFound, UsageError
 from . import anchors
-from .errors import NotFound, UsageError
 
 RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:[:,]\s*(\d+)\s*)?$")
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .errors import ExitCode, RemoteOpsError
+from ..errors import ExitCode, RemoteOpsError
 
 DEFAULT_FORKS = 16
 

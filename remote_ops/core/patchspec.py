@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from ..errors import ConfigError, NotFound, Refused
+from ..paths import repo_resource
 from . import anchors
 from .anchors import AnchorRefusal, PatchSpec
-from .errors import ConfigError, NotFound, Refused
-from .paths import repo_resource
 
 DEFAULT_PATCH = "eagle3-hs-dump"
 PATH_ENV = "REMOTE_OPS_PATCH_PATH"

@@ -5,7 +5,7 @@
     workflow.py  the steps and `Deploy` (check -> act -> verify, records, unlock), `wait_until_healthy`
     records.py   the local run record and the host's audit line
 
-The host lock is `remote_ops.hostlock`; the container goes through the engine
+The host lock is `remote_ops.workflows.hostlock`; the container goes through the engine
 seam (`remote_ops.engine`).  Commands import from here.
 """
 

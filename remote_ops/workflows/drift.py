@@ -1,6 +1,6 @@
 """`patch drift`: does the patch still land in other SGLang releases?  Three verdicts.
 
-For each release (the real wheel from PyPI, cached by `remote_ops.wheels`):
+For each release (the real wheel from PyPI, cached by `remote_ops.workflows.wheels`):
 
 - tree anchor: `anchors.plan` on the release's copy of the spec's target file
   (line, neighbours, or the named refusal);
@@ -26,9 +26,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import anchors, patchspec, wheels
-from .anchors import AnchorRefusal, PatchSpec
-from .errors import RemoteOpsError
+from ..core import anchors, patchspec
+from ..core.anchors import AnchorRefusal, PatchSpec
+from ..errors import RemoteOpsError
+from . import wheels
 
 HUNK_RE = re.compile(
     r"Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"

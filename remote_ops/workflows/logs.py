@@ -4,7 +4,7 @@ Three kinds of log live on a host:
 
 - `server`: the SGLang container's output (`docker logs`), container name from
   the inventory (`container.name`);
-- `extraction`: the log of `remote_ops/extract_onhost.py` (inventory `logs.extraction`);
+- `extraction`: the log of `remote_ops/onhost/extract_onhost.py` (inventory `logs.extraction`);
 - `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
 
 Parsing is pure (text in, summaries out).  Pulling is a pure *plan* (what to
@@ -45,8 +45,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import shell
-from .errors import UsageError
+from ..core import shell
+from ..errors import UsageError
 
 KINDS = ("server", "extraction", "training")
 
@@ -499,7 +499,7 @@ class PulledLog:
 
 
 def local_log_dir(host_name: str) -> Path:
-    from .paths import host_dir
+    from ..paths import host_dir
 
     return host_dir(host_name) / "logs"
 

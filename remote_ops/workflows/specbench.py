@@ -24,8 +24,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import shell
-from .errors import CommandFailed
+from .. import onhost
+from ..core import shell
+from ..errors import CommandFailed
 
 CLIENT = "specbench_onhost.py"
 DEFAULT_PROMPTS = [
@@ -158,7 +159,7 @@ def label(standin: bool) -> str:
 
 
 def result_dir(host_name: str) -> Path:
-    from .paths import host_dir
+    from ..paths import host_dir
 
     return host_dir(host_name) / "specbench"
 
@@ -183,7 +184,7 @@ def load(folder: Path, mode: str) -> BenchSummary | None:
 
 def plot(c: Comparison, path: Path) -> Path:
     """Two panels: tokens/s baseline vs spec, and the spec run's accepted-drafts histogram."""
-    from .plots import _pyplot, _save
+    from ..core.plots import _pyplot, _save
 
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -235,7 +236,7 @@ def run(
     remote.run(["mkdir", "-p", wd])
     remote.put(prompts, f"{wd}/prompts.jsonl")
     url = url or f"http://127.0.0.1:{spec.server.port}"
-    client = (Path(__file__).resolve().parent / CLIENT).read_bytes()
+    client = onhost.source(CLIENT)
     result = remote.run(
         client_command(url, f"{wd}/prompts.jsonl", max_new_tokens, warmup), input=client, check=False, timeout=timeout
     )

@@ -42,9 +42,9 @@ from typing import Any, Callable
 
 import yaml
 
-from . import rendering
-from .errors import RemoteOpsError
-from .paths import repo_resource, sandbox_dir, sandbox_inventory_file
+from ..core import rendering
+from ..errors import RemoteOpsError
+from ..paths import repo_resource, sandbox_dir, sandbox_inventory_file
 
 NAME = "sandbox"
 CONTAINER = f"sglang-eagle3-{NAME}"  # LabHost.container_name of the sandbox host
@@ -195,8 +195,8 @@ def daemon_key(kind: str, host: str, count: int) -> str:
 
 def _probe_daemons(state: dict) -> dict[str, Daemon]:
     """Check each sshd, the dockerd and each container of a recorded sandbox (edges: /proc, sockets, docker CLI)."""
-    from .hostlab._proc import port_open
-    from .hostlab.lab import _ours
+    from ..hostlab._proc import port_open
+    from ..hostlab.lab import _ours
 
     hosts = state.get("hosts") or [{}]
     d = state.get("dockerd")
@@ -224,14 +224,14 @@ def _core_ok(daemons: dict) -> bool:
 
 
 def _recorded_dockerd(d: dict):
-    from .hostlab import Dockerd
+    from ..hostlab import Dockerd
 
     return Dockerd(Path(d["dir"]), d["bridge"], d["subnet"])
 
 
 def _dockerd_answers(d: dict | None) -> bool:
-    from .hostlab import LabError
-    from .hostlab.images import docker
+    from ..hostlab import LabError
+    from ..hostlab.images import docker
 
     if not d or not _recorded_dockerd(d).socket.exists():
         return False
@@ -242,8 +242,8 @@ def _dockerd_answers(d: dict | None) -> bool:
 
 
 def _container_state(d: dict, name: str) -> tuple[int | None, str]:
-    from .hostlab import LabError
-    from .hostlab.images import docker
+    from ..hostlab import LabError
+    from ..hostlab.images import docker
 
     try:
         proc = docker(_recorded_dockerd(d).socket, "inspect", "-f", "{{.State.Status}}", name, timeout=10, check=False)
@@ -253,7 +253,7 @@ def _container_state(d: dict, name: str) -> tuple[int | None, str]:
 
 
 def _recorded_state() -> dict:
-    from .hostlab import HostLab
+    from ..hostlab import HostLab
 
     d = lab_dir()
     state = HostLab.attach(d).state if (d / "lab.json").exists() else {"hosts": []}
@@ -288,7 +288,7 @@ def up(
 
     `patch` is the patch spec a fresh sandbox's inventory names; its model config.json
     carries that spec's first architecture (the checkout holds the whole real tree)."""
-    from . import patchspec
+    from ..core import patchspec
 
     patchspec.model(patch)  # an unknown spec fails before anything starts
     current = status()
@@ -346,8 +346,8 @@ def heal(current: SandboxStatus, progress: Callable[[str], None] = lambda s: Non
 
 
 def _kill_if_ours(pid: int | None) -> None:
-    from .hostlab._proc import kill_tree
-    from .hostlab.lab import _ours
+    from ..hostlab._proc import kill_tree
+    from ..hostlab.lab import _ours
 
     if pid and _ours(pid, lab_dir()):
         kill_tree(pid, term_timeout=5, timeout=10)
@@ -363,8 +363,8 @@ def _restart_dockerd(d: dict) -> int:
 
 def _restart_sshd(h: dict, d: dict | None) -> int:
     """The sandbox's sshd again: same address, port, host key, client key and session environment."""
-    from .hostlab import SshdHost
-    from .hostlab.sshd import DEFAULT_PATH, KeyPair
+    from ..hostlab import SshdHost
+    from ..hostlab.sshd import DEFAULT_PATH, KeyPair
 
     _kill_if_ours(h.get("pid"))
     env = {"PATH": f"{lab_dir() / 'bin'}:{DEFAULT_PATH}"}
@@ -384,7 +384,7 @@ def _restart_sshd(h: dict, d: dict | None) -> int:
 
 
 def _start_lab(version: str, progress, names: list[str], patch: str = "deepseek-v2"):
-    from .hostlab import HostLab, lab_unavailable
+    from ..hostlab import HostLab, lab_unavailable
 
     reason = lab_unavailable()
     if reason:
@@ -395,8 +395,8 @@ def _start_lab(version: str, progress, names: list[str], patch: str = "deepseek-
 
 
 def _prepare_images(lab, version: str, progress) -> str:
-    from .hostlab import base_python_image
-    from .hostlab.images import docker
+    from ..hostlab import base_python_image
+    from ..hostlab.images import docker
 
     progress("python3 base image (debootstrap, cached after the first time)")
     base = base_python_image(lab.dockerd.socket)
@@ -405,7 +405,7 @@ def _prepare_images(lab, version: str, progress) -> str:
 
 
 def _prepare_host(lab, name: str, version: str, progress, patch: str = "deepseek-v2") -> None:
-    from . import patchspec
+    from ..core import patchspec
 
     progress(f"{name}: real SGLang {version} tree at the host's checkout")
     lab.install_sglang(name, version)
@@ -426,7 +426,7 @@ def _write_inventory(lab, base_tag: str) -> Path:
 
 def down(quiet: bool = False) -> SandboxStatus:
     """Stop the sandbox's daemons by recorded PID and remove its inventory entry."""
-    from .hostlab import HostLab
+    from ..hostlab import HostLab
 
     if (lab_dir() / "lab.json").exists():
         HostLab.attach(lab_dir()).stop()

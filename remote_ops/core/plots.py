@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UsageError
-from .logs import TrainingSummary
+from ..errors import UsageError
+from ..workflows.logs import TrainingSummary
 
 PHASE_STYLE = {"train": "-", "eval": "--"}
 

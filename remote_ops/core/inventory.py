@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError, NotFound
+from ..errors import ConfigError, NotFound
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------
 #: The docker reference grammar (github.com/distribution/reference, regexp.go).
@@ -332,7 +332,7 @@ def default_inventory_paths() -> list[Path]:
     """`$REMOTE_OPS_INVENTORY` (os.pathsep list), else ./inventory, plus the sandbox's."""
     env = os.environ.get("REMOTE_OPS_INVENTORY")
     paths = [Path(p) for p in env.split(os.pathsep) if p] if env else [Path("inventory")]
-    from .paths import sandbox_inventory_file  # local import: paths is tiny, avoids a cycle
+    from ..paths import sandbox_inventory_file  # local import: paths is tiny, avoids a cycle
 
     sandbox = sandbox_inventory_file()
     return paths + ([sandbox] if sandbox.exists() else [])

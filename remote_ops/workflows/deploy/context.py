@@ -15,19 +15,21 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, container, shell
-from ..engine import labels
-from ..errors import Refused
-from ..inventory import HostSpec
-from ..paths import repo_resource
+from ... import __version__
+from ...core import shell
+from ...core.inventory import HostSpec
+from ...engine import labels
+from ...errors import Refused
+from ...paths import package_file, repo_resource
+from .. import container
 
 HEALTHCHECK_PATH = "/get_model_info"
 
 
 def patch_spec_path(host: HostSpec) -> Path:
     """The host's bound patch spec as the one JSON file `anchors.py --spec` reads (in the cache dir)."""
-    from .. import patchspec
-    from ..paths import cache_dir
+    from ...core import patchspec
+    from ...paths import cache_dir
 
     spec = load_patch(host)
     path = cache_dir() / "patch-specs" / f"{spec.name}-{spec.hash}.json"
@@ -39,7 +41,7 @@ def patch_spec_path(host: HostSpec) -> Path:
 def load_patch(host: HostSpec):
     """The host's patch spec (anchors.PatchSpec: file + class); its id and hash label the image.
     A host whose inventory names no spec is bound first (`patching.bind_host`)."""
-    from .. import patchspec
+    from ...core import patchspec
 
     return patchspec.for_host(host)
 
@@ -91,7 +93,7 @@ def dockerfile_variables(
 
 def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) -> str:
     """The Dockerfile as it will be built, with its context-hash label."""
-    from .. import rendering
+    from ...core import rendering
 
     return rendering.render(
         rendering.DOCKERFILE,
@@ -101,7 +103,7 @@ def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) ->
 
 def context_files(patch) -> dict[str, bytes]:
     """Build-context files shipped from here (name in context -> bytes); the sglang tree comes from the host."""
-    from .. import anchors
+    from ...core import anchors
 
     files = {
         "anchors.py": Path(anchors.__file__).read_bytes(),
@@ -109,7 +111,7 @@ def context_files(patch) -> dict[str, bytes]:
         "verify_patch.py": repo_resource("docker", "verify_patch.py").read_bytes(),
         "entrypoint.sh": repo_resource("docker", "entrypoint.sh").read_bytes(),
     }
-    dump_dir = Path(__file__).resolve().parents[1] / "dumper"
+    dump_dir = package_file("dumper")
     for path in sorted(dump_dir.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md"):
             files[f"remote_ops_dump/{path.relative_to(dump_dir).as_posix()}"] = path.read_bytes()
@@ -164,7 +166,8 @@ def render_for_host(host: HostSpec) -> str:
     SGLang version and of that file with the patch applied: what deploy builds
     when the host's checkout is the pristine release.
     """
-    from .. import anchors, wheels
+    from ...core import anchors
+    from .. import wheels
 
     patch = load_patch(host)
     text = wheels.sglang_source(host.sglang.version, patch.target).decode("utf-8")

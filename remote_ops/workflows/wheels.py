@@ -18,8 +18,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from .errors import NotFound, RemoteOpsError, VerifyFailed
-from .paths import cache_dir
+from ..errors import NotFound, RemoteOpsError, VerifyFailed
+from ..paths import cache_dir
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 

@@ -46,11 +46,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import __version__, container, hostlock, secrets, shell
-from ..engine import labels
-from ..errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
-from ..inventory import HostSpec
-from ..remote import Remote
+from ... import __version__
+from ...core import secrets, shell
+from ...core.inventory import HostSpec
+from ...engine import labels
+from ...errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
+from ...remote import Remote
+from .. import container, hostlock
 from .context import (
     context_files,
     context_hash,
@@ -125,7 +127,7 @@ def push(remote: Remote, host: HostSpec, patch, events: Events) -> str:
 
 
 def apply_patch(remote: Remote, host: HostSpec) -> dict:
-    """Apply the anchored patch with `remote_ops.patching` (deploy already holds the host lock)."""
+    """Apply the anchored patch with `remote_ops.workflows.patching` (deploy already holds the host lock)."""
     from .. import patching
 
     try:
@@ -295,7 +297,7 @@ class Deploy:
     def engine(self) -> Any:
         """The engine channel of this run, opened on first use (a no-op deploy never opens it)."""
         if self._engine is None:
-            from ..engine import open_engine
+            from ...engine import open_engine
 
             self._engine = open_engine(self.remote)
         return self._engine
@@ -309,7 +311,7 @@ class Deploy:
     def run(self) -> DeployResult:
         """Probe (taking the lock), plan, act on what is out of date; always record and unlock,
         also after an error or a signal (`failure` is then recorded against the current step)."""
-        from .. import signals
+        from ... import signals
 
         t = time.monotonic()
         failure: BaseException | None = None
@@ -502,7 +504,7 @@ class Deploy:
         A lock that cannot be released (connection lost, host frozen) is said
         so in the record and in the error, with how to recover."""
         self.current = "record"
-        from ..console import to_jsonable
+        from ...console import to_jsonable
 
         doc = secrets.mask_data(
             to_jsonable(
@@ -564,7 +566,8 @@ class Deploy:
 
 def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
     """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
-    from .. import anchors, patching
+    from ...core import anchors
+    from .. import patching
 
     diffs: dict[str, str] = {}
     text = ""

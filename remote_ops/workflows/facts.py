@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from . import shell
-from .engine import probe as engine_probe
-from .inventory import HostSpec
-from .remote import Remote, command_deadline
+from ..core import shell
+from ..core.inventory import HostSpec
+from ..engine import probe as engine_probe
+from ..remote import Remote, command_deadline
 
 #: The engine's sections in the facts probe (commands and parsing live in `remote_ops.engine.probe`).
 ENGINE_SECTIONS = engine_probe.SectionNames(version="docker", objects=None, runtimes="runtimes")

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from .. import container, facts, hostlock, shell
-from ..engine import labels, probe as engine_probe
-from ..engine.types import ContainerInfo, ImageInfo
-from ..inventory import HostSpec
-from ..remote import Remote, command_deadline
+from ...core import shell
+from ...core.inventory import HostSpec
+from ...engine import labels, probe as engine_probe
+from ...engine.types import ContainerInfo, ImageInfo
+from ...remote import Remote, command_deadline
+from .. import container, facts, hostlock
 from .context import context_hash
 
 
