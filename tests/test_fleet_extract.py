@@ -45,7 +45,7 @@ def test_split_skips_done_keys_keeps_same_content_together_and_balances_tokens()
 
 def test_merged_status_counts_by_content_and_the_record_of_absent_hosts():
     ledger = {"dataset_id": "d", "keys": ["k1", "k2", "k3", "k4"], "hosts": {"dead": {"done": ["k3"]}}}
-    from remote_ops.workflows.logs import ExtractionSummary
+    from remote_ops.core.logparse import ExtractionSummary
 
     def st(name, running, eta):
         return extract.ExtractStatus(

@@ -117,10 +117,11 @@ def status_cmd(app, hosts, forks, samples) -> int:
 
 
 def _total_from_log(host_name: str) -> int | None:
+    from ..core import logparse
     from ..workflows import logs as logs_mod
 
     path = logs_mod.local_log_dir(host_name) / "extraction.log"
-    return logs_mod.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
+    return logparse.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
 
 
 @dumps_group.command("verify")

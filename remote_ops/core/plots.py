@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
-from ..workflows.logs import TrainingSummary
+from .logparse import TrainingSummary
 
 PHASE_STYLE = {"train": "-", "eval": "--"}
 

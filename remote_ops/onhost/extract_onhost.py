@@ -24,7 +24,7 @@ hidden states of the prompt), keeping N requests in flight.
 - Transient errors (connection refused/reset, timeouts, HTTP 5xx/429) are
   retried with exponential backoff and jitter; others fail the sample.
 - Progress goes to the log as `<UTC time> <event> key=value ...` lines, parsed
-  by `remote_ops.workflows.logs.parse_extraction`:
+  by `remote_ops.core.logparse.parse_extraction`:
   `started`, `progress` (every few seconds), `error` (a retried attempt),
   `failed` (gave up), `finished`/`stopped` (last line).
 - At the end it checks that each sample's dump file exists

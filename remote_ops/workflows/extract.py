@@ -26,8 +26,8 @@ from pathlib import Path, PurePosixPath
 
 from .. import onhost
 from ..core import shell
+from ..core.logparse import ExtractionSummary, parse_extraction
 from ..errors import CommandTimedOut, NotFound, Refused
-from .logs import ExtractionSummary, parse_extraction
 
 CLIENT_NAME = "extract_onhost.py"
 

@@ -19,7 +19,7 @@ step on failure.  `run.json` next to the log says which run was started (plan an
 fingerprint): `start` of the same plan while it runs is a no-op, of another plan
 refused; `stop` of nothing is a no-op.  `--dry-run` reads the host only.
 
-Status reads the training log (`logs.parse_training`: step, per-position accuracy,
+Status reads the training log (`logparse.parse_training`: step, per-position accuracy,
 0.2.0's `perf/optimizer_step_time_s` or the older tqdm bar for the ETA), `run.json`
 (epochs, steps per epoch when known) and the newest `<run_id>-step<N>` folder.
 tau is estimated from the per-position accuracies as `1 + sum_k prod_{j<=k} acc_j`
@@ -42,9 +42,9 @@ from pathlib import Path, PurePosixPath
 
 from .. import __version__
 from ..core import shell
+from ..core.logparse import parse_training
 from ..errors import CommandTimedOut, Refused, RemoteOpsError
 from . import hostlock
-from .logs import parse_training
 
 STANDIN = "specforge_standin_train.py"
 SPECFORGE_VERSION = "0.2.0"
