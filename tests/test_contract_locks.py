@@ -206,7 +206,7 @@ def test_signal_during_deploy_releases_lock_and_records_the_step(spec, lab_env, 
 # -- defect 2: stale locks and `unlock` ---------------------------------------------------------------
 HOLDER = """
 import sys, time
-from remote_ops import hostlock
+from remote_ops.workflows import hostlock
 from remote_ops.app import App
 app = App()
 spec = app.host(sys.argv[1])
