@@ -41,10 +41,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from remote_ops import container, deploy, sandbox  # noqa: E402
 from remote_ops.hostlab import HostLab, base_python_image  # noqa: E402
 from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
 from remote_ops.remote import FabricRemote  # noqa: E402
+from remote_ops.workflows import container, deploy, sandbox  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = "bench"
@@ -72,7 +72,7 @@ def setup(tmp: Path):
 
 
 def _spec(inv: Path):
-    from remote_ops.inventory import load_inventory
+    from remote_ops.core.inventory import load_inventory
 
     return load_inventory([inv]).one(NAME)
 
@@ -109,7 +109,7 @@ def bench_cli(runs: int) -> list[dict]:
 
 def bench_health(lab, spec, runs: int) -> dict:
     """`health` on the deployed host: CLI (new process) and in-process, with round trips."""
-    from remote_ops import health
+    from remote_ops.workflows import health
 
     cli, inproc, trips = [], [], []
     for _ in range(runs):
@@ -194,7 +194,7 @@ def bench_inprocess(lab, spec, runs: int) -> list[dict]:
 def noop_commands(spec) -> list[str]:
     """The exact command strings a no-op deploy sends (probe taking the lock, audit+unlock)."""
     ref = deploy.image_tag(spec, deploy.load_patch(spec))
-    from remote_ops import shell
+    from remote_ops.core import shell
 
     audit = {"time": time.time(), "action": "deploy", "ok": True, "up_to_date": True, "tool": "bench-openssh"}
     return [shell.sections(deploy.probe_commands(spec, ref, "bench")), deploy.unlock_and_audit_cmd(spec, audit)]

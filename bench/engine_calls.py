@@ -40,12 +40,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from remote_ops import container, deploy, health, shell  # noqa: E402
+from remote_ops.core import shell  # noqa: E402
 from remote_ops.engine import labels  # noqa: E402
 from remote_ops.engine.docker import DockerEngine  # noqa: E402
 from remote_ops.hostlab import HostLab, busybox_image  # noqa: E402
 from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
 from remote_ops.remote import FabricRemote  # noqa: E402
+from remote_ops.workflows import container, deploy, health  # noqa: E402
 
 NAME = "bench"
 DOCKER_SECTIONS = {"docker", "objects", "container"}  # the engine's part of deploy's / health's probe

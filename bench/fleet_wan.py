@@ -54,10 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deploy_noop  # noqa: E402
 import startup  # noqa: E402
 
-from remote_ops import deploy, fleet, sandbox  # noqa: E402
 from remote_ops.hostlab import HostLab, base_python_image  # noqa: E402
 from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
 from remote_ops.remote import FabricRemote  # noqa: E402
+from remote_ops.workflows import deploy, fleet, sandbox  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 med = statistics.median
@@ -94,7 +94,7 @@ def _prepare(lab, tmp: Path, names: list[str], rtt_ms: float, gpu_ms: float = 0.
         }
         for nm in names
     }
-    from remote_ops.inventory import load_inventory
+    from remote_ops.core.inventory import load_inventory
 
     specs = {}
     for tag, hosts in (("0ms", near), ("rtt", far)):

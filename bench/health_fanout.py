@@ -30,9 +30,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from remote_ops import health
 from remote_ops.hostlab import HostLab
 from remote_ops.remote import FabricRemote
+from remote_ops.workflows import health
 
 
 def check(lab: HostLab, name: str) -> health.HostHealth:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .console import Console
+from .core.inventory import HostSpec, Inventory, default_inventory_paths, load_inventory
 from .errors import ConfigError
-from .inventory import HostSpec, Inventory, default_inventory_paths, load_inventory
 from .remote import FabricRemote, Remote
 from .remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 
@@ -36,7 +36,7 @@ class App:
         return self._inventory
 
     def host(self, ref: str) -> HostSpec:
-        """The one host a `--host` value names (through `remote_ops.targets`: an unknown bare
+        """The one host a `--host` value names (through `remote_ops.core.targets`: an unknown bare
         name is a ConfigError with close matches; ad-hoc hosts need an address form)."""
         hosts = self.select(ref)
         if len(hosts) != 1:
@@ -49,8 +49,8 @@ class App:
         return self.select(ref)
 
     def select(self, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list[HostSpec]:
-        """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.targets`)."""
-        from .targets import select
+        """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.core.targets`)."""
+        from .core.targets import select
 
         return select(self.inventory(), pattern, all_hosts=all_hosts, limit=limit)
 
@@ -80,7 +80,7 @@ class App:
 
     def _tracer(self, name: str):
         """The -v line for each remote command: host, command (secrets masked), round trip, exit."""
-        from .secrets import mask_text
+        from .core.secrets import mask_text
 
         def trace(command: str, duration_s: float, status: int | None) -> None:
             text = mask_text(command) if self.verbose > 1 else _one_line(mask_text(command))

@@ -35,6 +35,11 @@ def sandbox_inventory_file() -> Path:
     return sandbox_dir() / "inventory" / "sandbox.yaml"
 
 
+def package_file(*parts: str) -> Path:
+    """A file of the remote_ops package itself, e.g. dumper/dumpfile.py (shipped to hosts by path)."""
+    return Path(__file__).resolve().parent.joinpath(*parts)
+
+
 def repo_resource(*parts: str) -> Path:
     """A file shipped beside the package: templates/, docker/ (see pyproject package-dir)."""
     here = Path(__file__).resolve().parent

@@ -151,8 +151,8 @@ def lab_env(lab, tmp_path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def standin_base(lab, base_image):
     """The SGLang 0.5.9 stand-in base image, built locally in the lab dockerd (never pulled)."""
-    from remote_ops import sandbox
     from remote_ops.hostlab.images import docker
+    from remote_ops.workflows import sandbox
 
     return sandbox.build_standin_base(
         lambda *a, timeout=600: docker(lab.dockerd.socket, *a, timeout=timeout), "0.5.9", base_image
@@ -162,7 +162,7 @@ def standin_base(lab, base_image):
 @pytest.fixture
 def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
     """lab2's inventory entry pointed at the stand-in base image (deployable); local state in tmp."""
-    from remote_ops import sandbox
+    from remote_ops.workflows import sandbox
 
     monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
     sandbox.write_model_config(sglang_host.paths.model_dir)
@@ -181,7 +181,7 @@ def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
 @pytest.fixture
 def deployed(sglang_remote, spec):
     """`spec` after a real deploy (stand-in server running); the container is removed afterwards."""
-    from remote_ops import deploy
+    from remote_ops.workflows import deploy
 
     deploy.deploy(sglang_remote, spec, why="test")
     yield spec

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors as A, patchspec, wheels
+from remote_ops.core import anchors as A, patchspec
+from remote_ops.workflows import wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

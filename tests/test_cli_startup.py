@@ -25,7 +25,7 @@ HEAVY = (
     "cryptography",
     "remote_ops.commands",
     "remote_ops.remote",
-    "remote_ops.inventory",
+    "remote_ops.core.inventory",
     "remote_ops.console",
 )
 

@@ -12,9 +12,9 @@ import sys
 import pytest
 from conftest import run_cli
 
-from remote_ops import wheels
 from remote_ops.app import App
 from remote_ops.console import Console
+from remote_ops.workflows import wheels
 
 INVENTORY = """\
 defaults:

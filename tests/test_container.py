@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from remote_ops import container, shell
-from remote_ops.inventory import parse_inventory_data
+from remote_ops.core import shell
+from remote_ops.core.inventory import parse_inventory_data
+from remote_ops.workflows import container
 
 CONTAINER_JSON = json.dumps(
     [
@@ -124,13 +125,13 @@ def test_parse_patch_verification():
 
 
 # -- lifecycle plans (pure): check -> act, no-op re-runs -------------------------------------------
-from remote_ops.container import lifecycle_plan  # noqa: E402
+from remote_ops.workflows.container import lifecycle_plan  # noqa: E402
 
 
 def _info(running: bool):
     import json as _json
 
-    from remote_ops.container import parse_container_inspect
+    from remote_ops.workflows.container import parse_container_inspect
 
     doc = [
         {
@@ -146,7 +147,7 @@ def _info(running: bool):
 
 
 def test_lifecycle_plans_are_noops_when_state_matches():
-    from remote_ops.inventory import HostSpec
+    from remote_ops.core.inventory import HostSpec
 
     h = HostSpec(name="h")
     assert lifecycle_plan("start", h, _info(True), "img") == []
@@ -160,8 +161,8 @@ def test_lifecycle_plans_are_noops_when_state_matches():
 def test_lifecycle_without_container_or_image_is_not_found():
     import pytest
 
+    from remote_ops.core.inventory import HostSpec
     from remote_ops.errors import NotFound
-    from remote_ops.inventory import HostSpec
 
     with pytest.raises(NotFound):
         lifecycle_plan("stop", HostSpec(name="h"), None, None)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from remote_ops import container
+from remote_ops.workflows import container
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

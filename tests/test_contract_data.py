@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_extract import fresh_run, standin  # noqa: F401  (fixtures: the stand-in server, a clean work dir)
 
-from remote_ops import extract_onhost
+from remote_ops.onhost import extract_onhost
 
 
 def _cli(env, *args, timeout=180):
@@ -381,7 +381,7 @@ def test_sandbox_status_judges_each_daemon_and_up_heals_the_dead_one_in_place(tm
 
 
 def test_sandbox_daemon_judgement_is_per_daemon():
-    from remote_ops import sandbox
+    from remote_ops.workflows import sandbox
 
     h = {"address": "127.9.9.9", "port": 22, "pid": 5}
     assert sandbox.judge_sshd(h, True, True).ok

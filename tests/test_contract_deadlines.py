@@ -18,8 +18,8 @@ from contextlib import contextmanager
 import pytest
 from test_contract_locks import cli, inventory_env, lock_info, records, slow_spec, start_deploy, wait_for_text
 
-from remote_ops import facts, health
 from remote_ops.errors import ExitCode
+from remote_ops.workflows import facts, health
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_probe_deadline_follows_the_command_timeout():
 
 def test_bounded_probe_times_out_alone():
     """`facts.bounded` on a real local sh: the hung probe ends at its deadline, the other answers."""
-    from remote_ops import shell
+    from remote_ops.core import shell
 
     script = shell.parallel_sections(facts.bounded([("hung", "sleep 30"), ("ok", "echo fine")], 2))
     t = time.monotonic()

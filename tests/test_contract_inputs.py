@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_ops import container, deploy, rendering, secrets, shell
+from remote_ops.core import rendering, secrets, shell
+from remote_ops.core.inventory import adhoc_host, load_inventory, load_yaml, parse_inventory_data
 from remote_ops.errors import CommandFailed, ConfigError, ExitCode
-from remote_ops.inventory import adhoc_host, load_inventory, load_yaml, parse_inventory_data
 from remote_ops.remote.sshconfig import load_ssh_config, resolve_target
+from remote_ops.workflows import container, deploy
 
 TOKEN = "hf_s3cr3tTOKENvalue42"
 INJECTED = "lmsysorg/sglang:v0.5.9-cu129\nRUN touch /tmp/remote-ops-pwned"
@@ -410,7 +411,7 @@ def test_backslash_newline_checkout_reads_patches_and_reverts_over_ssh(sglang_ho
 def test_backslash_newline_checkout_facts_over_ssh(lab, sglang_host, sglang_remote, weird_checkout):
     """facts hashes such a checkout's deepseek_v2.py (the inventory refuses the name; the hashing
     must not depend on that: the spec here bypasses validation with model_copy)."""
-    from remote_ops import facts
+    from remote_ops.workflows import facts
 
     spec = lab.spec(sglang_host.name)
     spec = spec.model_copy(update={"sglang": spec.sglang.model_copy(update={"checkout": str(weird_checkout)})})
@@ -423,7 +424,7 @@ def test_backslash_newline_checkout_facts_over_ssh(lab, sglang_host, sglang_remo
 
 
 def test_upload_if_changed_with_an_odd_name(sglang_host, sglang_remote, weird_checkout):
-    from remote_ops import extract
+    from remote_ops.workflows import extract
 
     path = str(weird_checkout / "client.py")
     assert extract.upload_if_changed(sglang_remote, b"print(1)\n", path) is True

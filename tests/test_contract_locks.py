@@ -1,7 +1,7 @@
 """The operator's contract under faults (issue 9): the host lock, signals, `unlock`, exit codes.
 
 Defect 1: every command that changes a host takes the one host lock
-(`remote_ops.hostlock`); read-only commands never wait for it.
+(`remote_ops.workflows.hostlock`); read-only commands never wait for it.
 Defect 2: SIGTERM/SIGHUP end a deploy like SIGINT (lock released, record with
 the failed step, exit 143/129); `unlock` shows and releases stale locks,
 `--force` any lock, written to the audit log.
@@ -27,8 +27,8 @@ import pytest
 import yaml
 from conftest import connect
 
-from remote_ops import container, hostlock
 from remote_ops.errors import ExitCode
+from remote_ops.workflows import container, hostlock
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -156,8 +156,8 @@ def test_container_lifecycle_refused_while_deploy_lock_held(lab, deployed, sglan
 
 def test_patch_apply_uses_the_same_lock(lab, sglang_host, sglang_remote, lab_env, monkeypatch):
     """The patch write script's lock is the same directory and info format (hostlock)."""
-    from remote_ops import patching
     from remote_ops.errors import Refused
+    from remote_ops.workflows import patching
 
     spec = lab.spec(sglang_host.name)
     monkeypatch.setattr(patching, "LOCK_WAIT_S", 1.0)
@@ -206,7 +206,7 @@ def test_signal_during_deploy_releases_lock_and_records_the_step(spec, lab_env, 
 # -- defect 2: stale locks and `unlock` ---------------------------------------------------------------
 HOLDER = """
 import sys, time
-from remote_ops import hostlock
+from remote_ops.workflows import hostlock
 from remote_ops.app import App
 app = App()
 spec = app.host(sys.argv[1])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import dataset as ds
+from remote_ops.onhost import dataset as ds
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
@@ -226,7 +226,7 @@ def test_standalone_script_is_what_runs_on_the_host(tokenizer_dir, tmp_path):
 
 def test_on_host_command_runs_the_script_in_a_throwaway_container_of_the_served_image():
     from remote_ops.commands.dataset import on_host_command
-    from remote_ops.inventory import HostSpec
+    from remote_ops.core.inventory import HostSpec
 
     spec = HostSpec(name="gpu-node", container={"name": "sglang-eagle3"})
     cmd = on_host_command(

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from remote_ops import container, deploy
 from remote_ops.engine import labels as labels_
 from remote_ops.errors import CommandFailed, Refused
+from remote_ops.workflows import container, deploy
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -107,7 +107,7 @@ def test_failed_build_names_step_and_leaves_checkout_patched(sglang_remote, spec
         [
             sys.executable,
             "-m",
-            "remote_ops.anchors",
+            "remote_ops.core.anchors",
             "verify",
             "--spec",
             str(deploy.patch_spec_path(spec)),

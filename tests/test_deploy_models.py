@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from remote_ops import container, deploy, health, patching
 from remote_ops.engine import labels
+from remote_ops.workflows import container, deploy, health, patching
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from remote_ops import container, deploy, facts
+from remote_ops.core.inventory import parse_inventory_data
 from remote_ops.engine import labels as labels_
-from remote_ops.inventory import parse_inventory_data
+from remote_ops.workflows import container, deploy, facts
 
 AFTER, BEFORE = "a" * 64, "b" * 64
 

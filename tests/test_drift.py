@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from remote_ops import drift, patchspec
 from remote_ops.cli import main
+from remote_ops.core import patchspec
+from remote_ops.workflows import drift
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("git") and shutil.which("patch")), reason="needs git and GNU patch (apt-get install -y patch)"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from remote_ops import dumps, shell
+from remote_ops.core import dumpcheck, shell
+from remote_ops.workflows import dumps
 
 
 def _rec(key, tokens, size, rank=0, **extra):
@@ -29,8 +30,8 @@ def _manifest(*recs, torn=False):
 
 
 def test_57344_float_bytes_per_token_for_kimi():
-    assert dumps.float_bytes_per_token(7168) == 57344
-    assert dumps.float_bytes_per_token(64) == 512
+    assert dumpcheck.float_bytes_per_token(7168) == 57344
+    assert dumpcheck.float_bytes_per_token(64) == 512
 
 
 def test_reconcile_counts_and_finds_every_kind_of_disagreement():
@@ -44,7 +45,7 @@ def test_reconcile_counts_and_finds_every_kind_of_disagreement():
         "rank0/stats.json": 10,
     }
     text = _manifest(_rec("a-p0", 1730, per), _rec("b-p0", 1, 6), _rec("m-p0", 1, 7), torn=True)
-    r = dumps.reconcile("/d", files, text, 7168)
+    r = dumpcheck.reconcile("/d", files, text, 7168)
     assert (r.manifest_rows, r.files_present, r.torn_lines) == (3, 3, 1)
     assert r.missing_files == ["rank0/m-p0.safetensors"]
     assert r.unlisted_files == ["rank0/u-p0.safetensors"]
@@ -56,21 +57,21 @@ def test_reconcile_counts_and_finds_every_kind_of_disagreement():
 
 def test_last_manifest_line_of_a_key_wins():
     text = _manifest(_rec("a-p0", 1, 10), _rec("a-p0", 2, 20))
-    r = dumps.reconcile("/d", {"rank0/a-p0.safetensors": 20}, text)
+    r = dumpcheck.reconcile("/d", {"rank0/a-p0.safetensors": 20}, text)
     assert r.ok and r.manifest_rows == 1 and r.tokens == 2
 
 
 def test_projection_uses_the_average_file_and_compares_free_space():
     text = _manifest(_rec("a-p0", 10, 1000), _rec("b-p0", 10, 3000))
-    r = dumps.reconcile("/d", {"rank0/a-p0.safetensors": 1000, "rank0/b-p0.safetensors": 3000}, text)
-    p = dumps.project(r, samples_total=12, host_free=50_000, local_free=10_000, local_bytes=1000, margin=0.0)
+    r = dumpcheck.reconcile("/d", {"rank0/a-p0.safetensors": 1000, "rank0/b-p0.safetensors": 3000}, text)
+    p = dumpcheck.project(r, samples_total=12, host_free=50_000, local_free=10_000, local_bytes=1000, margin=0.0)
     assert p.bytes_per_sample == 2000 and p.remaining_bytes == 20_000 and p.host_ok
     assert p.local_needed == 23_000 and p.local_ok is False
 
 
 def test_projection_without_files_uses_the_typical_sample():
-    r = dumps.reconcile("/d", {}, "")
-    p = dumps.project(r, samples_total=10_000, host_free=None, local_free=None, margin=0.0)
+    r = dumpcheck.reconcile("/d", {}, "")
+    p = dumpcheck.project(r, samples_total=10_000, host_free=None, local_free=None, margin=0.0)
     assert p.remaining_bytes == 10_000 * 1730 * (57344 + 8)
     assert p.host_ok is None and "typical" in p.basis
 
@@ -92,20 +93,20 @@ def test_probe_output_parses_files_manifest_and_free_space():
             shell.SECTION + "df:end 0",
         ]
     )
-    p = dumps.parse_probe(out)
+    p = dumpcheck.parse_probe(out)
     assert p.exists and p.files == {"rank0/a-p0.safetensors": 123, "rank0/manifest.jsonl": 9}
     assert p.free_bytes == 600 and "a-p0" in p.manifest_text
 
 
 def test_verify_command_ships_format_py_on_stdin():
-    cmd = dumps.verify_command("/data/d x", 7168, check_sha=False)
+    cmd = dumpcheck.verify_command("/data/d x", 7168, check_sha=False)
     assert cmd == "python3 - verify '/data/d x' --json --hidden-size 7168 --no-sha"
     assert b"def verify_dir" in dumps.format_script()
 
 
 def test_pull_items_skip_rows_without_a_file_and_local_manifests_list_only_pulled_files(tmp_path):
     text = _manifest(_rec("a-p0", 1, 4), _rec("m-p0", 1, 7))
-    r = dumps.reconcile("/d", {"rank0/a-p0.safetensors": 4}, text)
+    r = dumpcheck.reconcile("/d", {"rank0/a-p0.safetensors": 4}, text)
     items = dumps.pull_items(r, tmp_path)
     assert [i.remote for i in items] == ["rank0/a-p0.safetensors"] and items[0].size == 4
     items[0].local.parent.mkdir(parents=True)

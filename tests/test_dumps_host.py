@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops import dumps
+from remote_ops.core import dumpcheck
 from remote_ops.remote import transfer
+from remote_ops.workflows import dumps
 
 torch = pytest.importorskip("torch")
 H = 64
@@ -71,7 +72,7 @@ def host_dumps(tmp_path, remote, host):
     src = tmp_path / "src"
     write_real_dumps(src, [5, 7, 3, 9, 4, 6])
     place_on_host(remote, src, host.paths.dump_dir)
-    latest, _ = dumps.latest_records((src / "rank0" / "manifest.jsonl").read_text())
+    latest, _ = dumpcheck.latest_records((src / "rank0" / "manifest.jsonl").read_text())
     return sorted(latest.values(), key=lambda r: r["file"])
 
 
@@ -89,7 +90,7 @@ def test_status_reconciles_manifest_and_files(remote, spec, host, host_dumps):
     (d / host_dumps[0]["file"]).unlink()  # manifest row, no file
     (d / "rank0" / ".tmp-abc").write_bytes(b"partial")
     probe = dumps.probe(remote, str(d))
-    r = dumps.reconcile(str(d), probe.files, probe.manifest_text, spec.model.hidden_size)
+    r = dumpcheck.reconcile(str(d), probe.files, probe.manifest_text, spec.model.hidden_size)
     assert (r.manifest_rows, r.files_present) == (6, 6)
     assert r.missing_files == [host_dumps[0]["file"]] and r.unlisted_files == ["rank0/stray-p0.safetensors"]
     assert r.temp_files == ["rank0/.tmp-abc"] and not r.ok
@@ -105,10 +106,10 @@ def test_host_check_without_torch_finds_corrupt_and_truncated_files(remote, spec
         fh.truncate(truncated.stat().st_size - 100)
     _flip(payload_hit, payload_hit.stat().st_size - 200)  # a flipped bit in the data
     fast = dumps.host_verify(remote, str(d), spec.model.hidden_size, check_sha=False)
-    bad = {p["where"] for p in dumps.errors_of(fast)}
+    bad = {p["where"] for p in dumpcheck.errors_of(fast)}
     assert {host_dumps[0]["file"], host_dumps[1]["file"]} <= bad and host_dumps[2]["file"] not in bad
     deep = dumps.host_verify(remote, str(d), spec.model.hidden_size, check_sha=True)
-    messages = {p["where"]: p["message"] for p in dumps.errors_of(deep)}
+    messages = {p["where"]: p["message"] for p in dumpcheck.errors_of(deep)}
     assert "sha256" in messages[host_dumps[2]["file"]]
     assert not deep["ok"] and len(messages) == 3
 
@@ -116,7 +117,7 @@ def test_host_check_without_torch_finds_corrupt_and_truncated_files(remote, spec
 def test_pull_verifies_each_file_and_refuses_a_corrupt_one(remote, lab, spec, host, host_dumps, tmp_path):
     d, dest = host.paths.dump_dir, tmp_path / "pulled"
     probe = dumps.probe(remote, str(d))
-    recon = dumps.reconcile(str(d), probe.files, probe.manifest_text)
+    recon = dumpcheck.reconcile(str(d), probe.files, probe.manifest_text)
     items = dumps.pull_items(recon, dest)
     report = transfer.pull(lab.target(host.name), str(d), items, ssh_config=str(lab.ssh_config))
     assert report.fetched == 6 and not report.failed
@@ -141,7 +142,7 @@ def test_interrupted_pull_of_a_kimi_sized_dump_resumes_from_the_partial_file(rem
     write_real_dumps(src, [1200], hidden_size=7168)
     place_on_host(remote, src, host.paths.dump_dir)
     probe = dumps.probe(remote, str(host.paths.dump_dir))
-    recon = dumps.reconcile(str(host.paths.dump_dir), probe.files, probe.manifest_text)
+    recon = dumpcheck.reconcile(str(host.paths.dump_dir), probe.files, probe.manifest_text)
     assert recon.float_bytes_per_token == 57344 and recon.records[0]["bytes"] > 1200 * 57344
     items = dumps.pull_items(recon, tmp_path / "pulled")
     seen = {"n": 0}

@@ -247,8 +247,8 @@ def test_frozen_host_times_out_then_a_new_channel_serves(lab, faults, spare_host
 
 def test_run_spec_for_host_creates_what_run_argv_creates(engine, remote, lab, host, busybox_image, dockerd):
     """`spec.for_host` and today's `container.run_argv` give the daemon the same container."""
-    from remote_ops import container
     from remote_ops.engine.spec import for_host
+    from remote_ops.workflows import container
 
     spec = lab.spec(host.name)
     cli_name, api_name = f"ro-engine-cli-{uuid.uuid4().hex[:6]}", f"ro-engine-api-{uuid.uuid4().hex[:6]}"
@@ -298,7 +298,7 @@ def _created(remote, name: str) -> dict:
 
 def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busybox_image, name):
     """The one-round-trip form (sections in a caller's shell probe) gives the API's records."""
-    from remote_ops import shell
+    from remote_ops.core import shell
 
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
     for image in (busybox_image, None):  # known ref, or the container's own
@@ -332,7 +332,7 @@ def test_probe_over_the_engine_socket_reads_the_same_records_as_the_cli(engine, 
     """The hot probes ask the Engine API over its socket with curl (`api=True`); with a docker
     context selected (or no curl, no unix socket) the same sections fall back to the CLI.
     Both read back as the same records, absent objects included; the id/pid one-liners agree."""
-    from remote_ops import shell
+    from remote_ops.core import shell
     from remote_ops.engine import probe
 
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))

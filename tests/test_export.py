@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops import specforge_export as se
+from remote_ops.onhost import specforge_export as se
 
 torch = pytest.importorskip("torch")
 H = 64
@@ -305,7 +305,7 @@ def test_specforge_wants_the_post_norm_state_and_the_dump_holds_exactly_that():
     import ast
     import inspect
 
-    from remote_ops import wheels
+    from remote_ops.workflows import wheels
 
     pytest.importorskip("specforge")
     from specforge.modeling.target.target_head import TargetHead

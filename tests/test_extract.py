@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract, extract_onhost
+from remote_ops.core import extractplan
+from remote_ops.onhost import extract_onhost
+from remote_ops.workflows import extract
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
@@ -40,11 +42,11 @@ def test_dataset_and_manifest_reading(tmp_path):
 
 
 def test_launch_command_runs_detached_in_its_own_session_and_quotes():
-    p = extract.ExtractPaths("/data/logs x/extract", "/data/logs x/extraction.log", "/data/d")
-    cmd = extract.launch_command(p, "http://127.0.0.1:30000", 8, 5, p.dataset, limit=3, dump_grace=1)
+    p = extractplan.ExtractPaths("/data/logs x/extract", "/data/logs x/extraction.log", "/data/d")
+    cmd = extractplan.launch_command(p, "http://127.0.0.1:30000", 8, 5, p.dataset, limit=3, dump_grace=1)
     assert cmd.startswith("cd '/data/logs x/extract' || exit 1; setsid nohup python3 ")
     assert "--limit 3" in cmd and "--dump-grace 1" in cmd and cmd.endswith("& echo $!")
-    assert "/proc/$pid/cmdline" in extract.alive_check(p)
+    assert "/proc/$pid/cmdline" in extractplan.alive_check(p)
 
 
 # --------------------------------------------------------------------------- on a lab host
@@ -225,7 +227,7 @@ def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(
     cli = _cli(host, lab_env)
     plan = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--dry-run")
     assert plan["dry_run"] and plan["upload_client"] and plan["upload_dataset"] and not plan["already_running"]
-    p = extract.paths_for(lab.spec(host.name))
+    p = extractplan.paths_for(lab.spec(host.name))
     assert remote.run(["test", "-e", p.client], check=False).exit_status != 0, "dry run uploaded nothing"
     done = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--wait", "90")
     assert not done["running"] and done["summary"]["done"] == 4 and done["missing"] == []

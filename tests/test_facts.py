@@ -1,7 +1,7 @@
 """Facts parsers from captured text (pure)."""
 
-from remote_ops import facts
-from remote_ops.inventory import HostSpec
+from remote_ops.core.inventory import HostSpec
+from remote_ops.workflows import facts
 
 NVSMI = (
     "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 1, 34, 0, 12.0, 580.82.07\n"

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from remote_ops import fleet, targets
+from remote_ops.core import targets
+from remote_ops.core.inventory import Inventory, parse_inventory_data
 from remote_ops.errors import CommandFailed, ConfigError, ExitCode, UsageError
-from remote_ops.inventory import Inventory, parse_inventory_data
+from remote_ops.workflows import fleet
 
 
 def _inventory() -> Inventory:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import dumps
+from remote_ops.core import dumpcheck
+from remote_ops.workflows import dumps
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -20,10 +21,10 @@ from test_dumps_host import _flip, write_real_dumps  # noqa: E402
 
 def test_merge_orders_copies_known_bad_last_and_names_conflicts():
     def recon(recs, missing=()):
-        return dumps.Reconciliation("d", records=recs, missing_files=list(missing))
+        return dumpcheck.Reconciliation("d", records=recs, missing_files=list(missing))
 
     rec = lambda k, sha="s": {"key": k, "file": f"rank0/{k}.safetensors", "bytes": 10, "sha256": sha}  # noqa: E731
-    merged = dumps.merge_hosts(
+    merged = dumpcheck.merge_hosts(
         {
             "a": recon([rec("k1"), rec("k2")]),
             "b": recon([rec("k1"), rec("k2", "other")]),
@@ -51,7 +52,7 @@ def _subset(src: Path, dst: Path, keys: list[str]) -> None:
 
 
 def _keys(src: Path) -> list[str]:
-    latest, _ = dumps.latest_records((src / "rank0" / "manifest.jsonl").read_text())
+    latest, _ = dumpcheck.latest_records((src / "rank0" / "manifest.jsonl").read_text())
     return sorted(latest)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import extract
+from remote_ops.core import extractplan
 from remote_ops.dumper import dumpfile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,15 +26,15 @@ STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
 
 
 def _sample(sid, ids):
-    from remote_ops.extract_onhost import dump_key
+    from remote_ops.onhost.extract_onhost import dump_key
 
-    return extract.Sample(sid, dump_key(ids), len(ids), json.dumps({"id": sid, "input_ids": ids}))
+    return extractplan.Sample(sid, dump_key(ids), len(ids), json.dumps({"id": sid, "input_ids": ids}))
 
 
 def test_split_skips_done_keys_keeps_same_content_together_and_balances_tokens():
     samples = [_sample(f"s{i}", [i] * (10 if i % 2 else 30)) for i in range(12)] + [_sample("dup", [3] * 10)]
     done = {samples[0].key, samples[1].key}
-    shards = extract.split_pending(samples, done, ["a", "b", "c"])
+    shards = extractplan.split_pending(samples, done, ["a", "b", "c"])
     sent = [s for v in shards.values() for s in v]
     assert {s.key for s in sent} == {s.key for s in samples} - done and len(sent) == 11
     holder = [h for h, v in shards.items() if any(s.id == "s3" for s in v)]
@@ -45,14 +45,14 @@ def test_split_skips_done_keys_keeps_same_content_together_and_balances_tokens()
 
 def test_merged_status_counts_by_content_and_the_record_of_absent_hosts():
     ledger = {"dataset_id": "d", "keys": ["k1", "k2", "k3", "k4"], "hosts": {"dead": {"done": ["k3"]}}}
-    from remote_ops.logs import ExtractionSummary
+    from remote_ops.core.logparse import ExtractionSummary
 
     def st(name, running, eta):
-        return extract.ExtractStatus(
+        return extractplan.ExtractStatus(
             name, running, 1, ExtractionSummary(rate_samples_s=2.0, rate_tokens_s=50.0, eta_s=eta), 0, [], ""
         )
 
-    fs = extract.merge_status(
+    fs = extractplan.merge_status(
         ledger, {"a": st("a", True, 10.0), "b": st("b", True, 30.0)}, {"a": {"k1", "x"}, "b": {"k1", "k2"}}, []
     )
     assert (fs.total, fs.done, fs.duplicates, fs.eta_s, fs.rate_tokens_s) == (4, 3, 1, 30.0, 100.0)
@@ -137,7 +137,7 @@ def cli(env, *args, timeout=240):
 
 
 def _dataset(path: Path, n: int, tokens: int) -> set[str]:
-    from remote_ops.extract_onhost import dump_key
+    from remote_ops.onhost.extract_onhost import dump_key
 
     keys = set()
     with open(path, "w") as fh:
@@ -149,7 +149,7 @@ def _dataset(path: Path, n: int, tokens: int) -> set[str]:
 
 
 def _ok_keys(host) -> set[str]:
-    from remote_ops.extract_onhost import done_keys, manifest_records
+    from remote_ops.onhost.extract_onhost import done_keys, manifest_records
 
     return set(done_keys(manifest_records(str(host.paths.logs_dir / "extract" / "manifest.jsonl"))))
 

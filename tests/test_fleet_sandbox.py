@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from remote_ops import sandbox
+from remote_ops.workflows import sandbox
 
 
 def test_host_names_and_daemon_keys():

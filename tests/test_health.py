@@ -2,10 +2,10 @@
 
 import json
 
-from remote_ops import health
+from remote_ops.core.inventory import HostSpec
 from remote_ops.engine import labels
 from remote_ops.errors import ExitCode
-from remote_ops.inventory import HostSpec
+from remote_ops.workflows import health
 
 HOST = HostSpec(name="gpu-node", gpus={"count": 2}, dump={"dir": "/data/d", "min_free_gb": 100})
 IMAGE_REF = "remote-ops/sglang-eagle3:0.5.9-abc"
@@ -134,7 +134,7 @@ def test_exit_codes_follow_worst():
 
 
 def test_allreduce_fusion_window_from_real_gpus_tp_and_version():
-    from remote_ops.facts import Gpu
+    from remote_ops.workflows.facts import Gpu
 
     def gpu(cc):
         return Gpu(0, "GPU", 1, 1, 40, 0, cc, "580")

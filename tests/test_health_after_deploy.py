@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from remote_ops import deploy, health
+from remote_ops.core.inventory import HostSpec
 from remote_ops.errors import ExitCode
-from remote_ops.inventory import HostSpec
+from remote_ops.workflows import deploy, health
 
 HOST = HostSpec(name="gpu-node", gpus={"count": 0}, dump={"dir": "/data/d", "min_free_gb": 1})
 DF = "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/x 1 1 900000000000 1% /data\n"

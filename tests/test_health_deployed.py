@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from remote_ops import deploy, health, shell
+from remote_ops.core import shell
 from remote_ops.errors import ExitCode
+from remote_ops.workflows import deploy, health
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from remote_ops.core.inventory import adhoc_host, load_inventory, parse_inventory_data
 from remote_ops.errors import ConfigError, ExitCode
-from remote_ops.inventory import adhoc_host, load_inventory, parse_inventory_data
 from remote_ops.remote.sshconfig import resolve_target
 
 REPO = Path(__file__).resolve().parent.parent

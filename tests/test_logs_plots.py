@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import logs, plots
+from remote_ops.core import logparse, plots
 
 pytest.importorskip("matplotlib")
 DATA = Path(__file__).parent / "data" / "logs"
@@ -14,10 +14,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_training_and_extraction_plots_are_written(tmp_path):
-    epochs = logs.parse_training((DATA / "specforge_epochs.log").read_text())
-    steps = logs.parse_training((DATA / "specforge_train_eagle3_tqdm.log").read_text())
+    epochs = logparse.parse_training((DATA / "specforge_epochs.log").read_text())
+    steps = logparse.parse_training((DATA / "specforge_train_eagle3_tqdm.log").read_text())
     written = plots.plot_training(epochs, tmp_path, "lab1") + plots.plot_training(steps, tmp_path / "s")
-    written.append(plots.plot_extraction(logs.extraction_points((DATA / "extraction.log").read_text()), tmp_path))
+    written.append(plots.plot_extraction(logparse.extraction_points((DATA / "extraction.log").read_text()), tmp_path))
     names = sorted(p.name for p in written)
     assert names == [
         "extraction.png",
@@ -32,5 +32,5 @@ def test_training_and_extraction_plots_are_written(tmp_path):
 
 
 def test_nothing_to_plot_writes_nothing(tmp_path):
-    assert plots.plot_training(logs.TrainingSummary(), tmp_path) == []
+    assert plots.plot_training(logparse.TrainingSummary(), tmp_path) == []
     assert plots.plot_extraction([], tmp_path) is None

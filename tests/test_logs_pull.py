@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from remote_ops import logs
+from remote_ops.core import logparse
+from remote_ops.workflows import logs
 
 
 @pytest.fixture
@@ -124,10 +125,10 @@ def test_follow_streams_new_lines_tagged_with_their_log(remote, spec, host):
     t = threading.Thread(target=writer)
     t.start()
     result = remote.run(
-        logs.follow_command(spec, ("extraction",), None, 5, duration=3),
+        logparse.follow_command(spec, ("extraction",), None, 5, duration=3),
         timeout=10,
         check=False,
-        on_line=lambda stream, line: got.append(logs.split_tagged(line)),
+        on_line=lambda stream, line: got.append(logparse.split_tagged(line)),
     )
     assert result.exit_status == 124 and result.duration_s < 8  # `timeout` ended it on the host
     t.join()

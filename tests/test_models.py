@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors as A, patching, patchspec, wheels
 from remote_ops.cli import main
+from remote_ops.core import anchors as A, patchspec
 from remote_ops.errors import Refused
+from remote_ops.workflows import patching, wheels
 
 RELEASES = ["0.5.5", "0.5.9", "0.5.14", "0.5.23"]
 SPECS = [m.name for m in patchspec.catalog()]
@@ -268,7 +269,7 @@ def test_unknown_architecture_refused():
 
 def test_host_spec_derived_from_config_json(tmp_path):
     """Through a real shell (LocalRemote): the host's config.json picks the spec and its target."""
-    from remote_ops.inventory import parse_inventory_data
+    from remote_ops.core.inventory import parse_inventory_data
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     host = parse_inventory_data(
@@ -290,8 +291,8 @@ def test_host_spec_derived_from_config_json(tmp_path):
 
 
 def test_inventory_rejects_unknown_spec():
+    from remote_ops.core.inventory import parse_inventory_data
     from remote_ops.errors import ConfigError
-    from remote_ops.inventory import parse_inventory_data
 
     with pytest.raises(ConfigError) as info:
         parse_inventory_data({"hosts": {"h": {"address": "127.0.0.1", "sglang": {"patch": "llama-9"}}}}, "t.yaml")

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors, patching, wheels
 from remote_ops.cli import main
+from remote_ops.core import anchors
 from remote_ops.errors import Refused, VerifyFailed
+from remote_ops.workflows import patching, wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

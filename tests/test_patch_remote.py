@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import anchors, patching
 from remote_ops.cli import main
+from remote_ops.core import anchors
 from remote_ops.errors import Refused
+from remote_ops.workflows import patching
 
 SHA_059 = "4071b9a6a6ac71e1143204708df42f2ba5bd163a5d7a020579242df56e490a35"
 
@@ -99,7 +100,7 @@ def test_cli_end_to_end_over_ssh(sglang_host, cli_env, capsys):
 
 
 def _spec(env, name):
-    from remote_ops.inventory import load_inventory
+    from remote_ops.core.inventory import load_inventory
 
     return load_inventory([Path(env["REMOTE_OPS_INVENTORY"])]).one(name)
 

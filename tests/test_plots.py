@@ -6,35 +6,35 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import logs, plots
+from remote_ops.core import logparse, plots
 
 pytest.importorskip("matplotlib")
 DATA = Path(__file__).parent / "data" / "logs"
 
 
 def test_acceptance_length_is_one_plus_the_sum_of_chained_accuracies():
-    rec = logs.TrainRecord("train", "epoch", 1, acc={0: 0.5, 1: 0.5, 2: 0.5})
+    rec = logparse.TrainRecord("train", "epoch", 1, acc={0: 0.5, 1: 0.5, 2: 0.5})
     assert rec.acceptance_length == pytest.approx(1 + 0.5 + 0.25 + 0.125)
-    assert logs.TrainRecord("train", "epoch", 1, acc={0: 0.74}).acceptance_length == 1.74
-    assert logs.TrainRecord("train", "epoch", 1, acc={1: 0.5}).acceptance_length is None  # no position 0
-    assert logs.TrainRecord("train", "epoch", 1, acc={0: 0.5, 2: 0.9}).acceptance_length == 1.5  # stops at a gap
+    assert logparse.TrainRecord("train", "epoch", 1, acc={0: 0.74}).acceptance_length == 1.74
+    assert logparse.TrainRecord("train", "epoch", 1, acc={1: 0.5}).acceptance_length is None  # no position 0
+    assert logparse.TrainRecord("train", "epoch", 1, acc={0: 0.5, 2: 0.9}).acceptance_length == 1.5  # stops at a gap
 
 
 def test_summary_json_carries_tau_per_record():
-    t = logs.parse_training((DATA / "specforge_epochs.log").read_text())
+    t = logparse.parse_training((DATA / "specforge_epochs.log").read_text())
     taus = [r["acceptance_length"] for r in t.to_dict()["records"] if r["phase"] == "train"]
     assert taus == sorted(taus) and taus[-1] == pytest.approx(2.488, abs=1e-3)
 
 
 def test_epoch_log_gives_accuracy_loss_positions_and_tau_plots(tmp_path):
-    t = logs.parse_training((DATA / "specforge_epochs.log").read_text())
+    t = logparse.parse_training((DATA / "specforge_epochs.log").read_text())
     names = [p.name for p in plots.plot_training(t, tmp_path)]
     assert names == ["training_acc.png", "training_loss.png", "training_positions.png", "training_tau.png"]
     assert all((tmp_path / n).stat().st_size > 10_000 for n in names)
 
 
 def test_progress_bar_log_gives_the_two_panel_steps_plot(tmp_path):
-    t = logs.parse_training((DATA / "specforge_train_eagle3_tqdm.log").read_text())
+    t = logparse.parse_training((DATA / "specforge_train_eagle3_tqdm.log").read_text())
     assert [p.name for p in plots.plot_training(t, tmp_path)] == ["training_steps.png"]
 
 

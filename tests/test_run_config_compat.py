@@ -15,10 +15,11 @@ import json
 
 import pytest
 
-from remote_ops import container, shell
+from remote_ops.core import shell
+from remote_ops.core.inventory import parse_inventory_data
 from remote_ops.engine import labels
 from remote_ops.engine.spec import for_host
-from remote_ops.inventory import parse_inventory_data
+from remote_ops.workflows import container
 
 
 def host(**over):

@@ -3,7 +3,7 @@
 import shlex
 import subprocess
 
-from remote_ops import shell
+from remote_ops.core import shell
 
 
 def test_join_quotes_every_argument():

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from remote_ops import source as S, wheels
 from remote_ops.cli import main
+from remote_ops.core import source as S
 from remote_ops.errors import NotFound, UsageError
+from remote_ops.workflows import wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops import specbench as sb
 from remote_ops.commands.spec import spec_host, without_spec_flags
+from remote_ops.workflows import specbench as sb
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "docker" / "standin" / "sglang_standin_server.py"
@@ -82,7 +82,7 @@ def test_standin_acceptance_model_reports_sglang_0_5_9_fields_consistently(monke
 
 
 def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
-    from remote_ops.inventory import HostSpec
+    from remote_ops.core.inventory import HostSpec
 
     h = HostSpec(name="gpu-node", server={"extra_args": ["--foo", "--speculative-num-steps", "9"]})
     s = spec_host(spec_host(h, "/data/drafter", 3, 1, 4), "/data/drafter", 5, 1, 6)
@@ -95,8 +95,8 @@ def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
 
 def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
     from remote_ops.commands.spec import speculative_settings
+    from remote_ops.core.inventory import HostSpec, load_inventory
     from remote_ops.errors import ConfigError, UsageError
-    from remote_ops.inventory import HostSpec, load_inventory
 
     gpu = load_inventory([REPO / "inventory" / "gpu-node.yaml"]).hosts["gpu-node"]
     assert (gpu.speculative.num_steps, gpu.speculative.eagle_topk, gpu.speculative.num_draft_tokens) == (3, 1, 4)
@@ -260,7 +260,7 @@ def test_bench_baseline_then_spec_on_the_standin_compares_and_labels_it(lab_env,
 def test_spec_deploy_restarts_the_standin_with_eagle3_then_deploy_restores_it(sglang_remote, deployed, tmp_path):
     """deploy (fixture) -> bench baseline -> spec deploy (real deploy path: run settings changed ->
     restart) -> bench spec -> comparison -> plain deploy -> the server runs without speculation again."""
-    from remote_ops import deploy
+    from remote_ops.workflows import deploy
 
     spec = deployed
     prompts = sb.prompts_jsonl(sb.DEFAULT_PROMPTS[:3])
@@ -283,7 +283,7 @@ def test_spec_deploy_takes_the_drafter_and_flags_from_the_inventory_options_over
     lab1 has no SGLang checkout; nothing is changed either way)."""
     import yaml
 
-    from remote_ops.inventory import SpeculativeSpec
+    from remote_ops.core.inventory import SpeculativeSpec
 
     spec = lab.spec(host.name).model_copy(
         update={

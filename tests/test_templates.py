@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import deploy, rendering
+from remote_ops.core import rendering
+from remote_ops.core.inventory import parse_inventory_data
 from remote_ops.engine import labels as labels_
 from remote_ops.errors import ConfigError
-from remote_ops.inventory import parse_inventory_data
+from remote_ops.workflows import deploy
 
 GOLDEN = Path(__file__).parent / "data" / "Dockerfile.golden"
 SHA_BEFORE = "4071b9a6a6ac71e1143204708df42f2ba5bd163a5d7a020579242df56e490a35"

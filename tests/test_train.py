@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import hostlock, logs, shell, train as t
-from remote_ops.inventory import HostSpec
+from remote_ops.core import logparse, shell
+from remote_ops.core.inventory import HostSpec
+from remote_ops.workflows import hostlock, train as t
 
 STANDIN = Path(__file__).resolve().parents[1] / "docker" / "standin" / "specforge_standin_train.py"
 
@@ -105,7 +106,7 @@ def test_standin_lines_are_what_specforge_0_2_0_prints_and_say_stand_in():
     """The stand-in's metrics and eval lines, re-printed by SpecForge 0.2.0's own console logger."""
     sf = standin_module()
     lines = [sf.metrics_line(3, 0.6, 7, 1e-4, 0.1), sf.eval_line(5, 1.0, 7)]
-    summary = logs.parse_training("\n".join(lines))
+    summary = logparse.parse_training("\n".join(lines))
     assert [(r.phase, r.index, len(r.acc)) for r in summary.records] == [("train", 3, 7), ("eval", 5, 7)]
     assert all("'STAND-IN/synthetic': 1.0" in line for line in lines) and summary.standin
     assert summary.to_dict()["label"].startswith("STAND-IN")
@@ -116,7 +117,7 @@ def test_standin_lines_are_what_specforge_0_2_0_prints_and_say_stand_in():
         step, _, text = line.partition(": ")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            _logger(logs.step_metrics(text), int(step.split()[1]))
+            _logger(logparse.step_metrics(text), int(step.split()[1]))
         assert out.getvalue() == line + "\n"
 
 

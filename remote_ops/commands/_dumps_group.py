@@ -1,7 +1,7 @@
 """`dumps status|verify|pull --host GROUP`: every host's dumps as one tree with one merged manifest.
 
 Each host is reconciled (and verified) on its own, `--forks` at a time; the
-results are merged by dump key (`remote_ops.dumps.merge_hosts`).  A key on two
+results are merged by dump key (`remote_ops.core.dumpcheck.merge_hosts`).  A key on two
 hosts is a duplicate: reported, and pulled once, from the first host whose copy
 verifies (header check with `verify`; size and sha256 on arrival with `pull`,
 falling back to the next copy when one fails).  A host that cannot be reached
@@ -14,9 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-from .. import dumps as dumps_mod, fleet
+from ..core import dumpcheck
 from ..errors import VerifyFailed
 from ..remote import transfer
+from ..workflows import dumps as dumps_mod, fleet
 
 
 def _each(app, hosts, forks, work):
@@ -29,7 +30,7 @@ def _each(app, hosts, forks, work):
 
 def _recon(app, spec):
     probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
-    return 0, dumps_mod.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+    return 0, dumpcheck.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
 
 
 def _host_rows(recons: dict) -> list[list]:
@@ -47,7 +48,7 @@ def _host_rows(recons: dict) -> list[list]:
     ]
 
 
-def _render_merged(console, merged: dumps_mod.FleetDumps, recons: dict) -> None:
+def _render_merged(console, merged: dumpcheck.FleetDumps, recons: dict) -> None:
     console.table(
         ["host", "rows", "files", "no file", "size differs", "torn", "bytes"],
         _host_rows(recons),
@@ -65,7 +66,7 @@ def _render_merged(console, merged: dumps_mod.FleetDumps, recons: dict) -> None:
 
 def group_status(app, hosts, forks) -> int:
     run, recons = _each(app, hosts, forks, lambda spec: _recon(app, spec))
-    merged = dumps_mod.merge_hosts(recons)
+    merged = dumpcheck.merge_hosts(recons)
     _render_merged(app.console, merged, recons)
     ok = all(r.ok for r in recons.values()) and not merged.conflicts
     app.console.emit(
@@ -84,8 +85,8 @@ def group_verify(app, hosts, forks, sha: bool) -> int:
 
     run, done = _each(app, hosts, forks, work)
     recons = {h: v[0] for h, v in done.items()}
-    bad = {h: {str(p["where"]) for p in dumps_mod.errors_of(v[1])} for h, v in done.items()}
-    merged = dumps_mod.merge_hosts(recons, bad)
+    bad = {h: {str(p["where"]) for p in dumpcheck.errors_of(v[1])} for h, v in done.items()}
+    merged = dumpcheck.merge_hosts(recons, bad)
     _render_merged(app.console, merged, recons)
     broken = [k for k, copies in merged.copies.items() if all(str(r["file"]) in bad[h] for h, r in copies)]
     rescued = [
@@ -117,7 +118,7 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
     """Pull every key once into one tree; a copy that fails on arrival is fetched from the next host."""
     by_name = {h.name: h for h in hosts}
     run, recons = _each(app, hosts, forks, lambda spec: _recon(app, spec))
-    merged = dumps_mod.merge_hosts(recons)
+    merged = dumpcheck.merge_hosts(recons)
     local_root = Path(dest) if dest else dumps_mod.merged_dump_dir()
     first = dumps_mod.merged_items(merged, local_root, {})
     transfer.check_space([i for v in first.values() for i in v if not transfer.is_complete(i)], "group")
@@ -147,7 +148,7 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
 
 
 def _key_of(item) -> str:
-    return Path(item.remote).name[: -len(dumps_mod.SUFFIX)]
+    return Path(item.remote).name[: -len(dumpcheck.SUFFIX)]
 
 
 def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports) -> set[str]:
@@ -169,7 +170,7 @@ def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, rep
     failed: set[str] = set()
     for o in run.outcomes:
         reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
-        bad = {Path(f).name[: -len(dumps_mod.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
+        bad = {Path(f).name[: -len(dumpcheck.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
         if o.error is not None:
             bad = {_key_of(i) for i in items[o.host]}
         for item in items[o.host]:

@@ -2,7 +2,7 @@
 
 One host: the work runs inline; its result is rendered and emitted as the
 command's own document, and an error reaches the CLI boundary unchanged.
-Several hosts: `remote_ops.fleet.fan_out` runs them `--forks` at a time; each
+Several hosts: `remote_ops.workflows.fleet.fan_out` runs them `--forks` at a time; each
 host's result (or error) is rendered as it finishes, under the host's name;
 then a per-host summary table, one JSON document (`{"hosts": [...],
 "exit_code": N}`, each host with its result or error), and the worst host's
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .. import fleet
+from ..workflows import fleet
 
 Work = Callable[[Any], tuple[int, Any]]
 Render = Callable[[Any, Any, Any], None]  # (console, host spec, result)

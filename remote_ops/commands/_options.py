@@ -1,7 +1,7 @@
 """Shared click options: host selection, connection settings, --json.
 
 `hosts_command` adds the options every host-facing command takes: `--host
-PATTERN` / `--all` / `--limit PATTERN` / `--forks N` (see `remote_ops.targets`)
+PATTERN` / `--all` / `--limit PATTERN` / `--forks N` (see `remote_ops.core.targets`)
 plus the connection options, and passes the `App` and the selected hosts, so
 commands read `def facts(app, hosts, ...)` and hand a per-host function to
 `commands._fleet.run_on_hosts`.  `host_command` is the one-host form
@@ -116,7 +116,7 @@ def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
     from click.shell_completion import CompletionItem
 
     try:
-        from ..inventory import default_inventory_paths, load_inventory
+        from ..core.inventory import default_inventory_paths, load_inventory
 
         inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
     except Exception:  # completion must never fail loudly: no inventory, no names
@@ -140,7 +140,7 @@ def host_option(required: bool = True):
 
 def host_command(fn):
     """`--host` plus `app_options`: one host, given to `fn` as the `--host` text (resolve it with
-    `app.host`, which goes through `remote_ops.targets`).  Host commands use `hosts_command`."""
+    `app.host`, which goes through `remote_ops.core.targets`).  Host commands use `hosts_command`."""
     return host_option()(app_options(fn))
 
 

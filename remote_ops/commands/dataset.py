@@ -7,8 +7,10 @@ from pathlib import Path, PurePosixPath
 
 import click
 
-from .. import dataset as ds, shell
+from .. import onhost
+from ..core import shell
 from ..errors import CommandFailed, ConfigError
+from ..onhost import dataset as ds
 from ._options import app_options, host_option
 
 
@@ -130,7 +132,7 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
     cmd = on_host_command(
         spec, workdir, tokenizer or spec.model.path, src, dest, max_length, overflow, trust_remote_code
     )
-    result = remote.run(cmd, input=Path(ds.__file__).read_bytes(), check=False, timeout=3600)
+    result = remote.run(cmd, input=onhost.source("dataset.py"), check=False, timeout=3600)
     report = _host_report(result, remote.name)
     _render(app.console, report, f"{spec.name}:{dest}")
     app.console.emit({"host": spec.name, "output": dest, **report})

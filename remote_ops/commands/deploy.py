@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .. import deploy as deploy_mod, patching
 from ..errors import Refused
+from ..workflows import deploy as deploy_mod, patching
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 

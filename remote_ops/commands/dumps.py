@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from .. import dumps as dumps_mod
+from ..core import dumpcheck
 from ..errors import NoSpace, VerifyFailed
 from ..remote import transfer
+from ..workflows import dumps as dumps_mod
 from . import _dumps_group
 from ._options import host_command, hosts_command
 
@@ -33,7 +34,7 @@ def _gb(n) -> str:
     return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
-def _render_recon(console, r: dumps_mod.Reconciliation) -> None:
+def _render_recon(console, r: dumpcheck.Reconciliation) -> None:
     rows = [
         ["manifest rows (keys)", r.manifest_rows],
         ["files present", r.files_present],
@@ -68,7 +69,7 @@ def _list(console, status: str, label: str, items: list[str], limit: int = 10) -
         console.say(f"    ... {len(items) - limit} more", style="dim")
 
 
-def _render_projection(console, p: dumps_mod.Projection) -> None:
+def _render_projection(console, p: dumpcheck.Projection) -> None:
     status = lambda ok: "info" if ok is None else ("ok" if ok else "fail")  # noqa: E731
     console.status(
         status(p.host_ok),
@@ -81,7 +82,7 @@ def _render_projection(console, p: dumps_mod.Projection) -> None:
 
 def _reconcile(app, spec):
     probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
-    return probe, dumps_mod.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+    return probe, dumpcheck.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
 
 
 @dumps_group.command("status")
@@ -102,7 +103,7 @@ def status_cmd(app, hosts, forks, samples) -> int:
     probe, recon = _reconcile(app, spec)
     total = samples or _total_from_log(spec.name)
     local_root = dumps_mod.local_dump_dir(spec.name)
-    proj = dumps_mod.project(
+    proj = dumpcheck.project(
         recon,
         total,
         probe.free_bytes,
@@ -117,10 +118,11 @@ def status_cmd(app, hosts, forks, samples) -> int:
 
 
 def _total_from_log(host_name: str) -> int | None:
-    from .. import logs as logs_mod
+    from ..core import logparse
+    from ..workflows import logs as logs_mod
 
     path = logs_mod.local_log_dir(host_name) / "extraction.log"
-    return logs_mod.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
+    return logparse.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
 
 
 @dumps_group.command("verify")
@@ -141,7 +143,7 @@ def verify_cmd(app, hosts, forks, sha) -> int:
     _, recon = _reconcile(app, spec)
     _render_recon(app.console, recon)
     report = dumps_mod.host_verify(app.remote(spec), spec.dump.dir, spec.model.hidden_size, check_sha=sha)
-    errors = dumps_mod.errors_of(report)
+    errors = dumpcheck.errors_of(report)
     app.console.status(
         "ok" if report.get("ok") else "fail",
         f"host check ({'headers + sha256' if sha else 'headers'}): {report.get('files')} files, {len(errors)} error(s)",
@@ -215,7 +217,7 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
             strict=False,
         )
     written = _write_local_manifests(recon, local_root, spec.name)
-    problems = dumps_mod.pull_problems(recon, report.failed)
+    problems = dumpcheck.pull_problems(recon, report.failed)
     _render_pull(app.console, report, problems, allow_missing, local_root, written)
     result = {
         "host": spec.name,
@@ -351,7 +353,7 @@ def _export_progress(advance, name: str):
 @host_command
 def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
     """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
-    from .. import export as export_mod
+    from ..workflows import export as export_mod
 
     spec = app.host(host)
     remote = app.remote(spec)

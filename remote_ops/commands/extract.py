@@ -1,7 +1,7 @@
 """`remote-ops extract start|status|stop`: the extraction client on a host, or sharded over a group.
 
 A group (`--host GROUP`, `--all`) splits the samples not yet dumped across its
-hosts (see `remote_ops.extract`: done-ness is the union of the hosts' manifests
+hosts (see `remote_ops.workflows.extract`: done-ness is the union of the hosts' manifests
 by dump key, plus the local record of hosts no longer selected); each host runs
 its own client against its own server on its own shard file.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import click
 
-from .. import extract as extract_mod, fleet, hostlock
+from ..core import extractplan
 from ..errors import CommandTimedOut, Refused, UsageError
+from ..workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
 from ._options import hosts_command
 from .logs import _render_extraction
@@ -39,7 +40,7 @@ def extract_group() -> None:
     """
 
 
-def _render(console, st: extract_mod.ExtractStatus) -> None:
+def _render(console, st: extractplan.ExtractStatus) -> None:
     console.status(
         "ok" if st.running else "info",
         f"client {'running, pid ' + str(st.pid) if st.running else 'not running'}; "
@@ -140,13 +141,13 @@ def _start_one(app, spec, dataset, kwargs, wait_s, dry_run, show_plan) -> int:
 
 def _start_sharded(app, hosts, forks, local: Path, max_samples, kwargs, wait_s, restart, dry_run, ledger) -> int:
     """Union the hosts' done keys (+ the record of absent hosts), split the rest, start one client each."""
-    samples = extract_mod.read_samples(local, max_samples)
-    ledger = ledger or extract_mod.new_ledger(_dataset_id(local), samples)
+    samples = extractplan.read_samples(local, max_samples)
+    ledger = ledger or extractplan.new_ledger(_dataset_id(local), samples)
     ledger["keys"] = list(dict.fromkeys(s.key for s in samples))
     names = [h.name for h in hosts]
     keys = _probe_group(app, hosts, forks, restart and not dry_run)
-    done = set().union(*keys.values()) | extract_mod.absent_done(ledger, names)
-    shards = extract_mod.split_pending(samples, done, names)
+    done = set().union(*keys.values()) | extractplan.absent_done(ledger, names)
+    shards = extractplan.split_pending(samples, done, names)
     plan = {
         "dataset_id": ledger["dataset_id"],
         "samples": len(samples),
@@ -292,7 +293,7 @@ def _group_status(app, hosts, forks):
     run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.status_with_keys(app.remote(spec), spec)), forks=forks)
     ok = {o.host: o.result for o in run.outcomes if o.error is None}
     ledger = extract_mod.latest_ledger([h.name for h in hosts])
-    fs = extract_mod.merge_status(
+    fs = extractplan.merge_status(
         ledger,
         {n: r[0] for n, r in ok.items()},
         {n: r[1] for n, r in ok.items()},
@@ -351,7 +352,7 @@ def stop_cmd(app, hosts, forks, wait_s, dry_run, show_plan) -> int:
         app,
         hosts,
         lambda spec: _stop_one(app, spec, wait_s, dry_run, show_plan),
-        lambda console, _spec, r: _render(console, r) if isinstance(r, extract_mod.ExtractStatus) else None,
+        lambda console, _spec, r: _render(console, r) if isinstance(r, extractplan.ExtractStatus) else None,
         forks=forks,
     )
 

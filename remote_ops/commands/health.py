@@ -6,8 +6,8 @@ import time
 
 import click
 
-from .. import health as health_mod
 from ..paths import host_dir
+from ..workflows import health as health_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -15,8 +15,9 @@ from ._options import hosts_command
 def _expected_image(spec) -> str | None:
     """The image ref deploy builds for this host (None when deploy can't tell); without importing
     the deploy package (~35 ms: health's start-up counts)."""
-    from .. import container, patchspec
+    from ..core import patchspec
     from ..errors import RemoteOpsError
+    from ..workflows import container
 
     if not spec.sglang.patch:  # a spec derived on the host: the tag is not known here
         return None

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import click
 
-from .. import logs as logs_mod
+from ..core import logparse
 from ..errors import CommandTimedOut
+from ..workflows import logs as logs_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -16,7 +17,7 @@ WHAT = click.Choice(["server", "extraction", "training", "all"])
 
 
 def _kinds(what: str) -> tuple[str, ...]:
-    return logs_mod.KINDS if what == "all" else (what,)
+    return logparse.KINDS if what == "all" else (what,)
 
 
 @click.group("logs")
@@ -97,7 +98,7 @@ def follow_cmd(app, hosts, forks, what, since, lines, duration) -> int:
 
 def _follow(app, spec, what, since, lines, duration) -> None:
     def on_line(stream: str, line: str) -> None:
-        kind, text = logs_mod.split_tagged(line)
+        kind, text = logparse.split_tagged(line)
         if app.console.json_mode:
             app.console.emit_line({"host": spec.name, "kind": kind, "stream": stream, "line": text})
         else:
@@ -105,7 +106,7 @@ def _follow(app, spec, what, since, lines, duration) -> None:
 
     try:
         app.remote(spec).run(
-            logs_mod.follow_command(spec, _kinds(what), since, lines, duration),
+            logparse.follow_command(spec, _kinds(what), since, lines, duration),
             timeout=duration + 5,
             on_line=on_line,
             check=False,
@@ -139,8 +140,8 @@ def _summary_one(app, spec, do_pull: bool, plot: bool) -> LogSummary:
         logs_mod.pull_logs(app.remote(spec), spec, ("extraction", "training"))
     local = logs_mod.local_log_dir(spec.name)
     ext_text, train_text = _read(local / "extraction.log"), _read(local / "training.log")
-    extraction = logs_mod.parse_extraction(ext_text)
-    training = logs_mod.parse_training(train_text)
+    extraction = logparse.parse_extraction(ext_text)
+    training = logparse.parse_training(train_text)
     plots = _plots(local, spec.name, ext_text, training) if plot else []
     return LogSummary(spec.name, extraction, training, [str(p) for p in plots])
 
@@ -150,8 +151,8 @@ class LogSummary:
     """One host's summary: the parsed extraction and training logs and the plots written."""
 
     host: str
-    extraction: logs_mod.ExtractionSummary
-    training: logs_mod.TrainingSummary
+    extraction: logparse.ExtractionSummary
+    training: logparse.TrainingSummary
     plots: list
 
     def to_dict(self) -> dict:
@@ -175,11 +176,11 @@ def _read(path) -> str:
 
 
 def _plots(local, name, ext_text, training):
-    from .. import plots
+    from ..core import plots
 
     out = local / "plots"
     written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
-    ext = plots.plot_extraction(logs_mod.extraction_points(ext_text), out, title=name)
+    ext = plots.plot_extraction(logparse.extraction_points(ext_text), out, title=name)
     return written + ([ext] if ext else [])
 
 

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from .. import shell
+from ..core import shell
 
 TOOL_DIR = "/opt/remote-ops"
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import shell
+from ..core import shell
 from .types import ContainerInfo, EngineVersion, ImageInfo, parse_container, parse_image, parse_version
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .labels import RUN_CONFIG
 
 if TYPE_CHECKING:
-    from ..inventory import HostSpec
+    from ..core.inventory import HostSpec
 
 
 @dataclass(frozen=True)

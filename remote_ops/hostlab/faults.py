@@ -22,7 +22,7 @@ import shutil
 import signal
 from typing import TYPE_CHECKING
 
-from ..shell import join
+from ..core.shell import join
 from ._proc import LabError, descendants, run, signal_all
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 A lab directory holds everything: the client key, `known_hosts`,
 `ssh_config`, an `inventory/` directory (one YAML file per host, the format of
-`remote_ops.inventory`), per-host state (`hosts/<name>/…`), the dockerd's
+`remote_ops.core.inventory`), per-host state (`hosts/<name>/…`), the dockerd's
 data and a `lab.json` recording PIDs.  All hosts share this machine's
 filesystem, so every path a host's inventory names (SGLang checkout, dump
 dir, logs, audit log, lock dir, model dir) lies under that host's own
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from ..inventory import HostSpec, Inventory, load_inventory
+from ..core.inventory import HostSpec, Inventory, load_inventory
 from ..remote import FabricRemote
 from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 from ._proc import LabError, alive, can_bind, free_port, kill_tree
@@ -408,7 +408,7 @@ class HostLab:
         with `git=True`, a real git repository with one commit, so `git status`
         and `git diff` on the host behave as on a clone.
         """
-        from ..wheels import fetch_sglang_wheel, unpack_python_tree
+        from ..workflows.wheels import fetch_sglang_wheel, unpack_python_tree
 
         checkout = self.host(name).paths.checkout
         if checkout.exists():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .. import shell
+from ..core import shell
 from ..errors import CommandFailed, CommandTimedOut, tail
 
 #: Called with (stream, line) for each output line while a command runs; stream is "stdout"/"stderr".

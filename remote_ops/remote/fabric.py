@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import shell
+from ..core import shell
 from ..errors import AuthFailed, CommandFailed, CommandTimedOut, HostKeyChanged, RemoteOpsError, Unreachable
 from .base import BaseRemote, LineSink
 from .hostkeys import HostKeyPolicy, fingerprint

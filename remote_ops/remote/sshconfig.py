@@ -16,8 +16,8 @@ from pathlib import Path
 
 import paramiko
 
+from ..core.inventory import HostSpec
 from ..errors import ConfigError
-from ..inventory import HostSpec
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 

@@ -1,0 +1,347 @@
+"""Dumps (pure): what a dump dir holds against its manifest; the commands that read it and their parsers.
+
+The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
+`remote_ops/dumper/FORMAT.md`: `<dir>/rank<R>/<key>.safetensors`,
+`<dir>/rank<R>/manifest.jsonl` (last line of a key wins), `.tmp-*` never listed.
+
+- `status`: one round trip lists the files (name + size), reads every manifest
+  and the free space; `reconcile` (pure) compares them: counts, tokens, bytes,
+  bytes per token (4 * H * 2 = 57,344 for H = 7168 in bf16), files missing from
+  the manifest, manifest rows with no file, size mismatches, temp leftovers.
+- `verify`: the same, plus the host-side header check *without torch*: the
+  stdlib-only `remote_ops/dumper/dumpfile.py` is sent on stdin to the host's
+  `python3` (`python3 - verify DIR --json`), one round trip, nothing installed.
+- `project`: space for the remaining samples against free space on the host and
+  locally.
+- `pull_problems`, `merge_hosts`: the verdicts of a pull and a group's merged tree.
+
+The round trips and the local copies are `remote_ops.workflows.dumps`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from . import shell
+
+SUFFIX = ".safetensors"
+
+
+TMP_PREFIX = ".tmp-"
+
+
+MANIFEST = "manifest.jsonl"
+
+
+SOURCE_MARK = "#== "  # probe output: the manifest file the following lines come from
+
+
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
+
+
+TYPICAL_TOKENS_PER_SAMPLE = 1730  # the user's run: 17.3 M tokens / 10,000 samples
+
+
+def float_bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
+    """4 vectors (3 aux + final) of H values: 57,344 for H = 7168 in bf16."""
+    return 4 * hidden_size * dtype_bytes
+
+
+def status_command(dump_dir: str) -> str:
+    """One round trip: file listing, all manifests, stats files, free bytes of the dump dir."""
+    d = shell.quote(dump_dir.rstrip("/") or "/")
+    return shell.sections(
+        [
+            ("exists", f"test -d {d}"),
+            ("files", f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\t%s\\n'"),
+            # a marker line before each manifest (and a newline after it, so a torn last line
+            # never joins the next marker): torn lines can then be named by file and line
+            (
+                "manifest",
+                f'for f in {d}/rank*/{MANIFEST}; do [ -f "$f" ] && '
+                f'{{ echo "{SOURCE_MARK}$f"; cat "$f"; echo; }}; done; true',
+            ),
+            ("stats", f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ echo "$f"; cat "$f"; echo; }}; done; true'),
+            ("df", f"df -PB1 {d} | tail -n 1"),
+        ]
+    )
+
+
+@dataclass
+class Probe:
+    """Raw facts about a dump dir, parsed from `status_command` output."""
+
+    exists: bool
+    files: dict[str, int]  # relative path -> size
+    manifest_text: str
+    free_bytes: int | None
+
+
+def parse_probe(output: str) -> Probe:
+    parts = shell.split_sections(output)
+    exists = parts.get("exists", (1, ""))[0] == 0
+    files = {}
+    for line in parts.get("files", (0, ""))[1].splitlines():
+        name, _, size = line.rpartition("\t")
+        if name and size.isdigit():
+            files[name] = int(size)
+    df = parts.get("df", (1, ""))[1].split()
+    free = int(df[3]) if len(df) >= 4 and df[3].isdigit() else None
+    return Probe(exists, files, parts.get("manifest", (0, ""))[1], free)
+
+
+@dataclass
+class Reconciliation:
+    """Manifest vs files present on the host."""
+
+    dump_dir: str
+    manifest_rows: int = 0  # distinct keys (last line of a key wins)
+    files_present: int = 0  # complete *.safetensors files
+    tokens: int = 0
+    bytes: int = 0  # of manifest rows whose file is present
+    partial_rows: int = 0
+    hidden_size: int | None = None
+    float_bytes_per_token: int | None = None  # 4*H*dtype: 57,344 for H=7168 bf16
+    file_bytes_per_token: float | None = None  # observed, headers and ids included
+    unlisted_files: list[str] = field(default_factory=list)  # present, not in the manifest
+    missing_files: list[str] = field(default_factory=list)  # in the manifest, no file
+    size_mismatches: list[dict] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+    torn_lines: int = 0
+    torn: list[str] = field(default_factory=list)  # "rank0/manifest.jsonl:7: <start of line>"
+    records: list[dict] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing_files or self.size_mismatches)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("records")
+        d["ok"] = self.ok
+        return d
+
+
+def latest_records(manifest_text: str) -> tuple[dict[str, dict], int]:
+    """The last manifest line of each key, and how many lines were unreadable (torn)."""
+    latest, torn = {}, 0
+    for line in manifest_text.splitlines():
+        if not line.strip() or line.startswith(SOURCE_MARK):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            torn += 1
+            continue
+        if isinstance(rec, dict) and "key" in rec and "file" in rec:
+            latest[str(rec["key"])] = rec
+        else:
+            torn += 1
+    return latest, torn
+
+
+def torn_entries(manifest_text: str, dump_dir: str = "") -> list[str]:
+    """Each unreadable manifest line as `<manifest>:<line>: <start of it>` (pure; names what was torn)."""
+    out, source, number = [], "manifest", 0
+    for line in manifest_text.splitlines():
+        if line.startswith(SOURCE_MARK):
+            source, number = _relative(line[len(SOURCE_MARK) :], dump_dir), 0
+            continue
+        number += 1
+        if line.strip() and not _is_record(line):
+            out.append(f"{source}:{number}: {line[:60]}")
+    return out
+
+
+def _relative(path: str, dump_dir: str) -> str:
+    root = dump_dir.rstrip("/") + "/"
+    return path[len(root) :] if dump_dir and path.startswith(root) else path
+
+
+def _is_record(line: str) -> bool:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and "key" in rec and "file" in rec
+
+
+def reconcile(
+    dump_dir: str, files: dict[str, int], manifest_text: str, hidden_size: int | None = None
+) -> Reconciliation:
+    """Compare the manifest with the files present (pure)."""
+    latest, torn = latest_records(manifest_text)
+    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn, torn=torn_entries(manifest_text, dump_dir))
+    complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
+    r.temp_files = sorted(n for n in files if _is_temp(n))
+    r.files_present = len(complete)
+    listed: set[str] = set()
+    for rec in latest.values():
+        _account_record(r, rec, complete, listed)
+    r.unlisted_files = sorted(set(complete) - listed)
+    _bytes_per_token(r, latest, hidden_size)
+    r.records = [latest[k] for k in sorted(latest)]
+    return r
+
+
+def _is_temp(name: str) -> bool:
+    return name.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
+
+
+def _account_record(r: Reconciliation, rec: dict, complete: dict[str, int], listed: set) -> None:
+    name = str(rec["file"])
+    listed.add(name)
+    if name not in complete:
+        r.missing_files.append(name)
+        return
+    if complete[name] != rec.get("bytes"):
+        r.size_mismatches.append({"file": name, "size": complete[name], "manifest": rec.get("bytes")})
+    r.tokens += int(rec.get("tokens", 0))
+    r.bytes += complete[name]
+    r.partial_rows += 1 if rec.get("partial") else 0
+
+
+def _bytes_per_token(r: Reconciliation, latest: dict, hidden_size: int | None) -> None:
+    found = next((int(x["hidden_size"]) for x in latest.values() if x.get("hidden_size")), None)
+    dtype = next((str(x["dtype"]) for x in latest.values() if x.get("dtype")), "BF16")
+    r.hidden_size = found or hidden_size
+    if r.hidden_size:
+        r.float_bytes_per_token = float_bytes_per_token(r.hidden_size, DTYPE_BYTES.get(dtype, 2))
+    if r.tokens:
+        r.file_bytes_per_token = round(r.bytes / r.tokens, 1)
+
+
+@dataclass
+class Projection:
+    """Space the rest of the run needs, against free space on the host and locally."""
+
+    samples_done: int
+    samples_total: int | None
+    bytes_per_sample: float
+    remaining_bytes: int  # still to be written on the host
+    host_free: int | None
+    host_ok: bool | None
+    local_needed: int  # to pull everything (done + remaining) not yet local
+    local_free: int | None
+    local_ok: bool | None
+    basis: str  # how bytes_per_sample was estimated
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def project(
+    r: Reconciliation,
+    samples_total: int | None,
+    host_free: int | None,
+    local_free: int | None,
+    local_bytes: int = 0,
+    margin: float = 0.05,
+    hidden_size: int = 7168,
+) -> Projection:
+    """Project disk use from the average file so far (or the typical sample when none yet)."""
+    done = r.manifest_rows - len(r.missing_files)
+    if done and r.bytes:
+        per_sample, basis = r.bytes / done, f"average of {done} files"
+    else:
+        per_sample = TYPICAL_TOKENS_PER_SAMPLE * (float_bytes_per_token(hidden_size) + 8)
+        basis = f"typical sample ({TYPICAL_TOKENS_PER_SAMPLE} tokens)"
+    remaining = int(max((samples_total or done) - done, 0) * per_sample * (1 + margin))
+    local_needed = max(r.bytes + remaining - local_bytes, 0)
+    return Projection(
+        done,
+        samples_total,
+        round(per_sample, 1),
+        remaining,
+        host_free,
+        None if host_free is None else host_free >= remaining,
+        local_needed,
+        local_free,
+        None if local_free is None else local_free >= local_needed,
+        basis,
+    )
+
+
+def verify_command(dump_dir: str, hidden_size: int | None, check_sha: bool) -> str:
+    argv = ["python3", "-", "verify", dump_dir, "--json"]
+    if hidden_size:
+        argv += ["--hidden-size", str(hidden_size)]
+    if not check_sha:
+        argv.append("--no-sha")
+    return shell.join(argv)
+
+
+def errors_of(report: dict) -> list[dict]:
+    """The error-level problems of a dumpfile.py report."""
+    return [p for p in report.get("problems", []) if p.get("level") == "error"]
+
+
+@dataclass
+class PullProblems:
+    """What a pull could not bring home intact, each entry named (pure verdict of `pull_problems`)."""
+
+    missing: list[str] = field(default_factory=list)  # manifest rows with no file on the host
+    torn: list[str] = field(default_factory=list)  # unreadable manifest lines (their file is unknown)
+    corrupt: list[str] = field(default_factory=list)  # fetched but size/sha256 differ, or the link broke
+
+    def blocking(self, allow_missing: bool) -> bool:
+        """Exit 10?  Corrupt entries always; missing and torn ones unless --allow-missing."""
+        return bool(self.corrupt or (not allow_missing and (self.missing or self.torn)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pull_problems(r: Reconciliation, failed: list[tuple[str, str]]) -> PullProblems:
+    """Sort what went wrong: missing on the host (before or during the pull), torn, corrupt."""
+    p = PullProblems(missing=list(r.missing_files), torn=list(r.torn))
+    for name, reason in failed:
+        (p.missing if reason == "missing on the host" else p.corrupt).append(
+            name if reason == "missing on the host" else f"{name}: {reason}"
+        )
+    return p
+
+
+# --------------------------------------------------------------------------- a group: one merged tree
+# Dump files are named by their key, so the hosts' trees merge into one; the same key
+# on two hosts is a duplicate, pulled from one host only (remote_ops.workflows.dumps).
+
+
+@dataclass
+class FleetDumps:
+    """The hosts' reconciliations merged by dump key."""
+
+    hosts: list[str]
+    copies: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)  # key -> [(host, record)]
+    conflicts: list[str] = field(default_factory=list)  # one key, copies of different size/sha256
+
+    @property
+    def duplicates(self) -> dict[str, list[str]]:
+        return {k: [h for h, _ in v] for k, v in self.copies.items() if len(v) > 1}
+
+    def to_dict(self) -> dict:
+        per_host = {h: sum(1 for v in self.copies.values() if any(x == h for x, _ in v)) for h in self.hosts}
+        return {
+            "keys": len(self.copies),
+            "per_host": per_host,
+            "duplicates": self.duplicates,
+            "conflicts": self.conflicts,
+            "bytes": sum(int(v[0][1].get("bytes") or 0) for v in self.copies.values()),
+        }
+
+
+def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | None = None) -> FleetDumps:
+    """Every key with a file on some host; its copies ordered: not known bad first, then host order (pure)."""
+    merged = FleetDumps(list(recons))
+    for host, r in recons.items():
+        missing = set(r.missing_files) | {m["file"] for m in r.size_mismatches}
+        for rec in r.records:
+            if str(rec["file"]) not in missing:
+                merged.copies.setdefault(str(rec["key"]), []).append((host, rec))
+    bad = bad or {}
+    for key, copies in merged.copies.items():
+        copies.sort(key=lambda c: (str(c[1]["file"]) in bad.get(c[0], set()), merged.hosts.index(c[0])))
+        if len({(c[1].get("bytes"), c[1].get("sha256")) for c in copies}) > 1:
+            merged.conflicts.append(key)
+    return merged

@@ -1,0 +1,477 @@
+"""Log text (pure): parse extraction and training logs; the pure half of pulling them.
+
+Three kinds of log live on a host:
+
+- `server`: the SGLang container's output (`docker logs`), container name from
+  the inventory (`container.name`);
+- `extraction`: the log of `remote_ops/onhost/extract_onhost.py` (inventory `logs.extraction`);
+- `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
+
+Parsing is pure (text in, summaries out).  Pulling is a pure *plan* (what to
+fetch, from which byte, given what we pulled before: the cursors, the fetch
+command and the parser of its output, here) plus one remote command per pull
+(`remote_ops.workflows.logs`), so every file is fetched in a single round trip
+and only its new bytes travel.
+
+Training log format: SpecForge (sgl-project/SpecForge), the most used open
+EAGLE-3 trainer.  Three of its outputs are understood:
+
+- SpecForge 0.2.0 (`specforge train --config`): its `TrainerController` hands the
+  step's metrics to a console logger (`specforge/training/assembly.py::_logger`)
+  every `log_interval` optimizer steps, which prints the Python dict:
+  `step 50: {'acc_0': 0.41, ..., 'ploss_0': 1.9, ..., 'acc': .., 'loss': .., 'lr': .., 'perf/..': ..}`.
+  With a tracker (`tracking.report_to`: wandb, tensorboard, ...) the keys carry
+  the tracker namespace (`train/acc_0`), lists are flattened (`eval/per_position_acc/0`).
+  Evaluation (`eval_interval`) prints `step N: {'eval/avg_loss': .., 'eval/per_position_acc': [..],
+  'eval/simulated_acc_len': .., 'eval/ploss_0': ..}`.  Its tqdm bar only draws on a
+  terminal, so a container's log has no bar: epoch and total steps are not printed.
+
+- the per-position summary lines the older `scripts/train_eagle3*.py` print once per
+  epoch (or per step when it evaluates by step):
+  `Train Epoch [1/10], position 0,  Acc: 0.45` and `... position 0, pLoss: 1.23`,
+  likewise `Eval Epoch [...]` and `Train Step [N], position i, ...`;
+- the tqdm bar of the unified `train_eagle3.py`, whose postfix carries the
+  step's mean loss and accuracy: `Training Epoch 0:  12%|...| 120/1000 [.., loss=1.23, acc=0.45, time=0.50s]`.
+  Position 0 accuracy ("step-0 accuracy") is what predicts the acceptance rate.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import re
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+
+from ..errors import UsageError
+from . import shell
+
+KINDS = ("server", "extraction", "training")
+
+
+#: `extract_onhost.py` writes `<iso time> progress done=.. total=.. tokens=.. errors=.. elapsed=..`.
+_KV = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass
+class ExtractionSummary:
+    """Where an extraction run stands, read from its log."""
+
+    done: int = 0
+    total: int | None = None
+    tokens: int = 0
+    errors: int = 0
+    failed: int = 0
+    missing_dumps: int | None = None
+    rate_samples_s: float | None = None
+    rate_tokens_s: float | None = None
+    eta_s: float | None = None
+    state: str = "unknown"  # running | finished | stopped | unknown
+    last_time: str | None = None
+    error_lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(_KV.findall(line))
+
+
+def _num(value: str | None, cast=float):
+    try:
+        return cast(value) if value not in (None, "", "-") else None
+    except ValueError:
+        return None
+
+
+def parse_extraction(text: str) -> ExtractionSummary:
+    """Summarise an extraction log: the last progress line wins; errors are counted."""
+    s, session = ExtractionSummary(), {}
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        event = parts[1] if len(parts) > 1 else ""
+        if event in ("progress", "finished", "stopped", "started"):
+            session = _apply_progress(s, line, event)
+        elif event in ("error", "failed"):
+            s.error_lines = (s.error_lines + [line])[-20:]
+    _derive_rates(s, session)
+    return s
+
+
+def _apply_progress(s: ExtractionSummary, line: str, event: str) -> dict:
+    """Fold one progress line into `s`; return its per-session counters (for the rates)."""
+    kv = _fields(line)
+    s.last_time = line.split(" ", 1)[0]
+    for name in ("done", "total", "tokens", "errors", "failed", "missing_dumps"):
+        if name in kv and _num(kv[name], int) is not None:
+            setattr(s, name, _num(kv[name], int))
+    s.state = {"finished": "finished", "stopped": "stopped"}.get(event, "running")
+    return {
+        "elapsed": _num(kv.get("elapsed")),
+        "done": _num(kv.get("session_done"), int),
+        "tokens": _num(kv.get("session_tokens"), int),
+    }
+
+
+def _derive_rates(s: ExtractionSummary, session: dict) -> None:
+    """Rates over the current session (a resumed run starts a new one), ETA from them."""
+    elapsed = session.get("elapsed")
+    if not elapsed or elapsed <= 0:
+        return
+    done = session.get("done") if session.get("done") is not None else s.done
+    toks = session.get("tokens") if session.get("tokens") is not None else s.tokens
+    s.rate_samples_s = round(done / elapsed, 3)
+    s.rate_tokens_s = round(toks / elapsed, 1)
+    if s.state == "finished":
+        s.eta_s = 0.0
+    elif s.total and s.rate_samples_s:
+        s.eta_s = round(max(s.total - s.done, 0) / s.rate_samples_s, 1)
+
+
+_POSITION = re.compile(
+    r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d+)(?:/(?P<total>\d+))?\],\s*"
+    r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)"
+)
+
+
+_STEP_DICT = re.compile(r"^step (?P<step>\d+): (?P<dict>\{.*\})\s*$")
+
+
+_NONFINITE = re.compile(r"(?<![\w'.])-?(?:nan|inf)(?![\w'])")
+
+
+_POSITION_KEY = re.compile(r"^(?:(?P<ns>train|eval)/)?(?P<metric>acc|ploss|per_position_acc)[_/](?P<pos>\d+)$")
+
+
+_TQDM = re.compile(
+    r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
+    r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)"
+)
+
+
+@dataclass
+class TrainRecord:
+    """Per-position accuracy and loss of one epoch (or step), for train or eval."""
+
+    phase: str  # train | eval
+    unit: str  # epoch | step
+    index: int
+    total: int | None = None
+    acc: dict[int, float] = field(default_factory=dict)
+    ploss: dict[int, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # 0.2.0: the line's other scalars (lr, perf/..)
+
+    @property
+    def step0_acc(self) -> float | None:
+        return self.acc.get(0)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Expected tokens per verify step, tau = 1 + sum_k prod_{i<=k} acc_i (positions 0, 1, ... in a row).
+
+        Each position's accuracy is read as the chance that draft token k is
+        accepted once the tokens before it were.  SpecForge measures position k
+        on the drafter's own earlier predictions (training-time test), so this is
+        the estimate practitioners quote for a chain draft (topk 1), not a
+        measurement on the served model."""
+        if 0 not in self.acc:
+            return None
+        tau, chain, k = 1.0, 1.0, 0
+        while k in self.acc:
+            chain *= self.acc[k]
+            tau += chain
+            k += 1
+        return round(tau, 3)
+
+    @property
+    def loss(self) -> float | None:
+        """SpecForge's training objective: position losses weighted 0.8**i."""
+        if not self.ploss:
+            return None
+        return round(sum(0.8**i * v for i, v in self.ploss.items()), 4)
+
+
+@dataclass
+class StepPoint:
+    """One tqdm update of `train_eagle3.py`: mean loss/accuracy over positions at a step."""
+
+    epoch: int
+    step: int
+    total: int
+    loss: float
+    acc: float
+
+
+@dataclass
+class TrainingSummary:
+    records: list[TrainRecord] = field(default_factory=list)
+    steps: list[StepPoint] = field(default_factory=list)
+    standin: bool = False  # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
+
+    def latest(self, phase: str = "train") -> TrainRecord | None:
+        rows = [r for r in self.records if r.phase == phase]
+        return rows[-1] if rows else None
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "specforge",
+            "standin": self.standin,
+            "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
+            "records": [
+                {**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss, "acceptance_length": r.acceptance_length}
+                for r in self.records
+            ],
+            "steps": [asdict(p) for p in self.steps],
+        }
+
+
+def parse_training(text: str) -> TrainingSummary:
+    """Parse a SpecForge training log (the three formats above; tqdm's \\r updates included)."""
+    out = TrainingSummary(standin="SPECFORGE STAND-IN" in text or "'STAND-IN/synthetic'" in text)
+    index: dict[tuple, TrainRecord] = {}
+    for piece in re.split(r"[\r\n]+", text):
+        d = _STEP_DICT.match(piece)
+        if d:
+            _add_step_dict(out, index, int(d["step"]), d["dict"])
+            continue
+        m = _POSITION.search(piece)
+        if m:
+            _add_position(out, index, m)
+            continue
+        t = _TQDM.search(piece)
+        if t:
+            _add_step(out, t)
+    return out
+
+
+def _add_position(out: TrainingSummary, index: dict, m: re.Match) -> None:
+    key = (m["phase"].lower(), m["unit"].lower(), int(m["index"]))
+    rec = index.get(key)
+    if rec is None:
+        rec = index[key] = TrainRecord(*key, total=_num(m["total"], int))
+        out.records.append(rec)
+    value = _num(m["value"])
+    if value is not None:
+        (rec.acc if m["metric"] == "Acc" else rec.ploss)[int(m["pos"])] = value
+
+
+def step_metrics(text: str) -> dict[str, float | list]:
+    """The dict SpecForge 0.2.0 prints after `step N: ` -> {key: float or list} (pure; {} if unreadable).
+
+    Python prints non-finite floats as bare `nan`/`inf`, which are not literals: read as None."""
+    try:
+        doc = ast.literal_eval(_NONFINITE.sub("None", text))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _add_step_dict(out: TrainingSummary, index: dict, step: int, text: str) -> None:
+    """One 0.2.0 metrics line -> the train or eval record of that optimizer step (the controller
+    logs training and evaluation metrics in separate calls, so a line with `eval/` keys is an eval line)."""
+    metrics = step_metrics(text)
+    if not metrics:
+        return
+    phase = "eval" if any(str(k).startswith("eval/") for k in metrics) else "train"
+    rec = index.get((phase, "step", step))
+    if rec is None:
+        rec = index[(phase, "step", step)] = TrainRecord(phase, "step", step)
+        out.records.append(rec)
+    for key, value in metrics.items():
+        _put_metric(rec, str(key), value)
+
+
+def _put_metric(rec: TrainRecord, key: str, value) -> None:
+    if isinstance(value, list) and key.endswith("per_position_acc"):
+        rec.acc.update({i: float(v) for i, v in enumerate(value) if isinstance(v, (int, float))})
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    m = _POSITION_KEY.match(key)
+    if m:
+        (rec.ploss if m["metric"] == "ploss" else rec.acc)[int(m["pos"])] = float(value)
+    else:
+        rec.metrics[key.removeprefix("train/")] = float(value)
+
+
+def _add_step(out: TrainingSummary, t: re.Match) -> None:
+    point = StepPoint(int(t["epoch"]), int(t["n"]), int(t["total"]), float(t["loss"]), float(t["acc"]))
+    if out.steps and (out.steps[-1].epoch, out.steps[-1].step) == (point.epoch, point.step):
+        out.steps[-1] = point  # tqdm repaints the same step
+    else:
+        out.steps.append(point)
+
+
+@dataclass
+class FileCursor:
+    """What we already pulled of one remote file: its identity and how many bytes."""
+
+    inode: str = ""
+    offset: int = 0
+    generation: int = 0  # bumped each time the remote file was rotated/truncated
+    head: str = ""  # sha256 of the file's first min(offset, HEAD_BYTES) bytes
+
+
+@dataclass
+class ServerCursor:
+    """What we already pulled of a container's log: the container id and last timestamp."""
+
+    container_id: str = ""
+    last_ts: str = ""
+    lines_at_last_ts: int = 0
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """What one pull fetched of a file: the remote identity, where the bytes start, the bytes."""
+
+    inode: str
+    size: int
+    start: int
+    data: bytes
+
+
+def reset_needed(cursor: FileCursor, inode: str, size: int) -> str | None:
+    """Why the remote file must be re-read from byte 0, or None to continue (pure)."""
+    if cursor.inode and inode != cursor.inode:
+        return "rotated"
+    if size < cursor.offset:
+        return "truncated"
+    return None
+
+
+HEAD_BYTES = 4096
+
+
+def file_fetch_command(path: str, cursor: FileCursor, max_bytes: int) -> str:
+    """One round trip: print `inode size start count`, then the new bytes, gzip+base64 (byte-exact).
+
+    The host decides where to start from the cursor: same inode, size >= offset
+    and the same first bytes (a copytruncate'd file that regrew differs here):
+    continue at the offset; otherwise start at 0.  So the bytes always match the
+    identity printed with them.  At most `max_bytes` are sent per call.
+    """
+    q = shell.quote(path)
+    known = shell.quote(cursor.inode or "-")
+    k = min(cursor.offset, HEAD_BYTES)
+    return (
+        f'f={q}; [ -f "$f" ] || {{ echo missing; exit 0; }}; '
+        f"set -- $(stat -Lc '%i %s' \"$f\"); s=0; "
+        f'if [ "$1" = {known} ] && [ "$2" -ge {int(cursor.offset)} ] && '
+        f'[ "$(head -c {k} "$f" | sha256sum | cut -c1-64)" = {shell.quote(cursor.head or "-")} ]; '
+        f"then s={int(cursor.offset)}; fi; "
+        f"n=$(( $2 - s )); [ $n -le {int(max_bytes)} ] || n={int(max_bytes)}; "
+        f'echo "$1 $2 $s $n"; tail -c +$((s + 1)) "$f" | head -c $n | gzip -1c | base64 -w0'
+    )
+
+
+def parse_file_fetch(output: str) -> FileChunk | None:
+    """Parse `file_fetch_command` output (pure); None when the remote file does not exist."""
+    head, _, payload = output.partition("\n")
+    if head.strip() == "missing":
+        return None
+    inode, size, start, count = head.split()
+    data = zlib.decompress(base64.b64decode(payload.strip()), 31) if payload.strip() else b""
+    if len(data) != int(count):
+        raise ValueError(f"expected {count} bytes, got {len(data)}")
+    return FileChunk(inode, int(size), int(start), data)
+
+
+def server_fetch_command(container: str, cursor: ServerCursor, since: str | None) -> str:
+    """Container id, then `docker logs --timestamps` from the last timestamp we hold (or `since`)."""
+    c = shell.quote(container)
+    start = since or cursor.last_ts or "0"
+    return (
+        f"docker inspect --format '{{{{.Id}}}}' {c} || exit 3; "
+        f"docker logs --timestamps --since {shell.quote(start)} {c} 2>&1"
+    )
+
+
+def split_server_fetch(output: str) -> tuple[str, list[str]]:
+    head, _, rest = output.partition("\n")
+    return head.strip(), [l for l in rest.splitlines() if l]
+
+
+def new_server_lines(
+    cursor: ServerCursor, container_id: str, lines: list[str], since: str | None
+) -> tuple[list[str], ServerCursor]:
+    """Drop lines already pulled (same timestamp as the cursor's last, counted), advance (pure).
+
+    docker's `--since` is inclusive at the second's resolution it is given, so the
+    lines at exactly the last timestamp we hold come back again; we skip as many
+    as we already have.  A new container id starts over.
+    """
+    if container_id != cursor.container_id:
+        cursor = ServerCursor(container_id, "", 0, cursor.generation + (1 if cursor.container_id else 0))
+    skip = cursor.lines_at_last_ts if not since else 0
+    fresh, last_ts, at_last = [], cursor.last_ts, cursor.lines_at_last_ts
+    for line in lines:
+        ts = line.split(" ", 1)[0]
+        if cursor.last_ts and ts < cursor.last_ts and not since:
+            continue
+        if ts == cursor.last_ts and skip > 0:
+            skip -= 1
+            continue
+        fresh.append(line)
+        at_last = at_last + 1 if ts == last_ts else 1
+        last_ts = ts
+    return fresh, ServerCursor(container_id, last_ts, at_last, cursor.generation)
+
+
+def log_sources(host, kinds: tuple[str, ...]) -> dict[str, str]:
+    """kind -> remote source (file path, or container name for `server`) from the inventory."""
+    table = {"server": host.container.name, "extraction": host.logs.extraction, "training": host.logs.training}
+    unknown = [k for k in kinds if k not in table]
+    if unknown:
+        raise UsageError(f"unknown log kind(s) {unknown}; use {', '.join(KINDS)} or all")
+    return {k: table[k] for k in kinds}
+
+
+def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20, duration: float = 3600.0) -> str:
+    """One remote command streaming every chosen log, each line tagged `<kind>|`.
+
+    The whole thing runs under `timeout` on the host too: when the local
+    deadline closes the channel, nothing (no `tail -F`, no `docker logs -f`)
+    is left running there.
+    """
+    parts = []
+    for kind, source in log_sources(host, kinds).items():
+        if kind == "server":
+            src = (
+                f"docker logs -f --since {shell.quote(since)} {shell.quote(source)} 2>&1"
+                if since
+                else f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
+            )
+        else:
+            src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
+        parts.append(f"{src} | sed -u 's/^/{kind}|/'")
+    script = " & ".join(parts) + " & wait"
+    return shell.join(["timeout", "-k", "2", f"{max(duration, 1):g}", "sh", "-c", script])
+
+
+def split_tagged(line: str) -> tuple[str, str]:
+    """`kind|text` -> (kind, text); untagged lines come from the shell itself."""
+    kind, sep, text = line.partition("|")
+    return (kind, text) if sep and kind in KINDS else ("remote", line)
+
+
+def extraction_points(text: str) -> list[tuple[float, int, int]]:
+    """(seconds since the first line, samples done, tokens) per progress line, for plotting."""
+    import calendar
+
+    points, first = [], None
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) < 3 or parts[1] not in ("progress", "finished", "stopped", "started"):
+            continue
+        try:
+            t = calendar.timegm(time.strptime(parts[0], "%Y-%m-%dT%H:%M:%SZ"))
+        except ValueError:
+            continue
+        first = t if first is None else first
+        kv = _fields(line)
+        points.append((float(t - first), _num(kv.get("done"), int) or 0, _num(kv.get("tokens"), int) or 0))
+    return points

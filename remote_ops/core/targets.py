@@ -1,0 +1,144 @@
+"""Which hosts a command runs on: `--host PATTERN`, `--all`, `--limit PATTERN` (pure).
+
+A pattern is Ansible's host pattern, kept to the parts operators use:
+
+- `gpu-node`            a host name
+- `fleet`               a group (every host of that group)
+- `gpu-0*`, `*-a100`    a glob over host and group names
+- `a,b,c` or `a:b:c`    a union, in the order given
+- `fleet,!gpu-03`       minus a host, group or glob
+- `fleet,&rack-2`       intersection with a host, group or glob
+- `all` / `*`           every inventory host (same as `--all`)
+- `!gpu-03`             every host but one (a pattern of exclusions starts from all)
+
+`--limit` narrows the selection with a second pattern, as `ansible --limit`.
+An unknown bare name is an error that lists the closest inventory names; a
+value that can only be an address (`user@addr`, `addr:port`, an IP literal) is
+an ad-hoc host with defaults, as ssh itself would treat it.  Hosts come back
+in inventory order (union terms in the order given), each once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import ipaddress
+from typing import Any, Protocol
+
+from ..errors import ConfigError, UsageError
+
+
+class _Inventory(Protocol):
+    @property
+    def hosts(self) -> dict[str, Any]: ...
+
+    @property
+    def groups(self) -> dict[str, Any]: ...
+
+
+def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list:
+    """The hosts `pattern` (or `--all`) names, narrowed by `limit`; never empty."""
+    if bool(pattern) == all_hosts:
+        raise UsageError("give exactly one of --host or --all")
+    chosen = list(inventory.hosts.values()) if all_hosts else _match(inventory, pattern or "")
+    if limit:
+        allowed = {h.name for h in _match(inventory, limit, adhoc=False)}
+        chosen = [h for h in chosen if h.name in allowed]
+    if not chosen:
+        raise ConfigError(
+            f"no host matches {pattern or 'all'!r}" + (f" with --limit {limit!r}" if limit else ""),
+            field="--limit" if limit else "--host",
+        )
+    return chosen
+
+
+def _match(inventory: _Inventory, pattern: str, adhoc: bool = True) -> list:
+    """Union of the plain terms, minus `!terms`, intersected with `&terms`."""
+    terms = split_pattern(pattern)
+    plain = [t for t in terms if t[0] not in "!&"] or ["all"]  # only exclusions: start from all
+    names: list[str] = []
+    for term in plain:
+        names += [n for n in _term(inventory, term, adhoc) if n not in names]
+    for term in (t for t in terms if t[0] == "&"):
+        keep = set(_term(inventory, term[1:], adhoc=False))
+        names = [n for n in names if n in keep]
+    for term in (t for t in terms if t[0] == "!"):
+        drop = set(_term(inventory, term[1:], adhoc=False))
+        names = [n for n in names if n not in drop]
+    return [_host(inventory, n) for n in names]
+
+
+def split_pattern(pattern: str) -> list[str]:
+    """`a,b:!c` -> ['a', 'b', '!c'].  ':' separates only where it cannot be an addr:port."""
+    parts = [p.strip() for p in pattern.split(",") if p.strip()]
+    out: list[str] = []
+    for part in parts:
+        pieces = part.split(":")
+        if len(pieces) == 2 and pieces[1].isdigit():  # host:port, not a union
+            out.append(part)
+        else:
+            out += [p for p in pieces if p]
+    if not out:
+        raise UsageError(f"empty host pattern {pattern!r}")
+    return out
+
+
+def _term(inventory: _Inventory, term: str, adhoc: bool) -> list[str]:
+    """Host names one term names: all, a host, a group, a glob, an address, or an ad-hoc host."""
+    if term in ("all", "*"):
+        return list(inventory.hosts)
+    if term in inventory.hosts:
+        return [term]
+    if term in inventory.groups:
+        return list(inventory.groups[term])
+    if any(c in term for c in "*?["):
+        return _glob(inventory, term)
+    by_address = [h.name for h in inventory.hosts.values() if getattr(h, "address", None) == term]
+    if by_address:
+        return by_address[:1]
+    if adhoc and looks_like_address(term):
+        return [_ADHOC + term]
+    raise ConfigError(f"unknown host or group {term!r}", field="--host", hint=_suggest(inventory, term))
+
+
+def _glob(inventory: _Inventory, term: str) -> list[str]:
+    names = [n for n in inventory.hosts if fnmatch.fnmatchcase(n, term)]
+    for group, members in inventory.groups.items():
+        if fnmatch.fnmatchcase(group, term):
+            names += [n for n in members if n not in names]
+    return [n for n in inventory.hosts if n in names]
+
+
+def looks_like_address(term: str) -> bool:
+    """`user@host`, `host:port` or an IP literal: only an address, never a typo of a name."""
+    if "@" in term:
+        return True
+    host, _, port = term.rpartition(":")
+    if host and port.isdigit():
+        return True
+    try:
+        ipaddress.ip_address(term)
+        return True
+    except ValueError:
+        return False
+
+
+def _suggest(inventory: _Inventory, term: str) -> str:
+    names = list(inventory.hosts) + list(inventory.groups)
+    close = difflib.get_close_matches(term, names, n=3, cutoff=0.5)
+    if close:
+        return "did you mean " + ", ".join(close) + "?"
+    if names:
+        return "inventory hosts and groups: " + ", ".join(sorted(names)[:12])
+    return "no inventory loaded: pass --inventory, or an address (user@host, host:port, or an IP)"
+
+
+_ADHOC = "\0adhoc:"
+
+
+def _host(inventory: _Inventory, name: str) -> Any:
+    if name.startswith(_ADHOC):
+        from .inventory import adhoc_host
+
+        return adhoc_host(name[len(_ADHOC) :])
+    return inventory.hosts[name]

@@ -1,0 +1,96 @@
+"""`deploy`: one workflow over one host, split by concern.
+
+    context.py   the build context: patch spec, image tag, Dockerfile, shipped files, context hash
+    plan.py      the one batched probe (facts, lock, target sha, engine objects) and the plan (pure)
+    workflow.py  the steps and `Deploy` (check -> act -> verify, records, unlock), `wait_until_healthy`
+    records.py   the local run record and the host's audit line
+
+The host lock is `remote_ops.workflows.hostlock`; the container goes through the engine
+seam (`remote_ops.engine`).  Commands import from here.
+"""
+
+from __future__ import annotations
+
+from .context import (
+    HEALTHCHECK_PATH,
+    context_files,
+    context_hash,
+    context_tar,
+    copy_tree_cmd,
+    dockerfile_variables,
+    image_ref,
+    image_tag,
+    load_patch,
+    patch_spec_path,
+    render_dockerfile,
+    render_for_host,
+    staging_dir,
+)
+from .plan import (
+    SKIPPED_FACTS,
+    Plan,
+    Probe,
+    lock_info,
+    make_plan,
+    parse_lock,
+    parse_probe,
+    preflight_problems,
+    probe,
+    probe_commands,
+)
+from .records import write_record
+from .workflow import (
+    BUILD_TIMEOUT_S,
+    Deploy,
+    DeployResult,
+    Events,
+    StepResult,
+    apply_patch,
+    build_image,
+    deploy,
+    dry_run_diffs,
+    push,
+    unlock_and_audit_cmd,
+    verify_on_host,
+    wait_until_healthy,
+)
+
+__all__ = [
+    "BUILD_TIMEOUT_S",
+    "Deploy",
+    "DeployResult",
+    "Events",
+    "HEALTHCHECK_PATH",
+    "Plan",
+    "Probe",
+    "SKIPPED_FACTS",
+    "StepResult",
+    "apply_patch",
+    "build_image",
+    "context_files",
+    "context_hash",
+    "context_tar",
+    "copy_tree_cmd",
+    "deploy",
+    "dockerfile_variables",
+    "dry_run_diffs",
+    "image_ref",
+    "image_tag",
+    "load_patch",
+    "lock_info",
+    "make_plan",
+    "parse_lock",
+    "parse_probe",
+    "patch_spec_path",
+    "preflight_problems",
+    "probe",
+    "probe_commands",
+    "push",
+    "render_dockerfile",
+    "render_for_host",
+    "staging_dir",
+    "unlock_and_audit_cmd",
+    "verify_on_host",
+    "wait_until_healthy",
+    "write_record",
+]

@@ -1,0 +1,158 @@
+"""`dumps export --format specforge`: run the stdlib exporter on the host, follow it, read its report.
+
+The work is done on the host by `remote_ops/onhost/specforge_export.py` (stdlib only,
+sent on stdin to the host's `python3`, like `dumper/dumpfile.py`), so the dumps never
+travel. This module builds its command line (pure), parses its JSON-lines
+output (pure), and runs it over the `Remote` seam.
+
+The loss mask is joined from the prepared dataset by dump key (sha256 of the
+sample's int32 token ids + `-p0`, what the dumper computes), so the extraction
+client and the dumps need not carry it. The dataset is the one the extraction
+used: by default `<logs.dir>/extract/dataset.jsonl` on the host (where
+`extract start` puts an uploaded dataset); a local file is uploaded next to the output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from .. import onhost
+from ..core import shell
+from ..errors import CommandFailed, NotFound
+
+SCRIPT = "specforge_export.py"
+
+
+def script_source() -> bytes:
+    return onhost.source(SCRIPT)
+
+
+def default_out(spec) -> str:
+    return spec.dump.dir.rstrip("/") + "-specforge"
+
+
+def default_dataset(spec) -> str:
+    return str(PurePosixPath(spec.logs.dir) / "extract" / "dataset.jsonl")
+
+
+def export_command(
+    dump_dir: str,
+    dataset: str,
+    out: str,
+    *,
+    jobs: int = 4,
+    limit: int | None = None,
+    probe_mb: int = 1024,
+    mask_all: bool = False,
+    fsync: bool = True,
+    rank: int = 0,
+    plan_only: bool = False,
+) -> str:
+    """`python3 - export ...` (the script comes on stdin)."""
+    argv = [
+        "python3",
+        "-u",
+        "-",
+        "export",
+        "--dump-dir",
+        dump_dir,
+        "--dataset",
+        dataset,
+        "--out",
+        out,
+        "--jobs",
+        str(jobs),
+        "--probe-mb",
+        str(probe_mb),
+        "--rank",
+        str(rank),
+    ]
+    argv += ["--limit", str(limit)] if limit is not None else []
+    argv += ["--mask-all"] if mask_all else []
+    argv += [] if fsync else ["--no-fsync"]
+    argv += ["--plan-only"] if plan_only else []
+    return shell.join(argv)
+
+
+@dataclass
+class ExportRun:
+    """Everything the exporter said: progress events and its final report (or its error)."""
+
+    events: list[dict] = field(default_factory=list)
+    report: dict | None = None
+    error: str | None = None
+    noise: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict:
+        """The final report: `run_export` raises when the exporter gave none."""
+        assert self.report is not None, "run_export returns only runs with a report"
+        return self.report
+
+    def take(self, line: str) -> dict | None:
+        """Parse one stdout line; returns the event (None for non-JSON noise)."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self.noise.append(line)
+            return None
+        if not isinstance(event, dict):
+            return None
+        self.events.append(event)
+        if event.get("event") in ("done", "plan"):
+            self.report = event
+        elif event.get("event") == "error":
+            self.error = event.get("error")
+        return event
+
+
+def parse_output(stdout: str) -> ExportRun:
+    run = ExportRun()
+    for line in stdout.splitlines():
+        if line.strip():
+            run.take(line)
+    return run
+
+
+def place_dataset(remote, spec, dataset: str | None, out: str) -> str:
+    """The dataset path on the host: a local file is uploaded beside the output."""
+    if dataset is None:
+        dataset = default_dataset(spec)
+    elif Path(dataset).expanduser().is_file():
+        target = str(PurePosixPath(out).parent / (PurePosixPath(out).name + ".dataset.jsonl"))
+        remote.run(["mkdir", "-p", str(PurePosixPath(target).parent)])
+        remote.put(Path(dataset).expanduser(), target)
+        return target
+    if remote.run(["test", "-f", dataset], check=False).exit_status != 0:
+        raise NotFound(
+            f"dataset {dataset} is neither a local file nor a file on the host",
+            host=remote.name,
+            hint="pass --dataset with the prepared JSONL the extraction used",
+        )
+    return dataset
+
+
+def run_export(remote, command: str, on_event=None, timeout: float = 7 * 24 * 3600) -> ExportRun:
+    """Run the exporter; `on_event(dict)` sees each progress line as it arrives."""
+    run = ExportRun()
+
+    def line(stream: str, text: str) -> None:
+        if stream == "stdout" and text.strip():
+            event = run.take(text)
+            if event and on_event:
+                on_event(event)
+
+    result = remote.run(command, input=script_source(), check=False, timeout=timeout, on_line=line)
+    if not run.events:  # a Remote that does not stream lines
+        run = parse_output(result.stdout)
+    if run.report is None:
+        raise CommandFailed(
+            f"specforge export failed: {run.error or 'no report'}",
+            host=remote.name,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
+    return run

@@ -1,0 +1,284 @@
+"""The extraction run: start, watch and stop `extract_onhost.py` on a host.
+
+The client (stdlib-only, `remote_ops/onhost/extract_onhost.py`) runs beside the
+container with the host's `python3` and talks to the server's published port
+(`127.0.0.1:<server.port>`).  Everything it needs lives in one work dir on the
+host, `<logs.dir>/extract/`: the client script, the dataset, its manifest
+(sample id -> dump key, per dataset), `run.json` + `dataset.keys` (the current
+dataset), `missing.jsonl`, `client.pid`, `client.out`.  Done-ness is decided by
+the dump key (the content), never by the sample id, and every count shown
+relates to the current dataset.  Its
+progress log is the inventory's `logs.extraction`, which `logs pull/summary`
+read.
+
+It is started detached in its own session (`setsid`), its PID recorded, and
+stopped by that PID (after checking the PID still belongs to the client);
+every wait here has a deadline.
+
+The pure half (work dir paths, command lines, the status parser, a group's
+split and merged status) is `remote_ops.core.extractplan`; here are the round
+trips, the waits and the group's local record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path, PurePosixPath
+
+from .. import onhost
+from ..core import shell
+from ..core.extractplan import (
+    CLIENT_NAME,
+    ExtractPaths,
+    ExtractStatus,
+    Sample,
+    alive_check,
+    done_keys_command,
+    launch_command,
+    parse_keys,
+    parse_status,
+    paths_for,
+    shard_bytes,
+    status_command,
+)
+from ..errors import CommandTimedOut, NotFound, Refused
+
+
+def client_source() -> bytes:
+    return onhost.source(CLIENT_NAME)
+
+
+# --------------------------------------------------------------------------- edges
+
+
+def status(remote, host) -> ExtractStatus:
+    """One round trip: is the client alive, the log's tail, manifest and missing counts."""
+    return parse_status(host.name, remote.run(status_command(paths_for(host))).stdout)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def upload_if_changed(remote, data: bytes, path: str, mode: int = 0o644) -> bool:
+    """Upload unless the host already has the same bytes (checked by sha256, one round trip)."""
+    have = remote.run(shell.quiet(shell.sha256_of(path)), check=False).stdout.strip()
+    if have == _sha256(data):
+        return False
+    remote.put(data, path, mode=mode)
+    return True
+
+
+def start(
+    remote,
+    host,
+    dataset: str,
+    *,
+    concurrency: int = 8,
+    retries: int = 5,
+    server_url: str | None = None,
+    limit: int | None = None,
+    wait_s: float = 30.0,
+    local_dataset: bool | None = None,
+    dump_grace: float = 30.0,
+) -> ExtractStatus:
+    """Ship client (+ dataset when it is a local file), refuse if one is running, launch, await `started`."""
+    p = paths_for(host)
+    remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
+    if remote.run(alive_check(p), check=False).exit_status == 0:
+        raise Refused(
+            "an extraction client is already running on this host",
+            host=host.name,
+            hint=f"remote-ops extract status --host {host.name}  (or extract stop)",
+        )
+    upload_if_changed(remote, client_source(), p.client, 0o755)
+    remote_dataset = _place_dataset(remote, p, dataset, local_dataset)
+    url = server_url or f"http://127.0.0.1:{host.server.port}"
+    before = _log_size(remote, p)
+    remote.run(launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace))
+    _await_started(remote, host, p, before, wait_s)
+    return status(remote, host)
+
+
+def _place_dataset(remote, p: ExtractPaths, dataset: str, local: bool | None) -> str:
+    """A local dataset file is uploaded into the work dir; otherwise it must exist on the host."""
+    path = Path(dataset).expanduser()
+    if local is True or (local is None and path.is_file()):
+        upload_if_changed(remote, path.read_bytes(), p.dataset)
+        return p.dataset
+    if remote.run(["test", "-f", dataset], check=False).exit_status != 0:
+        raise NotFound(f"dataset {dataset} is neither a local file nor a file on the host", host=remote.name)
+    return dataset
+
+
+def _log_size(remote, p: ExtractPaths) -> int:
+    out = remote.run(f"stat -c %s {shell.quote(p.log)} 2>/dev/null || echo 0", check=False).stdout.strip()
+    return int(out) if out.isdigit() else 0
+
+
+def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float) -> None:
+    """Wait (bounded) for the client's `started` line; a client that died shows its output."""
+    deadline = time.monotonic() + wait_s
+    probe = shell.sections(
+        [
+            ("log", f"tail -c +{log_offset + 1} {shell.quote(p.log)}"),
+            ("alive", alive_check(p)),
+            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
+        ]
+    )
+    while time.monotonic() < deadline:
+        parts = shell.split_sections(remote.run(probe, check=False).stdout)
+        if " started " in parts.get("log", (1, ""))[1]:
+            return
+        if parts.get("alive", (1, ""))[0] != 0 and time.monotonic() > deadline - wait_s + 2:
+            raise Refused(
+                "the extraction client exited at start",
+                host=host.name,
+                details={"client_out": parts.get("out", (1, ""))[1]},
+                hint=parts.get("out", (1, ""))[1][-300:] or None,
+            )
+        time.sleep(0.3)
+    raise CommandTimedOut(
+        f"extraction client did not log `started` within {wait_s:g}s",
+        host=host.name,
+        command="extract start",
+        timeout=wait_s,
+    )
+
+
+def plan_start(
+    remote,
+    host,
+    dataset: str,
+    *,
+    concurrency: int = 8,
+    retries: int = 5,
+    server_url: str | None = None,
+    limit: int | None = None,
+    dump_grace: float = 30.0,
+) -> dict:
+    """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff)."""
+    p = paths_for(host)
+    local = Path(dataset).expanduser()
+    remote_dataset = p.dataset if local.is_file() else dataset
+    probe = shell.sections(
+        [("alive", alive_check(p)), ("client", shell.sha256_of(p.client)), ("dataset", shell.sha256_of(remote_dataset))]
+    )
+    sec = shell.split_sections(remote.run(probe, check=False).stdout)
+    have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
+    url = server_url or f"http://127.0.0.1:{host.server.port}"
+    return {
+        "already_running": sec.get("alive", (1, ""))[0] == 0,
+        "upload_client": have["client"] != _sha256(client_source()),
+        "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
+        "dataset_on_host": remote_dataset,
+        "command": launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace),
+    }
+
+
+def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: float = 2.0) -> ExtractStatus:
+    """Poll (one round trip each) until the client has exited; CommandTimedOut at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = status(remote, host)
+        if on_status:
+            on_status(st)
+        if not st.running:
+            return st
+        if time.monotonic() + interval_s > deadline:
+            raise CommandTimedOut(
+                f"extraction still running after {timeout_s:g}s (it goes on; `extract status` follows it)",
+                host=host.name,
+                command="extract start --wait",
+                timeout=timeout_s,
+            )
+        time.sleep(interval_s)
+
+
+def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
+    """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline."""
+    p = paths_for(host)
+    if remote.run(alive_check(p), check=False).exit_status != 0:
+        return status(remote, host)
+    pidfile = shell.quote(p.file("client.pid"))
+    remote.run(f"kill -TERM $(cat {pidfile})", check=False)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if remote.run(alive_check(p), check=False).exit_status != 0:
+            return status(remote, host)
+        time.sleep(0.3)
+    remote.run(f"{alive_check(p)} && kill -KILL $(cat {pidfile})", check=False)
+    return status(remote, host)
+
+
+# --------------------------------------------------------------------------- a group: the local record
+
+
+def ledger_dir() -> Path:
+    from ..paths import state_dir
+
+    return state_dir() / "extract" / "fleet"
+
+
+def load_ledger(dataset_id: str) -> dict | None:
+    import json
+
+    path = ledger_dir() / f"{dataset_id}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def latest_ledger(host_names: list[str]) -> dict | None:
+    """The most recent group run that involved any of these hosts (for `extract status`)."""
+    import json
+
+    best = None
+    for path in ledger_dir().glob("*.json") if ledger_dir().is_dir() else []:
+        doc = json.loads(path.read_text())
+        if set(doc.get("hosts", {})) & set(host_names) and (best is None or doc["updated"] > best["updated"]):
+            best = doc
+    return best
+
+
+def record_seen(ledger: dict, keys: dict[str, set[str]], shards: dict[str, list[Sample]] | None = None) -> None:
+    """Write what each reachable host has done (and its new shard) to the local record, atomically."""
+    import json
+
+    for name, ks in keys.items():
+        rec = ledger["hosts"].setdefault(name, {})
+        rec["done"] = sorted(ks)
+        rec["seen"] = time.time()
+        if shards is not None:
+            rec["shard"] = len(shards.get(name, []))
+    ledger["updated"] = time.time()
+    ledger_dir().mkdir(parents=True, exist_ok=True)
+    path = ledger_dir() / f"{ledger['dataset_id']}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(ledger))
+    path.with_suffix(".tmp").replace(path)
+
+
+# --------------------------------------------------------------------------- a group: edges (one host each)
+
+
+def probe_done(remote, host) -> tuple[bool, set[str]]:
+    """Ship the client if changed; (is a client running, every key done on this host)."""
+    p = paths_for(host)
+    remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
+    upload_if_changed(remote, client_source(), p.client, 0o755)
+    parts = shell.split_sections(
+        remote.run(shell.sections([("alive", alive_check(p)), ("keys", done_keys_command(p))])).stdout
+    )
+    return parts.get("alive", (1, ""))[0] == 0, parse_keys(parts.get("keys", (1, ""))[1])
+
+
+def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
+    """Put this host's shard file in its work dir and start its client on it."""
+    p = paths_for(host)
+    upload_if_changed(remote, shard_bytes(shard), p.file("shard.jsonl"))
+    return start(remote, host, p.file("shard.jsonl"), local_dataset=False, **kwargs)
+
+
+def status_with_keys(remote, host) -> tuple[ExtractStatus, set[str]]:
+    """`status` plus every done key, in the same round trip."""
+    out = remote.run(status_command(paths_for(host), with_keys=True)).stdout
+    return parse_status(host.name, out), parse_keys(shell.split_sections(out).get("keys", (1, ""))[1])
