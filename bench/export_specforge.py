@@ -5,7 +5,7 @@ Stdlib only (runs with any python3 >= 3.8, like the exporter on a host):
 1. writes `--files` Kimi-sized dump files (H = 7168, bf16, `--tokens` each, random
    bytes) with the dump contract's own writer (`remote_ops/dumper/dumpfile.py`
    `write_span`, fsync on) and the matching prepared dataset (ids + loss mask);
-2. for each `--jobs` value, runs `remote_ops/specforge_export.py export` in a
+2. for each `--jobs` value, runs `remote_ops/onhost/specforge_export.py export` in a
    fresh output dir: it first copies `--probe-mb` of the sources with the same
    number of streams (page cache dropped for them, output fsynced) = the disk
    anchor, then converts every file (sha256 checked over the converted bytes,

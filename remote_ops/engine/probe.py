@@ -4,7 +4,7 @@ A no-op `deploy` and `health` must run a shell command on the host anyway
 (facts, lock, file shas, GPUs, HTTP, dumps).  When that one round trip is
 cheaper than opening the Engine API channel (bench/engine_calls.py), the
 engine's questions ride along in it: `probe_sections` gives the shell
-sections (built with `remote_ops.shell`), `parse_probe` reads their output
+sections (built with `remote_ops.core.shell`), `parse_probe` reads their output
 into the same typed records the API gives.  Either way the docker commands,
 the labels and the parsing live behind the engine seam.
 """

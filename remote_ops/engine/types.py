@@ -1,9 +1,9 @@
 """What an engine answers, as typed records, and the pure parsers that make them.
 
 The Engine API returns the same JSON documents `docker inspect` prints, so the
-parsers here read API responses and captured CLI output alike.  Field names
-match `remote_ops.container.ImageInfo` / `ContainerInfo` so callers can switch
-to these without change.
+parsers here read API responses, captured CLI output and the shell probes'
+socket answers (`engine.probe`) alike; every caller (`workflows.container`,
+health, deploy) uses these records.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `Remote` is the interface the rest of remote-ops talks to (run / put / get /
 close).  `BaseRemote` implements `run` once: it normalises the command
-(`remote_ops.shell.cmd`), applies the deadline (the target's command timeout
+(`remote_ops.core.shell.cmd`), applies the deadline (the target's command timeout
 unless the call names its own), counts the round trip, reports it to
 `on_command`, and turns the outcome into a `RunResult` or a typed error
 (`CommandTimedOut` exit 8, `CommandFailed` exit 7 with stderr/stdout tails).
@@ -46,7 +46,7 @@ class RunResult:
 
 @runtime_checkable
 class Remote(Protocol):
-    """A connected host.  Commands are strings built by `remote_ops.shell` or argv lists."""
+    """A connected host.  Commands are strings built by `remote_ops.core.shell` or argv lists."""
 
     name: str
     target: Any

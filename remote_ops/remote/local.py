@@ -1,7 +1,7 @@
 """`LocalRemote`: the `Remote` run protocol with /bin/sh on this machine (`--local-file`).
 
 The same scripts run locally and over SSH, so the local path exercises the
-exact write/lock/backup logic the remote path uses (`remote_ops.patching`).
+exact write/lock/backup logic the remote path uses (`remote_ops.workflows.patching`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each check is a pure evaluator over captured probe output, returning
 `Check(tier, name, status, reason)` with status ok / warn / fail / skip.  The
-probes are built here with `remote_ops.shell` and run concurrently on the host
+probes are built here with `remote_ops.core.shell` and run concurrently on the host
 via `shell.parallel_sections`, so a health run costs one connection and one
 command (the SSH tier is the connection itself), and its wall time is the
 slowest probe's, not the sum.  The only thing written on the host is that
@@ -22,7 +22,7 @@ back into its typed records; no docker command line is written here.
 health check is still `starting` is ok once every cheap endpoint answers
 (`starting_but_answering`), so `health` right after a deploy that reported
 healthy exits 0.  `dumps/growth` warns about standing dumps only while the
-extraction client runs (`extraction_probe`: its PID file, `remote_ops.extract`).
+extraction client runs (`extraction_probe`: its PID file, `remote_ops.core.extractplan`).
 
 Deadlines: the round trip runs under the run's command deadline
 (`--command-timeout`); each probe in it is bounded by `facts.probe_deadline`
@@ -266,9 +266,9 @@ def probes(
 
 def extraction_probe(host: HostSpec) -> str:
     """Exit 0 while the extraction client runs (its recorded PID is alive and is the client)."""
-    from . import extract
+    from ..core import extractplan
 
-    return extract.alive_check(extract.paths_for(host))
+    return extractplan.alive_check(extractplan.paths_for(host))
 
 
 def _probes(host: HostSpec, deep: bool, expected_image: str | None, probe_s: float) -> list[tuple[str, str]]:
