@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from . import shell
-from .logparse import ExtractionSummary, parse_extraction
+
+if TYPE_CHECKING:  # logparse's regexes are compiled on import; health's probe builder needs none of them
+    from .logparse import ExtractionSummary
 
 CLIENT_NAME = "extract_onhost.py"
 
@@ -139,6 +142,8 @@ def parse_status(host: str, output: str) -> ExtractStatus:
             missing.append(json.loads(line))
         except ValueError:
             pass
+    from .logparse import parse_extraction
+
     counts = _json_or_empty(parts.get("counts", (1, ""))[1])
     return ExtractStatus(
         host,
