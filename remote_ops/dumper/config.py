@@ -24,10 +24,15 @@ ENV_BUFFER_TOKENS = "SGLANG_HS_DUMP_BUFFER_TOKENS"
 ENV_WAIT_S = "SGLANG_HS_DUMP_WAIT_S"
 ENV_FSYNC = "SGLANG_HS_DUMP_FSYNC"
 ENV_WRITER = "SGLANG_HS_DUMP_WRITER"
+ENV_WRITER_SCHED = "SGLANG_HS_DUMP_WRITER_SCHED"
+ENV_WRITER_CPUS = "SGLANG_HS_DUMP_WRITER_CPUS"
+ENV_SIGNAL = "SGLANG_HS_DUMP_SIGNAL"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
 WRITER_MODES = ("process", "thread")
+WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
+SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
 
 
 @dataclass
@@ -45,6 +50,9 @@ class DumpConfig:
     wait_s: float = 600.0  # longest backpressure wait before a batch is dropped
     fsync: bool = True
     writer: str = "process"  # span files written by a child process (default) or by threads in this one
+    writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
+    writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
+    signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
     env_seen: dict = field(default_factory=dict)
 
 
@@ -96,8 +104,26 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         wait_s=float(_int(env, ENV_WAIT_S, 600)),
         fsync=env.get(ENV_FSYNC, "1").strip().lower() not in ("0", "false", "no", "off"),
         writer=_choice(env, ENV_WRITER, WRITER_MODES),
+        writer_sched=_choice(env, ENV_WRITER_SCHED, WRITER_SCHEDS),
+        writer_cpus=parse_cpu_list(env.get(ENV_WRITER_CPUS, "")),
+        signal=_choice(env, ENV_SIGNAL, SIGNALS),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
+
+
+def parse_cpu_list(raw: str) -> Optional[List[int]]:
+    """'2-7,12' -> [2, 3, 4, 5, 6, 7, 12]; empty -> None (no restriction)."""
+    cpus: List[int] = []
+    for part in [p.strip() for p in raw.replace(" ", ",").split(",") if p.strip()]:
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError("%s=%r is not a CPU list like 2-7,12" % (ENV_WRITER_CPUS, raw)) from None
+        if first < 0 or last < first:
+            raise ValueError("%s=%r: bad range %r" % (ENV_WRITER_CPUS, raw, part))
+        cpus.extend(range(first, last + 1))
+    return sorted(set(cpus)) or None
 
 
 def default_layers(num_layers: int) -> List[int]:

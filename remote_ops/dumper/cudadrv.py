@@ -19,9 +19,18 @@ import ctypes.util
 from typing import Optional
 
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
-CU_MEMHOSTREGISTER_PORTABLE = 0x01
+CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 0x01, 0x02
+CU_EVENT_DISABLE_TIMING = 0x02
+CU_STREAM_WRITE_VALUE_DEFAULT = 0  # the write is ordered after (and fenced behind) the stream's earlier work
 SEM_T_BYTES = 32  # sizeof(sem_t) on x86-64 / aarch64 glibc
-SEM_SLOT_BYTES = 64  # one cache line per semaphore
+# The control segment shared with the writer process: one SEM_SLOT_BYTES record per slot, then one
+# more holding the "a job finished" semaphore.  A slot's record: its "copies landed" sem_t at 0, its
+# uint32 done flag (SGLANG_HS_DUMP_SIGNAL=flag) at FLAG_OFFSET, and the result of its last job at
+# DONE_OFFSET: uint64 seq, files, tokens, bytes, errors (seq written last).
+SEM_SLOT_BYTES = 128
+FLAG_OFFSET = 32
+DONE_OFFSET = 40
+DONE_FIELDS = "<4Q"  # files, tokens, bytes, errors, at DONE_OFFSET + 8
 
 
 class CUDA_MEMCPY2D(ctypes.Structure):
@@ -63,6 +72,17 @@ class Driver:
         self._host_fn = self._fn("cuLaunchHostFunc", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
         self._register = self._fn("cuMemHostRegister_v2", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint])
         self._unregister = self._fn("cuMemHostUnregister", [ctypes.c_void_p])
+        self._event_create = self._fn("cuEventCreate", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint])
+        self._event_destroy = self._fn("cuEventDestroy_v2", [ctypes.c_void_p])
+        self.event_record_fn = self._fn("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p])
+        self.wait_event_fn = self._fn("cuStreamWaitEvent", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint])
+        self._host_dptr = self._fn(
+            "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+        )
+        self._write32 = self._optional(
+            ("cuStreamWriteValue32_v2", "cuStreamWriteValue32"),
+            [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint],
+        )
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
         self.params = CUDA_MEMCPY2D()
         self.params.srcMemoryType, self.params.dstMemoryType = CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST
@@ -72,6 +92,12 @@ class Driver:
         fn = getattr(self.lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
         return fn
+
+    def _optional(self, names, argtypes):
+        for name in names:
+            if hasattr(self.lib, name):
+                return self._fn(name, argtypes)
+        return None
 
     @classmethod
     def load(cls) -> Optional["Driver"]:
@@ -100,9 +126,36 @@ class Driver:
         """`sem_post(sem_addr)` from the driver's thread once the work queued on `stream` so far is done."""
         self.check(self._host_fn(stream, self.sem_post_addr, sem_addr), "cuLaunchHostFunc")
 
-    def register(self, addr: int, nbytes: int) -> None:
+    def event_create(self) -> int:
+        """A CUevent without timing (the fence between the forward stream and the copy stream)."""
+        out = ctypes.c_void_p()
+        self.check(self._event_create(ctypes.byref(out), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        return int(out.value or 0)
+
+    def event_destroy(self, event: int) -> None:
+        self._event_destroy(event)
+
+    def fence(self, event: int, after: int, before: int) -> None:
+        """Work queued on stream `before` from now on waits for the work queued on stream `after` so far."""
+        self.check(self.event_record_fn(event, after), "cuEventRecord")
+        self.check(self.wait_event_fn(before, event, 0), "cuStreamWaitEvent")
+
+    def write_when_done(self, stream: int, dptr: int, value: int) -> None:
+        """The GPU writes the uint32 `value` at `dptr` once the work queued on `stream` so far is done."""
+        if self._write32 is None:
+            raise CudaError("cuStreamWriteValue32 is not in this driver")
+        self.check(self._write32(stream, dptr, value, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32")
+
+    def register(self, addr: int, nbytes: int, device_map: bool = False) -> None:
         """Page-lock existing host memory (our shared segment) so copies into it are true async DMA."""
-        self.check(self._register(addr, nbytes, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister")
+        flags = CU_MEMHOSTREGISTER_PORTABLE | (CU_MEMHOSTREGISTER_DEVICEMAP if device_map else 0)
+        self.check(self._register(addr, nbytes, flags), "cuMemHostRegister")
+
+    def device_pointer(self, addr: int) -> int:
+        """The device address of registered (device-mapped) host memory."""
+        out = ctypes.c_uint64()
+        self.check(self._host_dptr(ctypes.byref(out), addr, 0), "cuMemHostGetDevicePointer")
+        return out.value
 
     def unregister(self, addr: int) -> None:
         self._unregister(addr)

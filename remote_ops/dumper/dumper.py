@@ -55,6 +55,14 @@ def graph_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+_IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _stream_capturing() -> bool:
+    """graph_capturing() for a batch already known to be on a GPU: one call into torch's C part."""
+    return bool(_IS_CAPTURING()) if _IS_CAPTURING is not None else torch.cuda.is_current_stream_capturing()
+
+
 class Dumper:
     """Captures plain-EXTEND batches and writes one file per request span (writer ranks only)."""
 
@@ -81,7 +89,11 @@ class Dumper:
         self.driver: Optional[Driver] = None
         self.writers: Optional[SpanWriters] = None
         self.sink: Optional[WriterProcess] = None
-        self.inflight: Dict[int, Tuple[int, int]] = {}  # slot -> (spans, tokens) at the writer process
+        self.inflight: Dict[int, Tuple[int, int, int]] = {}  # slot -> (spans, tokens, job seq) at the writer process
+        self.job_seq = 0
+        self.reclaim_lock = threading.Lock()
+        self.mode_names: Dict[Any, str] = {}
+        self.flags = False  # the GPU writes a done flag per batch (SGLANG_HS_DUMP_SIGNAL=flag) instead of sem_post
         self.warned: set = set()
         self.closed = self.closing = False
         self.lock = threading.Lock()
@@ -115,10 +127,10 @@ class Dumper:
                     "fsync": self.config.fsync,
                     "writers": self.config.writers,
                     "metadata": self.metadata,
+                    "sched": self.config.writer_sched,
+                    "cpus": self.config.writer_cpus,
                 }
-                self.sink = WriterProcess(
-                    config, self.config.buffers, self._on_done, self._on_exit, self.stats.maybe_write
-                )
+                self.sink = WriterProcess(config, self.config.buffers, self._on_exit, self._on_idle, self._on_error)
             except Exception as exc:
                 log.error("[hs-dump] the writer process could not start (%r): using writer threads", exc)
                 mode = "thread"
@@ -156,27 +168,48 @@ class Dumper:
         try:
             if fb.positions is None:
                 positions_into(buf, _positions_from_spans(spans))
-            sem = self.sink.sem_addr(buf.slot) if self.sink is not None and hidden.is_cuda else None
-            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows, sem)
+            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows, self.sink is None)
+            flag = self._signal_copied(buf.slot) if self.sink is not None and hidden.is_cuda else 0
         except BaseException:
             self.stager.synchronize()  # no copy may still land in a slot handed out again
             self.pool.release(buf.slot)
             raise
         self.stats.add(batches=1)
         if self.sink is not None:
-            self._submit_to_process(buf, staged, spans, rows, hidden.is_cuda)
+            self._submit_to_process(buf, staged, spans, rows, hidden.is_cuda, flag)
         else:
             assert self.writers is not None, "no writer process: the writer threads run"
             self.writers.submit(BatchJob(staged, spans, self.pool))
 
-    def _submit_to_process(self, buf: HostBuffer, staged, spans: List[Span], rows: int, on_gpu: bool) -> None:
+    def _signal_copied(self, slot: int) -> int:
+        """Queue, behind the copies, what tells the writer process they landed; the job's flag (0 = semaphore)."""
+        assert self.sink is not None and self.driver is not None, "GPU path with the writer process"
+        stream = self.stager.side_raw
+        if self.flags:
+            dptr, value = self.sink.next_flag(slot)
+            try:
+                self.driver.write_when_done(stream, dptr, value)
+                return value
+            except Exception as exc:
+                self.flags = False
+                log.error("[hs-dump] the GPU cannot write the done flag (%r): host functions from now on", exc)
+        self.driver.post_when_done(stream, self.sink.sem_addr(slot))
+        return 0
+
+    def _submit_to_process(
+        self, buf: HostBuffer, staged, spans: List[Span], rows: int, on_gpu: bool, flag: int = 0
+    ) -> None:
         """One `job` message; on CPU the copies are done, so post the slot's semaphore right away."""
         assert self.sink is not None and self.pool is not None, "called with the writer process running"
-        self.inflight[buf.slot] = (len(spans), rows)
+        with self.reclaim_lock:
+            self.job_seq += 1
+            seq = self.job_seq
+            self.inflight[buf.slot] = (len(spans), rows, seq)
         try:
             self.sink.job(
                 buf.slot,
                 buf.gen,
+                seq,
                 rows,
                 self.hidden_size,
                 buf.esize,
@@ -184,9 +217,11 @@ class Dumper:
                 staged.pos_size,
                 ST_DTYPES[buf.dtype],
                 spans,
+                flag,
             )
         except OSError:
-            self.inflight.pop(buf.slot, None)
+            with self.reclaim_lock:
+                self.inflight.pop(buf.slot, None)
             self.stager.synchronize()
             self.pool.release(buf.slot)
             self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows)
@@ -196,9 +231,17 @@ class Dumper:
 
     def _skip_reason(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> Optional[str]:
         """Why this batch is not dumped (None = dump it); cheap, CPU-only checks."""
-        if graph_capturing():
+        if _stream_capturing() if hidden.is_cuda else graph_capturing():
             return "graph_capture"
-        mode = forward_mode_name(fb)
+        mode_obj = getattr(fb, "forward_mode", None)
+        try:
+            mode = self.mode_names[mode_obj]
+        except (KeyError, TypeError):
+            mode = forward_mode_name(fb)
+            try:
+                self.mode_names[mode_obj] = mode
+            except TypeError:
+                pass
         if mode != "EXTEND":
             return mode.lower()
         if getattr(fb, "can_run_tbo", False):
@@ -215,20 +258,26 @@ class Dumper:
 
     def _shapes_ok(self, fb: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int) -> bool:
         """Rows cover every span and the width is H; otherwise count an error and skip."""
+        width = self.hidden_size
+        for t in (hidden, *aux):
+            shape = t.shape
+            if len(shape) != 2 or shape[0] < rows or shape[1] != width:
+                break
+        else:
+            if fb.input_ids.shape[0] >= rows and hidden.dtype in ST_DTYPES:
+                return True
         tensors = [hidden, *aux]
         bad = [tuple(t.shape) for t in tensors if t.dim() != 2 or t.shape[0] < rows or t.shape[1] != self.hidden_size]
-        if bad or fb.input_ids.shape[0] < rows or hidden.dtype not in ST_DTYPES:
-            self.stats.add(errors=1)
-            self._warn_once(
-                "shape",
-                "batch of %d rows skipped: shapes %s, dtype %s, H=%d" % (rows, bad, hidden.dtype, self.hidden_size),
-            )
-            return False
-        return True
+        self.stats.add(errors=1)
+        self._warn_once(
+            "shape",
+            "batch of %d rows skipped: shapes %s, dtype %s, H=%d" % (rows, bad, hidden.dtype, self.hidden_size),
+        )
+        return False
 
     def _acquire(self, rows: int, hidden: torch.Tensor, spans: List[Span]):
         """A host buffer for the batch: wait (backpressure) or count the drop."""
-        pool = self._pool_for(hidden)
+        pool = self.pool if self.pool is not None else self._pool_for(hidden)
         alive = self._writer_alive()
         block = self.config.policy == "backpressure" and alive
         buf = pool.acquire(rows, self.hidden_size, hidden.dtype, block, self.config.wait_s) if alive else None
@@ -257,6 +306,7 @@ class Dumper:
                     self.config.buffers,
                     self.buffer_tokens,
                     lambda slot, gen, rows, h, dtype: self._make_buffer(slot, gen, rows, h, dtype, pin, shared),
+                    self._reclaim if shared else None,
                 )
                 self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
                 if self.sink is not None:
@@ -275,6 +325,13 @@ class Dumper:
                 self.sink.stop(5.0)
                 self.sink = None
                 self._start_writers("thread")
+        elif self.sink is not None and self.config.signal == "flag":
+            try:
+                self.sink.enable_flags(self.driver)
+                self.flags = True
+            except Exception as exc:
+                log.error("[hs-dump] done flags unavailable (%r): host functions signal the writer process", exc)
+        self.stats.static["signal"] = "flag" if self.flags else ("hostfn" if self.sink is not None else "event")
 
     def _make_buffer(
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
@@ -303,25 +360,56 @@ class Dumper:
         )
         self.stats.add(files=1, spans=1, tokens=span.tokens, bytes=record["bytes"])
 
-    def _on_done(self, slot: int, files: int, tokens: int, nbytes: int, errors: int, first_error: str) -> None:
-        """Reaper thread: the writer process finished a batch; count it and free its slot."""
-        self.inflight.pop(slot, None)
-        self.stats.add(files=files, spans=files, tokens=tokens, bytes=nbytes, errors=errors)
-        if errors:
-            log.error("[hs-dump] writing %d span(s) failed: %s", errors, first_error)
-        assert self.pool is not None, "a job was sent, so the pool exists"
-        self.pool.release(slot)
+    def _reclaim(self, wait_s: float) -> int:
+        """Free the slots whose job the writer process finished (counts into the stats); how many.
+
+        Called by the pool when it has no free slot (waiting up to `wait_s` for a
+        finished job), by flush, and once a second by the reaper thread."""
+        sink = self.sink
+        if sink is None:
+            return 0
+        with self.reclaim_lock:
+            while sink.wait_finished(0.0):  # the posts only wake waiters; the records say what finished
+                pass
+            freed = self._collect_finished()
+            if not freed and wait_s > 0 and self.inflight and sink.wait_finished(wait_s):
+                while sink.wait_finished(0.0):
+                    pass
+                freed = self._collect_finished()
+        return freed
+
+    def _collect_finished(self) -> int:
+        assert self.sink is not None and self.pool is not None, "jobs exist only with the writer process"
+        done = [(slot, job) for slot, job in self.inflight.items() if self.sink.done_seq(slot) == job[2]]
+        for slot, _job in done:
+            del self.inflight[slot]
+            files, tokens, nbytes, errors = self.sink.done_counts(slot)
+            self.stats.add(files=files, spans=files, tokens=tokens, bytes=nbytes, errors=errors)
+            self.pool.release(slot)
+        return len(done)
+
+    def _on_idle(self) -> None:
+        """Reaper thread, once a second: collect finished jobs, rewrite stats.json."""
+        if self.pool is not None:
+            self._reclaim(0.0)
         self.stats.maybe_write()
+
+    def _on_error(self, slot: int, first_error: str) -> None:
+        """Reaper thread: a job of the writer process had failed spans (counted with its record)."""
+        log.error("[hs-dump] writing span(s) of slot %d failed: %s", slot, first_error)
 
     def _on_exit(self) -> None:
         """Reaper thread: the writer process is gone; what it held is lost, later batches are dropped."""
         if not self.closing:
             log.error("[hs-dump] the writer process exited: batches in flight are lost, later ones dropped")
-        for slot, (spans, tokens) in list(self.inflight.items()):
-            self.inflight.pop(slot, None)
-            self.stats.add(dropped_batches=1, dropped_spans=spans, dropped_tokens=tokens)
-            if self.pool is not None:
-                self.pool.release(slot)
+        if self.pool is not None:
+            self._reclaim(0.0)  # what it finished before it went
+        with self.reclaim_lock:
+            for slot, (spans, tokens, _seq) in list(self.inflight.items()):
+                self.inflight.pop(slot, None)
+                self.stats.add(dropped_batches=1, dropped_spans=spans, dropped_tokens=tokens)
+                if self.pool is not None:
+                    self.pool.release(slot)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop capturing, let the writers finish what is queued (bounded), write final stats."""
@@ -337,6 +425,8 @@ class Dumper:
         else:
             assert self.writers is not None, "no writer process: the writer threads run"
             self.writers.stop(min(5.0, timeout))
+        if drained:
+            self.stager.close()
         if self.pool is not None:
             self.pool.close(free=drained)
         self.stats.state = "closed" if drained else "closed-with-pending"

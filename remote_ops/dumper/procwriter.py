@@ -10,16 +10,33 @@ page-locked by the parent), so the forward process runs no writer Python.
 
 Protocol, over one AF_UNIX SOCK_SEQPACKET pair (one message = one marshal'd tuple):
   parent -> child  ("config", dict)                   once, first
-                   ("sems", nslots) + fd              the control segment: one sem_t per slot
+                   ("sems", nslots) + fd              the control segment (cudadrv: a record per slot)
                    ("segment", slot, gen, nbytes, capacity) + fd   a slot's (new) buffer
                    ("meta", dict)                     run metadata changed (dtype known)
-                   ("job", slot, gen, rows, hidden, esize, id_size, pos_size, st_dtype, spans)
+                   ("job", slot, gen, seq, rows, hidden, esize, id_size, pos_size, st_dtype, spans, flag)
                    ("stop",)                          finish what is queued, then exit
-  child -> parent  ("done", slot, files, tokens, bytes, errors, first_error)   one per job
-A job's data is complete when the slot's semaphore is posted: by the CUDA
-driver's thread (a host function queued after the copies) or by the parent
-itself after CPU copies.  Jobs are taken in order; each slot has at most one
-job in flight, so each post pairs with exactly one job.
+  child -> parent  ("error", slot, first_error)       only for a job with failed spans
+A job's data is complete when (flag == 0) the slot's semaphore is posted: by
+the CUDA driver's thread (a host function queued after the copies) or by the
+parent itself after CPU copies; or (flag != 0) when the slot's uint32 flag in
+the control segment reads `flag`: the GPU writes it (cuStreamWriteValue32,
+fenced behind the copies) and the child polls for it, so no CUDA host function
+and no driver callback thread are involved.  Jobs are taken in order; each slot
+has at most one job in flight, so each post (or flag value) pairs with exactly
+one job.
+
+A finished job is reported through shared memory, not a message: the child
+writes its counts into the slot's record (seq last) and posts the "a job
+finished" semaphore.  The parent reads the records when it needs a slot, when
+it flushes, and once a second from its reaper thread.  So no thread of the
+forward process wakes up per batch: a reaper woken by a message took the GIL
+from the forward thread about once per step (~1 voluntary context switch per
+step more than without the dumper, bench/README.md).
+
+Scheduling: the child runs at nice 10 and, by default, SCHED_BATCH: a woken
+writer thread never preempts the forward thread on its CPU (a normal thread
+woken by the parent's socket message or by a semaphore may), and optionally on
+its own CPUs (`writer_cpus`).
 """
 
 from __future__ import annotations
@@ -32,19 +49,22 @@ import os
 import queue
 import select
 import socket
+import struct
 import sys
 import threading
 import time
 from typing import Dict, Optional, Tuple
 
 from . import dumpfile
-from .cudadrv import SEM_SLOT_BYTES, Timespec, load_libc
+from .cudadrv import DONE_FIELDS, DONE_OFFSET, FLAG_OFFSET, SEM_SLOT_BYTES, Timespec, load_libc
 from .layout import Layout, span_views
 
 log = logging.getLogger("remote_ops_dump")
 MAX_MSG = 1 << 20
 NICE = 10  # the forward process's threads come first on a busy CPU
-IDLE_S = 1.0  # the reaper's tick when no batch finishes (stats.json stays fresh)
+IDLE_S = 1.0  # the reaper's tick: finished jobs collected, stats.json kept fresh
+FLAG_POLL_S = (50e-6, 1e-3)  # flag mode: first and longest sleep between two looks at a slot's flag
+SCHED_POLICIES = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE", "normal": "SCHED_OTHER"}
 
 
 def send(sock: socket.socket, msg: tuple, fds=()) -> None:
@@ -65,22 +85,22 @@ def recv(sock: socket.socket) -> Tuple[Optional[tuple], list]:
 
 
 class WriterProcess:
-    """The parent's handle: start the child, send it segments and jobs, collect results.
+    """The parent's handle: start the child, send it segments and jobs, read what finished.
 
-    A reaper thread blocks on the socket (GIL released) and hands each `done`
-    message to `on_done(slot, files, tokens, bytes, errors, first_error)`;
-    `on_idle()` runs at least once a second (stats.json); when the child
-    dies, `on_exit()` runs once.
+    A reaper thread blocks on the socket (GIL released): `on_error(slot, text)`
+    for a job with failed spans, `on_idle()` once a second (collect finished
+    jobs, stats.json); when the child dies, `on_exit()` runs once.
     """
 
-    def __init__(self, config: dict, nslots: int, on_done, on_exit, on_idle=lambda: None):
-        self.on_done, self.on_exit, self.on_idle = on_done, on_exit, on_idle
+    def __init__(self, config: dict, nslots: int, on_exit, on_idle=lambda: None, on_error=lambda slot, text: None):
+        self.on_exit, self.on_idle, self.on_error = on_exit, on_idle, on_error
         self.libc = load_libc()
         self.nslots = nslots
-        self.sems_fd, self.sems_map = _shared(nslots * SEM_SLOT_BYTES, "hs-dump-sems")
+        self.sems_fd, self.sems_map = _shared((nslots + 1) * SEM_SLOT_BYTES, "hs-dump-sems")
         self.sems_base = ctypes.addressof(ctypes.c_char.from_buffer(self.sems_map))
-        for i in range(nslots):
-            if self.libc.sem_init(self.sem_addr(i), 1, 0) != 0:
+        self.free_sem = self.sems_base + nslots * SEM_SLOT_BYTES
+        for addr in [self.sem_addr(i) for i in range(nslots)] + [self.free_sem]:
+            if self.libc.sem_init(addr, 1, 0) != 0:
                 raise OSError(ctypes.get_errno(), "sem_init failed")
         self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.lock = threading.Lock()
@@ -90,6 +110,9 @@ class WriterProcess:
         send(self.sock, ("config", dict(config)))
         send(self.sock, ("sems", nslots), [self.sems_fd])
         os.close(self.sems_fd)  # the child holds its own copy; the mapping stays
+        self.flag_dptr = 0  # device address of the control segment once flags are on
+        self.flag_seq = [0] * nslots
+        self.flag_driver = None
         self.dead = False
         self.reaper = threading.Thread(target=self._reap, name="hs-dump-reaper", daemon=True)
         self.reaper.start()
@@ -97,9 +120,40 @@ class WriterProcess:
     def sem_addr(self, slot: int) -> int:
         return self.sems_base + slot * SEM_SLOT_BYTES
 
+    def enable_flags(self, driver) -> None:
+        """Flag signalling: page-lock the control segment for the device; raises where impossible."""
+        driver.register(self.sems_base, len(self.sems_map), device_map=True)
+        try:
+            self.flag_dptr = driver.device_pointer(self.sems_base)
+        except Exception:
+            driver.unregister(self.sems_base)
+            raise
+        self.flag_driver = driver
+
+    def next_flag(self, slot: int) -> Tuple[int, int]:
+        """(device address of the slot's flag, the next value to wait for: never 0)."""
+        value = self.flag_seq[slot] = self.flag_seq[slot] % 0xFFFFFFFF + 1
+        return self.flag_dptr + slot * SEM_SLOT_BYTES + FLAG_OFFSET, value
+
     def post(self, slot: int) -> None:
         """The slot's data is in place (CPU path): let the child write it."""
         self.libc.sem_post(self.sem_addr(slot))
+
+    def done_seq(self, slot: int) -> int:
+        """The seq of the slot's last finished job (0: none yet)."""
+        return struct.unpack_from("<Q", self.sems_map, slot * SEM_SLOT_BYTES + DONE_OFFSET)[0]
+
+    def done_counts(self, slot: int) -> Tuple[int, int, int, int]:
+        """(files, tokens, bytes, errors) of the slot's last finished job; read after its seq matched."""
+        return struct.unpack_from(DONE_FIELDS, self.sems_map, slot * SEM_SLOT_BYTES + DONE_OFFSET + 8)
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Take one "a job finished" post, waiting at most `timeout` s (0: don't wait); True if taken."""
+        if timeout <= 0:
+            return self.libc.sem_trywait(self.free_sem) == 0
+        deadline = time.time() + timeout
+        until = Timespec(int(deadline), int((deadline % 1) * 1e9))
+        return self.libc.sem_timedwait(self.free_sem, ctypes.byref(until)) == 0
 
     def segment(self, slot: int, gen: int, nbytes: int, capacity: int, fd: int) -> None:
         self._send(("segment", slot, gen, nbytes, capacity), [fd])
@@ -108,13 +162,25 @@ class WriterProcess:
         self._send(("meta", {str(k): str(v) for k, v in metadata.items()}))
 
     def job(
-        self, slot: int, gen: int, rows: int, hidden: int, esize: int, id_size: int, pos_size: int, st_dtype: str, spans
+        self,
+        slot: int,
+        gen: int,
+        seq: int,
+        rows: int,
+        hidden: int,
+        esize: int,
+        id_size: int,
+        pos_size: int,
+        st_dtype: str,
+        spans,
+        flag: int = 0,
     ) -> None:
         self._send(
             (
                 "job",
                 slot,
                 gen,
+                seq,
                 rows,
                 hidden,
                 esize,
@@ -122,6 +188,7 @@ class WriterProcess:
                 pos_size,
                 st_dtype,
                 [(s.start, s.tokens, s.prefix_len) for s in spans],
+                flag,
             )
         )
 
@@ -135,17 +202,19 @@ class WriterProcess:
         return not self.dead
 
     def _reap(self) -> None:
+        last = time.monotonic()
         try:
             while True:
                 ready, _, _ = select.select([self.sock], [], [], IDLE_S)
-                if not ready:
+                if ready:
+                    msg, _ = recv(self.sock)
+                    if msg is None:
+                        break
+                    if msg[0] == "error":
+                        self.on_error(msg[1], msg[2])
+                if time.monotonic() - last >= IDLE_S:
+                    last = time.monotonic()
                     self.on_idle()
-                    continue
-                msg, _ = recv(self.sock)
-                if msg is None:
-                    break
-                if msg[0] == "done":
-                    self.on_done(*msg[1:])
         except OSError:
             pass
         finally:
@@ -163,12 +232,19 @@ class WriterProcess:
         except Exception:
             return False
         self.reaper.join(timeout=2)
+        self._unregister_flags()
         return True
+
+    def _unregister_flags(self) -> None:
+        if self.flag_driver is not None:
+            self.flag_driver.unregister(self.sems_base)
+            self.flag_driver = None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        self._unregister_flags()
 
 
 def _shared(nbytes: int, name: str) -> Tuple[int, mmap.mmap]:
@@ -211,6 +287,7 @@ class Job:
             _,
             self.slot,
             self.gen,
+            self.seq,
             self.rows,
             self.hidden,
             self.esize,
@@ -218,6 +295,7 @@ class Job:
             self.pos_size,
             self.st_dtype,
             spans,
+            self.flag,
         ) = msg
         self.spans = [tuple(s) for s in spans]
         self.remaining = len(self.spans)
@@ -228,7 +306,7 @@ class Job:
 
 
 class Child:
-    """Reader (socket) -> sequencer (semaphores, in job order) -> N writer threads -> `done` back."""
+    """Reader (socket) -> sequencer (semaphores, in job order) -> N writer threads -> done records."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -238,6 +316,7 @@ class Child:
         self.segments: Dict[int, Tuple[int, int, mmap.mmap, memoryview]] = {}
         self.sems: Optional[mmap.mmap] = None
         self.sems_base = 0
+        self.free_sem = 0  # offset of the "a job finished" semaphore in the control segment
         self.jobs: "queue.Queue" = queue.Queue()
         self.spans: "queue.Queue" = queue.Queue()
         self.send_lock = threading.Lock()
@@ -248,6 +327,7 @@ class Child:
         assert msg is not None, "the parent closed the socket before sending the config"
         self.config = msg[1]
         self.metadata = dict(self.config.get("metadata", {}))
+        apply_scheduling(self.config.get("sched"), self.config.get("cpus"))
         threads = [threading.Thread(target=self._write_loop, daemon=True) for _ in range(int(self.config["writers"]))]
         for t in threads:
             t.start()
@@ -275,7 +355,8 @@ class Child:
                 self.jobs.put(None)
                 return
             if kind == "sems":
-                self.sems = mmap.mmap(fds[0], msg[1] * SEM_SLOT_BYTES)
+                self.sems = mmap.mmap(fds[0], (msg[1] + 1) * SEM_SLOT_BYTES)
+                self.free_sem = msg[1] * SEM_SLOT_BYTES
                 os.close(fds[0])
                 self.sems_base = ctypes.addressof(ctypes.c_char.from_buffer(self.sems))
             elif kind == "segment":
@@ -298,7 +379,7 @@ class Child:
             job = self.jobs.get()
             if job is None:
                 return
-            if not self._wait_ready(job.slot):
+            if not (self._wait_flag(job.slot, job.flag) if job.flag else self._wait_ready(job.slot)):
                 self._finish_unwritten(job, "the forward process exited before the copy landed")
                 continue
             for span in job.spans:
@@ -313,6 +394,17 @@ class Child:
                 return True
             if self.parent_gone.is_set() and self.libc.sem_trywait(addr) != 0:
                 return False
+
+    def _wait_flag(self, slot: int, value: int) -> bool:
+        """Poll the slot's flag until the GPU wrote `value` (sleeps 50 us, doubling to 1 ms)."""
+        assert self.sems is not None, "the control segment came before any job"
+        offset, delay = slot * SEM_SLOT_BYTES + FLAG_OFFSET, FLAG_POLL_S[0]
+        while struct.unpack_from("<I", self.sems, offset)[0] != value:
+            if self.parent_gone.is_set():
+                return struct.unpack_from("<I", self.sems, offset)[0] == value
+            time.sleep(delay)
+            delay = min(delay * 2, FLAG_POLL_S[1])
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -354,12 +446,33 @@ class Child:
         self._report(job)
 
     def _report(self, job: Job) -> None:
-        msg = ("done", job.slot, job.files, job.tokens, job.bytes, job.errors, job.first_error)
+        """The job's counts into its slot's record (seq last), then the "a job finished" post."""
+        assert self.sems is not None, "the control segment came before any job"
+        offset = job.slot * SEM_SLOT_BYTES + DONE_OFFSET
+        struct.pack_into(DONE_FIELDS, self.sems, offset + 8, job.files, job.tokens, job.bytes, job.errors)
+        struct.pack_into("<Q", self.sems, offset, job.seq)
+        self.libc.sem_post(self.sems_base + self.free_sem)
+        if job.errors:
+            try:
+                with self.send_lock:
+                    send(self.sock, ("error", job.slot, job.first_error))
+            except OSError:
+                pass
+
+
+def apply_scheduling(sched: Optional[str], cpus) -> None:
+    """This (child) process's policy and CPUs, set before its threads start so they inherit both."""
+    policy = getattr(os, SCHED_POLICIES.get(sched or "normal", "SCHED_OTHER"), None)
+    if policy is not None and sched not in (None, "normal"):
         try:
-            with self.send_lock:
-                send(self.sock, msg)
-        except OSError:
-            pass
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+        except (OSError, AttributeError) as exc:
+            log.warning("[hs-dump] writer process: scheduling policy %s refused (%r)", sched, exc)
+    if cpus:
+        try:  # not intersected with the inherited mask: that is the spawning thread's, maybe pinned
+            os.sched_setaffinity(0, set(cpus))
+        except (OSError, AttributeError) as exc:
+            log.warning("[hs-dump] writer process: CPUs %s refused (%r)", cpus, exc)
 
 
 def main(argv=None) -> int:

@@ -8,9 +8,10 @@ hidden rows as they are, each aux tensor as a strided 2D copy into its third
 of the [rows, 3H] rows, ids and positions in their source dtype (the writer
 converts them to int32).  They are queued through the driver by ctypes (see
 `cudadrv`), which costs the forward thread ~1 us a call instead of ~5-10 us
-through torch.  Completion is either a `sem_post` queued as a CUDA host
-function (writer process) or a blocking-sync event (writer threads: waiting
-sleeps instead of spinning a core).  CPU path (tests, CPU-only hosts): plain
+through torch.  Completion: with the writer process the dumper queues the
+signal itself right behind the copies on `side_stream` (a done flag written by
+the GPU, or `sem_post` as a CUDA host function); with writer threads, a
+blocking-sync event (waiting sleeps instead of spinning a core).  CPU path (tests, CPU-only hosts): plain
 synchronous copies, no event.
 """
 
@@ -32,6 +33,7 @@ from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 ID_DTYPES = (torch.int32, torch.int64)
+RECLAIM_SLICE_S = 0.01  # longest single wait for a written batch (another thread may have taken its post)
 
 
 class HostBuffer:
@@ -117,9 +119,16 @@ class BufferPool:
     """
 
     def __init__(
-        self, count: int, min_tokens: int, make_buffer: Callable[[int, int, int, int, torch.dtype], HostBuffer]
+        self,
+        count: int,
+        min_tokens: int,
+        make_buffer: Callable[[int, int, int, int, torch.dtype], HostBuffer],
+        reclaim: Optional[Callable[[float], int]] = None,
     ):
+        """`reclaim(wait_s)`: frees the slots whose batch was written (calling `release`), waiting up to
+        `wait_s` for one when none is; the writer process's way (nothing wakes up per batch to free them)."""
         self.count, self.min_tokens, self.make_buffer = count, min_tokens, make_buffer
+        self.reclaim = reclaim
         self.buffers: List[Optional[HostBuffer]] = [None] * count
         self.free: List[int] = list(range(count - 1, -1, -1))
         self.cond = threading.Condition()
@@ -168,18 +177,29 @@ class BufferPool:
 
     def _take_slot(self, block: bool, timeout: float) -> Optional[int]:
         """Pop a slot under the lock (None when none becomes free in time)."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.free and not self.closed:
-                remaining = deadline - time.monotonic()
-                if not block or remaining <= 0:
+        deadline = None
+        while True:
+            with self.cond:
+                if self.closed:
                     return None
-                self.cond.wait(remaining)
-            if self.closed:
+                if self.free:
+                    self.in_use += 1
+                    if self.in_use > self.high_water:
+                        self.high_water = self.in_use
+                    return self.free.pop()
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                remaining = deadline - time.monotonic()
+                if self.reclaim is None:
+                    if not block or remaining <= 0:
+                        return None
+                    self.cond.wait(remaining)
+                    continue
+            if self.reclaim(0.0):  # outside the lock: reclaim calls release
+                continue
+            if not block or remaining <= 0:
                 return None
-            self.in_use += 1
-            self.high_water = max(self.high_water, self.in_use)
-            return self.free.pop()
+            self.reclaim(min(remaining, RECLAIM_SLICE_S))
 
     def release(self, slot: int) -> None:
         """Give a slot back (its buffer is kept for reuse)."""
@@ -191,6 +211,8 @@ class BufferPool:
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no slot is in use (everything written), or the deadline; True if idle."""
         deadline = time.monotonic() + timeout
+        while self.reclaim is not None and self.in_use and time.monotonic() < deadline:
+            self.reclaim(min(max(0.0, deadline - time.monotonic()), RECLAIM_SLICE_S))
         with self.cond:
             while self.in_use and time.monotonic() < deadline:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
@@ -229,12 +251,21 @@ class Staged:
 
 
 class Stager:
-    """Copies a batch's tensors into a host buffer: DMA on a side stream (CUDA) or synchronously (CPU)."""
+    """Copies a batch's tensors into a host buffer: DMA on a side stream (CUDA) or synchronously (CPU).
+
+    The GPU path runs once per forward step on the thread that launches the
+    model's kernels, whose Python runs cold there (a capture() cost 2-5x the
+    same calls timed in a tight loop): so few calls as possible.  With the
+    driver loaded the fence is a CUevent recorded and waited on through ctypes
+    on raw stream handles (no torch Stream/Event objects built per batch).
+    """
 
     def __init__(self, driver=None):
         self.driver = driver
         self.side_stream = None
+        self.side_raw = 0
         self.fence = None
+        self.fence_event = 0  # a CUevent of our own (driver path)
 
     def stage(
         self,
@@ -244,51 +275,66 @@ class Stager:
         ids: torch.Tensor,
         positions: Optional[torch.Tensor],
         rows: int,
-        sem_addr: Optional[int] = None,
+        event: bool = True,
     ) -> Staged:
-        """Queue (CUDA) or do (CPU) the copies; with `sem_addr`, post that semaphore once they landed."""
+        """Queue (CUDA) or do (CPU) the copies; `event`: record a blocking-sync event behind them (writer
+        threads); without it the caller queues its own completion signal on `side_stream` right after."""
         if not hidden.is_cuda:
             id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
             return Staged(buf, rows, None, id_size, pos_size)
-        side = self._side(hidden.device)
-        self.fence.record(torch.cuda.current_stream(hidden.device))
-        side.wait_event(self.fence)
-        sources = [hidden, ids, *aux] + ([positions] if positions is not None else [])
-        for t in sources:
-            t.record_stream(side)
-        if self.driver is not None and _dma_ok(buf, hidden, aux, ids, positions):
-            id_size, pos_size = self._copy_dma(buf, hidden, aux, ids, positions, rows, side.cuda_stream)
+        side = self.side_stream if self.side_stream is not None else self._side(hidden.device)
+        drv = self.driver
+        if self.fence_event:
+            drv.fence(self.fence_event, _raw_stream(hidden.get_device()), self.side_raw)
+        else:
+            self.fence.record(torch.cuda.current_stream(hidden.device))
+            side.wait_event(self.fence)
+        hidden.record_stream(side)
+        ids.record_stream(side)
+        for a in aux:
+            a.record_stream(side)
+        if positions is not None:
+            positions.record_stream(side)
+        if drv is not None and _dma_ok(buf, hidden, aux, ids, positions):
+            id_size, pos_size = self._copy_dma(buf, hidden, aux, ids, positions, rows, self.side_raw)
         else:
             with torch.cuda.stream(side):
                 id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=True)
-        if sem_addr is not None:
-            self.driver.post_when_done(side.cuda_stream, sem_addr)
+        if not event:
             return Staged(buf, rows, None, id_size, pos_size)
-        event = torch.cuda.Event(blocking=True)
-        event.record(side)
-        return Staged(buf, rows, event, id_size, pos_size)
+        ready = torch.cuda.Event(blocking=True)
+        ready.record(side)
+        return Staged(buf, rows, ready, id_size, pos_size)
 
     def _side(self, device) -> "torch.cuda.Stream":
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=device)
+            self.side_raw = self.side_stream.cuda_stream
             self.fence = torch.cuda.Event()
+            if self.driver is not None and _RAW_STREAM is not None:
+                try:
+                    self.fence_event = self.driver.event_create()
+                except Exception as exc:
+                    log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
         return self.side_stream
 
     def _copy_dma(self, buf, hidden, aux, ids, positions, rows, stream):
-        """hidden: one (2D if strided) copy; aux k: a 2D copy into columns [kH, (k+1)H) of the aux rows."""
-        drv, lay, e = self.driver, buf.layout, buf.esize
+        """hidden: one copy (2D if strided); aux k: a 2D copy into columns [kH, (k+1)H) of the aux rows."""
+        drv, offsets, e = self.driver, buf.layout.offsets, buf.esize
         width = buf.hidden_size * e
-        drv.d2h_2d(
-            buf.base + lay.offsets[REGION_HIDDEN], width, hidden.data_ptr(), hidden.stride(0) * e, width, rows, stream
-        )
-        aux_base, aux_pitch = buf.base + lay.offsets[REGION_AUX], 3 * width
+        pitch = hidden.stride(0) * e
+        if pitch == width:
+            drv.d2h(buf.base + offsets[REGION_HIDDEN], hidden.data_ptr(), rows * width, stream)
+        else:
+            drv.d2h_2d(buf.base + offsets[REGION_HIDDEN], width, hidden.data_ptr(), pitch, width, rows, stream)
+        aux_base, aux_pitch = buf.base + offsets[REGION_AUX], 3 * width
         for k, a in enumerate(aux):
             drv.d2h_2d(aux_base + k * width, aux_pitch, a.data_ptr(), a.stride(0) * e, width, rows, stream)
         id_size = ids.element_size()
-        drv.d2h(buf.base + lay.offsets[REGION_IDS], ids.data_ptr(), rows * id_size, stream)
+        drv.d2h(buf.base + offsets[REGION_IDS], ids.data_ptr(), rows * id_size, stream)
         pos_size = positions.element_size() if positions is not None else 4
         if positions is not None:
-            drv.d2h(buf.base + lay.offsets[REGION_POS], positions.data_ptr(), rows * pos_size, stream)
+            drv.d2h(buf.base + offsets[REGION_POS], positions.data_ptr(), rows * pos_size, stream)
         return id_size, pos_size
 
     def synchronize(self) -> None:
@@ -296,11 +342,29 @@ class Stager:
         if self.side_stream is not None:
             self.side_stream.synchronize()
 
+    def close(self) -> None:
+        """Destroy the fence event (after synchronize: nothing may still wait on it)."""
+        if self.fence_event and self.driver is not None:
+            self.driver.event_destroy(self.fence_event)
+            self.fence_event = 0
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(device_index: int) -> int:
+    """The current stream's cudaStream_t as an int, without building a torch Stream object."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
 
 def _dma_ok(buf: HostBuffer, hidden, aux, ids, positions) -> bool:
-    """Raw DMA applies: row-contiguous float tensors of the buffer's dtype, contiguous int32/int64 ids."""
+    """Raw DMA applies: row-contiguous float tensors of the buffer's dtype, contiguous int32/int64 ids
+    (2D shapes were checked by the dumper before)."""
+    dtype = buf.dtype
     for t in (hidden, *aux):
-        if t.dim() != 2 or t.stride(1) != 1 or t.dtype != buf.dtype or not t.is_cuda:
+        if t.dtype is not dtype or t.stride(1) != 1 or not t.is_cuda:
             return False
     for t in (ids, positions):
         if t is not None and (t.dim() != 1 or t.stride(0) != 1 or t.dtype not in ID_DTYPES or not t.is_cuda):

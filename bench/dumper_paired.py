@@ -1,0 +1,498 @@
+"""Dumper loop overhead, measured in interleaved blocks (issue 15): noise-robust, with diagnosis variants.
+
+Why not long A/B loops (dumper_sweep.py): on the VM a launch-bound loop's
+step time moves by +-20 % between repetitions seconds apart, so the median of
+4-6 repetitions cannot show a 1 % effect.  Here every point runs many short
+rounds; a round is one block of K steps per arm (no dump, then each variant,
+in an order that rotates from round to round), and the overhead of a variant
+is the median over rounds of (its block's mean step / the no-dump block's mean
+step of the same round) - 1: slow drifts of the machine cancel inside a round.
+After a block that wrote, the dumper is flushed outside the timed region, so
+the next block starts with an idle writer and no block pays for another's
+writing; the pool has K + 2 buffers (no backpressure inside a block).
+
+Per block it also records: each step's GPU time (CUDA events around the
+step's kernels on the forward stream), each capture()'s wall and CPU time
+(thread_time: wall >> CPU means the forward thread was waiting or
+descheduled), the forward thread's voluntary / involuntary context switches
+(/proc/thread-self/status), and with --parts the wall time of capture()'s
+parts (pool, staging, driver calls, hand-over).
+
+Variants (the writer process in each):
+- `normal`: writer process at nice 10, SCHED_OTHER, CUDA host function signal;
+- `batch`: SCHED_BATCH (the default): a woken writer thread never preempts;
+- `idle`: SCHED_IDLE;
+- `flag`: SCHED_BATCH, done flag written by the GPU (cuStreamWriteValue32), no host function;
+- `copy-only`: capture + copies + host function, nothing handed to the writer
+  (slots freed when their semaphore is posted): the forward thread's and the GPU's share;
+- `aa`: no dump either (an A/A control): its "overhead" shows what the method
+  resolves at that point;
+- `write-only`: capture's bookkeeping and the writer's writing, no DMA and no
+  host function (the slot's semaphore posted from the CPU; the writer writes
+  what the buffer holds): the writer's share;
+With --pin-forward CPUS the forward thread runs on CPUS and every writer
+process on the other CPUs (or --writer-cpus).
+
+Usage: python3 bench/dumper_paired.py --points launch:512,compute:4096 --variants normal,batch \
+           [--rounds-min 8 --point-s 20 --block-s 0.2] [--pin-forward 1] [--parts] --out paired.json
+       (--points all = both kinds at 512 .. 32k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dumper_gpu as base  # noqa: E402  (puts the dumper package on sys.path too)
+import dumper_sweep as sweep  # noqa: E402
+import torch  # noqa: E402
+
+from remote_ops.dumper.staging import Staged  # noqa: E402
+
+VARIANTS = {
+    "normal": {"SGLANG_HS_DUMP_WRITER_SCHED": "normal", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
+    "batch": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
+    "idle": {"SGLANG_HS_DUMP_WRITER_SCHED": "idle", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
+    "flag": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch", "SGLANG_HS_DUMP_SIGNAL": "flag"},
+    "default": {},
+    "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
+    "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
+}
+
+
+# --------------------------------------------------------------------------- measuring one block
+
+
+def ctx_switches():
+    """(voluntary, involuntary) context switches of the calling thread so far."""
+    vol = inv = 0
+    try:
+        with open("/proc/thread-self/status") as fh:
+            for line in fh:
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    inv = int(line.split()[1])
+    except OSError:
+        pass
+    return vol, inv
+
+
+class Block:
+    """One timed block of K steps, with or without capture; collects everything measured."""
+
+    def __init__(self, step, inputs, dev):
+        self.step, self.inputs, self.dev = step, inputs, dev
+        self.cuda = dev.type == "cuda"
+        self.events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.cuda else (None, None)
+            for _ in inputs
+        ]
+
+    def run(self, dumper=None, before_capture=None):
+        base.sync(self.dev)
+        caps = []
+        vol0, inv0 = ctx_switches()
+        cpu0 = time.thread_time()
+        t0 = time.perf_counter()
+        for (x0, fb), (ev0, ev1) in zip(self.inputs, self.events):
+            if self.cuda:
+                ev0.record()
+            hidden, aux = self.step.run(x0)
+            if self.cuda:
+                ev1.record()
+            if dumper is not None:
+                if before_capture is not None:
+                    before_capture()
+                c0, k0 = time.perf_counter(), time.thread_time()
+                dumper.capture(fb, hidden, aux)
+                caps.append((time.perf_counter() - c0, time.thread_time() - k0))
+            del hidden, aux
+            base.main_stream_sync(self.dev)
+        wall = time.perf_counter() - t0
+        cpu = time.thread_time() - cpu0
+        vol1, inv1 = ctx_switches()
+        n = len(self.inputs)
+        gpu = [a.elapsed_time(b) for a, b in self.events] if self.cuda else []
+        return {
+            "step_s": wall / n,
+            "cpu_share": cpu / wall,
+            "gpu_ms": statistics.median(gpu) if gpu else None,
+            "vol_per_step": (vol1 - vol0) / n,
+            "invol_per_step": (inv1 - inv0) / n,
+            "caps": caps,
+        }
+
+
+# --------------------------------------------------------------------------- variants
+
+
+class Arm:
+    """A variant: its dumper (None for the no-dump arm) and how to drain it."""
+
+    def __init__(self, name, dumper=None, flush=None, before_capture=None, parts=None):
+        self.name, self.dumper, self.before_capture, self.parts = name, dumper, before_capture, parts
+        self._flush = flush
+
+    def flush(self, timeout=60.0):
+        """True once everything captured is written (or freed); False at the deadline."""
+        if self._flush is not None:
+            return self._flush(timeout)
+        return self.dumper.flush(timeout) if self.dumper is not None else True
+
+    def close(self):
+        if self.dumper is not None:
+            self.flush()
+            self.dumper.close()
+
+
+def make_arm(name, step, folder, buffers, args, warm_inputs):
+    if name in ("none", "aa"):
+        return Arm(name)
+    env = dict(VARIANTS[name])
+    if args.writer_cpus:  # with --pin-forward every writer process leaves the forward thread's CPUs alone
+        env["SGLANG_HS_DUMP_WRITER_CPUS"] = ",".join(str(c) for c in args.writer_cpus)
+    dumper = base.make_dumper(base.fresh(os.path.join(folder, name)), step, buffers, args.writers, extra_env=env)
+    arm = Arm(name, dumper)
+    if name == "copy-only":
+        arm = copy_only(dumper)
+    elif name == "write-only":
+        write_only(dumper)
+    for x0, fb in warm_inputs:  # warm-up: side stream, writer process, first files
+        hidden, aux = step.run(x0)
+        if arm.before_capture is not None:
+            arm.before_capture()
+        arm.dumper.capture(fb, hidden, aux)
+        del hidden, aux
+        base.main_stream_sync(step.dev)
+    arm.flush()
+    if args.parts:
+        arm.parts = instrument(arm.dumper)
+    return arm
+
+
+def copy_only(dumper):
+    """Capture and copies as usual; no job to the writer: a slot is freed once its semaphore is posted."""
+    pending = []
+    libc, sink = dumper.sink.libc, dumper.sink
+
+    def submit(buf, staged, spans, rows, on_gpu, flag=0):
+        pending.append(buf.slot)
+        if not on_gpu:  # CPU smoke runs: the copies are done already
+            sink.post(buf.slot)
+
+    def reap(block=False, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        for slot in list(pending):
+            while libc.sem_trywait(sink.sem_addr(slot)) != 0:
+                if not block or time.monotonic() > deadline:
+                    break
+                time.sleep(0.0005)
+            else:
+                pending.remove(slot)
+                dumper.pool.release(slot)
+        return not pending
+
+    dumper._submit_to_process = submit
+    return Arm("copy-only", dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
+
+
+def write_only(dumper):
+    """No DMA and no host function: the slot's semaphore is posted from the CPU; the writer writes the buffer."""
+
+    def stage(buf, hidden, aux, ids, positions, rows, event=True):
+        return Staged(buf, rows, None, 8, 8)
+
+    def signal(slot):
+        dumper.sink.post(slot)
+        return 0
+
+    dumper.stager.stage = stage
+    dumper._signal_copied = signal
+
+
+def instrument(dumper):
+    """Wall time of capture()'s parts, wrapped in place; returns name -> list of seconds."""
+    parts = {}
+    targets = [
+        ("skip", dumper, "_skip_reason"),
+        ("shapes", dumper, "_shapes_ok"),
+        ("acquire", dumper.pool, "acquire"),
+        ("stage", dumper.stager, "stage"),
+        ("signal", dumper, "_signal_copied"),
+        ("hand_over", dumper.sink, "job"),
+        ("d2h_2d", dumper.driver, "d2h_2d"),
+        ("d2h", dumper.driver, "d2h"),
+    ]
+    for name, obj, attr in targets:
+        if obj is None or not hasattr(obj, attr):
+            continue
+        setattr(obj, attr, sweep._timed(getattr(obj, attr), parts.setdefault(name, [])))
+    return parts
+
+
+# --------------------------------------------------------------------------- one point
+
+
+def pct(values, q):
+    vals = sorted(values)
+    if not vals:
+        return None
+    k = (len(vals) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+
+def spread(values, digits=2):
+    return {
+        "median": round(statistics.median(values), digits),
+        "p25": round(pct(values, 0.25), digits),
+        "p75": round(pct(values, 0.75), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
+
+
+def run_point(kind, tokens, args, dev, variants):
+    step = sweep.make_step(kind, tokens, args.hidden, dev)
+    lens = base.request_lengths(tokens)
+    warm = sweep.make_inputs(step, lens, range(2))
+    sweep.timed_loop(step, lens, warm)
+    probe = sweep.timed_loop(step, lens, warm)
+    step_bytes = tokens * 4 * args.hidden * 2
+    k = max(args.min_steps, math.ceil(args.block_s / probe))
+    k = max(args.min_steps, min(k, int(args.max_block_bytes // step_bytes), args.max_steps))
+    inputs = sweep.make_inputs(step, lens, range(10, 10 + k))
+    folder = base.fresh(os.path.join(args.dir, "paired"))
+    arms = [make_arm("none", step, folder, k + 2, args, warm)]
+    arms += [make_arm(v, step, folder, k + 2, args, warm) for v in variants]
+    block = Block(step, inputs, dev)
+    block.run()  # warm the block's events and allocations
+    per_arm = {a.name: [] for a in arms}
+    all_arms, broken = list(arms), []
+    started, rounds = time.perf_counter(), 0
+    while rounds < args.rounds_max and (rounds < args.rounds_min or time.perf_counter() - started < args.point_s):
+        order = arms[rounds % len(arms) :] + arms[: rounds % len(arms)]
+        if rounds % 2:
+            order = order[::-1]
+        for arm in order:
+            res = block.run(arm.dumper, arm.before_capture)
+            per_arm[arm.name].append(res)
+            if not arm.flush():
+                print("  %s: not drained within 60 s: dropped from this point" % arm.name, flush=True)
+                broken.append(arm.name)
+        arms = [a for a in arms if a.name not in broken]
+        rounds += 1
+    nones = [r["step_s"] for r in per_arm["none"]]
+    out = {
+        "kind": kind,
+        "tokens": tokens,
+        "steps_per_block": k,
+        "rounds": rounds,
+        "requests": len(lens),
+        "kernels_or_matmuls": getattr(step, "kernels", getattr(step, "n_mm", None)),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "none": dict(summarize_arm(per_arm["none"]), block_step_ms=[round(v * 1e3, 3) for v in nones]),
+        "variants": {},
+    }
+    for arm in all_arms[1:]:
+        if arm.name in broken:
+            out["variants"][arm.name] = {"broken": "not drained within 60 s"}
+            arm.dumper.close(timeout=5)
+            continue
+        runs = per_arm[arm.name]
+        res = summarize_arm(runs)
+        res["overhead_pct"] = spread([(r["step_s"] / z - 1) * 100 for r, z in zip(runs, nones)])
+        res["block_step_ms"] = [round(r["step_s"] * 1e3, 3) for r in runs]
+        if res.get("gpu_ms") and out["none"].get("gpu_ms"):
+            res["gpu_overhead_pct"] = spread(
+                [(r["gpu_ms"] / z["gpu_ms"] - 1) * 100 for r, z in zip(runs, per_arm["none"])]
+            )
+        if arm.parts:
+            res["parts_us"] = {
+                n: {"p50": round(statistics.median(v) * 1e6, 1), "p90": round(pct(v, 0.9) * 1e6, 1), "calls": len(v)}
+                for n, v in arm.parts.items()
+                if v
+            }
+        if arm.dumper is not None:
+            res["stats"] = {
+                k2: v
+                for k2, v in arm.dumper.stats.snapshot().items()
+                if k2 in ("files", "errors", "dropped_batches", "backpressure_waits", "signal", "writer_mode")
+            }
+        out["variants"][arm.name] = res
+        arm.close()
+    del inputs, block
+    shutil.rmtree(folder, ignore_errors=True)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def summarize_arm(runs):
+    res = {
+        "step_ms": spread([r["step_s"] * 1e3 for r in runs], 3),
+        "cpu_share": round(statistics.median(r["cpu_share"] for r in runs), 3),
+        "vol_per_step": round(statistics.median(r["vol_per_step"] for r in runs), 2),
+        "invol_per_step": round(statistics.median(r["invol_per_step"] for r in runs), 2),
+    }
+    if runs and runs[0]["gpu_ms"] is not None:
+        res["gpu_ms"] = round(statistics.median(r["gpu_ms"] for r in runs), 3)
+    caps = [c for r in runs for c in r["caps"]]
+    if caps:
+        walls, cpus = [c[0] for c in caps], [c[1] for c in caps]
+        res["capture_us"] = {
+            "wall_p50": round(statistics.median(walls) * 1e6, 1),
+            "wall_p90": round(pct(walls, 0.9) * 1e6, 1),
+            "wall_max": round(max(walls) * 1e6, 1),
+            "cpu_p50": round(statistics.median(cpus) * 1e6, 1),
+            "cpu_p90": round(pct(cpus, 0.9) * 1e6, 1),
+            "calls": len(caps),
+        }
+    return res
+
+
+def compact(point):
+    out = [
+        "%s %6d k=%d r=%d none %.3f ms (gpu %s)"
+        % (
+            point["kind"],
+            point["tokens"],
+            point["steps_per_block"],
+            point["rounds"],
+            point["none"]["step_ms"]["median"],
+            point["none"].get("gpu_ms"),
+        )
+    ]
+    for name, v in point["variants"].items():
+        if "broken" in v:
+            out.append("  %-10s %s" % (name, v["broken"]))
+            continue
+        o = v["overhead_pct"]
+        cap = v.get("capture_us", {})
+        g = v.get("gpu_overhead_pct", {})
+        out.append(
+            "  %-10s %+6.2f%% [p25 %+.2f p75 %+.2f | %+.2f..%+.2f] gpu %+.2f%% cap wall %s cpu %s inv/step %s parts %s"
+            % (
+                name,
+                o["median"],
+                o["p25"],
+                o["p75"],
+                o["min"],
+                o["max"],
+                g.get("median", float("nan")),
+                cap.get("wall_p50"),
+                cap.get("cpu_p50"),
+                v["invol_per_step"],
+                {n: p["p50"] for n, p in v.get("parts_us", {}).items()},
+            )
+        )
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- machine facts
+
+
+def machine_facts():
+    facts = {"uname": " ".join(platform.uname()), "cpus": os.cpu_count()}
+    try:
+        facts["affinity"] = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    for name, path in (
+        ("clocksource", "/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        ("smt_siblings_cpu0", "/sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+        ("smt_siblings_cpu1", "/sys/devices/system/cpu/cpu1/topology/thread_siblings_list"),
+        ("loadavg", "/proc/loadavg"),
+    ):
+        try:
+            with open(path) as fh:
+                facts[name] = fh.read().strip()
+        except OSError:
+            facts[name] = None
+    return facts
+
+
+def parse_points(text):
+    if text == "all":
+        return [(k, t) for k in ("compute", "launch") for t in sweep.SIZES]
+    out = []
+    for item in text.split(","):
+        kind, tokens = item.split(":")
+        out.append((kind, int(tokens)))
+    return out
+
+
+def parse_cpus(text):
+    from remote_ops.dumper.config import parse_cpu_list
+
+    return parse_cpu_list(text) if text else None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--points", type=parse_points, default=parse_points("all"))
+    p.add_argument("--variants", type=lambda v: v.split(","), default=["default"])
+    p.add_argument("--block-s", type=float, default=0.2, help="target length of one block")
+    p.add_argument("--min-steps", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=40)
+    p.add_argument("--max-block-bytes", type=float, default=1.5e9, help="dump bytes of one block at most")
+    p.add_argument("--rounds-min", type=int, default=8)
+    p.add_argument("--rounds-max", type=int, default=60)
+    p.add_argument("--point-s", type=float, default=20.0, help="keep adding rounds until this long")
+    p.add_argument("--writers", type=int, default=8)
+    p.add_argument("--parts", action="store_true", help="time capture()'s parts (adds ~1 us per wrapped call)")
+    p.add_argument("--pin-forward", type=parse_cpus, default=None, help="CPUs of the forward thread, e.g. 1")
+    p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
+    p.add_argument("--dir", default=os.path.abspath(".bench-paired"))
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.ones(1, device=dev)  # CUDA's own threads start now, before any pinning below
+    if args.pin_forward:
+        os.sched_setaffinity(threading_native_id(), set(args.pin_forward))
+        if args.writer_cpus is None:
+            args.writer_cpus = [c for c in range(os.cpu_count() or 1) if c not in args.pin_forward]
+    base.fresh(args.dir)
+    res = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "machine": machine_facts(),
+        "args": {k: v for k, v in vars(args).items() if k not in ("points",)},
+        "points": [],
+    }
+    print(json.dumps(res["machine"]), flush=True)
+    try:
+        for kind, tokens in args.points:
+            point = run_point(kind, tokens, args, dev, args.variants)
+            res["points"].append(point)
+            print(compact(point), flush=True)
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write(json.dumps(res, indent=1, default=str) + "\n")
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    return res
+
+
+def threading_native_id():
+    import threading
+
+    return threading.get_native_id()
+
+
+if __name__ == "__main__":
+    main()
