@@ -150,7 +150,7 @@ class FabricRemote(BaseRemote):
         self._count()
         out, err, status = None, b"", None
         try:
-            chan.exec_command(line)
+            _exec_pipelined(chan, line)
             if input:
                 chan.sendall(input)
             chan.shutdown_write()
@@ -310,6 +310,27 @@ def _pump(chan: Any, deadline: float, on_line: LineSink | None) -> tuple[bytes |
         if rest and on_line:
             on_line(stream, rest.decode("utf-8", "replace"))
     return bytes(out), bytes(err)
+
+
+def _exec_pipelined(chan: Any, line: str) -> None:
+    """Send the exec request without waiting for its reply, as OpenSSH's client does.
+
+    paramiko's `exec_command` blocks one round trip for the server's "success"
+    before stdin can be sent or output read; on a WAN host that is 1 RTT of
+    every command.  The request is the same message (want-reply set); a refusal
+    arrives later and closes the channel (paramiko's `_request_failed`), which
+    the pump sees as a command with no exit status (-1), like a killed one.
+    """
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(True)
+    m.add_string(line)
+    chan.transport._send_user_message(m)
 
 
 def _connection_lost(chan: Any, grace: float = 1.0) -> bool:

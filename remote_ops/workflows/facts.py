@@ -78,8 +78,10 @@ def existing_parent_df(path: str) -> str:
     return f'd={shell.quote(path)}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; df -P -B1 "$d"'
 
 
-def probes(host: HostSpec) -> list[tuple[str, str]]:
-    """The commands `facts` runs (one round trip via `shell.sections`)."""
+def probes(host: HostSpec, api: bool = False) -> list[tuple[str, str]]:
+    """The commands `facts` runs (one round trip via `shell.sections`).  With `api` (the deploy
+    probe) the engine's version is asked over its socket when it can be (`engine.probe`):
+    the server's version only, ~30 ms less host CPU than the docker CLI."""
     target = host.sglang.target_file if host.sglang.patch else None  # unbound: no spec, no target
     pkg = host.sglang.checkout.rstrip("/") + "/python/sglang/"
     return [
@@ -93,7 +95,7 @@ def probes(host: HostSpec) -> list[tuple[str, str]]:
                 "gpus",
                 f"command -v nvidia-smi >/dev/null || {{ echo 'no NVIDIA driver'; exit 127; }}; {gpu_query_cmd()}",
             ),
-            *engine_probe.probe_sections(None, runtimes=True, names=ENGINE_SECTIONS),
+            *engine_probe.probe_sections(None, runtimes=True, names=ENGINE_SECTIONS, api=api),
             ("nvidia_ctk", "command -v nvidia-container-runtime nvidia-container-runtime-hook nvidia-ctk"),
             ("disk", existing_parent_df(host.dump.dir)),
             (

@@ -50,8 +50,9 @@ class Probe:
     holder: hostlock.Holder | None = None
 
 
-#: facts probes a deploy does not need to decide anything (reported by `facts` and `health`).
-SKIPPED_FACTS = {"runtimes", "nvidia_ctk"}
+#: facts probes a deploy does not need to decide anything (reported by `facts` and `health`): each
+#: is a process or three on the host, and a fleet's no-op deploy pays them on every host.
+SKIPPED_FACTS = {"runtimes", "nvidia_ctk", "os", "kernel", "cpu", "mem", "sglang_version"}
 #: The engine's section for container + image in the deploy probe (`engine.probe`).
 ENGINE_SECTIONS = engine_probe.SectionNames(version=None, objects="objects", runtimes=None)
 
@@ -73,7 +74,7 @@ def probe_commands(
         if lock_why
         else hostlock.read_cmd(host.lock_dir)
     )
-    found = [(n, c) for n, c in facts.probes(host) if n not in SKIPPED_FACTS]
+    found = [(n, c) for n, c in facts.probes(host, api=True) if n not in SKIPPED_FACTS]
     preflight = [(n, c) for n, c in found if n != "target"]
     objects = engine_probe.probe_sections(host.container.name, ref, names=ENGINE_SECTIONS, api=True)[0][1]
     if probe_s:
