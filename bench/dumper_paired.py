@@ -288,7 +288,7 @@ def run_point(kind, tokens, args, dev, variants):
         for arm in order:
             res = block.run(arm.dumper, arm.before_capture)
             per_arm[arm.name].append(res)
-            if not arm.flush():
+            if not settle(step, warm, arm, args.settle_s):
                 print("  %s: not drained within 60 s: dropped from this point" % arm.name, flush=True)
                 broken.append(arm.name)
         arms = [a for a in arms if a.name not in broken]
@@ -337,6 +337,79 @@ def run_point(kind, tokens, args, dev, variants):
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def settle(step, warm, arm, settle_s, timeout=60.0):
+    """Untimed no-capture steps after every block until the arm's writing is done (and >= settle_s).
+
+    The GPU and the forward thread stay busy between blocks, so every block starts from the same state;
+    an idle flush instead let the GPU cool, and the block after it ran up to 4-6 % faster at compute-bound
+    points (an A/A control showed it).  False when the writing did not finish within `timeout`."""
+    started = time.perf_counter()
+    i = 0
+    while True:
+        x0, _fb = warm[i % len(warm)]
+        i += 1
+        out = step.run(x0)
+        del out
+        base.main_stream_sync(step.dev)
+        elapsed = time.perf_counter() - started
+        if elapsed >= settle_s and arm.flush(0.0):
+            return True
+        if elapsed > timeout:
+            return arm.flush(1.0)
+
+
+def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5):
+    """Step-level interleave: in one loop every `period`-th step is captured; each captured step's time
+    over the uncaptured step right before it (which follows another uncaptured one), median over pairs.
+
+    Adjacent steps share the machine's state, so this resolves what blocks cannot on launch-bound steps
+    (whose speed moves +-30 % between blocks a fraction of a second apart); it counts what a step pays
+    for its own capture (the forward thread's work, the copies starting beside the next kernels, the
+    writer starting), not writer work that spills into later steps.  The same loop without any capture
+    gives the A/A floor at the same positions."""
+    step = sweep.make_step(kind, tokens, args.hidden, dev)
+    lens = base.request_lengths(tokens)
+    warm = sweep.make_inputs(step, lens, range(2))
+    mask = ([False] * (period - 1) + [True]) * captures
+    inputs = sweep.make_inputs(step, lens, range(10, 10 + len(mask)))
+    folder = base.fresh(os.path.join(args.dir, "alt"))
+    arm = make_arm("default", step, folder, captures + 2, args, warm)
+    none = Arm("none")
+    ratios = {"dump": [], "aa": []}
+    caps = []
+    started, loops = time.perf_counter(), 0
+    while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
+        for name, use in (("dump", arm), ("aa", none)) if loops % 2 == 0 else (("aa", none), ("dump", arm)):
+            times = []
+            base.sync(dev)
+            for (x0, fb), captured in zip(inputs, mask):
+                t0 = time.perf_counter()
+                hidden, aux = step.run(x0)
+                if captured and use.dumper is not None:
+                    c0 = time.perf_counter()
+                    use.dumper.capture(fb, hidden, aux)
+                    caps.append(time.perf_counter() - c0)
+                del hidden, aux
+                base.main_stream_sync(dev)
+                times.append(time.perf_counter() - t0)
+            ratios[name] += [(times[i] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
+            settle(step, warm, use, args.settle_s)
+        loops += 1
+    arm.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "kind": kind,
+        "tokens": tokens,
+        "period": period,
+        "loops": loops,
+        "step_overhead_pct": spread(ratios["dump"]),
+        "aa_pct": spread(ratios["aa"]),
+        "capture_us_p50": round(statistics.median(caps) * 1e6, 1) if caps else None,
+    }
 
 
 def summarize_arm(runs):
@@ -424,6 +497,8 @@ def machine_facts():
 
 
 def parse_points(text):
+    if text == "none":
+        return []
     if text == "all":
         return [(k, t) for k in ("compute", "launch") for t in sweep.SIZES]
     out = []
@@ -443,7 +518,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--points", type=parse_points, default=parse_points("all"))
+    p.add_argument("--points", type=parse_points, default=parse_points("all"), help="'none' for no blocks")
     p.add_argument("--variants", type=lambda v: v.split(","), default=["default"])
     p.add_argument("--block-s", type=float, default=0.2, help="target length of one block")
     p.add_argument("--min-steps", type=int, default=3)
@@ -453,6 +528,8 @@ def main(argv=None):
     p.add_argument("--rounds-max", type=int, default=60)
     p.add_argument("--point-s", type=float, default=20.0, help="keep adding rounds until this long")
     p.add_argument("--writers", type=int, default=8)
+    p.add_argument("--settle-s", type=float, default=0.05, help="untimed steps between blocks, at least")
+    p.add_argument("--alt", type=parse_points, default=[], help="also the step-interleaved measure at these points")
     p.add_argument("--parts", action="store_true", help="time capture()'s parts (adds ~1 us per wrapped call)")
     p.add_argument("--pin-forward", type=parse_cpus, default=None, help="CPUs of the forward thread, e.g. 1")
     p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
@@ -476,6 +553,27 @@ def main(argv=None):
     }
     print(json.dumps(res["machine"]), flush=True)
     try:
+        for kind, tokens in args.alt:
+            alt = run_alt_point(tokens, args, dev, kind)
+            res.setdefault("alt", []).append(alt)
+            o, a = alt["step_overhead_pct"], alt["aa_pct"]
+            print(
+                "alt %s %6d: captured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d | A/A %+.2f%% [p25 %+.2f p75 %+.2f]"
+                " | capture %s us"
+                % (
+                    kind,
+                    tokens,
+                    o["median"],
+                    o["p25"],
+                    o["p75"],
+                    o["n"],
+                    a["median"],
+                    a["p25"],
+                    a["p75"],
+                    alt["capture_us_p50"],
+                ),
+                flush=True,
+            )
         for kind, tokens in args.points:
             point = run_point(kind, tokens, args, dev, args.variants)
             res["points"].append(point)

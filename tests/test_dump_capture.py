@@ -467,3 +467,47 @@ def test_two_processes_over_gloo_gate_ranks_and_write_bit_identical_spans(tmp_pa
         "bit_exact": True,
         "verify_ok": True,
     }
+
+
+def test_writer_process_runs_sched_batch_on_the_cpus_asked(tmp_path, dumpers, writer_mode):
+    """SGLANG_HS_DUMP_WRITER_SCHED / _CPUS reach the child before its threads start (they inherit both)."""
+    if writer_mode != "process" or not hasattr(os, "SCHED_BATCH"):
+        pytest.skip("writer-process only, Linux scheduling policies")
+    d = make_dumper(tmp_path, writer_cpus="0")
+    dumpers.append(d)
+    b = make_batch([4, 5], seed=4)
+    d.capture(b.fb, b.hidden, b.aux)  # the child has read its config once it wrote a batch
+    assert d.flush(10)
+    tasks = os.listdir("/proc/%d/task" % d.sink.pid)
+    assert len(tasks) >= 3  # reader, sequencer, writers
+    for tid in map(int, tasks):
+        assert os.sched_getscheduler(tid) == os.SCHED_BATCH
+        assert os.sched_getaffinity(tid) == {0}
+    assert d.stats.snapshot()["files"] == 2
+
+
+def test_cpu_list_parsing():
+    from remote_ops.dumper.config import parse_cpu_list
+
+    assert parse_cpu_list("") is None
+    assert parse_cpu_list("2-4, 7,3") == [2, 3, 4, 7]
+    for bad in ("x", "4-2", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+def test_finished_jobs_are_read_from_shared_records_without_a_message(tmp_path, dumpers, writer_mode):
+    """The writer process reports a job in the slot's record; flush (not the reaper's 1 s tick) collects it."""
+    if writer_mode != "process":
+        pytest.skip("writer-process only")
+    d = make_dumper(tmp_path, buffers=2)
+    dumpers.append(d)
+    for seed in range(5):  # more batches than buffers: the pool reclaims slots itself
+        b = make_batch([3, 4], seed=10 + seed)
+        d.capture(b.fb, b.hidden, b.aux)
+    t0 = time.monotonic()
+    assert d.flush(10)
+    assert time.monotonic() - t0 < 0.9
+    snap = d.stats.snapshot()
+    assert snap["files"] == 10 and snap["tokens"] == 35 and snap["errors"] == 0 and not d.inflight
+    assert d.job_seq == 5 and d.sink.done_seq(0) != d.sink.done_seq(1)

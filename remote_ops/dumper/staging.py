@@ -144,11 +144,20 @@ class BufferPool:
 
         `last_wait` holds the seconds spent waiting for a free slot (not making its buffer).
         """
-        started = time.monotonic()
-        slot = self._take_slot(block, timeout)
-        self.last_wait = time.monotonic() - started
+        slot = None
+        with self.cond:  # the usual case, kept short: it runs on the forward thread once per batch
+            if self.free and not self.closed:
+                slot = self.free.pop()
+                self.in_use += 1
+                if self.in_use > self.high_water:
+                    self.high_water = self.in_use
+                self.last_wait = 0.0
         if slot is None:
-            return None
+            started = time.monotonic()
+            slot = self._take_slot(block, timeout)
+            self.last_wait = time.monotonic() - started
+            if slot is None:
+                return None
         buf = self.buffers[slot]
         if buf is None or not buf.fits(rows, hidden_size, dtype):
             try:
@@ -211,6 +220,8 @@ class BufferPool:
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no slot is in use (everything written), or the deadline; True if idle."""
         deadline = time.monotonic() + timeout
+        if self.reclaim is not None and self.in_use:
+            self.reclaim(0.0)
         while self.reclaim is not None and self.in_use and time.monotonic() < deadline:
             self.reclaim(min(max(0.0, deadline - time.monotonic()), RECLAIM_SLICE_S))
         with self.cond:
