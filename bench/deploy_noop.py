@@ -191,13 +191,15 @@ def bench_inprocess(lab, spec, runs: int) -> list[dict]:
     return out
 
 
-def noop_commands(spec) -> list[str]:
-    """The exact command strings a no-op deploy sends (probe taking the lock, audit+unlock)."""
-    ref = deploy.image_tag(spec, deploy.load_patch(spec))
-    from remote_ops.core import shell
-
-    audit = {"time": time.time(), "action": "deploy", "ok": True, "up_to_date": True, "tool": "bench-openssh"}
-    return [shell.sections(deploy.probe_commands(spec, ref, "bench")), deploy.unlock_and_audit_cmd(spec, audit)]
+def noop_commands(lab, spec) -> list[str]:
+    """The exact command strings a no-op deploy sends, captured from one (the seam's
+    `on_command` hook): today one read-only probe."""
+    seen: list[str] = []
+    with FabricRemote(lab.target(spec.name)).connect() as remote:
+        remote.on_command = lambda command, duration_s, exit_status: seen.append(command)
+        result = deploy.deploy(remote, spec, why="bench-openssh")
+    assert result.up_to_date, "the OpenSSH baseline replays a no-op deploy"
+    return seen
 
 
 def bench_openssh(lab, spec, runs: int, tmp: Path) -> dict:
@@ -213,7 +215,7 @@ def bench_openssh(lab, spec, runs: int, tmp: Path) -> dict:
         "-o",
         "ControlPersist=60",
     ]
-    cmds = noop_commands(spec)
+    cmds = noop_commands(lab, spec)
     cold, warm = [], []
     for i in range(runs + 1):
         t = time.perf_counter()
