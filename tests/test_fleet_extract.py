@@ -72,6 +72,8 @@ def _start_standin(host, tmp_path):
         "PYTHONPATH": str(pkg),
         "SGLANG_HS_DUMP_DIR": str(host.paths.dump_dir),
         "STANDIN_LOAD_SECONDS": "0",
+        # a prefill takes simulated GPU time (40 tokens: 10 ms), so a host is still busy when it is crashed
+        "STANDIN_GPU_MS_PER_1K_TOKENS": "250",
     }
     logf = tmp_path / f"standin-{host.name}.log"
     proc = subprocess.Popen(

@@ -236,8 +236,10 @@ def _render_split(console, plan: dict, dry_run: bool) -> None:
 
 def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
     deadline = time.monotonic() + wait_s
+    waited = 0.0  # each later status waits up to 2 s on every host for its client to exit
     while True:
-        fs, run = _group_status(app, hosts, forks)
+        fs, run = _group_status(app, hosts, forks, waited)
+        waited = 2.0
         _render_progress_group(app.console, fs)
         if not fs.running:
             _render_group(app, fs, run)
@@ -249,7 +251,6 @@ def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
                 command="extract start --wait",
                 timeout=wait_s,
             )
-        time.sleep(2)
 
 
 def _render_plan(console, plan: dict, dry_run: bool) -> None:
@@ -288,9 +289,12 @@ def status_cmd(app, hosts, forks) -> int:
     return run.exit_code
 
 
-def _group_status(app, hosts, forks):
-    """Each host's status and done keys (one round trip each), merged with the local record."""
-    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.status_with_keys(app.remote(spec), spec)), forks=forks)
+def _group_status(app, hosts, forks, wait_s: float = 0.0):
+    """Each host's status and done keys (one round trip each, after waiting up to `wait_s` on the
+    host for its client to exit), merged with the local record."""
+    run = fleet.fan_out(
+        hosts, lambda spec: (0, extract_mod.status_with_keys(app.remote(spec), spec, wait_s)), forks=forks
+    )
     ok = {o.host: o.result for o in run.outcomes if o.error is None}
     ledger = extract_mod.latest_ledger([h.name for h in hosts])
     fs = extractplan.merge_status(

@@ -91,11 +91,16 @@ def launch_command(
     return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"
 
 
-def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False) -> str:
-    """One round trip: alive, pid, log tail, counts, missing, client output (+ every done key)."""
+def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False, wait_s: float = 0.0) -> str:
+    """One round trip: alive, pid, log tail, counts, missing, client output (+ every done key).
+
+    With `wait_s`, the host first waits up to that long for a running client to exit
+    (`wait_exit_command`), so a `--wait` loop sees the end within 0.1 s, not at its next poll."""
     keys = [("keys", done_keys_command(p))] if with_keys else []
+    waited = [("waited", wait_exit_command(p, wait_s))] if wait_s > 0 else []
     return shell.sections(
-        keys
+        waited
+        + keys
         + [
             ("alive", alive_check(p)),
             ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
@@ -104,6 +109,16 @@ def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = Fals
             ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
             ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
         ]
+    )
+
+
+def wait_exit_command(p: ExtractPaths, wait_s: float) -> str:
+    """Return when the running client exits, or after `wait_s` seconds (0.1 s steps; `kill -0`
+    is a shell builtin, so the wait starts no process per step).  Exit 0 either way."""
+    steps = max(1, int(wait_s * 10))
+    return (
+        f"if {alive_check(p)}; then n=0; "
+        f'while kill -0 "$pid" 2>/dev/null && [ $n -lt {steps} ]; do sleep 0.1; n=$((n+1)); done; fi; true'
     )
 
 

@@ -52,9 +52,10 @@ def client_source() -> bytes:
 # --------------------------------------------------------------------------- edges
 
 
-def status(remote, host) -> ExtractStatus:
-    """One round trip: is the client alive, the log's tail, manifest and missing counts."""
-    return parse_status(host.name, remote.run(status_command(paths_for(host))).stdout)
+def status(remote, host, wait_s: float = 0.0) -> ExtractStatus:
+    """One round trip: is the client alive, the log's tail, manifest and missing counts (after
+    waiting up to `wait_s` on the host for a running client to exit)."""
+    return parse_status(host.name, remote.run(status_command(paths_for(host), wait_s=wait_s)).stdout)
 
 
 def _sha256(data: bytes) -> str:
@@ -180,8 +181,9 @@ def plan_start(
 def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: float = 2.0) -> ExtractStatus:
     """Poll (one round trip each) until the client has exited; CommandTimedOut at the deadline."""
     deadline = time.monotonic() + timeout_s
+    wait_s = 0.0  # the first status at once; then each one waits on the host for the exit
     while True:
-        st = status(remote, host)
+        st = status(remote, host, wait_s)
         if on_status:
             on_status(st)
         if not st.running:
@@ -193,7 +195,7 @@ def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: fl
                 command="extract start --wait",
                 timeout=timeout_s,
             )
-        time.sleep(interval_s)
+        wait_s = interval_s
 
 
 def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
@@ -278,7 +280,7 @@ def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
     return start(remote, host, p.file("shard.jsonl"), local_dataset=False, **kwargs)
 
 
-def status_with_keys(remote, host) -> tuple[ExtractStatus, set[str]]:
-    """`status` plus every done key, in the same round trip."""
-    out = remote.run(status_command(paths_for(host), with_keys=True)).stdout
+def status_with_keys(remote, host, wait_s: float = 0.0) -> tuple[ExtractStatus, set[str]]:
+    """`status` plus every done key, in the same round trip (`wait_s`: as `status`)."""
+    out = remote.run(status_command(paths_for(host), with_keys=True, wait_s=wait_s)).stdout
     return parse_status(host.name, out), parse_keys(shell.split_sections(out).get("keys", (1, ""))[1])
