@@ -232,3 +232,21 @@ def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(
     done = cli("extract", "start", "--dataset", str(tmp_path / "ds.jsonl"), "--wait", "90")
     assert not done["running"] and done["summary"]["done"] == 4 and done["missing"] == []
     assert cli("extract", "stop", "--dry-run")["running"] is False
+
+
+def test_a_status_that_waits_returns_when_the_client_exits_not_at_its_bound(tmp_path):
+    """`extract start --wait` polls with statuses that wait on the host: the wait ends when the
+    recorded client exits (checked as the real alive test checks it: PID + its command line)."""
+    from remote_ops.core.extractplan import CLIENT_NAME, ExtractPaths, wait_exit_command
+
+    p = ExtractPaths(str(tmp_path), str(tmp_path / "x.log"), str(tmp_path / "dumps"))
+    client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)", CLIENT_NAME])
+    Path(p.file("client.pid")).write_text(f"{client.pid}\n")
+    t = time.monotonic()
+    subprocess.run(["/bin/sh", "-c", wait_exit_command(p, 20)], check=True, timeout=30)
+    waited = time.monotonic() - t
+    client.wait(timeout=5)
+    assert waited < 10, f"returned after {waited:.1f}s: the 20 s bound, not the client's exit"
+    t = time.monotonic()
+    subprocess.run(["/bin/sh", "-c", wait_exit_command(p, 20)], check=True, timeout=30)
+    assert time.monotonic() - t < 5, "no client running: no wait"

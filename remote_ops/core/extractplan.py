@@ -113,12 +113,15 @@ def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = Fals
 
 
 def wait_exit_command(p: ExtractPaths, wait_s: float) -> str:
-    """Return when the running client exits, or after `wait_s` seconds (0.1 s steps; `kill -0`
-    is a shell builtin, so the wait starts no process per step).  Exit 0 either way."""
+    """Return when the running client exits, or after `wait_s` seconds.  Exit 0 either way.
+
+    Each 0.1 s step reads the PID's state: it must exist and not be a zombie (an exited
+    client whose parent has not reaped it yet is gone for us; `kill -0` would still see it)."""
     steps = max(1, int(wait_s * 10))
+    running = "grep -q '^State:[[:space:]]*[^Z[:space:]]' /proc/$pid/status 2>/dev/null"
     return (
         f"if {alive_check(p)}; then n=0; "
-        f'while kill -0 "$pid" 2>/dev/null && [ $n -lt {steps} ]; do sleep 0.1; n=$((n+1)); done; fi; true'
+        f"while {running} && [ $n -lt {steps} ]; do sleep 0.1; n=$((n+1)); done; fi; true"
     )
 
 
