@@ -496,6 +496,31 @@ def machine_facts():
     return facts
 
 
+def matched_history(point, arms=("none", "default", "aa")):
+    """Re-read a point run with short settles: each no-dump block that followed a dump block (and its
+    drain) ran up to 4-6 % faster at compute-bound sizes, so compare the dump arm (never after a dump)
+    with the no-dump blocks that also followed a no-dump block only.  Returns overhead % of the dump arm's
+    median block over that pooled median, and the [p25..p75] of its blocks against it."""
+    vals = {"none": point["none"]["block_step_ms"]}
+    for name in arms[1:]:
+        vals[name] = point["variants"][name]["block_step_ms"]
+    seq = []
+    for r in range(len(vals["none"])):
+        order = list(arms[r % len(arms) :] + arms[: r % len(arms)])
+        for name in order[::-1] if r % 2 else order:
+            seq.append((name, vals[name][r]))
+    clean = [v for (prev, _), (name, v) in zip(seq, seq[1:]) if name != "default" and prev != "default"]
+    ref = statistics.median(clean)
+    dump = [v / ref * 100 - 100 for v in vals["default"]]
+    return {
+        "overhead_pct": round(statistics.median(vals["default"]) / ref * 100 - 100, 2),
+        "p25": round(pct(dump, 0.25), 2),
+        "p75": round(pct(dump, 0.75), 2),
+        "max": round(max(dump), 2),
+        "reference_blocks": len(clean),
+    }
+
+
 def parse_points(text):
     if text == "none":
         return []
@@ -535,7 +560,13 @@ def main(argv=None):
     p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
     p.add_argument("--dir", default=os.path.abspath(".bench-paired"))
     p.add_argument("--out", default=None)
+    p.add_argument("--matched", default=None, help="re-read a result file's points by matched history, then exit")
     args = p.parse_args(argv)
+    if args.matched:
+        with open(args.matched) as fh:
+            for point in json.load(fh)["points"]:
+                print(point["kind"], point["tokens"], json.dumps(matched_history(point)))
+        return None
     dev = torch.device(args.device)
     if dev.type == "cuda":
         torch.ones(1, device=dev)  # CUDA's own threads start now, before any pinning below
@@ -574,6 +605,9 @@ def main(argv=None):
                 ),
                 flush=True,
             )
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write(json.dumps(res, indent=1, default=str) + "\n")
         for kind, tokens in args.points:
             point = run_point(kind, tokens, args, dev, args.variants)
             res["points"].append(point)
