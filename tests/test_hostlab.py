@@ -182,3 +182,39 @@ def test_a_recorded_lab_stopped_from_another_process_is_recorded_as_stopped(tmp_
     HostLab.attach(tmp_path / "lab").stop()
     state = json.loads((tmp_path / "lab" / "lab.json").read_text())
     assert state["stopped"] is True and not HostLab.attach(tmp_path / "lab").running()
+
+
+def test_same_root_tells_a_chrooted_process_from_ours(tmp_path):
+    """A lab path is unique only within one root: a chroot on this machine may run a lab at the same
+    path, and its shims must never be found (and killed) by `pids_with_arg` here."""
+    import os
+    from pathlib import Path
+
+    from remote_ops.hostlab._proc import pids_with_arg, same_root
+
+    assert same_root(os.getpid())
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    ours = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+
+    def child(chroot: bool) -> int:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child: our command line, maybe another root
+            if chroot:
+                os.chroot(tmp_path)
+            os.write(write_fd, b"x")
+            time.sleep(30)
+            os._exit(0)
+        os.read(read_fd, 1)
+        return pid
+
+    plain, chrooted = child(False), child(True)
+    try:
+        assert same_root(plain) and not same_root(chrooted)
+        found = pids_with_arg(ours)
+        assert plain in found and chrooted not in found
+    finally:
+        for pid in (plain, chrooted):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)

@@ -232,11 +232,26 @@ def _wait_gone(pids: list[int], timeout: float, proc: subprocess.Popen | None) -
         time.sleep(0.02)
 
 
+def same_root(pid: int) -> bool:
+    """True if `pid` sees the same filesystem root as this process.
+
+    A lab path such as `~/.local/state/remote-ops/sandbox/lab` is only unique
+    within one root: a chroot or container on the same machine (sharing its
+    PID namespace) can run a lab at the very same path.  Its processes are
+    not ours to find or stop."""
+    try:
+        theirs, mine = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 def pids_with_arg(fragment: str) -> list[int]:
-    """PIDs whose command line contains `fragment` (a unique lab path, never a name).
+    """PIDs under our own root whose command line contains `fragment` (a unique lab path, never a name).
 
     Used only to find containerd shims a killed dockerd left behind: their
-    command line names the lab's own socket path, which no other process has.
+    command line names the lab's own socket path, which no other process
+    with the same root has (see `same_root`).
     """
     found = []
     for entry in os.listdir("/proc"):
@@ -245,6 +260,6 @@ def pids_with_arg(fragment: str) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if fragment.encode() in cmdline:
+            if fragment.encode() in cmdline and same_root(int(entry)):
                 found.append(int(entry))
     return found

@@ -41,7 +41,7 @@ import yaml
 from ..core.inventory import HostSpec, Inventory, load_inventory
 from ..remote import FabricRemote
 from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
-from ._proc import LabError, alive, can_bind, free_port, kill_tree
+from ._proc import LabError, alive, can_bind, free_port, kill_tree, same_root
 from .delay import DelayProxy
 from .dockerd import Dockerd, dockerd_available, pick_subnet
 from .sshd import DEFAULT_PATH, KeyPair, SshdHost, make_key, sshd_available
@@ -503,12 +503,13 @@ class RecordedLab:
 
 
 def _ours(pid: int, lab_dir: Path) -> bool:
-    """PID is alive and its command line names a file of this lab (guards against PID reuse)."""
+    """PID is alive, shares our root and its command line names a file of this lab (guards against
+    PID reuse, also by a lab at the same path in another chroot)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return alive(pid) and str(lab_dir.resolve()).encode() in cmdline
+    return alive(pid) and str(lab_dir.resolve()).encode() in cmdline and same_root(pid)
 
 
 def _git_commit(checkout: Path, message: str) -> None:
