@@ -56,9 +56,11 @@ API_SOCKET = (
 )
 
 
-def _api_get(path: str) -> str:
-    """curl GET of an Engine API path on `$sock`; exit 22 (and no output) on an HTTP error."""
-    return f"curl -sf --noproxy '*' -m 30 --unix-socket \"$sock\" {shell.quote('http://docker' + path)}"
+def _api_get(path: str, quoted: bool = True) -> str:
+    """curl GET of an Engine API path on `$sock`; exit 22 (and no output) on an HTTP error.
+    `quoted=False`: `path` is one shell word already (it expands a variable: `"/images/$img/json"`)."""
+    url = shell.quote("http://docker" + path) if quoted else f"http://docker{path}"
+    return f"curl -sf --noproxy '*' -m 30 --unix-socket \"$sock\" {url}"
 
 
 def _api_or_cli(api: str, cli: str, cli_on_error: bool = False) -> str:
@@ -101,7 +103,7 @@ def objects_command(container: str, image: str | None = None, cli: str = "docker
         get_img = _api_get(f"/images/{image}/json")
         find_img = ""
     else:  # by the container's image id: the first "Image":"sha256:..." of its document
-        get_img = 'curl -sf --noproxy \'*\' -m 30 --unix-socket "$sock" "http://docker/images/$img/json"'
+        get_img = _api_get('"/images/$img/json"', quoted=False)
         find_img = 'img=$(printf %s "$c" | grep -o \'"Image":"sha256:[0-9a-f]*"\' | head -1 | cut -d\'"\' -f4); '
     api_cmd = (
         f"c=$({get_ctr}); printf '[%s]\\n' \"$c\"; {find_img}"

@@ -14,9 +14,11 @@ endpoints (`/model_info`, `/server_info`, `/v1/models`, each with its older
 `/get_*` alias), and a generation probe runs at most once, only with `--deep`.
 Nothing here writes to the host: the dump-growth baseline is kept locally.
 
-The engine's questions (version, container + image, the container's id,
-`exec`) come from the engine seam as shell sections (`engine.probe`), read
-back into its typed records; no docker command line is written here.
+The engine's questions (version, container + image, the container's id and
+PID, `exec` where the container's root cannot be read) come from the engine
+seam as shell sections (`engine.probe`: over the engine's socket with curl
+when it can, the docker CLI otherwise), read back into its typed records; no
+docker command line is written here.
 
 "Healthy" means what deploy's wait means: a running container whose docker
 health check is still `starting` is ok once every cheap endpoint answers
