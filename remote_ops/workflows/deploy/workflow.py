@@ -516,7 +516,8 @@ class Deploy:
         self._step("wait", "ok", f"healthy ({ok} checks ok)" + ("; patch verified in container" if verified else ""), t)
 
     def _finish(self, failure: BaseException | None) -> None:
-        """Unlock + audit line on the host (one round trip), then the local run record.
+        """Unlock + audit line on the host (one round trip; none when the lock was never taken: a
+        no-op, a refusal before the locking probe), then the local run record.
 
         A lock that cannot be released (connection lost, host frozen) is said
         so in the record and in the error, with how to recover."""
