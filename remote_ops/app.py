@@ -7,6 +7,7 @@ Workflows take a `Remote` (not an App) so they stay testable over any host.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class App:
     _inventory: Inventory | None = None
     _ssh_config: object | None = None
     _remotes: dict[str, FabricRemote] = field(default_factory=dict)
+    _opening: dict[str, "_Opening"] = field(default_factory=dict)
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -70,13 +72,32 @@ class App:
         return replace(t, command=self.command_timeout or t.command)
 
     def remote(self, host: HostSpec) -> Remote:
-        """The run's one connection to `host` (opened on first use)."""
+        """The run's one connection to `host` (opened on first use, or taken over from
+        `preconnect`, whose connect error, if any, is raised here as if connecting now)."""
         if host.name not in self._remotes:
-            remote = FabricRemote(self.target(host))
-            if self.verbose:
-                remote.on_command = self._tracer(host.name)
-            self._remotes[host.name] = remote.connect()
+            opening = self._opening.pop(host.name, None)
+            self._remotes[host.name] = opening.result() if opening else self._open(host)
         return self._remotes[host.name]
+
+    def preconnect(self, hosts: list[HostSpec]) -> None:
+        """Start opening the connections to `hosts`, each in a background thread.
+
+        The SSH handshake is mostly waiting: round trips (about five, before the
+        first command can run) and the server's session set-up.  A command calls
+        this as soon as it knows its hosts, then imports and plans while the
+        handshakes run; `remote()` takes each connection over.  Same target,
+        host-key policy and timeouts as `remote()`; nothing is reported here."""
+        for host in hosts:
+            if host.name not in self._remotes and host.name not in self._opening:
+                self._opening[host.name] = _Opening(lambda host=host: self._open(host), host.name)
+        if self._opening:
+            self.console.warm()  # the output library loads while the handshakes wait too
+
+    def _open(self, host: HostSpec) -> FabricRemote:
+        remote = FabricRemote(self.target(host))
+        if self.verbose:
+            remote.on_command = self._tracer(host.name)
+        return remote.connect()
 
     def _tracer(self, name: str):
         """The -v line for each remote command: host, command (secrets masked), round trip, exit."""
@@ -91,14 +112,49 @@ class App:
 
     def forget(self, host_name: str) -> None:
         """Close and drop `host_name`'s connection (after it failed), so the next use reconnects."""
-        remote = self._remotes.pop(host_name, None)
+        opening = self._opening.pop(host_name, None)
+        remote = self._remotes.pop(host_name, None) or (opening.settled() if opening else None)
         if remote is not None:
             remote.close()
 
     def close(self) -> None:
+        """Close every connection, those still opening (or never taken over) included."""
+        for name in list(self._opening):
+            self.forget(name)
         for remote in self._remotes.values():
             remote.close()
         self._remotes.clear()
+
+
+class _Opening:
+    """One connection being opened in a daemon thread (`App.preconnect`)."""
+
+    def __init__(self, open_, host: str) -> None:
+        self._open = open_
+        self._remote: FabricRemote | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"connect {host}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._remote = self._open()
+        except BaseException as exc:  # handed to the thread that takes the connection over
+            self._error = exc
+
+    def result(self) -> FabricRemote:
+        """The open connection, or the connect's own typed error.  The wait is bounded by the
+        connect deadline (--connect-timeout covers TCP, banner and auth)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._remote is not None
+        return self._remote
+
+    def settled(self) -> FabricRemote | None:
+        """The connection once the attempt has ended, or None if it failed."""
+        self._thread.join()
+        return self._remote
 
 
 def _one_line(command: str, width: int = 200) -> str:

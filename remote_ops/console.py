@@ -12,6 +12,10 @@ prints.  The streams rule:
   follow`), and the human data goes to stderr instead.
 
 Colour only on a terminal and never with NO_COLOR set (rich's own rules).
+
+rich is imported on first output, or earlier in the background (`warm`): a
+command that opens connections first (health) imports it while the handshake
+waits on the network instead of before the first packet.
 """
 
 from __future__ import annotations
@@ -19,13 +23,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from rich.console import Console as RichConsole
-from rich.markup import escape
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console as RichConsole
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim", "info": "cyan"}
 
@@ -54,9 +58,23 @@ class Console:
         self.json_mode = json_mode
         self.quiet = quiet
         self.verbose = 0
-        self.err = _rich(stderr or sys.stderr)
+        self._stderr = stderr or sys.stderr
         self._stdout = stdout or sys.stdout
+        self._err: RichConsole | None = None
         self._data: RichConsole | None = None
+
+    def warm(self) -> None:
+        """Import rich in a daemon thread now, so the first line does not pay for it.  Worth
+        calling just before the run waits on the network (`App.preconnect`); the import lock
+        makes a first print during the import wait for it."""
+        threading.Thread(target=_import_rich, name="import rich", daemon=True).start()
+
+    @property
+    def err(self) -> RichConsole:
+        """The rich console on stderr (progress, notes, errors)."""
+        if self._err is None:
+            self._err = _rich(self._stderr)
+        return self._err
 
     @property
     def data(self) -> RichConsole:
@@ -102,6 +120,8 @@ class Console:
 
     def table(self, columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
         """A table of data (stdout; stderr with --json)."""
+        from rich.table import Table
+
         t = Table(title=title, show_edge=False, header_style="bold")
         for c in columns:
             t.add_column(c)
@@ -168,14 +188,32 @@ class Console:
         self._stdout.flush()
 
 
+def escape(text: str) -> str:
+    """`text` with rich markup escaped: remote output and names are never markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _import_rich() -> None:
+    import importlib
+
+    for name in ("rich.console", "rich.markup", "rich.table"):
+        importlib.import_module(name)
+
+
 def _rich(file) -> RichConsole:
     """A rich console on `file`: colour only on a terminal and without NO_COLOR (rich honours
-    both, and NO_COLOR drops bold/dim too); 160 columns when not a terminal, so piped tables are not cut at 80."""
+    both, and NO_COLOR drops bold/dim too); 160 columns when not a terminal, so piped tables are
+    not cut at 80; no `:emoji:` codes (a remote line reading `:fire:` stays text)."""
+    from rich.console import Console as RichConsole
+
     wide = None if getattr(file, "isatty", lambda: False)() else 160
     plain = os.environ.get("NO_COLOR", "") != ""  # https://no-color.org: no styling at all
     return RichConsole(
         file=file,
         highlight=False,
+        emoji=False,
         soft_wrap=True,
         width=wide,
         color_system=None if plain else "auto",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from ..paths import host_dir
-from ..workflows import health as health_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
+
+if TYPE_CHECKING:
+    from ..workflows.health import HostHealth
 
 
 def _expected_image(spec) -> str | None:
@@ -27,8 +30,10 @@ def _expected_image(spec) -> str | None:
         return None
 
 
-def _check(app, spec, deep: bool) -> tuple[int, health_mod.HostHealth]:
+def _check(app, spec, deep: bool) -> tuple[int, HostHealth]:
     """One host's tiers (never raises: a connection failure is its failing ssh check)."""
+    from ..workflows import health as health_mod
+
     r = health_mod.check_host(
         app.remote, spec, deep=deep, expected_image=_expected_image(spec), state_dir=host_dir(spec.name)
     )
@@ -38,6 +43,8 @@ def _check(app, spec, deep: bool) -> tuple[int, health_mod.HostHealth]:
 def _document(run) -> dict:
     """The health document: `{"hosts": [HostHealth, ...]}` for one host or many (scripts read
     `hosts[i].checks`), the command's exit code and the hosts that failed."""
+    from ..workflows import health as health_mod
+
     results = [o.result for o in run.outcomes if o.result is not None]
     return {
         "hosts": [r.to_dict() for r in results],
@@ -54,7 +61,7 @@ def _drop_broken(app, results) -> None:
             app.forget(r.host)
 
 
-def render(console, _spec, r: health_mod.HostHealth) -> None:
+def render(console, _spec, r: HostHealth) -> None:
     """One host's checks: the command's data (stdout; stderr with --json)."""
     console.status(r.worst, f"{r.host}: {r.worst} ({r.duration_s:.2f}s, {r.round_trips} round trips)", data=True)
     for c in r.checks:
@@ -91,9 +98,12 @@ def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     --forks at a time, one connection each.
     """
     deadline = time.monotonic() + watch_for
+    app.preconnect(hosts[:forks])  # the handshakes overlap the imports below
+    from ..workflows import health as health_mod
+
     emit = app.console.emit_line if watch else None
     while True:
-        results: list[health_mod.HostHealth] = []
+        results: list[HostHealth] = []
 
         def work(spec, results=results):
             code, r = _check(app, spec, deep)

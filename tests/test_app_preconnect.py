@@ -1,0 +1,99 @@
+"""`App.preconnect`: connections opened in the background are taken over by `App.remote`,
+with the connect's own typed error; `close` closes what was never taken over.  Plus the
+CLI process's start-up GC policy and the console's lazy rich (issue 13, start-up).
+
+The connection itself is a stand-in object here (no sshd): what is tested is the
+hand-over between threads; the real connect over sshd is covered by every lab test
+of `health`, which preconnects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from remote_ops.app import App
+from remote_ops.console import Console
+from remote_ops.core.inventory import HostSpec
+from remote_ops.errors import Unreachable
+
+
+class Conn:
+    """Stands in for an open FabricRemote: records whether it was closed."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.closed, self.thread = name, False, threading.current_thread().name
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _app(monkeypatch, opened: list, fail: set[str] = frozenset(), delay: float = 0.0) -> App:
+    app = App(console=Console(quiet=True))
+
+    def fake_open(host: HostSpec) -> Conn:
+        time.sleep(delay)
+        if host.name in fail:
+            raise Unreachable(f"connection to {host.name} refused", host=host.name)
+        conn = Conn(host.name)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(app, "_open", fake_open)
+    return app
+
+
+def hosts(*names: str) -> list[HostSpec]:
+    return [HostSpec(name=n, address="127.0.0.1") for n in names]
+
+
+def test_remote_takes_over_the_connection_opened_in_the_background(monkeypatch):
+    opened: list[Conn] = []
+    app = _app(monkeypatch, opened, delay=0.05)
+    a, b = hosts("a", "b")
+    app.preconnect([a, b])
+    assert app.remote(a).thread == "connect a" and app.remote(b).thread == "connect b"
+    assert app.remote(a) is app.remote(a) and len(opened) == 2  # one connection per host, not two
+
+
+def test_a_failed_background_connect_raises_its_typed_error_where_the_host_is_used(monkeypatch):
+    app = _app(monkeypatch, [], fail={"down"})
+    (down,) = hosts("down")
+    app.preconnect([down])
+    with pytest.raises(Unreachable, match="refused") as err:
+        app.remote(down)
+    assert err.value.exit_code == 4
+
+
+def test_close_closes_connections_never_taken_over(monkeypatch):
+    opened: list[Conn] = []
+    app = _app(monkeypatch, opened, delay=0.02)
+    a, b = hosts("a", "b")
+    app.preconnect([a, b])
+    app.remote(a)
+    app.close()
+    assert sorted(c.name for c in opened) == ["a", "b"] and all(c.closed for c in opened)
+
+
+def test_a_host_not_preconnected_is_opened_inline(monkeypatch):
+    opened: list[Conn] = []
+    app = _app(monkeypatch, opened)
+    (a,) = hosts("a")
+    assert app.remote(a).thread == threading.current_thread().name
+
+
+def test_the_cli_process_runs_its_first_second_without_cyclic_gc_then_resumes_it():
+    probe = (
+        "import gc, sys, time, remote_ops.cli as c\n"
+        "c._defer_gc(); print(gc.isenabled()); time.sleep(c.GC_GRACE_S + 0.5); print(gc.isenabled())"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30).stdout
+    assert out.split() == ["False", "True"]
+
+
+def test_console_output_keeps_emoji_codes_as_text(capsys):
+    Console().say("build log: :fire: done")
+    assert ":fire:" in capsys.readouterr().err
