@@ -97,3 +97,10 @@ def test_the_cli_process_runs_its_first_second_without_cyclic_gc_then_resumes_it
 def test_console_output_keeps_emoji_codes_as_text(capsys):
     Console().say("build log: :fire: done")
     assert ":fire:" in capsys.readouterr().err
+
+
+def test_deploys_build_timeout_default_is_the_workflows():
+    from remote_ops.commands import deploy as deploy_cmd
+    from remote_ops.workflows import deploy as deploy_mod
+
+    assert deploy_cmd.BUILD_TIMEOUT_S == deploy_mod.BUILD_TIMEOUT_S

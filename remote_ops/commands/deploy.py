@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import Refused
-from ..workflows import deploy as deploy_mod, patching
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
-STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "skip", "failed": "fail"}
+if TYPE_CHECKING:
+    from ..workflows.deploy import DeployResult
 
-
-class ConsoleEvents(deploy_mod.Events):
-    """Live step lines and build output (prefixed with the host name) on stderr."""
-
-    def __init__(self, console, host: str) -> None:
-        self.console, self.host = console, host
-
-    def step(self, s: deploy_mod.StepResult) -> None:
-        took = f" ({s.duration_s:.2f}s)" if s.duration_s >= 0.01 else ""
-        self.console.status(STATUS.get(s.status, "info"), f"{self.host}: {s.name:<9} {s.status}: {s.detail}{took}")
-
-    def line(self, stream: str, text: str) -> None:
-        self.console.host_line(self.host, stream, text)
-
-    def progress(self, text: str) -> None:
-        self.console.say(f"  {self.host}: {text}", style="dim")
+#: default of --build-timeout, seconds (the workflow's BUILD_TIMEOUT_S; a test keeps them equal).
+#: Written here so that loading this module imports no workflow: deploy opens its
+#: connections first and imports the deploy package while the handshakes run.
+BUILD_TIMEOUT_S = 3600.0
 
 
 @click.command("deploy")
@@ -43,7 +33,7 @@ class ConsoleEvents(deploy_mod.Events):
 @click.option(
     "--build-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=deploy_mod.BUILD_TIMEOUT_S,
+    default=BUILD_TIMEOUT_S,
     show_default=True,
     help="seconds the image build may take",
 )
@@ -89,6 +79,7 @@ def deploy_cmd(
     """
     if len(hosts) > 1 and not dry_run and not yes:
         _confirm_many(hosts)
+    app.preconnect(hosts[: serial or forks])  # the handshakes overlap the deploy package's import
     one = len(hosts) == 1
 
     def work(spec):
@@ -100,7 +91,7 @@ def deploy_cmd(
 class Deployed:
     """A host's deploy result plus how its patch spec was chosen (the command's JSON document)."""
 
-    def __init__(self, result: deploy_mod.DeployResult, derivation) -> None:
+    def __init__(self, result: DeployResult, derivation) -> None:
         self.result, self.derivation = result, derivation
 
     def to_dict(self) -> dict:
@@ -109,6 +100,9 @@ class Deployed:
 
 def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_timeout) -> Deployed:
     """One host's deploy: preview and confirm (unless --yes), deploy, show diffs and the summary."""
+    from ..workflows import deploy as deploy_mod, patching
+    from ._deploy_events import ConsoleEvents
+
     remote = app.remote(spec)
     events = ConsoleEvents(app.console, spec.name)
     app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
@@ -161,7 +155,7 @@ def _confirm(app, spec, preview) -> None:
         raise click.exceptions.Abort()
 
 
-def _summary(app, r: deploy_mod.DeployResult) -> None:
+def _summary(app, r: DeployResult) -> None:
     if r.dry_run:
         word = "up to date (nothing to do)" if r.up_to_date else "dry run: nothing was changed"
     else:

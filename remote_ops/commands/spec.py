@@ -123,7 +123,8 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
     The draft dir and the --speculative-* values come from the host's `speculative:`
     inventory section; the options override them for this run."""
     from ..workflows import deploy as deploy_mod
-    from .deploy import ConsoleEvents, _confirm, _summary
+    from ._deploy_events import ConsoleEvents
+    from .deploy import _confirm, _summary
 
     base = app.host(host)
     s = speculative_settings(base, draft, num_steps, eagle_topk, num_draft_tokens)
