@@ -49,7 +49,7 @@ ENGINE_SECTIONS = SectionNames()
 #: Otherwise `sock` is empty and the section falls back to the docker CLI.
 API_SOCKET = (
     'sock=; if command -v curl >/dev/null 2>&1 && [ -z "${DOCKER_CONTEXT:-}" ] && '
-    '! grep -qs \'"currentContext"\' "${DOCKER_CONFIG:-$HOME/.docker}/config.json"; then '
+    'cfg="${DOCKER_CONFIG:-$HOME/.docker}/config.json" && ! { [ -f "$cfg" ] && grep -qs \'"currentContext"\' "$cfg"; }; then '
     'case "${DOCKER_HOST:-unix:///var/run/docker.sock}" in unix://*) '
     "sock=${DOCKER_HOST:-unix:///var/run/docker.sock}; sock=${sock#unix://}; "
     '[ -S "$sock" ] && [ -r "$sock" ] && [ -w "$sock" ] || sock=;; esac; fi'
@@ -104,7 +104,7 @@ def objects_command(container: str, image: str | None = None, cli: str = "docker
         find_img = ""
     else:  # by the container's image id: the first "Image":"sha256:..." of its document
         get_img = _api_get('"/images/$img/json"', quoted=False)
-        find_img = 'img=$(printf %s "$c" | grep -o \'"Image":"sha256:[0-9a-f]*"\' | head -1 | cut -d\'"\' -f4); '
+        find_img = f"img=; {_first_value('c', 'img', 'Image', '0-9a-f', quoted=True, head='sha256:')} "
     api_cmd = (
         f"c=$({get_ctr}); printf '[%s]\\n' \"$c\"; {find_img}"
         f'i=$({get_img}); printf \'[%s]\\n\' "$i"; [ -n "$c" ] && [ -n "$i" ]'
@@ -120,22 +120,32 @@ def inspect_argv(kind: str, ref: str, cli: str = "docker") -> list[str]:
 def container_id_command(container: str, cli: str = "docker", api: bool = False) -> str:
     """The container's full id, or nothing when it does not exist (stderr silenced)."""
     command = f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.Id}}', container])} 2>/dev/null"
-    return _api_field(container, "Id", '"[0-9a-f]*"', command) if api else command
+    return _api_field(container, "Id", "0-9a-f", True, command) if api else command
 
 
 def container_pid_command(container: str, cli: str = "docker", api: bool = False) -> str:
     """The PID of the container's first process on the host (0 when stopped), or nothing."""
     command = f"{shell.join([cli, 'inspect', '--type', 'container', '-f', '{{.State.Pid}}', container])} 2>/dev/null"
-    return _api_field(container, "Pid", "[0-9]*", command) if api else command
+    return _api_field(container, "Pid", "0-9", False, command) if api else command
 
 
-def _api_field(container: str, key: str, value: str, cli_command: str) -> str:
+def _api_field(container: str, key: str, chars: str, quoted: bool, cli_command: str) -> str:
     """The first `"key":value` of the container's compact API document (`Id` is its first key,
     `State.Pid` comes before any other "Pid"; strings inside it escape their quotes)."""
-    pattern = shell.quote(f'"{key}":{value}')
     get = _api_get(f"/containers/{container}/json")
-    pick = f"grep -o {pattern} | head -1 | cut -d: -f2 | tr -d '\"'"
-    return _api_or_cli(f"{get} | {pick}", cli_command)
+    pick = f'v=; {_first_value("c", "v", key, chars, quoted)} [ -n "$v" ] && printf \'%s\\n\' "$v"'
+    return _api_or_cli(f"c=$({get}); {pick}; :", cli_command)
+
+
+def _first_value(doc: str, var: str, key: str, chars: str, quoted: bool, head: str = "") -> str:
+    """Shell that sets `$var` to the first `"key":value` of the JSON text in `$doc`: `value` is
+    `head` then characters of the set `chars` (e.g. `0-9a-f`), in quotes when `quoted`, which
+    are dropped.  Parameter expansion only: no grep/head/cut processes on the host."""
+    prefix = shell.quote(f'"{key}":' + ('"' if quoted else "") + head)
+    return (
+        f"case ${doc} in *{prefix}*) {var}=${{{doc}#*{prefix}}}; "
+        f"{var}={shell.quote(head)}${{{var}%%[!{chars}]*}};; esac;"
+    )
 
 
 def exec_command(container: str, argv: list[str], cli: str = "docker") -> str:
