@@ -200,19 +200,22 @@ def http_budget(probe_s: float) -> tuple[float, float]:
 GENERATE_BODY = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
 
 #: The endpoint calls with curl, one `@@http GROUP PATH CURL_EXIT HTTP_CODE SECONDS` line each,
-#: then the body (or curl's error), a group's next alias tried only after a 404.
+#: then the body (or curl's error), a group's next alias tried only after a 404.  One process
+#: per call: the body and curl's `-w` trailer are read from one capture (stderr merged, so a
+#: failure's message is the "body"), the body cut at 64 KiB by printf (bodies over 1 MiB are
+#: refused by curl itself).
 CURL_PROBE = r"""
-b=$(mktemp) || exit 1; trap 'rm -f "$b" "$b.e"' EXIT
 call() {
   if [ -n "$4" ]; then
-    w=$(curl -sS --noproxy '*' -m "$3" -o "$b" -w '%{http_code} %{time_total}' -H 'Content-Type: application/json' --data-binary "$4" "$BASE$2" 2>"$b.e")
+    out=$(curl -sS --noproxy '*' -m "$3" --max-filesize 1048576 -w '\n@@end %{http_code} %{time_total}' -H 'Content-Type: application/json' --data-binary "$4" "$BASE$2" 2>&1)
   else
-    w=$(curl -sS --noproxy '*' -m "$3" -o "$b" -w '%{http_code} %{time_total}' "$BASE$2" 2>"$b.e")
+    out=$(curl -sS --noproxy '*' -m "$3" --max-filesize 1048576 -w '\n@@end %{http_code} %{time_total}' "$BASE$2" 2>&1)
   fi
-  rc=$?; code=${w%% *}
+  rc=$?
+  case $out in *'@@end '*) w=${out##*@@end }; out=${out%@@end *}; out=${out%?};; *) w='000 0';; esac
+  code=${w%% *}
   echo "@@http $1 $2 $rc $w"
-  if [ $rc -eq 0 ]; then head -c 65536 "$b"; else head -c 400 "$b.e"; fi
-  echo
+  printf '%.65536s\n' "$out"
 }
 """
 
