@@ -363,6 +363,10 @@ def sha256_rate(nbytes=1 << 30):
 def run(args):
     dev = torch.device(args.device)
     base = fresh(args.dir)
+    if args.exact_only:
+        step = Step(args.tokens, args.hidden, dev, args.target_ms)
+        lens = request_lengths(args.tokens)
+        return {"bit_exact": bit_exact_after_reuse(step, lens, fresh(os.path.join(base, "exact")), args.exact_samples)}
     res = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -444,6 +448,7 @@ def parse(argv=None):
         help="writer-thread counts to try in the sustained run (and the raw per-file run)",
     )
     p.add_argument("--exact-samples", type=int, default=4)
+    p.add_argument("--exact-only", action="store_true", help="only phase 5 (bit-exactness after reuse)")
     p.add_argument("--raw-bytes", type=int, default=4 << 30)
     p.add_argument("--dir", default=os.path.abspath(".bench-dump"))
     p.add_argument("--out", default=None)
@@ -457,5 +462,5 @@ if __name__ == "__main__":
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
-    print(json.dumps(result["summary"], indent=1))
+    print(json.dumps(result.get("summary", result), indent=1))
     shutil.rmtree(args.dir, ignore_errors=True)

@@ -181,25 +181,26 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
 
 
 def copy_only(dumper):
-    """Capture and copies as usual; no job to the writer: a slot is freed once its semaphore is posted."""
+    """Capture and copies as usual; no job to the writer: a slot (and its sources) is freed once its
+    semaphore is posted."""
     pending = []
     libc, sink = dumper.sink.libc, dumper.sink
 
-    def submit(buf, staged, spans, rows, on_gpu, flag=0):
-        pending.append(buf.slot)
+    def submit(buf, id_size, pos_size, spans, rows, on_gpu, flag=0, keep=None):
+        pending.append((buf.slot, keep))
         if not on_gpu:  # CPU smoke runs: the copies are done already
             sink.post(buf.slot)
 
     def reap(block=False, timeout=60.0):
         deadline = time.monotonic() + timeout
-        for slot in list(pending):
-            while libc.sem_trywait(sink.sem_addr(slot)) != 0:
+        for item in list(pending):
+            while libc.sem_trywait(sink.sem_addr(item[0])) != 0:
                 if not block or time.monotonic() > deadline:
                     break
                 time.sleep(0.0005)
             else:
-                pending.remove(slot)
-                dumper.pool.release(slot)
+                pending.remove(item)
+                dumper.pool.release(item[0])
         return not pending
 
     dumper._submit_to_process = submit
@@ -209,13 +210,14 @@ def copy_only(dumper):
 def write_only(dumper):
     """No DMA and no host function: the slot's semaphore is posted from the CPU; the writer writes the buffer."""
 
-    def stage(buf, hidden, aux, ids, positions, rows, event=True):
+    def stage(buf, hidden, aux, ids, positions, rows, event=True, plan=None):
         return Staged(buf, rows, None, 8, 8)
 
     def signal(slot):
         dumper.sink.post(slot)
         return 0
 
+    dumper.stager.plan = lambda *a: None  # the general path, i.e. stage() below
     dumper.stager.stage = stage
     dumper._signal_copied = signal
 
@@ -226,12 +228,13 @@ def instrument(dumper):
     targets = [
         ("skip", dumper, "_skip_reason"),
         ("shapes", dumper, "_shapes_ok"),
+        ("plan", dumper.stager, "plan"),
         ("acquire", dumper.pool, "acquire"),
-        ("stage", dumper.stager, "stage"),
+        ("queue", dumper.stager, "queue"),  # fence, copies, sem_post host function (the usual GPU path)
+        ("stage", dumper.stager, "stage"),  # the general path (CPU, torch copies, flag signal)
         ("signal", dumper, "_signal_copied"),
+        ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over
         ("hand_over", dumper.sink, "job"),
-        ("d2h_2d", dumper.driver, "d2h_2d"),
-        ("d2h", dumper.driver, "d2h"),
     ]
     for name, obj, attr in targets:
         if obj is None or not hasattr(obj, attr):

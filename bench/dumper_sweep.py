@@ -288,6 +288,7 @@ def instrument(dumper):
     targets = [
         ("acquire", getattr(dumper, "pool", None), "acquire"),
         ("stage", dumper.stager, "stage"),
+        ("stage", dumper.stager, "queue"),  # the GPU path with the writer process
         ("hand_over", getattr(dumper, "sink", None), "job"),
         ("hand_over", getattr(dumper, "writers", None), "submit"),
         ("counters", dumper.stats, "add"),

@@ -511,3 +511,26 @@ def test_finished_jobs_are_read_from_shared_records_without_a_message(tmp_path, 
     snap = d.stats.snapshot()
     assert snap["files"] == 10 and snap["tokens"] == 35 and snap["errors"] == 0 and not d.inflight
     assert d.job_seq == 5 and d.sink.done_seq(0) != d.sink.done_seq(1)
+
+
+def test_sources_are_held_until_the_child_saw_their_copies_land(tmp_path, dumpers, writer_mode):
+    """No record_stream: a GPU batch's source tensors stay referenced (`held`) until the writer process
+    reports (copied seq in the control segment) that the copies of that job landed; later jobs stay held."""
+    if writer_mode != "process":
+        pytest.skip("writer-process only")
+    import weakref
+
+    d = make_dumper(tmp_path, buffers=2)
+    dumpers.append(d)
+    for seed in range(3):
+        b = make_batch([3, 4], seed=20 + seed)
+        d.capture(b.fb, b.hidden, b.aux)
+    assert d.flush(10)
+    assert d.sink.copied_seq() == d.job_seq == 3  # the sequencer wrote it after each post
+    landed, pending = torch.zeros(4), torch.zeros(4)
+    gone = weakref.ref(landed)
+    d.held.extend([(d.job_seq, (landed,)), (d.job_seq + 1, (pending,))])  # as the GPU path appends them
+    del landed
+    d._reclaim(0.0)
+    assert gone() is None and [seq for seq, _keep in d.held] == [d.job_seq + 1]
+    d.held.clear()

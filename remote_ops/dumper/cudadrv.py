@@ -26,11 +26,14 @@ SEM_T_BYTES = 32  # sizeof(sem_t) on x86-64 / aarch64 glibc
 # The control segment shared with the writer process: one SEM_SLOT_BYTES record per slot, then one
 # more holding the "a job finished" semaphore.  A slot's record: its "copies landed" sem_t at 0, its
 # uint32 done flag (SGLANG_HS_DUMP_SIGNAL=flag) at FLAG_OFFSET, and the result of its last job at
-# DONE_OFFSET: uint64 seq, files, tokens, bytes, errors (seq written last).
+# DONE_OFFSET: uint64 seq, files, tokens, bytes, errors (seq written last).  The last record: the
+# "a job finished" sem_t at 0 and, at COPIED_OFFSET, the uint64 seq of the last job whose copies the
+# child saw land (jobs land in order: the forward process then drops its references to the sources).
 SEM_SLOT_BYTES = 128
 FLAG_OFFSET = 32
 DONE_OFFSET = 40
 DONE_FIELDS = "<4Q"  # files, tokens, bytes, errors, at DONE_OFFSET + 8
+COPIED_OFFSET = 32
 
 
 class CUDA_MEMCPY2D(ctypes.Structure):
@@ -87,6 +90,8 @@ class Driver:
         self.params = CUDA_MEMCPY2D()
         self.params.srcMemoryType, self.params.dstMemoryType = CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST
         self.params_ref = ctypes.byref(self.params)
+        # the raw entry points, for the per-batch path (staging.Stager.queue): no wrapper frame per call
+        self.d2h_fn, self.copy2d_fn, self.host_fn = self._d2h, self._2d, self._host_fn
 
     def _fn(self, name, argtypes):
         fn = getattr(self.lib, name)

@@ -12,10 +12,11 @@ the disk (backpressure), or never (drop policy).
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,6 +49,21 @@ def split_spans(forward_batch: Any) -> List[Span]:
             spans.append(Span(start, tokens, prefix))
         start += tokens
     return spans
+
+
+def _span_tuples(forward_batch: Any) -> Tuple[List[Tuple[int, int, int]], int]:
+    """split_spans as plain (start, tokens, prefix_len) tuples, and the rows they cover (the capture path)."""
+    lens = forward_batch.extend_seq_lens_cpu
+    prefixes = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    if prefixes is None:
+        prefixes = [0] * len(lens)
+    spans, start = [], 0
+    for tokens, prefix in zip(lens, prefixes):
+        tokens = int(tokens)
+        if tokens > 0:
+            spans.append((start, tokens, int(prefix)))
+        start += tokens
+    return spans, start
 
 
 def graph_capturing() -> bool:
@@ -90,6 +106,9 @@ class Dumper:
         self.writers: Optional[SpanWriters] = None
         self.sink: Optional[WriterProcess] = None
         self.inflight: Dict[int, Tuple[int, int, int]] = {}  # slot -> (spans, tokens, job seq) at the writer process
+        # (job seq, source tensors) of jobs whose copies may still run: the tensors stay referenced so the
+        # caching allocator cannot reuse their memory before the side stream read it (no record_stream)
+        self.held: Deque[Tuple[int, tuple]] = collections.deque()
         self.job_seq = 0
         self.reclaim_lock = threading.Lock()
         self.mode_names: Dict[Any, str] = {}
@@ -157,29 +176,43 @@ class Dumper:
         if reason or aux is None:  # no aux always has a reason ("no_aux")
             self.stats.skip(reason or "no_aux")
             return
-        spans = split_spans(fb)
-        rows = sum(s.tokens for s in spans)
-        if not spans or not self._shapes_ok(fb, hidden, aux, rows):
+        spans, rows = _span_tuples(fb)
+        if not spans:
+            return
+        on_gpu = hidden.is_cuda
+        positions = fb.positions
+        plan = self.stager.plan(hidden, aux, fb.input_ids, positions, rows, self.hidden_size) if on_gpu else None
+        if plan is None and not self._shapes_ok(fb, hidden, aux, rows):
             return
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
             return
-        assert self.pool is not None, "_acquire made the pool"
+        pool, sink = self.pool, self.sink
+        assert pool is not None, "_acquire made the pool"
+        keep = None
+        flag = 0
         try:
-            if fb.positions is None:
+            if positions is None:
                 positions_into(buf, _positions_from_spans(spans))
-            staged = self.stager.stage(buf, hidden, aux, fb.input_ids, fb.positions, rows, self.sink is None)
-            flag = self._signal_copied(buf.slot) if self.sink is not None and hidden.is_cuda else 0
+            if sink is not None and plan is not None and not self.flags:  # the usual GPU path
+                id_size, pos_size = self.stager.queue(plan, buf, rows, sink.sem_addr(buf.slot))
+                keep = (hidden, tuple(aux), fb.input_ids, positions)
+            else:
+                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, sink is None, plan)
+                id_size, pos_size = staged.id_size, staged.pos_size
+                if sink is not None:
+                    keep, staged.keep = staged.keep, None
+                    flag = self._signal_copied(buf.slot) if on_gpu else 0
         except BaseException:
             self.stager.synchronize()  # no copy may still land in a slot handed out again
-            self.pool.release(buf.slot)
+            pool.release(buf.slot)
             raise
-        self.stats.add(batches=1)
-        if self.sink is not None:
-            self._submit_to_process(buf, staged, spans, rows, hidden.is_cuda, flag)
+        self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
+        if sink is not None:
+            self._submit_to_process(buf, id_size, pos_size, spans, rows, on_gpu, flag, keep)
         else:
             assert self.writers is not None, "no writer process: the writer threads run"
-            self.writers.submit(BatchJob(staged, spans, self.pool))
+            self.writers.submit(BatchJob(staged, [Span(*s) for s in spans], pool))
 
     def _signal_copied(self, slot: int) -> int:
         """Queue, behind the copies, what tells the writer process they landed; the job's flag (0 = semaphore)."""
@@ -197,37 +230,59 @@ class Dumper:
         return 0
 
     def _submit_to_process(
-        self, buf: HostBuffer, staged, spans: List[Span], rows: int, on_gpu: bool, flag: int = 0
+        self,
+        buf: HostBuffer,
+        id_size: int,
+        pos_size: int,
+        spans: List[Tuple[int, int, int]],
+        rows: int,
+        on_gpu: bool,
+        flag: int = 0,
+        keep: Optional[tuple] = None,
     ) -> None:
-        """One `job` message; on CPU the copies are done, so post the slot's semaphore right away."""
-        assert self.sink is not None and self.pool is not None, "called with the writer process running"
+        """One `job` message; on CPU the copies are done, so post the slot's semaphore right away.
+
+        `keep` (GPU): the source tensors, held until the child reports the copies landed."""
+        sink, pool = self.sink, self.pool
+        assert sink is not None and pool is not None, "called with the writer process running"
         with self.reclaim_lock:
             self.job_seq += 1
             seq = self.job_seq
             self.inflight[buf.slot] = (len(spans), rows, seq)
+            if keep is not None:
+                self.held.append((seq, keep))
+            self._release_copied()
         try:
-            self.sink.job(
-                buf.slot,
-                buf.gen,
-                seq,
-                rows,
-                self.hidden_size,
-                buf.esize,
-                staged.id_size,
-                staged.pos_size,
-                ST_DTYPES[buf.dtype],
-                spans,
-                flag,
-            )
-        except OSError:
+            sink.job(
+                buf.slot, buf.gen, seq, rows, self.hidden_size, buf.esize, id_size, pos_size, ST_DTYPES[buf.dtype],
+                spans, flag,
+            )  # fmt: skip
+        except BaseException as exc:  # OSError: the child is gone (counted as a drop); else re-raised
+            self.stager.synchronize()
             with self.reclaim_lock:
                 self.inflight.pop(buf.slot, None)
-            self.stager.synchronize()
-            self.pool.release(buf.slot)
+                self.held = collections.deque(h for h in self.held if h[0] != seq)
+            pool.release(buf.slot)
+            if not isinstance(exc, OSError):
+                raise
             self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows)
             return
         if not on_gpu:
-            self.sink.post(buf.slot)
+            sink.post(buf.slot)
+
+    def _release_copied(self) -> None:
+        """Drop the source tensors of the jobs whose copies the child saw land (under reclaim_lock)."""
+        held = self.held
+        if held:
+            copied = self.sink.copied_seq() if self.sink is not None else 0
+            while held and held[0][0] <= copied:
+                held.popleft()
+
+    def _release_all_held(self) -> None:
+        """After the side stream synchronized: nothing reads the sources any more."""
+        self.stager.synchronize()
+        with self.reclaim_lock:
+            self.held.clear()
 
     def _skip_reason(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> Optional[str]:
         """Why this batch is not dumped (None = dump it); cheap, CPU-only checks."""
@@ -275,7 +330,7 @@ class Dumper:
         )
         return False
 
-    def _acquire(self, rows: int, hidden: torch.Tensor, spans: List[Span]):
+    def _acquire(self, rows: int, hidden: torch.Tensor, spans: Sequence[Any]):
         """A host buffer for the batch: wait (backpressure) or count the drop."""
         pool = self.pool if self.pool is not None else self._pool_for(hidden)
         alive = self._writer_alive()
@@ -369,6 +424,7 @@ class Dumper:
         if sink is None:
             return 0
         with self.reclaim_lock:
+            self._release_copied()
             while sink.wait_finished(0.0):  # the posts only wake waiters; the records say what finished
                 pass
             freed = self._collect_finished()
@@ -404,6 +460,7 @@ class Dumper:
             log.error("[hs-dump] the writer process exited: batches in flight are lost, later ones dropped")
         if self.pool is not None:
             self._reclaim(0.0)  # what it finished before it went
+        self._release_all_held()
         with self.reclaim_lock:
             for slot, (spans, tokens, _seq) in list(self.inflight.items()):
                 self.inflight.pop(slot, None)
@@ -425,6 +482,7 @@ class Dumper:
         else:
             assert self.writers is not None, "no writer process: the writer threads run"
             self.writers.stop(min(5.0, timeout))
+        self._release_all_held()
         if drained:
             self.stager.close()
         if self.pool is not None:
@@ -451,6 +509,6 @@ class Dumper:
             log.error("[hs-dump] %s", message)
 
 
-def _positions_from_spans(spans: Sequence[Span]) -> torch.Tensor:
-    """Positions when the batch carries none: prefix_len + 0..n-1 per span."""
-    return torch.cat([torch.arange(s.prefix_len, s.prefix_len + s.tokens, dtype=torch.int32) for s in spans])
+def _positions_from_spans(spans: Sequence[Tuple[int, int, int]]) -> torch.Tensor:
+    """Positions when the batch carries none: prefix_len + 0..n-1 per (start, tokens, prefix_len) span."""
+    return torch.cat([torch.arange(prefix, prefix + tokens, dtype=torch.int32) for _start, tokens, prefix in spans])

@@ -32,7 +32,11 @@ it flushes, and once a second from its reaper thread.  So no thread of the
 forward process wakes up per batch: a reaper woken by a message took the GIL
 from the forward thread about once per step (launch-bound 512-token steps, H200
 run 1: 1.05-1.64 voluntary context switches of the forward thread per step with
-the writer, 0.27 when nothing was sent to it; bench/README.md).
+the writer, 0.27 when nothing was sent to it; bench/README.md).  Likewise the
+sequencer writes the seq of each job whose copies it saw land into the control
+segment (`copied_seq`): the parent keeps the GPU source tensors referenced
+until then (instead of `record_stream`) and checks that number at its next
+capture, flush or reaper tick.
 
 Scheduling: the child runs at nice 10 and, by default, SCHED_BATCH: a woken
 writer thread never preempts the forward thread on its CPU (a normal thread
@@ -57,7 +61,7 @@ import time
 from typing import Dict, Optional, Tuple
 
 from . import dumpfile
-from .cudadrv import DONE_FIELDS, DONE_OFFSET, FLAG_OFFSET, SEM_SLOT_BYTES, Timespec, load_libc
+from .cudadrv import COPIED_OFFSET, DONE_FIELDS, DONE_OFFSET, FLAG_OFFSET, SEM_SLOT_BYTES, Timespec, load_libc
 from .layout import Layout, span_views
 
 log = logging.getLogger("remote_ops_dump")
@@ -66,6 +70,7 @@ NICE = 10  # the forward process's threads come first on a busy CPU
 IDLE_S = 1.0  # the reaper's tick: finished jobs collected, stats.json kept fresh
 FLAG_POLL_S = (50e-6, 1e-3)  # flag mode: first and longest sleep between two looks at a slot's flag
 SCHED_POLICIES = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE", "normal": "SCHED_OTHER"}
+U64 = struct.Struct("<Q")
 
 
 def send(sock: socket.socket, msg: tuple, fds=()) -> None:
@@ -100,6 +105,7 @@ class WriterProcess:
         self.sems_fd, self.sems_map = _shared((nslots + 1) * SEM_SLOT_BYTES, "hs-dump-sems")
         self.sems_base = ctypes.addressof(ctypes.c_char.from_buffer(self.sems_map))
         self.free_sem = self.sems_base + nslots * SEM_SLOT_BYTES
+        self.copied_at = nslots * SEM_SLOT_BYTES + COPIED_OFFSET
         for addr in [self.sem_addr(i) for i in range(nslots)] + [self.free_sem]:
             if self.libc.sem_init(addr, 1, 0) != 0:
                 raise OSError(ctypes.get_errno(), "sem_init failed")
@@ -140,6 +146,10 @@ class WriterProcess:
         """The slot's data is in place (CPU path): let the child write it."""
         self.libc.sem_post(self.sem_addr(slot))
 
+    def copied_seq(self) -> int:
+        """The seq of the last job whose copies the child saw land (all earlier ones landed too)."""
+        return U64.unpack_from(self.sems_map, self.copied_at)[0]
+
     def done_seq(self, slot: int) -> int:
         """The seq of the slot's last finished job (0: none yet)."""
         return struct.unpack_from("<Q", self.sems_map, slot * SEM_SLOT_BYTES + DONE_OFFSET)[0]
@@ -176,6 +186,7 @@ class WriterProcess:
         spans,
         flag: int = 0,
     ) -> None:
+        """`spans`: a list of (start, tokens, prefix_len) tuples (marshal'd as they are)."""
         self._send(
             (
                 "job",
@@ -188,7 +199,7 @@ class WriterProcess:
                 id_size,
                 pos_size,
                 st_dtype,
-                [(s.start, s.tokens, s.prefix_len) for s in spans],
+                spans,
                 flag,
             )
         )
@@ -383,6 +394,8 @@ class Child:
             if not (self._wait_flag(job.slot, job.flag) if job.flag else self._wait_ready(job.slot)):
                 self._finish_unwritten(job, "the forward process exited before the copy landed")
                 continue
+            assert self.sems is not None, "the control segment came before any job"
+            U64.pack_into(self.sems, self.free_sem + COPIED_OFFSET, job.seq)  # the parent may free the sources
             for span in job.spans:
                 self.spans.put((job, span))
 

@@ -1,18 +1,24 @@
 """Host staging for captured tensors: a bounded pool of (pinned) buffers and the async copy.
 
 GPU path: the copies run on a side stream that first waits for the forward's
-stream (one reused event); the source tensors are `record_stream`-ed so the
-caching allocator cannot hand their memory to the next forward before the
-copies finished.  The copies are DMA only (no kernel, no GPU allocation):
-hidden rows as they are, each aux tensor as a strided 2D copy into its third
-of the [rows, 3H] rows, ids and positions in their source dtype (the writer
-converts them to int32).  They are queued through the driver by ctypes (see
-`cudadrv`), which costs the forward thread ~1 us a call instead of ~5-10 us
-through torch.  Completion: with the writer process the dumper queues the
-signal itself right behind the copies on `side_stream` (a done flag written by
-the GPU, or `sem_post` as a CUDA host function); with writer threads, a
-blocking-sync event (waiting sleeps instead of spinning a core).  CPU path (tests, CPU-only hosts): plain
-synchronous copies, no event.
+stream (one reused event).  The source tensors are not `record_stream`-ed:
+the batch keeps Python references to them (`Staged.keep`, or the dumper's
+`held` list with the writer process) until the copies are seen complete on
+the host, so the caching allocator cannot hand their memory to later kernels
+before the side stream read it; dropping the references then makes the
+memory reusable at once.  (record_stream cost 6 torch calls per batch in
+`capture()` plus an event recorded per block when the forward freed them.)
+The copies are DMA only (no kernel, no GPU allocation): hidden rows as they
+are, each aux tensor as a strided 2D copy into its third of the [rows, 3H]
+rows, ids and positions in their source dtype (the writer converts them to
+int32).  `plan` reads what the copies need from the tensors (one pass, no side
+effect), `queue` issues fence, copies and the optional semaphore post through
+the driver by ctypes (see `cudadrv`) with prebuilt per-buffer copy
+descriptors: ~1 us a call instead of ~5-10 us through torch.  Completion: with
+the writer process a `sem_post` host function right behind the copies on the
+side stream (or a done flag written by the GPU); with writer threads, a
+blocking-sync event (waiting sleeps instead of spinning a core).  CPU path
+(tests, CPU-only hosts): plain synchronous copies, no event, nothing held.
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .cudadrv import CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA_MEMCPY2D, CudaError
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 
 log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 ID_DTYPES = (torch.int32, torch.int64)
+ID_SIZES = {torch.int32: 4, torch.int64: 8}
 RECLAIM_SLICE_S = 0.01  # longest single wait for a written batch (another thread may have taken its post)
 
 
@@ -69,6 +77,21 @@ class HostBuffer:
         self.base = self.flat.data_ptr()
         self.hidden = self._region(REGION_HIDDEN).view(dtype).view(capacity, hidden_size)
         self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
+        self.copies = self._copy_descriptors()
+
+    def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
+        """cuMemcpy2DAsync descriptors with this buffer's side preset: aux 0..2 (into their thirds of the
+        [C, 3H] rows), then hidden (used when its rows are strided); a batch sets only source and height."""
+        width, offsets = self.hidden_size * self.esize, self.layout.offsets
+        targets = [(self.base + offsets[REGION_AUX] + k * width, 3 * width) for k in range(3)]
+        targets.append((self.base + offsets[REGION_HIDDEN], width))
+        out = []
+        for dst, pitch in targets:
+            p = CUDA_MEMCPY2D()
+            p.srcMemoryType, p.dstMemoryType = CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST
+            p.dstHost, p.dstPitch, p.WidthInBytes = dst, pitch, width
+            out.append((p, ctypes.byref(p)))
+        return out
 
     def _shared(self, pin: bool, driver) -> None:
         from .procwriter import shared_segment
@@ -246,7 +269,10 @@ class Staged:
     """A batch copied (or being copied) into a host buffer.
 
     `ready` is a blocking-sync CUDA event (writer threads), or None: copies done
-    (CPU) or signalled through the slot's semaphore (writer process).
+    (CPU) or signalled through the slot's semaphore (writer process).  `keep`
+    holds the GPU source tensors until the copies are seen complete (instead of
+    `record_stream`): `wait` drops it; with the writer process the dumper takes
+    it over (`Dumper.held`).
     """
 
     buffer: HostBuffer
@@ -254,11 +280,13 @@ class Staged:
     ready: Optional[Any]  # a torch.cuda.Event (or stream) to synchronize on
     id_size: int = 8
     pos_size: int = 8
+    keep: Optional[tuple] = None
 
     def wait(self) -> None:
-        """Block the calling (writer) thread until the copy landed in host memory."""
+        """Block the calling (writer) thread until the copy landed in host memory, then let the sources go."""
         if self.ready is not None:
             self.ready.synchronize()
+        self.keep = None
 
 
 class Stager:
@@ -267,8 +295,10 @@ class Stager:
     The GPU path runs once per forward step on the thread that launches the
     model's kernels, whose Python runs cold there (a capture() cost 2-5x the
     same calls timed in a tight loop): so few calls as possible.  With the
-    driver loaded the fence is a CUevent recorded and waited on through ctypes
-    on raw stream handles (no torch Stream/Event objects built per batch).
+    driver loaded, `plan` + `queue` do it: the fence is a CUevent recorded and
+    waited on through ctypes on raw stream handles, the copies use the
+    buffer's prebuilt descriptors (no torch Stream/Event objects, no
+    record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
     def __init__(self, driver=None):
@@ -277,6 +307,80 @@ class Stager:
         self.side_raw = 0
         self.fence = None
         self.fence_event = 0  # a CUevent of our own (driver path)
+        self.device_index = -1  # the GPU of the first batch (the pool and side stream belong to it)
+
+    def plan(
+        self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
+    ) -> Optional[tuple]:
+        """What the DMA copies need, read from the tensors in one pass (no side effect), or None when the
+        batch needs the general path (which also reports bad shapes): no driver, float tensors not
+        [>= rows, width] row-contiguous of one dumpable dtype, ids/positions not 1D contiguous int32/int64
+        of >= rows values, another GPU than the first batch's.  Returns (hidden pointer, hidden row pitch,
+        [(aux pointer, pitch)] x 3, ids pointer, id size, positions pointer or 0, position size)."""
+        if self.driver is None:
+            return None
+        if self.device_index < 0:
+            self._side(hidden.device)
+        if not self.fence_event or hidden.get_device() != self.device_index:
+            return None
+        dtype = hidden.dtype
+        if dtype not in ST_DTYPES or len(aux) != 3:
+            return None
+        try:
+            srcs = []
+            for t in aux:
+                shape = t.shape
+                pitch, col = t.stride()
+                if t.dtype is not dtype or col != 1 or shape[0] < rows or shape[1] != width:
+                    return None
+                srcs.append((t.data_ptr(), pitch))
+            shape = hidden.shape
+            pitch, col = hidden.stride()
+        except ValueError:  # not 2D
+            return None
+        if col != 1 or shape[0] < rows or shape[1] != width:
+            return None
+        id_size = ID_SIZES.get(ids.dtype, 0)
+        if not id_size or ids.stride() != (1,) or ids.shape[0] < rows:
+            return None
+        pos_ptr, pos_size = 0, 4
+        if positions is not None:
+            pos_size = ID_SIZES.get(positions.dtype, 0)
+            if not pos_size or positions.stride() != (1,) or positions.shape[0] < rows:
+                return None
+            pos_ptr = positions.data_ptr()
+        return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size)
+
+    def queue(self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0) -> Tuple[int, int]:
+        """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
+        `post_addr`, a `sem_post(post_addr)` host function behind them; (id size, position size).
+        The caller keeps the source tensors alive until the copies are seen complete."""
+        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+        drv, side, event = self.driver, self.side_raw, self.fence_event
+        if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
+            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+        width = buf.hidden_size * buf.esize
+        base, offsets, copies = buf.base, buf.layout.offsets, buf.copies
+        d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
+        if pitch == width:
+            rc = d2h(base + offsets[REGION_HIDDEN], hidden_ptr, rows * width, side)
+        else:
+            p, ref = copies[3]
+            p.srcDevice, p.srcPitch, p.Height = hidden_ptr, pitch, rows
+            rc = copy2d(ref, side)
+        for k in range(3):
+            p, ref = copies[k]
+            p.srcDevice, p.srcPitch = srcs[k]
+            p.Height = rows
+            rc = rc or copy2d(ref, side)
+        rc = rc or d2h(base + offsets[REGION_IDS], ids_ptr, rows * id_size, side)
+        if pos_ptr:
+            rc = rc or d2h(base + offsets[REGION_POS], pos_ptr, rows * pos_size, side)
+        if post_addr:
+            rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        if rc:
+            raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
+        return id_size, pos_size
 
     def stage(
         self,
@@ -287,40 +391,38 @@ class Stager:
         positions: Optional[torch.Tensor],
         rows: int,
         event: bool = True,
+        plan: Optional[tuple] = None,
     ) -> Staged:
         """Queue (CUDA) or do (CPU) the copies; `event`: record a blocking-sync event behind them (writer
-        threads); without it the caller queues its own completion signal on `side_stream` right after."""
+        threads); without it the caller queues its own completion signal on `side_stream` right after.
+        `plan`: from `plan()` (driver copies), else torch copies on the side stream.  On a GPU the
+        result's `keep` holds the sources."""
         if not hidden.is_cuda:
             id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
             return Staged(buf, rows, None, id_size, pos_size)
         side = self.side_stream if self.side_stream is not None else self._side(hidden.device)
-        drv = self.driver
-        if self.fence_event:
-            drv.fence(self.fence_event, _raw_stream(hidden.get_device()), self.side_raw)
+        keep = (hidden, tuple(aux), ids, positions)
+        if plan is not None:
+            id_size, pos_size = self.queue(plan, buf, rows)
         else:
-            self.fence.record(torch.cuda.current_stream(hidden.device))
-            side.wait_event(self.fence)
-        hidden.record_stream(side)
-        ids.record_stream(side)
-        for a in aux:
-            a.record_stream(side)
-        if positions is not None:
-            positions.record_stream(side)
-        if drv is not None and _dma_ok(buf, hidden, aux, ids, positions):
-            id_size, pos_size = self._copy_dma(buf, hidden, aux, ids, positions, rows, self.side_raw)
-        else:
+            if self.fence_event:
+                self.driver.fence(self.fence_event, _raw_stream(hidden.get_device()), self.side_raw)
+            else:
+                self.fence.record(torch.cuda.current_stream(hidden.device))
+                side.wait_event(self.fence)
             with torch.cuda.stream(side):
                 id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=True)
         if not event:
-            return Staged(buf, rows, None, id_size, pos_size)
+            return Staged(buf, rows, None, id_size, pos_size, keep)
         ready = torch.cuda.Event(blocking=True)
         ready.record(side)
-        return Staged(buf, rows, ready, id_size, pos_size)
+        return Staged(buf, rows, ready, id_size, pos_size, keep)
 
     def _side(self, device) -> "torch.cuda.Stream":
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=device)
             self.side_raw = self.side_stream.cuda_stream
+            self.device_index = self.side_stream.device_index
             self.fence = torch.cuda.Event()
             if self.driver is not None and _RAW_STREAM is not None:
                 try:
@@ -328,25 +430,6 @@ class Stager:
                 except Exception as exc:
                     log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
         return self.side_stream
-
-    def _copy_dma(self, buf, hidden, aux, ids, positions, rows, stream):
-        """hidden: one copy (2D if strided); aux k: a 2D copy into columns [kH, (k+1)H) of the aux rows."""
-        drv, offsets, e = self.driver, buf.layout.offsets, buf.esize
-        width = buf.hidden_size * e
-        pitch = hidden.stride(0) * e
-        if pitch == width:
-            drv.d2h(buf.base + offsets[REGION_HIDDEN], hidden.data_ptr(), rows * width, stream)
-        else:
-            drv.d2h_2d(buf.base + offsets[REGION_HIDDEN], width, hidden.data_ptr(), pitch, width, rows, stream)
-        aux_base, aux_pitch = buf.base + offsets[REGION_AUX], 3 * width
-        for k, a in enumerate(aux):
-            drv.d2h_2d(aux_base + k * width, aux_pitch, a.data_ptr(), a.stride(0) * e, width, rows, stream)
-        id_size = ids.element_size()
-        drv.d2h(buf.base + offsets[REGION_IDS], ids.data_ptr(), rows * id_size, stream)
-        pos_size = positions.element_size() if positions is not None else 4
-        if positions is not None:
-            drv.d2h(buf.base + offsets[REGION_POS], positions.data_ptr(), rows * pos_size, stream)
-        return id_size, pos_size
 
     def synchronize(self) -> None:
         """Wait for every queued copy (error paths: before a slot may be reused or freed)."""
@@ -360,7 +443,7 @@ class Stager:
             self.fence_event = 0
 
 
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_RAW_STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # set: fence_event may be made
 
 
 def _raw_stream(device_index: int) -> int:
@@ -368,19 +451,6 @@ def _raw_stream(device_index: int) -> int:
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
-
-
-def _dma_ok(buf: HostBuffer, hidden, aux, ids, positions) -> bool:
-    """Raw DMA applies: row-contiguous float tensors of the buffer's dtype, contiguous int32/int64 ids
-    (2D shapes were checked by the dumper before)."""
-    dtype = buf.dtype
-    for t in (hidden, *aux):
-        if t.dtype is not dtype or t.stride(1) != 1 or not t.is_cuda:
-            return False
-    for t in (ids, positions):
-        if t is not None and (t.dim() != 1 or t.stride(0) != 1 or t.dtype not in ID_DTYPES or not t.is_cuda):
-            return False
-    return True
 
 
 def _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking):
