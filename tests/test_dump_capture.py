@@ -8,6 +8,7 @@ stream and the event, everything else (pool, writer threads, files) is real.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -534,3 +535,61 @@ def test_sources_are_held_until_the_child_saw_their_copies_land(tmp_path, dumper
     d._reclaim(0.0)
     assert gone() is None and [seq for seq, _keep in d.held] == [d.job_seq + 1]
     d.held.clear()
+
+
+class _MemmoveDriver:
+    """The driver entry points `Stager.queue` calls, done at once with memmove on CPU memory (the copy math)."""
+
+    sem_post_addr = 0
+
+    def __init__(self):
+        self.posts = []
+        self.event_record_fn = self.wait_event_fn = lambda *a: 0
+
+    def d2h_fn(self, dst, src, nbytes, stream):
+        ctypes.memmove(dst, src, nbytes)
+        return 0
+
+    def copy2d_fn(self, ref, stream):
+        p = ref._obj
+        for r in range(p.Height):
+            ctypes.memmove(p.dstHost + r * p.dstPitch, p.srcDevice + r * p.srcPitch, p.WidthInBytes)
+        return 0
+
+    def host_fn(self, stream, fn, arg):
+        self.posts.append(arg)
+        return 0
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer_mode, strided):
+    """The driver path's pointers, pitches (bytes) and per-buffer descriptors, checked on CPU memory:
+    the buffer must hold what the general (torch) path puts there, for contiguous and strided sources."""
+    if writer_mode != "process":
+        pytest.skip("runs once")
+    from remote_ops.dumper import staging
+
+    rows, h = 5, 8
+    g = torch.Generator().manual_seed(3)
+
+    def src():
+        big = torch.randn(rows + 2, 2 * h if strided else h, generator=g).to(torch.bfloat16)
+        return big[:, :h]
+
+    hidden, aux = src(), [src() for _ in range(3)]
+    ids = torch.arange(100, 100 + rows + 1, dtype=torch.int64)
+    pos = torch.arange(rows + 1, dtype=torch.int32)
+    stager = staging.Stager(_MemmoveDriver())
+    stager.device_index, stager.side_raw, stager.fence_event = -1, 1, 1  # CPU tensors: get_device() is -1
+    monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 0)
+    plan = stager.plan(hidden, aux, ids, pos, rows, h)
+    assert plan is not None
+    buf = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
+    assert stager.queue(plan, buf, rows, post_addr=1234) == (8, 4) and stager.driver.posts == [1234]
+    ref = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
+    assert list(staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)) == [8, 4]
+    for region, row_bytes in enumerate((2 * h, 6 * h, 8, 4)):  # the rows written (the rest is uninitialized)
+        start, end = ref.layout.offsets[region], ref.layout.offsets[region] + rows * row_bytes
+        assert bytes(buf.mem[start:end]) == bytes(ref.mem[start:end]), region
+    assert stager.plan(hidden, aux, ids, pos, rows + 3, h) is None  # too few rows: the general path reports it
+    assert stager.plan(hidden, aux, ids[::2], pos, 3, h) is None  # strided ids: the general path

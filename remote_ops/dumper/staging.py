@@ -41,6 +41,7 @@ log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 ID_DTYPES = (torch.int32, torch.int64)
 ID_SIZES = {torch.int32: 4, torch.int64: 8}
+FLOAT_SIZES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 RECLAIM_SLICE_S = 0.01  # longest single wait for a written batch (another thread may have taken its post)
 
 
@@ -307,7 +308,7 @@ class Stager:
         self.side_raw = 0
         self.fence = None
         self.fence_event = 0  # a CUevent of our own (driver path)
-        self.device_index = -1  # the GPU of the first batch (the pool and side stream belong to it)
+        self.device_index: Optional[int] = None  # the GPU of the first batch (the side stream's)
 
     def plan(
         self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
@@ -315,16 +316,17 @@ class Stager:
         """What the DMA copies need, read from the tensors in one pass (no side effect), or None when the
         batch needs the general path (which also reports bad shapes): no driver, float tensors not
         [>= rows, width] row-contiguous of one dumpable dtype, ids/positions not 1D contiguous int32/int64
-        of >= rows values, another GPU than the first batch's.  Returns (hidden pointer, hidden row pitch,
-        [(aux pointer, pitch)] x 3, ids pointer, id size, positions pointer or 0, position size)."""
+        of >= rows values, another GPU than the first batch's.  Returns (hidden pointer, hidden row pitch in bytes,
+        [(aux pointer, row pitch in bytes)] x 3, ids pointer, id size, positions pointer or 0, position size)."""
         if self.driver is None:
             return None
-        if self.device_index < 0:
+        if self.device_index is None:
             self._side(hidden.device)
         if not self.fence_event or hidden.get_device() != self.device_index:
             return None
         dtype = hidden.dtype
-        if dtype not in ST_DTYPES or len(aux) != 3:
+        esize = FLOAT_SIZES.get(dtype, 0)
+        if not esize or len(aux) != 3:
             return None
         try:
             srcs = []
@@ -333,13 +335,14 @@ class Stager:
                 pitch, col = t.stride()
                 if t.dtype is not dtype or col != 1 or shape[0] < rows or shape[1] != width:
                     return None
-                srcs.append((t.data_ptr(), pitch))
+                srcs.append((t.data_ptr(), pitch * esize))
             shape = hidden.shape
             pitch, col = hidden.stride()
         except ValueError:  # not 2D
             return None
         if col != 1 or shape[0] < rows or shape[1] != width:
             return None
+        pitch *= esize  # bytes from here on
         id_size = ID_SIZES.get(ids.dtype, 0)
         if not id_size or ids.stride() != (1,) or ids.shape[0] < rows:
             return None
