@@ -104,3 +104,114 @@ def test_deploys_build_timeout_default_is_the_workflows():
     from remote_ops.workflows import deploy as deploy_mod
 
     assert deploy_cmd.BUILD_TIMEOUT_S == deploy_mod.BUILD_TIMEOUT_S
+
+
+# -- speculation: handshakes started from the raw inventory, before validation ------------------
+
+INVENTORY = """
+defaults:
+  user: root
+  known_hosts: /tmp/ro-test-known-hosts
+hosts:
+  gpu-a: {address: 127.0.0.11, port: 2222}
+  gpu-b: {address: 127.0.0.12}
+"""
+
+
+def _spec_app(monkeypatch, tmp_path, text: str = INVENTORY, policy: str = "strict") -> tuple[App, list]:
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text(text)
+    app = App(console=Console(quiet=True), inventory_paths=[inv], host_key_policy=policy)
+    app._ssh_config = __import__("paramiko").SSHConfig()  # no ~/.ssh/config of this machine
+    opened: list = []
+
+    def fake_open_target(target, name):
+        conn = Conn(name)
+        conn.target = target
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(app, "_open_target", fake_open_target)
+    return app, opened
+
+
+def test_raw_hosts_reads_one_host_or_one_files_group_with_defaults(tmp_path):
+    from remote_ops.core.rawinv import raw_hosts
+
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text(INVENTORY)
+    one = raw_hosts("gpu-a", [inv])
+    assert one == {
+        "gpu-a": {
+            "address": "127.0.0.11",
+            "user": "root",
+            "port": 2222,
+            "identity_file": None,
+            "known_hosts": "/tmp/ro-test-known-hosts",
+            "proxy_jump": None,
+        }
+    }
+    assert sorted(raw_hosts("fleet", [inv]) or {}) == ["gpu-a", "gpu-b"]
+    assert raw_hosts("nope", [inv]) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hosts:\n  gpu-a: {address: 127.0.0.11, proxy_jump: bastion}\n",  # a jump host: not speculated
+        "hosts:\n  gpu-a: {address: '127.0.0.11; rm -rf /'}\n",  # not a plain value
+        "hosts:\n  gpu-a: [1, 2]\n",  # not a mapping
+        "hosts: {gpu-a: {address: 127.0.0.11}\n",  # not YAML
+    ],
+)
+def test_raw_hosts_gives_up_on_anything_unusual(tmp_path, text):
+    from remote_ops.core.rawinv import raw_hosts
+
+    inv = tmp_path / "x.yaml"
+    inv.write_text(text)
+    assert raw_hosts("gpu-a", [inv]) is None
+
+
+def test_a_speculative_connection_is_kept_when_the_validated_host_goes_to_the_same_target(monkeypatch, tmp_path):
+    app, opened = _spec_app(monkeypatch, tmp_path)
+    app.speculate("gpu-a")
+    (host,) = app.select("gpu-a")
+    app.preconnect([host])
+    conn = app.remote(host)
+    assert opened == [conn] and conn.thread == "connect gpu-a"
+    assert (conn.target.hostname, conn.target.port) == ("127.0.0.11", 2222)
+
+
+def test_a_speculative_connection_to_another_target_is_closed_and_the_right_one_opened(monkeypatch, tmp_path):
+    app, opened = _spec_app(monkeypatch, tmp_path)
+    app.speculate("gpu-a")
+    app.host_key_policy = "accept-new"  # the validated host now resolves to another target
+    (host,) = app.select("gpu-a")
+    used = app.remote(host)
+    deadline = time.monotonic() + 5
+    while not opened[0].closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(opened) == 2 and opened[0].closed and opened[1] is used and not used.closed
+    assert used.target.host_key_policy == "accept-new"
+
+
+def test_close_closes_a_speculative_connection_never_used(monkeypatch, tmp_path):
+    app, opened = _spec_app(monkeypatch, tmp_path)
+    app.speculate("gpu-a")
+    app.close()  # e.g. the command failed before it connected
+    deadline = time.monotonic() + 5
+    while not (opened and opened[0].closed) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [c.name for c in opened] == ["gpu-a"] and opened[0].closed
+
+
+def test_no_speculation_for_a_group(monkeypatch, tmp_path):
+    app, opened = _spec_app(monkeypatch, tmp_path)
+    app.speculate("fleet")  # a refused many-host deploy must open nothing
+    assert app._speculative == {} and opened == []
+
+
+def test_no_speculation_unless_host_keys_are_strict(monkeypatch, tmp_path):
+    app, opened = _spec_app(monkeypatch, tmp_path, policy="accept-new")  # it may write known_hosts
+    app.speculate("gpu-a")
+    assert app._speculative == {} and opened == []

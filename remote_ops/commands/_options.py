@@ -14,6 +14,7 @@ completes inventory host and group names in the shell.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import click
@@ -144,13 +145,19 @@ def host_command(fn):
     return host_option()(app_options(fn))
 
 
-def hosts_command(fn=None, *, local_ok: bool = False):
+#: A `--host` that is one name (no list, glob, address form or set operator): what `speculate` takes.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hosts_command(fn=None, *, local_ok: bool = False, speculate: bool = False):
     """`--host PATTERN`/`--all`/`--limit`/`--forks` plus `app_options` -> fn(app, hosts, forks=, ...).
 
     With `local_ok` the command also takes `--local-file` (its own option): then no host is
-    selected and `hosts` is empty (inspect-source, patch)."""
+    selected and `hosts` is empty (inspect-source, patch).  With `speculate` (commands that
+    always connect: health, deploy, facts) a `--host` naming one inventory host starts its
+    handshake from the raw inventory before it is validated (`App.speculate`)."""
     if fn is None:
-        return functools.partial(hosts_command, local_ok=local_ok)
+        return functools.partial(hosts_command, local_ok=local_ok, speculate=speculate)
 
     @click.option(
         "--host",
@@ -177,6 +184,8 @@ def hosts_command(fn=None, *, local_ok: bool = False):
             if pattern or all_hosts:
                 raise UsageError("give exactly one of --host/--all or --local-file PATH")
             return fn(app, [], *args, **kwargs)
+        if speculate and pattern and not all_hosts and not limit and _PLAIN_NAME.fullmatch(pattern):
+            app.speculate(pattern)
         return fn(app, app.select(pattern, all_hosts=all_hosts, limit=limit), *args, **kwargs)
 
     return wrapper

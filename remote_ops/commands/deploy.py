@@ -45,7 +45,7 @@ BUILD_TIMEOUT_S = 3600.0
     help="rolling: N hosts at a time; after a batch with a failure the rest are skipped",
 )
 @click.option("--keep-going", is_flag=True, help="with --serial: go on after a failed batch")
-@hosts_command
+@hosts_command(speculate=True)
 def deploy_cmd(
     app,
     hosts,

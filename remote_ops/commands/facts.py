@@ -36,7 +36,7 @@ class FactsReport:
 
 
 @click.command("facts")
-@hosts_command
+@hosts_command(speculate=True)
 def facts_cmd(app, hosts, forks) -> int:
     """Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."""
     from ..errors import Refused

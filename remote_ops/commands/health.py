@@ -85,7 +85,7 @@ def render(console, _spec, r: HostHealth) -> None:
     help="stop watching after this many seconds (a round started before then may end up to "
     "--connect-timeout + --command-timeout later)",
 )
-@hosts_command
+@hosts_command(speculate=True)
 def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     """Check SSH, docker, GPUs, container, patch, SGLang endpoints and dumps.
 

@@ -24,6 +24,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError, NotFound
+from .rawinv import default_inventory_paths, inventory_files
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------
 #: The docker reference grammar (github.com/distribution/reference, regexp.go).
@@ -328,16 +329,6 @@ def adhoc_host(ref: str) -> HostSpec:
         raise ConfigError(f"bad host '{ref}': {exc.errors()[0]['msg']}", field="--host") from None
 
 
-def default_inventory_paths() -> list[Path]:
-    """`$REMOTE_OPS_INVENTORY` (os.pathsep list), else ./inventory, plus the sandbox's."""
-    env = os.environ.get("REMOTE_OPS_INVENTORY")
-    paths = [Path(p) for p in env.split(os.pathsep) if p] if env else [Path("inventory")]
-    from ..paths import sandbox_inventory_file  # local import: paths is tiny, avoids a cycle
-
-    sandbox = sandbox_inventory_file()
-    return paths + ([sandbox] if sandbox.exists() else [])
-
-
 def load_inventory(paths: list[Path] | None = None) -> Inventory:
     """Load and validate every inventory file under `paths` (files or directories)."""
     files = _inventory_files(paths if paths is not None else default_inventory_paths())
@@ -359,15 +350,11 @@ def load_inventory(paths: list[Path] | None = None) -> Inventory:
 
 
 def _inventory_files(paths: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            files += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith("."))
-        elif path.is_file():
-            files.append(path)
-        elif os.environ.get("REMOTE_OPS_INVENTORY") or path != Path("inventory"):
+    files = inventory_files(paths)
+    for path in files:
+        if not path.is_file() and (os.environ.get("REMOTE_OPS_INVENTORY") or path != Path("inventory")):
             raise NotFound(f"inventory path {path} does not exist")
-    return files
+    return [f for f in files if f.is_file()]
 
 
 def load_inventory_file(file: Path) -> list[HostSpec]:

@@ -13,11 +13,14 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import paramiko
 
-from ..core.inventory import HostSpec
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..core.inventory import HostSpec
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 

@@ -1,0 +1,93 @@
+"""Inventory files read without validation: where they are, and one host's raw connection fields.
+
+`App.speculate` uses this to start the SSH handshake of a `--host NAME` before
+pydantic is even imported (the handshake is several round trips; validating
+the inventory is ~0.1 s of CPU): the raw fields give a provisional target,
+and the connection is kept only if the validated host resolves to the very
+same target (`App.preconnect`), else it is closed unused.  Nothing here
+decides anything about a host beyond "where would we connect"; errors are
+left to `core.inventory`, which validates (this module returns None instead).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+#: The fields that decide where and how we connect (everything `resolve_target` reads).
+CONNECT_FIELDS = ("address", "user", "port", "identity_file", "known_hosts", "proxy_jump")
+
+#: A value speculation will use as it stands (validation may refuse anything else; then no speculation).
+_PLAIN = re.compile(r"[A-Za-z0-9_.:@~/+%-]{1,255}")
+
+
+def default_inventory_paths() -> list[Path]:
+    """`$REMOTE_OPS_INVENTORY` (os.pathsep list), else ./inventory, plus the sandbox's."""
+    env = os.environ.get("REMOTE_OPS_INVENTORY")
+    paths = [Path(p) for p in env.split(os.pathsep) if p] if env else [Path("inventory")]
+    from ..paths import sandbox_inventory_file  # local import: paths is tiny, avoids a cycle
+
+    sandbox = sandbox_inventory_file()
+    return paths + ([sandbox] if sandbox.exists() else [])
+
+
+def inventory_files(paths: list[Path]) -> list[Path]:
+    """The YAML files under `paths` (files or directories), in load order; a missing path is
+    returned as is (the loader reports it)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith("."))
+        else:
+            files.append(path)
+    return files
+
+
+def raw_hosts(ref: str, paths: list[Path]) -> dict[str, dict[str, Any]] | None:
+    """{name: connection fields} for a `--host` that names one inventory host or one file's group,
+    from the raw YAML (defaults merged); None when anything is unusual (a missing or unreadable
+    file, a name defined twice, a non-plain value, a ProxyJump), so that the caller just does
+    not speculate."""
+    found: dict[str, dict[str, Any]] = {}
+    for file in inventory_files(paths):
+        doc = _load(file)
+        if doc is None:
+            return None
+        entries, defaults = doc.get("hosts") or {}, doc.get("defaults") or {}
+        if not isinstance(entries, dict) or not isinstance(defaults, dict):
+            return None
+        names = [str(n) for n in entries] if (file.stem == ref and len(entries) > 1) else [ref] * (ref in entries)
+        for name in names:
+            fields = _fields(defaults, entries.get(name) or {})
+            if fields is None or name in found:
+                return None
+            found[name] = fields
+    return found or None
+
+
+def _load(file: Path) -> dict | None:
+    import yaml
+
+    try:
+        doc = yaml.load(file.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return None
+    return doc if isinstance(doc, dict) else ({} if doc is None else None)
+
+
+def _fields(defaults: dict, entry: Any) -> dict[str, Any] | None:
+    if not isinstance(entry, dict):
+        return None
+    merged = {k: entry.get(k, defaults.get(k)) for k in CONNECT_FIELDS}
+    if merged["proxy_jump"] is not None:
+        return None
+    for key, value in merged.items():
+        if value is not None and not (isinstance(value, int) and key == "port") and not _plain(value):
+            return None
+    return merged
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, str) and _PLAIN.fullmatch(value) is not None
