@@ -215,3 +215,11 @@ def test_no_speculation_unless_host_keys_are_strict(monkeypatch, tmp_path):
     app, opened = _spec_app(monkeypatch, tmp_path, policy="accept-new")  # it may write known_hosts
     app.speculate("gpu-a")
     assert app._speculative == {} and opened == []
+
+
+def test_raw_hosts_skips_a_missing_path_like_the_loader(tmp_path):
+    from remote_ops.core.rawinv import raw_hosts
+
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text(INVENTORY)
+    assert sorted(raw_hosts("gpu-a", [tmp_path / "inventory", inv]) or {}) == ["gpu-a"]

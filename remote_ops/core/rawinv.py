@@ -52,6 +52,8 @@ def raw_hosts(ref: str, paths: list[Path]) -> dict[str, dict[str, Any]] | None:
     not speculate."""
     found: dict[str, dict[str, Any]] = {}
     for file in inventory_files(paths):
+        if not file.is_file():  # a missing ./inventory is skipped; any other missing path fails validation
+            continue
         doc = _load(file)
         if doc is None:
             return None
