@@ -249,9 +249,13 @@ class Dumper:
             self.job_seq += 1
             seq = self.job_seq
             self.inflight[buf.slot] = (len(spans), rows, seq)
+            held = self.held
             if keep is not None:
-                self.held.append((seq, keep))
-            self._release_copied()
+                held.append((seq, keep))
+            if held:  # _release_copied, inline: once per batch on the forward thread
+                copied = sink.copied_seq()
+                while held and held[0][0] <= copied:
+                    held.popleft()
         try:
             sink.job(
                 buf.slot, buf.gen, seq, rows, self.hidden_size, buf.esize, id_size, pos_size, ST_DTYPES[buf.dtype],

@@ -186,23 +186,13 @@ class WriterProcess:
         spans,
         flag: int = 0,
     ) -> None:
-        """`spans`: a list of (start, tokens, prefix_len) tuples (marshal'd as they are)."""
-        self._send(
-            (
-                "job",
-                slot,
-                gen,
-                seq,
-                rows,
-                hidden,
-                esize,
-                id_size,
-                pos_size,
-                st_dtype,
-                spans,
-                flag,
-            )
-        )
+        """`spans`: a list of (start, tokens, prefix_len) tuples (marshal'd as they are).  Once per batch
+        on the forward thread: one frame, no helper calls."""
+        if self.dead:
+            raise BrokenPipeError("the writer process has exited")
+        data = marshal.dumps(("job", slot, gen, seq, rows, hidden, esize, id_size, pos_size, st_dtype, spans, flag))
+        with self.lock:
+            self.sock.send(data)
 
     def _send(self, msg: tuple, fds=()) -> None:
         if self.dead:
