@@ -38,8 +38,25 @@ def wall(argv: list[str], env: dict, repeat: int, cwd: str | None = None) -> flo
         if i:
             times.append(time.perf_counter() - t)
             cpu.append(_children_cpu() - c)
-    CPU[" ".join(argv[-3:]) + (f" @{cwd}" if cwd else "")] = statistics.median(cpu)
+    key = " ".join(argv[-3:]) + (f" @{cwd}" if cwd else "")
+    CPU[key] = statistics.median(cpu)
+    ROUNDS.setdefault(key, []).append((statistics.median(times), statistics.median(cpu)))
     return statistics.median(times)
+
+
+#: every `wall` call's (wall, cpu) by command, for interleaved rounds of one run each
+ROUNDS: dict[str, list[tuple[float, float]]] = {}
+
+
+def _medians_of_rounds() -> dict[str, float]:
+    """The interleaved health rounds' medians (wall; CPU into CPU), under the rows' names."""
+    out = {}
+    for key, runs in ROUNDS.items():
+        if "health" in key and len(runs) > 1:
+            CPU[key] = statistics.median(c for _, c in runs)
+            name = ("before: " if "@" in key else "") + "remote-ops " + key.split(" @")[0]
+            out[name] = statistics.median(w for w, _ in runs)
+    return out
 
 
 def as_installed_env() -> dict:
@@ -88,7 +105,14 @@ def main() -> None:
         rows["before: remote-ops --help"] = wall([py, "-m", "remote_ops", "--help"], env, args.repeat, args.before)
     if args.health_host:
         argv = [py, "-m", "remote_ops", "health", "--host", args.health_host]
-        rows[f"remote-ops health --host {args.health_host}"] = wall(argv, env, max(5, args.repeat // 2))
+        n = max(5, args.repeat // 2)
+        if args.before:  # interleaved rounds, so both trees see the same machine
+            for _ in range(n):
+                rows[f"remote-ops health --host {args.health_host}"] = wall(argv, env, 1)
+                rows[f"before: remote-ops health --host {args.health_host}"] = wall(argv, env, 1, args.before)
+            rows.update(_medians_of_rounds())
+        else:
+            rows[f"remote-ops health --host {args.health_host}"] = wall(argv, env, n)
     else:
         rows.update(health_rows(py, env, max(5, args.repeat // 2), args.before))
     load = os.getloadavg()[0]
