@@ -157,16 +157,19 @@ class App:
     def forget(self, host_name: str) -> None:
         """Close and drop `host_name`'s connection (after it failed), so the next use reconnects."""
         opening = self._opening.pop(host_name, None)
-        remote = self._remotes.pop(host_name, None) or (opening.settled() if opening else None)
+        if opening is not None:
+            _close_when_settled(opening)
+        remote = self._remotes.pop(host_name, None)
         if remote is not None:
             remote.close()
 
     def close(self) -> None:
-        """Close every connection, those still opening (or never taken over) included."""
-        for name in list(self._opening):
-            self.forget(name)
-        for _, opening in self._speculative.values():
+        """Close every connection.  Those still opening, or never taken over, are closed in the
+        background once their attempt ends: the run does not wait for a handshake it will not use
+        (e.g. after Ctrl-C, or an error before the host was reached)."""
+        for opening in [*self._opening.values(), *(o for _, o in self._speculative.values())]:
             _close_when_settled(opening)
+        self._opening.clear()
         self._speculative.clear()
         for remote in self._remotes.values():
             remote.close()

@@ -74,7 +74,10 @@ def test_close_closes_connections_never_taken_over(monkeypatch):
     a, b = hosts("a", "b")
     app.preconnect([a, b])
     app.remote(a)
-    app.close()
+    app.close()  # b is closed in the background once its attempt ends: close() does not wait for it
+    deadline = time.monotonic() + 5
+    while not (len(opened) == 2 and all(c.closed for c in opened)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert sorted(c.name for c in opened) == ["a", "b"] and all(c.closed for c in opened)
 
 
