@@ -13,7 +13,7 @@ i.e. T * 57,344 bytes to dump (~470 MB for T=8192).  Phases, all on one machine:
    write rate vs raw disk;
 5. bit-exactness of every span after the GPU memory was reused right away.
 
-Usage: python3 bench/dumper_gpu.py [--out results.json] [--dir DUMPDIR]
+Usage: python3 bench/dumper_gpu.py [--out results.json] [--dir DUMPDIR] [--exact-only: phase 5 alone]
 Goals: loop overhead <= 3 %, sustained write rate >= 90 % of raw disk.
 """
 

@@ -16,7 +16,8 @@ step's kernels on the forward stream), each capture()'s wall and CPU time
 (thread_time: wall >> CPU means the forward thread was waiting or
 descheduled), the forward thread's voluntary / involuntary context switches
 (/proc/thread-self/status), and with --parts the wall time of capture()'s
-parts (pool, staging, driver calls, hand-over).
+parts (skip checks, plan, pool, queue = fence + copies + sem_post, submit, and
+within it the hand-over message).
 
 Variants (the writer process in each):
 - `normal`: writer process at nice 10, SCHED_OTHER, CUDA host function signal;

@@ -1,11 +1,13 @@
 """The few CUDA driver and libc calls the staging path makes through ctypes (stdlib only).
 
-Why not torch: every torch call from Python costs the forward thread ~5-10 us
-of dispatch; a ctypes call costs ~1 us.  The capture path issues 4-6 copies
-per batch, so on launch-bound prefill steps this is the difference between
-~0.3 % and ~1.5 % of a step.  The driver (libcuda.so.1) is the one torch
-already uses; the calls act on torch's streams (`Stream.cuda_stream`) and on
-the primary context that torch made current on the calling thread.
+Why not torch: the torch path (Stream/Event objects, record_stream, cat,
+copy_) took about twice the forward thread's CPU of this one per batch in a
+tight loop (dumper_probe.py: 135.6 vs 62.2 us at 512 tokens), and more calls.
+Inside a forward loop every call runs cold: the 9 driver calls of a batch cost
+90-128 us there (~10-14 us each, bench/README.md), the largest part of
+`capture()` now.  The driver (libcuda.so.1) is the one torch already uses; the
+calls act on torch's streams (raw handles) and on the primary context that
+torch made current on the calling thread.
 
 libc's POSIX semaphores (`sem_post` as a CUDA host function) tell the writer
 process that a batch's copies landed, without any Python in the forward
