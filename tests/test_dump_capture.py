@@ -593,3 +593,27 @@ def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer
         assert bytes(buf.mem[start:end]) == bytes(ref.mem[start:end]), region
     assert stager.plan(hidden, aux, ids, pos, rows + 3, h) is None  # too few rows: the general path reports it
     assert stager.plan(hidden, aux, ids[::2], pos, 3, h) is None  # strided ids: the general path
+
+
+def test_a_job_that_cannot_be_sent_frees_its_slot_without_a_stray_post(tmp_path, dumpers, writer_mode, monkeypatch):
+    """A hand-over that fails with something other than a dead child (re-raised, counted as a capture error)
+    gives the slot back with its "copies landed" semaphore at 0, so the next job there waits for its own post.
+    (On CPU the post would come after the hand-over; on a GPU the dumper takes back the post its host
+    function made, after synchronizing: that branch runs only on a GPU.)"""
+    if writer_mode != "process":
+        pytest.skip("writer-process only")
+    d = make_dumper(tmp_path, buffers=1)
+    dumpers.append(d)
+    b = make_batch([3, 4], seed=40)
+    d.capture(b.fb, b.hidden, b.aux)
+    assert d.flush(10)
+    monkeypatch.setattr(d.sink, "job", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
+    monkeypatch.setattr(d.sink, "post", lambda slot: pytest.fail("CPU post after a failed hand-over"))
+    b2 = make_batch([5], seed=41)
+    d.capture(b2.fb, b2.hidden, b2.aux)  # never raises: counted
+    assert d.stats.snapshot()["errors"] == 1 and not d.inflight and d.pool.in_use == 0
+    assert d.sink.libc.sem_trywait(d.sink.sem_addr(0)) != 0  # no post left behind
+    monkeypatch.undo()
+    b3 = make_batch([2, 2], seed=42)
+    d.capture(b3.fb, b3.hidden, b3.aux)
+    assert d.flush(10) and d.stats.snapshot()["files"] == 4

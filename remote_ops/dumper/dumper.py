@@ -262,10 +262,12 @@ class Dumper:
                 spans, flag,
             )  # fmt: skip
         except BaseException as exc:  # OSError: the child is gone (counted as a drop); else re-raised
-            self.stager.synchronize()
+            self.stager.synchronize()  # the copies and the host function behind them have run
             with self.reclaim_lock:
                 self.inflight.pop(buf.slot, None)
                 self.held = collections.deque(h for h in self.held if h[0] != seq)
+            if on_gpu and not flag and not isinstance(exc, OSError):
+                sink.libc.sem_trywait(sink.sem_addr(buf.slot))  # a live child must not see this post later
             pool.release(buf.slot)
             if not isinstance(exc, OSError):
                 raise
