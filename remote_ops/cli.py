@@ -13,6 +13,7 @@ needs) is imported only when that command runs or its own help is asked for.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -270,8 +271,6 @@ def run() -> None:
     code = main()
     # Interpreter shutdown runs one last full collection over every object of the run (60-80 ms
     # of `health` on the lab VM); frozen objects are skipped, and nothing here needs collecting.
-    import gc
-
     gc.freeze()
     sys.exit(code)
 
@@ -289,7 +288,6 @@ def _defer_gc() -> None:
     command now runs without it; a long one (`--watch`, `logs follow`, a pull)
     gets it back after GC_GRACE_S, with the start-up objects frozen out of every
     later pass (`gc.freeze`).  Only the CLI process does this, never an importer."""
-    import gc
     import threading
 
     gc.disable()
