@@ -2,6 +2,9 @@
 
 Commands receive an `App`; it loads the inventory once, resolves hosts to SSH
 targets and keeps one connection per host for the whole run (closed at exit).
+Connections may be opened early, in background threads (`speculate` from the
+raw inventory, `preconnect` after validation), so the handshake overlaps
+start-up; `remote` takes them over.
 Workflows take a `Remote` (not an App) so they stay testable over any host.
 """
 

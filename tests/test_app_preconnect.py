@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import paramiko
 import pytest
 
 from remote_ops.app import App
@@ -125,7 +126,7 @@ def _spec_app(monkeypatch, tmp_path, text: str = INVENTORY, policy: str = "stric
     inv = tmp_path / "fleet.yaml"
     inv.write_text(text)
     app = App(console=Console(quiet=True), inventory_paths=[inv], host_key_policy=policy)
-    app._ssh_config = __import__("paramiko").SSHConfig()  # no ~/.ssh/config of this machine
+    app._ssh_config = paramiko.SSHConfig()  # no ~/.ssh/config of this machine
     opened: list = []
 
     def fake_open_target(target, name):
