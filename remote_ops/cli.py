@@ -42,6 +42,7 @@ COMMAND_MODULES = (
     "dataset",
     "spec",
     "train",
+    "daemon",
 )
 
 #: command name -> (its module, its one-line help): what `--help` shows without importing
@@ -65,6 +66,7 @@ COMMAND_HELP = {
     "dataset": ("dataset", "Tokenize a chat dataset for extraction and training, with an assistant-only loss mask."),
     "spec": ("spec", "Speculative decoding with a trained drafter: deploy it, then measure it."),
     "train": ("train", "Train the drafter on the exported features, follow it, stop it."),
+    "daemon": ("daemon", "A warm fork server: runs start without re-importing (opt-in)."),
 }
 
 

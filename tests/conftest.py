@@ -19,6 +19,10 @@ from remote_ops.remote import FabricRemote
 
 LAB_HOSTS = 3
 
+# CLI subprocesses of the tests run in-process, never through a warm fork server the developer
+# may have running (`remote-ops daemon start`); tests/test_daemon.py turns it on for its own.
+os.environ["REMOTE_OPS_DAEMON"] = "0"
+
 
 def require(reason: str | None) -> None:
     """Skip (or fail, under REMOTE_OPS_REQUIRE_HOSTS=1) when `reason` is not None."""
