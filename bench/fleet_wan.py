@@ -28,7 +28,12 @@ Timed (each `--repeat` times, medians):
    machine's shared CPU (the stand-in's own CPU per sample is small).
 6. `dumps pull` of what (5) dumped: one host vs the group, aggregate MB/s, at 0 and RTT.
 
-    .venv/bin/python bench/fleet_wan.py [--hosts 8] [--rtt-ms 50] [--repeat 3] [--json out.json]
+    .venv/bin/python bench/fleet_wan.py [--hosts 8] [--rtt-ms 50] [--repeat 3] [--daemon] [--json out.json]
+
+CLI runs are in-process (REMOTE_OPS_DAEMON=0); with `--daemon` every CLI run is
+handed to a warm fork server (`remote-ops daemon start`, started once, untimed,
+in a private runtime dir).  Run it from a tree nobody edits meanwhile: the
+server serves only the code it fingerprinted at its start.
 
 Everything stays on 127.0.0.0/8; no registry is contacted.
 """
@@ -328,6 +333,7 @@ def main() -> None:
     )
     ap.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook")
     ap.add_argument("--only", default="fanout,single,compare,extract,pull")
+    ap.add_argument("--daemon", action="store_true", help="hand every CLI run to a warm fork server")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -337,12 +343,15 @@ def main() -> None:
         "repeat": args.repeat,
         "cpus": os.cpu_count(),
         "gpu_ms_per_1k_tokens": args.gpu_ms_per_1k_tokens,
+        "daemon": args.daemon,
     }
     with tempfile.TemporaryDirectory(prefix="ro-bench-wan-") as d:
         tmp = Path(d)
         global TMP, INSTALLED_ENV
         TMP = tmp
-        INSTALLED_ENV = startup.as_installed_env()
+        INSTALLED_ENV = {**startup.as_installed_env(), "REMOTE_OPS_DAEMON": "0"}
+        server = startup._server(sys.executable, INSTALLED_ENV) if args.daemon else startup._no_server()
+        INSTALLED_ENV = server.__enter__() or INSTALLED_ENV
         t0 = time.perf_counter()
         lab, specs, names = setup(tmp, args.hosts, args.rtt_ms, args.gpu_ms_per_1k_tokens)
         res["setup_s"] = time.perf_counter() - t0
@@ -364,6 +373,7 @@ def main() -> None:
                     print(f"{key}: {json.dumps(res[key], default=str)}", file=sys.stderr, flush=True)
         finally:
             lab.stop()
+            server.__exit__(None, None, None)
     print(json.dumps(res, indent=1, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))

@@ -147,10 +147,13 @@ def _spawn(fp: str, idle_timeout: float) -> dict:
     """Start the server in its own session; wait (bounded) until it answers."""
     directory = _runtime_dir()
     log = directory / f"{fp}.log"
+    # `-c` puts its working directory first on sys.path: the folder holding this very package, so
+    # the server imports the code this process runs (a source checkout run with `python -m`, too).
+    source_root = Path(launch.__file__).resolve().parent.parent
     with open(log, "ab") as sink:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-c", "from remote_ops.daemon import main; main()", fp, str(idle_timeout)],
-            cwd=directory,
+            cwd=source_root,
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=sink,
