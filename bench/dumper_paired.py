@@ -50,6 +50,7 @@ import shutil
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -67,6 +68,8 @@ VARIANTS = {
     "default": {},
     "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
+    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one driver call per copy (the code before the batched copy)
+    "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},
 }
 
 
@@ -159,7 +162,8 @@ class Arm:
 def make_arm(name, step, folder, buffers, args, warm_inputs):
     if name in ("none", "aa"):
         return Arm(name)
-    env = dict(VARIANTS[name])
+    env = dict(args.dump_env)
+    env.update(VARIANTS[name])
     if args.writer_cpus:  # with --pin-forward every writer process leaves the forward thread's CPUs alone
         env["SGLANG_HS_DUMP_WRITER_CPUS"] = ",".join(str(c) for c in args.writer_cpus)
     dumper = base.make_dumper(base.fresh(os.path.join(folder, name)), step, buffers, args.writers, extra_env=env)
@@ -182,30 +186,40 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
 
 
 def copy_only(dumper):
-    """Capture and copies as usual; no job to the writer: a slot (and its sources) is freed once its
-    semaphore is posted."""
-    pending = []
-    libc, sink = dumper.sink.libc, dumper.sink
+    """Capture and copies as usual; no job to the writer: the host function posts a private semaphore
+    instead of the child's, and a slot (and its sources) is freed once its post came (posts come in order)."""
+    import ctypes
 
-    def submit(buf, id_size, pos_size, spans, rows, on_gpu, flag=0, keep=None):
+    pending = []
+    sink = dumper.sink
+    libc = sink.libc
+    sem = ctypes.create_string_buffer(64)
+    if libc.sem_init(ctypes.addressof(sem), 0, 0) != 0:
+        raise OSError("sem_init failed")
+    sink.landed_addr = ctypes.addressof(sem)
+    sink.post_landed = lambda: libc.sem_post(ctypes.addressof(sem))
+    counter = [0]
+
+    def submit(buf, id_size, pos_size, spans, rows, flag=0, keep=None):
+        counter[0] += 1
         pending.append((buf.slot, keep))
-        if not on_gpu:  # CPU smoke runs: the copies are done already
-            sink.post(buf.slot)
+        return counter[0]
 
     def reap(block=False, timeout=60.0):
         deadline = time.monotonic() + timeout
-        for item in list(pending):
-            while libc.sem_trywait(sink.sem_addr(item[0])) != 0:
-                if not block or time.monotonic() > deadline:
-                    break
-                time.sleep(0.0005)
-            else:
-                pending.remove(item)
-                dumper.pool.release(item[0])
+        while pending:
+            if libc.sem_trywait(ctypes.addressof(sem)) == 0:
+                dumper.pool.release(pending.pop(0)[0])
+                continue
+            if not block or time.monotonic() > deadline:
+                break
+            time.sleep(0.0005)
         return not pending
 
     dumper._submit_to_process = submit
-    return Arm("copy-only", dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
+    arm = Arm("copy-only", dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
+    arm.keep_alive = sem
+    return arm
 
 
 def write_only(dumper):
@@ -214,13 +228,10 @@ def write_only(dumper):
     def stage(buf, hidden, aux, ids, positions, rows, event=True, plan=None):
         return Staged(buf, rows, None, 8, 8)
 
-    def signal(slot):
-        dumper.sink.post(slot)
-        return 0
-
     dumper.stager.plan = lambda *a: None  # the general path, i.e. stage() below
     dumper.stager.stage = stage
-    dumper._signal_copied = signal
+    dumper.flags = False
+    dumper.driver = SimpleNamespace(post_when_done=lambda stream, addr: dumper.sink.post_landed())
 
 
 def instrument(dumper):
@@ -233,8 +244,8 @@ def instrument(dumper):
         ("acquire", dumper.pool, "acquire"),
         ("queue", dumper.stager, "queue"),  # fence, copies, sem_post host function (the usual GPU path)
         ("stage", dumper.stager, "stage"),  # the general path (CPU, torch copies, flag signal)
-        ("signal", dumper, "_signal_copied"),
-        ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over
+        ("signal", dumper, "_flag_when_copied"),
+        ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over (ring entry)
         ("hand_over", dumper.sink, "job"),
     ]
     for name, obj, attr in targets:
@@ -562,6 +573,12 @@ def main(argv=None):
     p.add_argument("--parts", action="store_true", help="time capture()'s parts (adds ~1 us per wrapped call)")
     p.add_argument("--pin-forward", type=parse_cpus, default=None, help="CPUs of the forward thread, e.g. 1")
     p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
+    p.add_argument(
+        "--dump-env",
+        type=lambda v: dict(kv.split("=", 1) for kv in v.split(",") if kv),
+        default={},
+        help="SGLANG_HS_DUMP_*=V,... for every dumper arm (a variant's own settings win)",
+    )
     p.add_argument("--dir", default=os.path.abspath(".bench-paired"))
     p.add_argument("--out", default=None)
     p.add_argument("--matched", default=None, help="re-read a result file's points by matched history, then exit")

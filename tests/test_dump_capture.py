@@ -542,8 +542,10 @@ class _MemmoveDriver:
 
     sem_post_addr = 0
 
-    def __init__(self):
-        self.posts = []
+    def __init__(self, batch=False):
+        self.posts, self.batches = [], []
+        if not batch:
+            self.batch3d_fn = None
         self.event_record_fn = self.wait_event_fn = lambda *a: 0
 
     def d2h_fn(self, dst, src, nbytes, stream):
@@ -560,11 +562,27 @@ class _MemmoveDriver:
         self.posts.append(arg)
         return 0
 
+    def batch3d_fn(self, count, address, flags, stream):
+        """cuMemcpy3DBatchAsync on CPU memory: pointer operands, row length and width in bytes."""
+        from remote_ops.dumper.cudadrv import MEMCPY3D_BATCH_OP
 
+        self.batches.append(count)
+        for op in (MEMCPY3D_BATCH_OP * count).from_address(address):
+            src, dst, ext = op.src.op, op.dst.op, op.extent
+            assert op.src.type == op.dst.type == 1 and op.srcAccessOrder == 1 and ext.depth == 1
+            assert src.rowLength >= ext.width and dst.rowLength >= ext.width
+            assert src.layerHeight >= ext.height and dst.layerHeight >= ext.height
+            for r in range(ext.height):
+                ctypes.memmove(dst.ptr + r * dst.rowLength, src.ptr + r * src.rowLength, ext.width)
+        return 0
+
+
+@pytest.mark.parametrize("copy", ["calls", "batch"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer_mode, strided):
-    """The driver path's pointers, pitches (bytes) and per-buffer descriptors, checked on CPU memory:
-    the buffer must hold what the general (torch) path puts there, for contiguous and strided sources."""
+def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer_mode, strided, copy):
+    """The driver path's pointers, pitches (bytes) and per-buffer descriptors (one call per copy, or the
+    ops of one cuMemcpy3DBatchAsync), checked on CPU memory: the buffer must hold what the general (torch)
+    path puts there, for contiguous and strided sources."""
     if writer_mode != "process":
         pytest.skip("runs once")
     from remote_ops.dumper import staging
@@ -579,13 +597,14 @@ def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer
     hidden, aux = src(), [src() for _ in range(3)]
     ids = torch.arange(100, 100 + rows + 1, dtype=torch.int64)
     pos = torch.arange(rows + 1, dtype=torch.int32)
-    stager = staging.Stager(_MemmoveDriver())
+    stager = staging.Stager(_MemmoveDriver(batch=copy == "batch"), copy)
     stager.device_index, stager.side_raw, stager.fence_event = -1, 1, 1  # CPU tensors: get_device() is -1
     monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 0)
     plan = stager.plan(hidden, aux, ids, pos, rows, h)
     assert plan is not None
     buf = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
     assert stager.queue(plan, buf, rows, post_addr=1234) == (8, 4) and stager.driver.posts == [1234]
+    assert stager.driver.batches == ([6] if copy == "batch" else [])
     ref = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
     assert list(staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)) == [8, 4]
     for region, row_bytes in enumerate((2 * h, 6 * h, 8, 4)):  # the rows written (the rest is uninitialized)
@@ -595,11 +614,20 @@ def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer
     assert stager.plan(hidden, aux, ids[::2], pos, 3, h) is None  # strided ids: the general path
 
 
-def test_a_job_that_cannot_be_sent_frees_its_slot_without_a_stray_post(tmp_path, dumpers, writer_mode, monkeypatch):
-    """A hand-over that fails with something other than a dead child (re-raised, counted as a capture error)
-    gives the slot back with its "copies landed" semaphore at 0, so the next job there waits for its own post.
-    (On CPU the post would come after the hand-over; on a GPU the dumper takes back the post its host
-    function made, after synchronizing: that branch runs only on a GPU.)"""
+def assert_spans_written(batch: Batch, root: Path) -> None:
+    for path, want, _prefix in span_files(batch, root):
+        got = st_torch.load_file(str(path))
+        for name, tensor in want.items():
+            assert torch.equal(got[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), (path, name)
+
+
+def test_a_job_that_cannot_be_published_is_cancelled_and_the_child_moves_past_it(
+    tmp_path, dumpers, writer_mode, monkeypatch
+):
+    """A hand-over (publishing the job in the ring) that fails with something other than a dead child is
+    re-raised and counted as a capture error; the slot comes back, and the job's seq gets a cancelled ring
+    entry plus its one "copies landed" post, so the child's sequencer (which takes jobs in seq order, one
+    post each) moves past it and the next job is written after its own post."""
     if writer_mode != "process":
         pytest.skip("writer-process only")
     d = make_dumper(tmp_path, buffers=1)
@@ -607,13 +635,45 @@ def test_a_job_that_cannot_be_sent_frees_its_slot_without_a_stray_post(tmp_path,
     b = make_batch([3, 4], seed=40)
     d.capture(b.fb, b.hidden, b.aux)
     assert d.flush(10)
+    posts = []
+    real_post = d.sink.post_landed
     monkeypatch.setattr(d.sink, "job", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
-    monkeypatch.setattr(d.sink, "post", lambda slot: pytest.fail("CPU post after a failed hand-over"))
+    monkeypatch.setattr(d.sink, "post_landed", lambda: posts.append(d.job_seq) or real_post())
     b2 = make_batch([5], seed=41)
     d.capture(b2.fb, b2.hidden, b2.aux)  # never raises: counted
     assert d.stats.snapshot()["errors"] == 1 and not d.inflight and d.pool.in_use == 0
-    assert d.sink.libc.sem_trywait(d.sink.sem_addr(0)) != 0  # no post left behind
+    assert posts == [2]  # the cancelled entry's post, and no other
     monkeypatch.undo()
+    deadline = time.monotonic() + 10
+    while d.sink.copied_seq() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert d.sink.copied_seq() == 2  # the child took the cancelled job's post and entry
     b3 = make_batch([2, 2], seed=42)
     d.capture(b3.fb, b3.hidden, b3.aux)
     assert d.flush(10) and d.stats.snapshot()["files"] == 4
+    assert d.job_seq == 3 and d.sink.copied_seq() == 3
+    for batch in (b, b3):
+        assert_spans_written(batch, tmp_path)
+
+
+def test_a_batch_of_many_requests_sends_its_spans_past_the_ring(tmp_path, dumpers, writer_mode):
+    """Spans that do not fit a ring entry go on the socket before the job is published; every span is
+    written, and the jobs before and after it too."""
+    if writer_mode != "process":
+        pytest.skip("writer-process only")
+    import marshal
+
+    from remote_ops.dumper import procwriter
+
+    d = make_dumper(tmp_path, buffers=2)
+    dumpers.append(d)
+    lens = [1 + i % 3 for i in range(700)]
+    assert len(marshal.dumps([(0, n, 0) for n in lens])) > procwriter.JOB_BYTES - procwriter.JOB_SPANS_AT
+    batches = [make_batch([3, 4], seed=50), make_batch(lens, seed=51), make_batch([2], seed=52)]
+    for batch in batches:
+        d.capture(batch.fb, batch.hidden, batch.aux)
+    assert d.flush(30)
+    snap = d.stats.snapshot()
+    assert snap["errors"] == 0 and snap["files"] == 2 + 700 + 1 and snap["tokens"] == 7 + sum(lens) + 2
+    for batch in batches:
+        assert_spans_written(batch, tmp_path)

@@ -27,12 +27,14 @@ ENV_WRITER = "SGLANG_HS_DUMP_WRITER"
 ENV_WRITER_SCHED = "SGLANG_HS_DUMP_WRITER_SCHED"
 ENV_WRITER_CPUS = "SGLANG_HS_DUMP_WRITER_CPUS"
 ENV_SIGNAL = "SGLANG_HS_DUMP_SIGNAL"
+ENV_COPY = "SGLANG_HS_DUMP_COPY"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
 SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
+COPY_MODES = ("batch", "calls")  # a batch's copies in one cuMemcpy3DBatchAsync call, or one driver call each
 
 
 @dataclass
@@ -53,6 +55,7 @@ class DumpConfig:
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
     signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
+    copy: str = "batch"  # the copies in one driver call (where the driver has it), or one call per copy
     env_seen: dict = field(default_factory=dict)
 
 
@@ -107,6 +110,7 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         writer_sched=_choice(env, ENV_WRITER_SCHED, WRITER_SCHEDS),
         writer_cpus=parse_cpu_list(env.get(ENV_WRITER_CPUS, "")),
         signal=_choice(env, ENV_SIGNAL, SIGNALS),
+        copy=_choice(env, ENV_COPY, COPY_MODES),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

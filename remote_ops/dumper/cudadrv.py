@@ -26,16 +26,19 @@ CU_EVENT_DISABLE_TIMING = 0x02
 CU_STREAM_WRITE_VALUE_DEFAULT = 0  # the write is ordered after (and fenced behind) the stream's earlier work
 SEM_T_BYTES = 32  # sizeof(sem_t) on x86-64 / aarch64 glibc
 # The control segment shared with the writer process: one SEM_SLOT_BYTES record per slot, then one
-# more holding the "a job finished" semaphore.  A slot's record: its "copies landed" sem_t at 0, its
-# uint32 done flag (SGLANG_HS_DUMP_SIGNAL=flag) at FLAG_OFFSET, and the result of its last job at
-# DONE_OFFSET: uint64 seq, files, tokens, bytes, errors (seq written last).  The last record: the
-# "a job finished" sem_t at 0 and, at COPIED_OFFSET, the uint64 seq of the last job whose copies the
-# child saw land (jobs land in order: the forward process then drops its references to the sources).
+# more, then the job ring (procwriter.RING_*).  A slot's record: its uint32 done flag
+# (SGLANG_HS_DUMP_SIGNAL=flag) at FLAG_OFFSET, and the result of its last job at DONE_OFFSET: uint64
+# seq, files, tokens, bytes, errors (seq written last).  The last record: the "a job finished" sem_t at
+# 0; at COPIED_OFFSET the uint64 seq of the last job whose copies the child saw land (jobs land in
+# order: the forward process then drops its references to the sources); at LANDED_OFFSET the
+# "copies landed" sem_t, posted once per job, in job order (by a CUDA host function queued after the
+# copies on the one side stream, or by the forward process itself).
 SEM_SLOT_BYTES = 128
 FLAG_OFFSET = 32
 DONE_OFFSET = 40
 DONE_FIELDS = "<4Q"  # files, tokens, bytes, errors, at DONE_OFFSET + 8
 COPIED_OFFSET = 32
+LANDED_OFFSET = 64
 
 
 class CUDA_MEMCPY2D(ctypes.Structure):
@@ -59,6 +62,46 @@ class CUDA_MEMCPY2D(ctypes.Structure):
         ("WidthInBytes", ctypes.c_size_t),
         ("Height", ctypes.c_size_t),
     ]
+
+
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class PtrOperand(ctypes.Structure):
+    """The pointer member of CUmemcpy3DOperand's union (the largest one: 32 bytes)."""
+
+    _fields_ = [
+        ("ptr", ctypes.c_uint64),
+        ("rowLength", ctypes.c_size_t),
+        ("layerHeight", ctypes.c_size_t),
+        ("locHint", MemLocation),
+    ]
+
+
+class Memcpy3DOperand(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("op", PtrOperand)]
+
+
+class Extent3D(ctypes.Structure):
+    _fields_ = [("width", ctypes.c_size_t), ("height", ctypes.c_size_t), ("depth", ctypes.c_size_t)]
+
+
+class MEMCPY3D_BATCH_OP(ctypes.Structure):
+    """cuda.h's CUDA_MEMCPY3D_BATCH_OP (CUDA >= 12.8; 112 bytes).  Pointer operands: `rowLength` and the
+    extent's width in bytes (checked bit for bit on the H200: bench/dumper_probe.py)."""
+
+    _fields_ = [
+        ("src", Memcpy3DOperand),
+        ("dst", Memcpy3DOperand),
+        ("extent", Extent3D),
+        ("srcAccessOrder", ctypes.c_int),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+CU_MEMCPY_OPERAND_TYPE_POINTER = 1
+CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
 
 
 class CudaError(RuntimeError):
@@ -87,6 +130,10 @@ class Driver:
         self._write32 = self._optional(
             ("cuStreamWriteValue32_v2", "cuStreamWriteValue32"),
             [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint],
+        )
+        # cuMemcpy3DBatchAsync_v2 (CUDA 13's signature, no failIdx): all copies of a batch in one call
+        self.batch3d_fn = self._optional(
+            ("cuMemcpy3DBatchAsync_v2",), [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
         )
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
         self.params = CUDA_MEMCPY2D()

@@ -189,45 +189,72 @@ class Dumper:
             return
         pool, sink = self.pool, self.sink
         assert pool is not None, "_acquire made the pool"
-        keep = None
+        if sink is None:  # writer threads
+            try:
+                if positions is None:
+                    positions_into(buf, _positions_from_spans(spans))
+                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, True, plan)
+            except BaseException:
+                self.stager.synchronize()  # no copy may still land in a slot handed out again
+                pool.release(buf.slot)
+                raise
+            self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
+            assert self.writers is not None, "no writer process: the writer threads run"
+            self.writers.submit(BatchJob(staged, [Span(*s) for s in spans], pool))
+            return
+        # The writer process: the job is published in the ring before anything can post its "copies
+        # landed" (the child reads the entry only after that post): the usual GPU path publishes, then
+        # queues fence + copies + the sem_post host function; the general path copies, publishes, signals.
+        fast = plan is not None and not self.flags
+        keep: Optional[tuple] = None
         flag = 0
         try:
             if positions is None:
                 positions_into(buf, _positions_from_spans(spans))
-            if sink is not None and plan is not None and not self.flags:  # the usual GPU path
-                id_size, pos_size = self.stager.queue(plan, buf, rows, sink.sem_addr(buf.slot))
-                keep = (hidden, tuple(aux), fb.input_ids, positions)
+            if fast:
+                assert plan is not None
+                id_size, pos_size = plan[4], plan[6]
             else:
-                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, sink is None, plan)
+                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, False, plan)
                 id_size, pos_size = staged.id_size, staged.pos_size
-                if sink is not None:
-                    keep, staged.keep = staged.keep, None
-                    flag = self._signal_copied(buf.slot) if on_gpu else 0
+                keep, staged.keep = staged.keep, None
+                flag = self._flag_when_copied(buf.slot) if on_gpu else 0
         except BaseException:
             self.stager.synchronize()  # no copy may still land in a slot handed out again
             pool.release(buf.slot)
             raise
+        if fast:
+            keep = (hidden, tuple(aux), fb.input_ids, positions)
+        seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep)
+        if not seq:
+            return
+        try:
+            if plan is not None and fast:
+                self.stager.queue(plan, buf, rows, sink.landed_addr)
+            elif on_gpu and not flag:
+                assert self.driver is not None, "GPU path with the writer process"
+                self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
+            else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
+                sink.post_landed()
+        except BaseException:
+            self._abandon(buf, seq)
+            raise
         self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
-        if sink is not None:
-            self._submit_to_process(buf, id_size, pos_size, spans, rows, on_gpu, flag, keep)
-        else:
-            assert self.writers is not None, "no writer process: the writer threads run"
-            self.writers.submit(BatchJob(staged, [Span(*s) for s in spans], pool))
 
-    def _signal_copied(self, slot: int) -> int:
-        """Queue, behind the copies, what tells the writer process they landed; the job's flag (0 = semaphore)."""
+    def _flag_when_copied(self, slot: int) -> int:
+        """Flag signalling: queue the GPU's write of the slot's done flag behind the copies; the value the
+        child waits for, or 0 (flags failed: a host function posts instead, from now on)."""
+        if not self.flags:
+            return 0
         assert self.sink is not None and self.driver is not None, "GPU path with the writer process"
-        stream = self.stager.side_raw
-        if self.flags:
-            dptr, value = self.sink.next_flag(slot)
-            try:
-                self.driver.write_when_done(stream, dptr, value)
-                return value
-            except Exception as exc:
-                self.flags = False
-                log.error("[hs-dump] the GPU cannot write the done flag (%r): host functions from now on", exc)
-        self.driver.post_when_done(stream, self.sink.sem_addr(slot))
-        return 0
+        dptr, value = self.sink.next_flag(slot)
+        try:
+            self.driver.write_when_done(self.stager.side_raw, dptr, value)
+            return value
+        except Exception as exc:
+            self.flags = False
+            log.error("[hs-dump] the GPU cannot write the done flag (%r): host functions from now on", exc)
+            return 0
 
     def _submit_to_process(
         self,
@@ -236,11 +263,11 @@ class Dumper:
         pos_size: int,
         spans: List[Tuple[int, int, int]],
         rows: int,
-        on_gpu: bool,
         flag: int = 0,
         keep: Optional[tuple] = None,
-    ) -> None:
-        """One `job` message; on CPU the copies are done, so post the slot's semaphore right away.
+    ) -> int:
+        """Take the next job seq and publish the job in the ring; its seq, or 0 when the child is gone (the
+        batch counted as dropped, the slot freed).  Nothing has posted its "copies landed" yet.
 
         `keep` (GPU): the source tensors, held until the child reports the copies landed."""
         sink, pool = self.sink, self.pool
@@ -262,19 +289,24 @@ class Dumper:
                 spans, flag,
             )  # fmt: skip
         except BaseException as exc:  # OSError: the child is gone (counted as a drop); else re-raised
-            self.stager.synchronize()  # the copies and the host function behind them have run
-            with self.reclaim_lock:
-                self.inflight.pop(buf.slot, None)
-                self.held = collections.deque(h for h in self.held if h[0] != seq)
-            if on_gpu and not flag and not isinstance(exc, OSError):
-                sink.libc.sem_trywait(sink.sem_addr(buf.slot))  # a live child must not see this post later
-            pool.release(buf.slot)
+            self._abandon(buf, seq, cancel=not isinstance(exc, OSError))
             if not isinstance(exc, OSError):
                 raise
             self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows)
-            return
-        if not on_gpu:
-            sink.post(buf.slot)
+            return 0
+        return seq
+
+    def _abandon(self, buf: HostBuffer, seq: int, cancel: bool = True) -> None:
+        """Job `seq` fails before anything posted its "copies landed": wait for what was queued, tell the
+        child to skip the job (a cancelled ring entry and its post), forget it, free the slot."""
+        self.stager.synchronize()  # no copy may still land in the slot, or read a source we drop
+        with self.reclaim_lock:
+            self.inflight.pop(buf.slot, None)
+            self.held = collections.deque(h for h in self.held if h[0] != seq)
+        if cancel and self.sink is not None and self.sink.alive():
+            self.sink.cancel(seq)
+        assert self.pool is not None, "a job holds a slot of the pool"
+        self.pool.release(buf.slot)
 
     def _release_copied(self) -> None:
         """Drop the source tensors of the jobs whose copies the child saw land (under reclaim_lock)."""
@@ -379,7 +411,7 @@ class Dumper:
         if not hidden.is_cuda:
             return
         self.driver = Driver.load()
-        self.stager = Stager(self.driver)
+        self.stager = Stager(self.driver, self.config.copy)
         if self.driver is None:
             log.warning("[hs-dump] libcuda.so.1 not loadable through ctypes: torch copies, writer threads")
             if self.sink is not None:

@@ -61,7 +61,16 @@ import time
 from typing import Dict, Optional, Tuple
 
 from . import dumpfile
-from .cudadrv import COPIED_OFFSET, DONE_FIELDS, DONE_OFFSET, FLAG_OFFSET, SEM_SLOT_BYTES, Timespec, load_libc
+from .cudadrv import (
+    COPIED_OFFSET,
+    DONE_FIELDS,
+    DONE_OFFSET,
+    FLAG_OFFSET,
+    LANDED_OFFSET,
+    SEM_SLOT_BYTES,
+    Timespec,
+    load_libc,
+)
 from .layout import Layout, span_views
 
 log = logging.getLogger("remote_ops_dump")
@@ -71,6 +80,28 @@ IDLE_S = 1.0  # the reaper's tick: finished jobs collected, stats.json kept fres
 FLAG_POLL_S = (50e-6, 1e-3)  # flag mode: first and longest sleep between two looks at a slot's flag
 SCHED_POLICIES = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE", "normal": "SCHED_OTHER"}
 U64 = struct.Struct("<Q")
+# The job ring, after the control segment's records: entry seq % RING_ENTRIES(nslots) holds job `seq`:
+# uint64 seq at 0 (written last: the entry is published), then JOB_HEAD, then the marshal'd spans
+# (spans_len bytes; SPANS_ON_SOCKET: too many for the entry, sent before as ("spans", seq, spans)).
+JOB_BYTES = 8192
+JOB_HEAD = struct.Struct("<11q")  # slot gen rows hidden esize id_size pos_size flag st_code spans_len state
+JOB_SPANS_AT = 8 + JOB_HEAD.size
+SPANS_ON_SOCKET = -1
+STATE_JOB, STATE_CANCELLED = 0, 1
+ST_CODES = {"BF16": 0, "F16": 1, "F32": 2}
+ST_NAMES = {v: k for k, v in ST_CODES.items()}
+UNLANDED = "the forward process exited before the copy landed"
+RECORD_WAIT_S = 10.0  # a post came but its job's entry is not published yet: how long to look (a bug)
+
+
+def ring_entries(nslots: int) -> int:
+    """Entries in the ring: jobs in flight never exceed the slots, and a cancelled one needs no slot."""
+    return 2 * nslots + 2
+
+
+def control_bytes(nslots: int) -> int:
+    """Size of the control segment: a record per slot, the shared record, the job ring."""
+    return (nslots + 1) * SEM_SLOT_BYTES + ring_entries(nslots) * JOB_BYTES
 
 
 def send(sock: socket.socket, msg: tuple, fds=()) -> None:
@@ -102,11 +133,15 @@ class WriterProcess:
         self.on_exit, self.on_idle, self.on_error = on_exit, on_idle, on_error
         self.libc = load_libc()
         self.nslots = nslots
-        self.sems_fd, self.sems_map = _shared((nslots + 1) * SEM_SLOT_BYTES, "hs-dump-sems")
+        self.sems_fd, self.sems_map = _shared(control_bytes(nslots), "hs-dump-sems")
         self.sems_base = ctypes.addressof(ctypes.c_char.from_buffer(self.sems_map))
-        self.free_sem = self.sems_base + nslots * SEM_SLOT_BYTES
-        self.copied_at = nslots * SEM_SLOT_BYTES + COPIED_OFFSET
-        for addr in [self.sem_addr(i) for i in range(nslots)] + [self.free_sem]:
+        shared = nslots * SEM_SLOT_BYTES
+        self.free_sem = self.sems_base + shared
+        self.landed_addr = self.sems_base + shared + LANDED_OFFSET  # "copies landed", one post per job
+        self.copied_at = shared + COPIED_OFFSET
+        self.ring_at, self.ring = (nslots + 1) * SEM_SLOT_BYTES, ring_entries(nslots)
+        self.published = 0  # the last job seq written to the ring
+        for addr in (self.free_sem, self.landed_addr):
             if self.libc.sem_init(addr, 1, 0) != 0:
                 raise OSError(ctypes.get_errno(), "sem_init failed")
         self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -124,9 +159,6 @@ class WriterProcess:
         self.reaper = threading.Thread(target=self._reap, name="hs-dump-reaper", daemon=True)
         self.reaper.start()
 
-    def sem_addr(self, slot: int) -> int:
-        return self.sems_base + slot * SEM_SLOT_BYTES
-
     def enable_flags(self, driver) -> None:
         """Flag signalling: page-lock the control segment for the device; raises where impossible."""
         driver.register(self.sems_base, len(self.sems_map), device_map=True)
@@ -142,9 +174,9 @@ class WriterProcess:
         value = self.flag_seq[slot] = self.flag_seq[slot] % 0xFFFFFFFF + 1
         return self.flag_dptr + slot * SEM_SLOT_BYTES + FLAG_OFFSET, value
 
-    def post(self, slot: int) -> None:
-        """The slot's data is in place (CPU path): let the child write it."""
-        self.libc.sem_post(self.sem_addr(slot))
+    def post_landed(self) -> None:
+        """One "copies landed" post from this process (CPU copies, done flags, a cancelled job)."""
+        self.libc.sem_post(self.landed_addr)
 
     def copied_seq(self) -> int:
         """The seq of the last job whose copies the child saw land (all earlier ones landed too)."""
@@ -186,13 +218,33 @@ class WriterProcess:
         spans,
         flag: int = 0,
     ) -> None:
-        """`spans`: a list of (start, tokens, prefix_len) tuples (marshal'd as they are).  Once per batch
-        on the forward thread: one frame, no helper calls."""
+        """Publish job `seq` in the ring (no message, no syscall), before anything can post its "copies
+        landed": the child reads the entry only after that post.  `spans`: a list of (start, tokens,
+        prefix_len) tuples.  Once per batch on the forward thread: one frame, few calls."""
         if self.dead:
             raise BrokenPipeError("the writer process has exited")
-        data = marshal.dumps(("job", slot, gen, seq, rows, hidden, esize, id_size, pos_size, st_dtype, spans, flag))
-        with self.lock:
-            self.sock.send(data)
+        data = marshal.dumps(spans)
+        at, mm = self.ring_at + (seq % self.ring) * JOB_BYTES, self.sems_map
+        n = len(data)
+        if n > JOB_BYTES - JOB_SPANS_AT:  # rare: hundreds of requests in one batch
+            self._send(("spans", seq, spans))
+            n = SPANS_ON_SOCKET
+        else:
+            mm[at + JOB_SPANS_AT : at + JOB_SPANS_AT + n] = data
+        JOB_HEAD.pack_into(
+            mm, at + 8, slot, gen, rows, hidden, esize, id_size, pos_size, flag, ST_CODES[st_dtype], n, STATE_JOB
+        )
+        U64.pack_into(mm, at, seq)
+        self.published = seq
+
+    def cancel(self, seq: int) -> None:
+        """Job `seq` will not be written (its copies failed, or publishing it did): a cancelled entry and
+        its "copies landed" post, so the child moves past it.  Only when nothing else will post for it."""
+        at = self.ring_at + (seq % self.ring) * JOB_BYTES
+        JOB_HEAD.pack_into(self.sems_map, at + 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, STATE_CANCELLED)
+        U64.pack_into(self.sems_map, at, seq)
+        self.published = max(self.published, seq)
+        self.post_landed()
 
     def _send(self, msg: tuple, fds=()) -> None:
         if self.dead:
@@ -226,7 +278,7 @@ class WriterProcess:
     def stop(self, timeout: float) -> bool:
         """Ask the child to finish its queue and exit; True when it exited in time."""
         try:
-            self._send(("stop",))
+            self._send(("stop", self.published))  # the child writes the jobs up to this one, then exits
         except OSError:
             pass
         try:
@@ -261,7 +313,9 @@ def shared_segment(nbytes: int, name: str) -> Tuple[int, mmap.mmap]:
 
 
 def _spawn(child_sock: socket.socket):
-    """`python -m <this package>.procwriter FD` with the package's root on PYTHONPATH."""
+    """The child: this module's `main` imported from this package's root, whatever the working directory
+    holds (`python -m` would put the working directory first on sys.path: a checkout of another version
+    of the package there would be the child)."""
     import subprocess
 
     package = __name__.rsplit(".", 1)[0]
@@ -270,8 +324,9 @@ def _spawn(child_sock: socket.socket):
         root = os.path.dirname(root)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    code = "import sys; sys.path.insert(0, %r); from %s import main; sys.exit(main(sys.argv[1:]))" % (root, __name__)
     return subprocess.Popen(
-        [sys.executable, "-m", __name__, str(child_sock.fileno())],
+        [sys.executable, "-c", code, str(child_sock.fileno())],
         pass_fds=[child_sock.fileno()],
         env=env,
         close_fds=True,
@@ -284,31 +339,33 @@ def _spawn(child_sock: socket.socket):
 class Job:
     """A batch to write: the spans of one slot, and how many are still pending."""
 
-    def __init__(self, msg: tuple):
+    def __init__(self, seq: int, head: tuple, spans):
+        self.seq = seq
         (
-            _,
             self.slot,
             self.gen,
-            self.seq,
             self.rows,
             self.hidden,
             self.esize,
             self.id_size,
             self.pos_size,
-            self.st_dtype,
-            spans,
             self.flag,
-        ) = msg
+            st_code,
+            _spans_len,
+            _state,
+        ) = head
+        self.st_dtype = ST_NAMES.get(st_code, "BF16")
         self.spans = [tuple(s) for s in spans]
         self.remaining = len(self.spans)
         self.files = self.tokens = self.bytes = self.errors = 0
         self.first_error = ""
-        self.metadata: Dict[str, str] = {}  # the writer's metadata when the job arrived
+        self.metadata: Dict[str, str] = {}  # the writer's metadata when the job was taken
         self.lock = threading.Lock()
 
 
 class Child:
-    """Reader (socket) -> sequencer (semaphores, in job order) -> N writer threads -> done records."""
+    """Reader (socket: setup, segments, stop) ; sequencer ("copies landed" posts and the job ring, in job
+    order) -> N writer threads -> done records."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -319,10 +376,15 @@ class Child:
         self.sems: Optional[mmap.mmap] = None
         self.sems_base = 0
         self.free_sem = 0  # offset of the "a job finished" semaphore in the control segment
-        self.jobs: "queue.Queue" = queue.Queue()
+        self.landed = 0  # address of the "copies landed" semaphore
+        self.ring_at = self.ring = 0
         self.spans: "queue.Queue" = queue.Queue()
         self.send_lock = threading.Lock()
         self.parent_gone = threading.Event()
+        self.changed = threading.Condition()  # the reader mapped something, got spans, a stop or EOF
+        self.ready = False  # the control segment is mapped
+        self.stop_seq: Optional[int] = None
+        self.big_spans: Dict[int, list] = {}  # ("spans", seq, spans) messages not yet taken
 
     def run(self) -> None:
         msg, fds = recv(self.sock)
@@ -350,54 +412,134 @@ class Child:
                 msg, fds = None, []
             if msg is None:
                 self.parent_gone.set()
-                self.jobs.put(None)
+                self._notify()
                 return
             kind = msg[0]
             if kind == "stop":
-                self.jobs.put(None)
+                with self.changed:
+                    self.stop_seq = msg[1] if len(msg) > 1 else 0
+                    self.changed.notify_all()
                 return
             if kind == "sems":
-                self.sems = mmap.mmap(fds[0], (msg[1] + 1) * SEM_SLOT_BYTES)
-                self.free_sem = msg[1] * SEM_SLOT_BYTES
+                self.sems = mmap.mmap(fds[0], control_bytes(msg[1]))
                 os.close(fds[0])
+                self.free_sem = msg[1] * SEM_SLOT_BYTES
                 self.sems_base = ctypes.addressof(ctypes.c_char.from_buffer(self.sems))
+                self.landed = self.sems_base + self.free_sem + LANDED_OFFSET
+                self.ring_at, self.ring = (msg[1] + 1) * SEM_SLOT_BYTES, ring_entries(msg[1])
+                with self.changed:
+                    self.ready = True
+                    self.changed.notify_all()
             elif kind == "segment":
                 self._map(msg[1], msg[2], msg[3], msg[4], fds[0])
+                self._notify()
             elif kind == "meta":
                 self.metadata = dict(msg[1])
-            elif kind == "job":
-                job = Job(msg)
-                job.metadata = self.metadata
-                self.jobs.put(job)
+            elif kind == "spans":
+                with self.changed:
+                    self.big_spans[msg[1]] = msg[2]
+                    self.changed.notify_all()
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
 
     def _map(self, slot: int, gen: int, nbytes: int, capacity: int, fd: int) -> None:
         mm = mmap.mmap(fd, nbytes)
         os.close(fd)
         self.segments[slot] = (gen, capacity, mm, memoryview(mm))
 
+    def _wait_for(self, ready, timeout: float = 0.5) -> bool:
+        """Wait until `ready()` (re-checked when the reader notifies, at least every `timeout` s), or
+        the parent is gone or stopped; True when ready."""
+        with self.changed:
+            while not ready():
+                if self.parent_gone.is_set() or self.stop_seq is not None:
+                    return bool(ready())
+                self.changed.wait(timeout)
+            return True
+
     def _sequence(self) -> None:
-        """Jobs in order: wait for the slot's data, then hand its spans to the writers."""
+        """Jobs in seq order: take one "copies landed" post, read that job's ring entry, hand its spans
+        to the writers.  Posts come in job order (one side stream; or from the parent after publishing)."""
+        if not self._wait_for(lambda: self.ready):
+            return
+        seq = 1
         while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            if not (self._wait_flag(job.slot, job.flag) if job.flag else self._wait_ready(job.slot)):
-                self._finish_unwritten(job, "the forward process exited before the copy landed")
+            if not self._take_landed(seq):
+                if not self.parent_gone.is_set():
+                    return  # stopped: every job up to the stop is done
+                entry = self._entry(seq)  # the parent died: a published job's copies never landed
+                if entry is None:
+                    return
+                if entry[1][-1] == STATE_JOB:
+                    self._finish_unwritten(Job(seq, entry[1], entry[2] or []), UNLANDED)
+                seq += 1
+                continue
+            entry = self._entry(seq, RECORD_WAIT_S)
+            if entry is None:
+                log.error("[hs-dump] writer: job %d was signalled but never published: skipped", seq)
+                seq += 1
+                continue
+            _seq, head, spans = entry
+            assert self.sems is not None, "the control segment came before any job"
+            if head[-1] != STATE_JOB:
+                U64.pack_into(self.sems, self.free_sem + COPIED_OFFSET, seq)
+                seq += 1
+                continue
+            job = Job(seq, head, spans if spans is not None else self._socket_spans(seq))
+            seq += 1
+            if job.flag and not self._wait_flag(job.slot, job.flag):
+                self._finish_unwritten(job, UNLANDED)
                 continue
             assert self.sems is not None, "the control segment came before any job"
             U64.pack_into(self.sems, self.free_sem + COPIED_OFFSET, job.seq)  # the parent may free the sources
+            if not self._wait_for(lambda slot=job.slot, gen=job.gen: self.segments.get(slot, (-1,))[0] == gen):
+                self._finish_unwritten(job, "the buffer of slot %d never came" % job.slot)
+                continue
+            job.metadata = self.metadata
+            if not job.spans:
+                self._report(job)
             for span in job.spans:
                 self.spans.put((job, span))
 
-    def _wait_ready(self, slot: int) -> bool:
-        addr = self.sems_base + slot * SEM_SLOT_BYTES
+    def _take_landed(self, seq: int) -> bool:
+        """One "copies landed" post (for job `seq`); False once the parent is gone without one, or
+        stopped before `seq`."""
         while True:
             deadline = time.time() + 0.5
             ts = Timespec(int(deadline), int((deadline % 1) * 1e9))
-            if self.libc.sem_timedwait(addr, ctypes.byref(ts)) == 0:
+            if self.libc.sem_timedwait(self.landed, ctypes.byref(ts)) == 0:
                 return True
-            if self.parent_gone.is_set() and self.libc.sem_trywait(addr) != 0:
+            if self.parent_gone.is_set():
+                return self.libc.sem_trywait(self.landed) == 0
+            if self.stop_seq is not None and seq > self.stop_seq:
                 return False
+
+    def _entry(self, seq: int, wait_s: float = 0.0):
+        """(seq, head, spans or None when they came by socket) of job `seq` once published, else None;
+        looks for up to `wait_s` s (a post always follows the publishing: normally at once)."""
+        assert self.sems is not None, "the control segment came before any job"
+        at, mm = self.ring_at + (seq % self.ring) * JOB_BYTES, self.sems
+        deadline, delay = time.monotonic() + wait_s, 20e-6
+        while U64.unpack_from(mm, at)[0] != seq:
+            if time.monotonic() > deadline or self.parent_gone.is_set():
+                if U64.unpack_from(mm, at)[0] != seq:
+                    return None
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        head = JOB_HEAD.unpack_from(mm, at + 8)
+        n = head[-2]
+        if head[-1] != STATE_JOB or n == SPANS_ON_SOCKET:
+            return seq, head, None
+        return seq, head, marshal.loads(mm[at + JOB_SPANS_AT : at + JOB_SPANS_AT + n])
+
+    def _socket_spans(self, seq: int) -> list:
+        """The spans of a job too large for its ring entry (sent on the socket before it was published)."""
+        self._wait_for(lambda: seq in self.big_spans)
+        with self.changed:
+            return self.big_spans.pop(seq, [])
 
     def _wait_flag(self, slot: int, value: int) -> bool:
         """Poll the slot's flag until the GPU wrote `value` (sleeps 50 us, doubling to 1 ms)."""

@@ -36,7 +36,15 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .cudadrv import CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA_MEMCPY2D, CudaError
+from .cudadrv import (
+    CU_MEMCPY_OPERAND_TYPE_POINTER,
+    CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+    CU_MEMORYTYPE_DEVICE,
+    CU_MEMORYTYPE_HOST,
+    CUDA_MEMCPY2D,
+    MEMCPY3D_BATCH_OP,
+    CudaError,
+)
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 
 log = logging.getLogger("remote_ops_dump")
@@ -81,6 +89,7 @@ class HostBuffer:
         self.hidden = self._region(REGION_HIDDEN).view(dtype).view(capacity, hidden_size)
         self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
         self.copies = self._copy_descriptors()
+        self.batch: Optional[tuple] = None  # (ops array, its address, [(src, dst, extent)] x 6): batch_ops()
 
     def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
         """cuMemcpy2DAsync descriptors with this buffer's side preset: aux 0..2 (into their thirds of the
@@ -95,6 +104,27 @@ class HostBuffer:
             p.dstHost, p.dstPitch, p.WidthInBytes = dst, pitch, width
             out.append((p, ctypes.byref(p)))
         return out
+
+    def batch_ops(self) -> tuple:
+        """The cuMemcpy3DBatchAsync ops of this buffer, destinations preset: hidden, aux 0..2 (into their
+        thirds of the [C, 3H] rows), ids, positions; a batch sets sources, row lengths and heights.
+        Returns (ops array, its address, [(src operand, dst operand, extent)] per op), made once."""
+        if self.batch is None:
+            width, offsets = self.hidden_size * self.esize, self.layout.offsets
+            dsts = [(self.base + offsets[REGION_HIDDEN], width)]
+            dsts += [(self.base + offsets[REGION_AUX] + k * width, 3 * width) for k in range(3)]
+            dsts += [(self.base + offsets[REGION_IDS], 0), (self.base + offsets[REGION_POS], 0)]
+            ops = (MEMCPY3D_BATCH_OP * 6)()
+            views = []
+            for op, (dst, pitch) in zip(ops, dsts):
+                op.src.type = op.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER
+                op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                op.dst.op.ptr, op.dst.op.rowLength = dst, pitch
+                op.extent.width, op.extent.height, op.extent.depth = width, 1, 1
+                op.src.op.layerHeight = op.dst.op.layerHeight = 1
+                views.append((op.src.op, op.dst.op, op.extent))
+            self.batch = (ops, ctypes.addressof(ops), views)
+        return self.batch
 
     def _shared(self, pin: bool, driver) -> None:
         from .procwriter import shared_segment
@@ -304,8 +334,10 @@ class Stager:
     record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
-    def __init__(self, driver=None):
+    def __init__(self, driver=None, copy="batch"):
         self.driver = driver
+        # "batch": the copies in one cuMemcpy3DBatchAsync call where the driver has it; "calls": one each
+        self.batched = copy == "batch" and driver is not None and getattr(driver, "batch3d_fn", None) is not None
         self.side_stream = None
         self.side_raw = 0
         self.fence = None
@@ -365,22 +397,25 @@ class Stager:
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
         width = buf.hidden_size * buf.esize
-        base, offsets, copies = buf.base, buf.layout.offsets, buf.copies
-        d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
-        if pitch == width:
-            rc = d2h(base + offsets[REGION_HIDDEN], hidden_ptr, rows * width, side)
+        if self.batched:
+            rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, width)
         else:
-            p, ref = copies[3]
-            p.srcDevice, p.srcPitch, p.Height = hidden_ptr, pitch, rows
-            rc = copy2d(ref, side)
-        for k in range(3):
-            p, ref = copies[k]
-            p.srcDevice, p.srcPitch = srcs[k]
-            p.Height = rows
-            rc = rc or copy2d(ref, side)
-        rc = rc or d2h(base + offsets[REGION_IDS], ids_ptr, rows * id_size, side)
-        if pos_ptr:
-            rc = rc or d2h(base + offsets[REGION_POS], pos_ptr, rows * pos_size, side)
+            base, offsets, copies = buf.base, buf.layout.offsets, buf.copies
+            d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
+            if pitch == width:
+                rc = d2h(base + offsets[REGION_HIDDEN], hidden_ptr, rows * width, side)
+            else:
+                p, ref = copies[3]
+                p.srcDevice, p.srcPitch, p.Height = hidden_ptr, pitch, rows
+                rc = copy2d(ref, side)
+            for k in range(3):
+                p, ref = copies[k]
+                p.srcDevice, p.srcPitch = srcs[k]
+                p.Height = rows
+                rc = rc or copy2d(ref, side)
+            rc = rc or d2h(base + offsets[REGION_IDS], ids_ptr, rows * id_size, side)
+            if pos_ptr:
+                rc = rc or d2h(base + offsets[REGION_POS], pos_ptr, rows * pos_size, side)
         if post_addr:
             rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
         if rc:
@@ -446,6 +481,35 @@ class Stager:
         if self.fence_event and self.driver is not None:
             self.driver.event_destroy(self.fence_event)
             self.fence_event = 0
+
+
+def _queue_batch(fn, side: int, batch: tuple, plan: tuple, rows: int, width: int) -> int:
+    """The copies of `plan` as one cuMemcpy3DBatchAsync call on `side`; its CUresult.  Hidden: one
+    row of rows * width bytes when contiguous, else rows rows at its pitch; aux k: rows rows of width
+    bytes at its pitch into rows of 3 * width; ids and positions: one row each."""
+    hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+    _ops, address, views = batch
+    src, dst, ext = views[0]
+    src.ptr = hidden_ptr
+    if pitch == width:
+        src.rowLength = dst.rowLength = ext.width = rows * width
+        src.layerHeight = dst.layerHeight = ext.height = 1
+    else:
+        src.rowLength, dst.rowLength, ext.width = pitch, width, width
+        src.layerHeight = dst.layerHeight = ext.height = rows
+    for k in range(3):
+        src, dst, ext = views[k + 1]
+        src.ptr, src.rowLength = srcs[k]
+        src.layerHeight = dst.layerHeight = ext.height = rows
+    src, dst, ext = views[4]
+    src.ptr = ids_ptr
+    src.rowLength = dst.rowLength = ext.width = rows * id_size
+    if not pos_ptr:
+        return fn(5, address, 0, side)
+    src, dst, ext = views[5]
+    src.ptr = pos_ptr
+    src.rowLength = dst.rowLength = ext.width = rows * pos_size
+    return fn(6, address, 0, side)
 
 
 _RAW_STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # set: fence_event may be made
