@@ -241,6 +241,7 @@ def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env
         "SGLANG_HS_DUMP_WRITERS": str(writers),
         "SGLANG_HS_DUMP_POLICY": policy,
         "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens),
+        **{k: v for k, v in os.environ.items() if k.startswith("SGLANG_HS_DUMP_")},  # e.g. SGLANG_HS_DUMP_COPY
         **(extra_env or {}),
     }
     runtime = Runtime("bench", 0, 1, ServerArgsView({"tp_size": 1}), "bench")
