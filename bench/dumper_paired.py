@@ -248,8 +248,18 @@ def instrument(dumper):
         ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over (ring entry)
         ("hand_over", dumper.sink, "job"),
     ]
+    drv = dumper.driver  # each driver entry point queue() calls (read from the instance at every call)
+    targets += [
+        ("cu_event_record", drv, "event_record_fn"),
+        ("cu_wait_event", drv, "wait_event_fn"),
+        ("cu_d2h", drv, "d2h_fn"),
+        ("cu_copy2d", drv, "copy2d_fn"),
+        ("cu_batch3d", drv, "batch3d_fn"),
+        ("cu_host_fn", drv, "host_fn"),
+        ("cu_write32", drv, "_write32"),
+    ]
     for name, obj, attr in targets:
-        if obj is None or not hasattr(obj, attr):
+        if obj is None or getattr(obj, attr, None) is None:
             continue
         setattr(obj, attr, sweep._timed(getattr(obj, attr), parts.setdefault(name, [])))
     return parts
