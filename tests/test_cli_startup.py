@@ -79,3 +79,17 @@ def test_help_lists_every_command_and_a_command_still_loads():
     out = CliRunner().invoke(cli_mod.cli, ["--help"]).output
     assert all(name in out for name in cli_mod.COMMAND_HELP)
     assert isinstance(cli_mod.cli.get_command(click.Context(cli_mod.cli), "health"), click.Command)
+
+
+def test_the_ssh_seam_imports_invoke_without_unittest_mock_or_asyncio():
+    """remote_ops.remote imports invoke with a stand-in `unittest.mock` (30-45 ms of every run);
+    afterwards the real module is importable and invoke's MockContext still works."""
+    probe = (
+        "import sys; import remote_ops.remote; "
+        "print(sorted(m for m in ('unittest.mock', 'asyncio') if m in sys.modules)); "
+        "import unittest.mock, invoke; "
+        "print(unittest.mock.Mock.__module__, invoke.MockContext(run=invoke.Result('x')).run('true').stdout)"
+    )
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[]", "unittest.mock x"]

@@ -14,6 +14,7 @@ fabric, paramiko, docker, or starts ssh as a process.
 
 from __future__ import annotations
 
+from . import _lean  # noqa: F401 - first: imports invoke without unittest.mock (see _lean)
 from .base import BaseRemote, CommandHook, LineSink, Remote, RunResult, command_deadline
 from .fabric import FabricRemote, connect
 from .hostkeys import HostKeyPolicy, fingerprint
