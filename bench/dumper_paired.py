@@ -68,8 +68,8 @@ VARIANTS = {
     "default": {},
     "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
-    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one driver call per copy (the code before the batched copy)
-    "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},
+    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one driver call per copy (the default)
+    "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
 }
 
 

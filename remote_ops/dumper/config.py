@@ -34,7 +34,7 @@ FUSION_MODES = ("disable", "allreduce")
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
 SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
-COPY_MODES = ("batch", "calls")  # a batch's copies in one cuMemcpy3DBatchAsync call, or one driver call each
+COPY_MODES = ("calls", "batch")  # one driver call per copy (default), or all in one cuMemcpy3DBatchAsync call
 
 
 @dataclass
@@ -55,7 +55,7 @@ class DumpConfig:
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
     signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
-    copy: str = "batch"  # the copies in one driver call (where the driver has it), or one call per copy
+    copy: str = "calls"  # one driver call per copy; "batch": one cuMemcpy3DBatchAsync call (measured no cheaper)
     env_seen: dict = field(default_factory=dict)
 
 
