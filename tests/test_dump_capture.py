@@ -404,6 +404,57 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
     assert report.files >= 2
 
 
+PARENT_DIES = textwrap.dedent("""
+    import os, signal, sys, torch
+    sys.path.insert(0, sys.argv[2])
+    from types import SimpleNamespace as NS
+    from enum import IntEnum
+    from remote_ops.dumper import attach
+    from remote_ops.dumper.runtime import Runtime, ServerArgsView
+    class ForwardMode(IntEnum):
+        EXTEND = 1
+    H = 256
+    model = NS(config=NS(num_hidden_layers=61, hidden_size=H), model=NS(layers_to_capture=[], layers=[]))
+    env = {"SGLANG_HS_DUMP_DIR": sys.argv[1], "SGLANG_HS_DUMP_BUFFERS": "4", "SGLANG_HS_DUMP_WRITERS": "2"}
+    d = attach(model, env=env, runtime=Runtime("0.5.9", 0, 1, ServerArgsView({})))
+    os.kill(d.sink.pid, signal.SIGSTOP)  # the writer holds every job until this process is gone
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        lens = [5, 7]
+        fb = NS(forward_mode=ForwardMode.EXTEND, input_ids=torch.randint(0, 99999, (12,), generator=g),
+                positions=torch.arange(12), extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=[0, 0])
+        d.capture(fb, torch.randn(12, H, generator=g).bfloat16(), [torch.randn(12, H, generator=g).bfloat16() for _ in range(3)])
+    sys.stdout.write("%d\\n" % d.sink.pid)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)  # before any flush: the jobs are only in the ring, their posts made
+""")
+
+
+def test_the_writer_process_writes_what_landed_after_the_forward_process_died(tmp_path):
+    """SIGKILL the forward process with four jobs published in the ring (CPU copies: landed, posted) and the
+    writer stopped; once continued, the writer finds the parent gone, writes all four jobs, and exits."""
+    if WRITER["mode"] != "process":
+        pytest.skip("writer-process only")
+    root, log = tmp_path / "dumps", tmp_path / "parent.log"
+    with open(log, "w") as fh:  # a file, not a pipe: the stopped writer inherits it and would hold a pipe open
+        parent = subprocess.Popen([sys.executable, "-c", PARENT_DIES, str(root), str(REPO)], stdout=fh, stderr=fh)
+        assert parent.wait(120) == -signal.SIGKILL, log.read_text()[-2000:]
+    pid = int(next(line for line in log.read_text().splitlines() if line.isdigit()))
+    os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the writer process did not exit after its parent died")
+    report = dumpfile.verify_dir(str(root), hidden_size=256)
+    assert report.ok and report.files == 8, report.problems
+
+
 def test_writer_process_death_drops_counted_and_never_blocks_the_forward(tmp_path, dumpers, writer_mode):
     """SIGKILL the writer process mid-run: batches in flight and later ones are counted as dropped."""
     if writer_mode != "process":
