@@ -589,6 +589,12 @@ def main(argv=None):
         default={},
         help="SGLANG_HS_DUMP_*=V,... for every dumper arm (a variant's own settings win)",
     )
+    p.add_argument(
+        "--forward-stream",
+        choices=("default", "side"),
+        default="default",
+        help="run the steps on the legacy default stream, or on a stream created for them",
+    )
     p.add_argument("--dir", default=os.path.abspath(".bench-paired"))
     p.add_argument("--out", default=None)
     p.add_argument("--matched", default=None, help="re-read a result file's points by matched history, then exit")
@@ -614,6 +620,8 @@ def main(argv=None):
         "points": [],
     }
     print(json.dumps(res["machine"]), flush=True)
+    if args.forward_stream == "side" and dev.type == "cuda":  # steps and captures on a stream of their own,
+        torch.cuda.set_stream(torch.cuda.Stream(device=dev))  # as a forward stream other than the legacy one
     try:
         for kind, tokens in args.alt:
             alt = run_alt_point(tokens, args, dev, kind)
