@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 
 class _Mock:
     """`invoke.context.Mock`: a real `unittest.mock.Mock`, imported on first use."""
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from unittest.mock import Mock
 
         return Mock(*args, **kwargs)
