@@ -21,7 +21,7 @@ Jobs do not travel as messages: the forward thread writes each job (slot, gen,
 sizes, dtype, flag, marshal'd spans) into entry seq % N of a ring in the
 control segment, seq written last, before anything can signal that the job's
 copies landed.  (A `job` message, marshal + send, cost the forward thread
-33-47 us per batch on the H200 VMs; the ring entry 15-17 us, no syscall.)
+33-47 us per batch on the H200 VMs; the ring entry 13-18 us, no syscall.)
 The child's sequencer takes jobs in seq order: one post of the "copies landed"
 semaphore per job, then that job's entry.  The posts come in job order: by a
 CUDA host function queued after the copies on the one side stream, or by the
