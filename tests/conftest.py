@@ -215,15 +215,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.hosts)
 
 
-def run_cli(env: dict, *args: str, timeout: float = 120) -> tuple[int, str, str]:
-    """Run the real CLI (`python -m remote_ops`, this checkout's code) in a subprocess with `env`;
-    stdin closed.  Returns (exit code, stdout, stderr)."""
-    p = subprocess.run(
+def run_cli_process(env: dict, *args: str, timeout: float = 180, cwd=None) -> subprocess.CompletedProcess:
+    """Run the real CLI (`python -m remote_ops`, this checkout's code) in a subprocess with `env`
+    (in `cwd`); stdin closed, output captured as text."""
+    return subprocess.run(
         [sys.executable, "-m", "remote_ops", *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def run_cli(env: dict, *args: str, timeout: float = 120) -> tuple[int, str, str]:
+    """`run_cli_process` as (exit code, stdout, stderr)."""
+    p = run_cli_process(env, *args, timeout=timeout)
     return p.returncode, p.stdout, p.stderr

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import connect
+from conftest import connect, run_cli_process
 
 from remote_ops.errors import ExitCode
 from remote_ops.workflows import container, hostlock
@@ -49,15 +49,7 @@ def test_info_parses_back_and_stale_needs_proof():
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-def cli(env, *args, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+cli = run_cli_process
 
 
 def inventory_env(lab_env, tmp_path, spec, **server) -> dict:

@@ -22,19 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli_process
 
 from remote_ops import launch
 
-
-def _cli(env: dict, *args: str, timeout: float = 60, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "remote_ops", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=stdin,
-    )
+_cli = run_cli_process
 
 
 @pytest.fixture
@@ -108,10 +100,7 @@ def test_the_worker_gets_the_clients_cwd_umask_and_environment(server, daemon_en
     (here / "inventory").mkdir(parents=True)
     (here / "inventory" / "h.yaml").write_text("hosts:\n  node-cwd:\n    address: 127.0.0.10\n")
     env = {k: v for k, v in daemon_env.items() if k != "REMOTE_OPS_INVENTORY"}
-    p = subprocess.run(
-        [sys.executable, "-m", "remote_ops", "hosts", "--json"],
-        env=env, cwd=here, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    p = _cli(env, "hosts", "--json", cwd=here)
     assert p.returncode == 0, p.stderr
     assert [h["name"] for h in json.loads(p.stdout)["hosts"]] == ["node-cwd"]
 
@@ -194,35 +183,36 @@ def _wait_for_run(runtime: Path, record: dict, count: int) -> None:
     time.sleep(1.0)  # the worker is past start-up and in its watch loop
 
 
-def test_ctrl_c_reaches_the_worker(lab, host, lab_env, runtime):
+@pytest.fixture
+def lab_server(lab, host, lab_env, runtime):
+    """(env, server record) for a server in front of the lab's hosts; stopped by PID afterwards."""
     env = {**lab_env, "XDG_RUNTIME_DIR": str(runtime), "REMOTE_OPS_DAEMON": "1"}
     record = json.loads(_cli(env, "daemon", "start", "--json").stdout)
-    try:
-        watch = _watch(env, host.name)
-        _wait_for_run(runtime, record, 1)
-        watch.send_signal(signal.SIGINT)
-        _, err = watch.communicate(timeout=30)
-        assert watch.returncode == 130, err
-        assert "interrupted by SIGINT" in err
-    finally:
-        _stop_pid(record["pid"])
+    yield env, record
+    _stop_pid(record["pid"])
 
 
-def test_a_vanished_client_hangs_up_its_worker(lab, host, lab_env, runtime):
-    env = {**lab_env, "XDG_RUNTIME_DIR": str(runtime), "REMOTE_OPS_DAEMON": "1"}
-    record = json.loads(_cli(env, "daemon", "start", "--json").stdout)
-    try:
-        watch = _watch(env, host.name)
-        _wait_for_run(runtime, record, 1)
-        worker = int(_runs(runtime, record)[-1].split()[1].split("=")[1])
-        watch.kill()
-        watch.communicate(timeout=30)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
-            time.sleep(0.1)
-        assert not Path(f"/proc/{worker}").exists()
-    finally:
-        _stop_pid(record["pid"])
+def test_ctrl_c_reaches_the_worker(lab_server, host, runtime):
+    env, record = lab_server
+    watch = _watch(env, host.name)
+    _wait_for_run(runtime, record, 1)
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 130, err
+    assert "interrupted by SIGINT" in err
+
+
+def test_a_vanished_client_hangs_up_its_worker(lab_server, host, runtime):
+    env, record = lab_server
+    watch = _watch(env, host.name)
+    _wait_for_run(runtime, record, 1)
+    worker = int(_runs(runtime, record)[-1].split()[1].split("=")[1])
+    watch.kill()
+    watch.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists()
 
 
 def test_the_hand_over_imports_only_the_standard_library(runtime):
