@@ -66,7 +66,10 @@ def pid_file(fp: str) -> Path:
 def serve(fp: str, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
     """Import, listen, fork a worker per run until idle, stopped, or the socket is gone."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    preload()
+    failed = preload()
+    print(f"serving {fp}: pid {os.getpid()}, {len(sys.modules)} modules; not preloaded: {failed or 'none'}", flush=True)
+    if threading.active_count() != 1:  # a fork copies only the forking thread: nothing may run beside it
+        raise SystemExit(f"remote-ops daemon: {threading.active_count()} threads after the imports; refusing to fork")
     gc.collect()
     gc.freeze()
     listener, inode = _listen(launch.socket_path(fp))
