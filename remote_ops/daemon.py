@@ -15,6 +15,8 @@ the rules the hand-over keeps.  This side:
 - A byte from the client is a signal to raise in the worker; the client's
   socket closing (it was killed) raises SIGHUP, so a run never outlives its
   operator unnoticed.  The worker's exit code goes back as 4 bytes.
+- The worker ends as the interpreter would (non-daemon threads joined, atexit
+  handlers run), then reports; only then does the client exit.
 - The server has no threads when it forks (a fork copies only the calling
   thread), reaps its workers, and exits after `idle_timeout` seconds without a
   run, on SIGTERM/SIGINT, or when its socket file is gone or replaced.
@@ -22,6 +24,7 @@ the rules the hand-over keeps.  This side:
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -278,9 +281,15 @@ def _run_cli(argv: list[str]) -> int:
 
 
 def _finish(conn: socket.socket, code: int) -> None:
-    """Flush, ignore the client's EOF from here on, send the exit code, and leave at once."""
+    """End as the interpreter would (wait for non-daemon threads, run atexit handlers: temporary
+    directories, executors, logging), flush, send the exit code, and leave.  The client's EOF
+    is ignored from here on."""
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -227,3 +227,25 @@ def test_the_hand_over_imports_only_the_standard_library(runtime):
     ours = sorted(m for m in p.stdout.split() if m.startswith("remote_ops"))
     assert ours == ["remote_ops", "remote_ops.launch"]
     assert not {"click", "paramiko", "fabric", "pydantic", "rich", "yaml"} & set(p.stdout.split())
+
+
+def test_a_worker_ends_as_the_interpreter_would(tmp_path):
+    """atexit handlers (temporary directories, executors) and non-daemon threads finish before the
+    exit code goes back, as they would in-process."""
+    probe = f"""
+import atexit, os, socket, struct, threading, time
+from remote_ops import daemon
+ours, theirs = socket.socketpair()
+pid = os.fork()
+if pid == 0:
+    ours.close()
+    atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+    threading.Thread(target=lambda: (time.sleep(0.3), open({str(tmp_path / "thread")!r}, "w").write("ran"))).start()
+    daemon._finish(theirs, 7)
+theirs.close()
+print(struct.unpack("!i", ours.recv(4))[0], os.waitpid(pid, 0)[1] >> 8)
+"""
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["7", "7"]
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "ran"
