@@ -203,11 +203,11 @@ def _read_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     import marshal
 
     header, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
-    header += launch._recv_exact(conn, 4 - len(header))
+    header += launch.recv_exact(conn, 4 - len(header))
     if len(header) < 4:
         return None, fds
     (size,) = struct.unpack("!I", header)
-    payload = launch._recv_exact(conn, size)
+    payload = launch.recv_exact(conn, size)
     return (marshal.loads(payload) if len(payload) == size else None), fds
 
 

@@ -118,7 +118,7 @@ def hand_over(argv: list[str]) -> int | None:
         if not _same_user(sock):
             return None
         _send_request(sock, argv)
-        if _recv_exact(sock, 1) != ACCEPTED:
+        if recv_exact(sock, 1) != ACCEPTED:
             return None
         sock.settimeout(None)
         return _relay(sock)
@@ -171,7 +171,7 @@ def _relay(sock) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
-    reply = _recv_exact(sock, 4)
+    reply = recv_exact(sock, 4)
     if len(reply) < 4:
         sys.stderr.write(
             "remote-ops: the daemon's worker ended without an exit code (see `remote-ops daemon status`)\n"
@@ -180,7 +180,7 @@ def _relay(sock) -> int:
     return struct.unpack("!i", reply)[0]
 
 
-def _recv_exact(sock, size: int) -> bytes:
+def recv_exact(sock, size: int) -> bytes:
     """Up to `size` bytes; fewer only when the peer closed."""
     data = b""
     while len(data) < size:
