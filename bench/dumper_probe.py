@@ -26,7 +26,11 @@ import time
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dumper.cudadrv import SEM_SLOT_BYTES, Driver  # noqa: E402
+from remote_ops.dumper.cudadrv import (  # noqa: E402
+    MEMCPY3D_BATCH_OP as Op,  # noqa: E402
+    SEM_SLOT_BYTES,
+    Driver,
+)
 
 H = 7168
 
@@ -188,32 +192,6 @@ def probe_batch3d(drv, tokens=512, H=7168, calls=300):
     fn = getattr(drv.lib, "cuMemcpy3DBatchAsync_v2", None)
     if fn is None:
         return {"available": False}
-
-    class Loc(ctypes.Structure):
-        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-    class PtrOp(ctypes.Structure):
-        _fields_ = [
-            ("ptr", ctypes.c_uint64),
-            ("rowLength", ctypes.c_size_t),
-            ("layerHeight", ctypes.c_size_t),
-            ("locHint", Loc),
-        ]
-
-    class Operand(ctypes.Structure):
-        _fields_ = [("type", ctypes.c_int), ("op", PtrOp)]
-
-    class Extent(ctypes.Structure):
-        _fields_ = [("width", ctypes.c_size_t), ("height", ctypes.c_size_t), ("depth", ctypes.c_size_t)]
-
-    class Op(ctypes.Structure):
-        _fields_ = [
-            ("src", Operand),
-            ("dst", Operand),
-            ("extent", Extent),
-            ("srcAccessOrder", ctypes.c_int),
-            ("flags", ctypes.c_uint),
-        ]
 
     fn.argtypes, fn.restype = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p], ctypes.c_int
     out = {"available": True, "sizeof_op": ctypes.sizeof(Op)}

@@ -265,7 +265,8 @@ def _render_error(exc: RemoteOpsError, as_json: bool) -> int:
 
 
 def run() -> None:
-    """The `remote-ops` process (console script and `python -m remote_ops`)."""
+    """A whole run in this process: what `launch.run` (the console script, `python -m remote_ops`)
+    calls when no fork server takes the run, and what a server's worker calls (`daemon._run_cli`)."""
     _defer_gc()
     # pydantic looks for plugins among every installed distribution's entry points on its first
     # model (5-10 ms here); the CLI's models are private, so a plugin has nothing to observe.

@@ -345,8 +345,10 @@ def test_positions_are_derived_when_the_batch_has_none(tmp_path, dumpers):
     assert got == [[0, 1, 2, 3], [9, 10, 11]]
 
 
-KILL_CHILD = textwrap.dedent("""
-    import sys, torch
+#: a forward process in a child: `d` = the dumper attached to a stand-in model, H hidden size
+#: (argv: dump dir, repo root, H, buffers, writers); the scripts below append their loop
+CHILD_DUMPER = textwrap.dedent("""
+    import os, signal, sys, torch
     sys.path.insert(0, sys.argv[2])
     from types import SimpleNamespace as NS
     from enum import IntEnum
@@ -354,10 +356,13 @@ KILL_CHILD = textwrap.dedent("""
     from remote_ops.dumper.runtime import Runtime, ServerArgsView
     class ForwardMode(IntEnum):
         EXTEND = 1
-    H = 1024
+    H = int(sys.argv[3])
     model = NS(config=NS(num_hidden_layers=61, hidden_size=H), model=NS(layers_to_capture=[], layers=[]))
-    env = {"SGLANG_HS_DUMP_DIR": sys.argv[1], "SGLANG_HS_DUMP_BUFFERS": "3", "SGLANG_HS_DUMP_WRITERS": "3"}
+    env = {"SGLANG_HS_DUMP_DIR": sys.argv[1], "SGLANG_HS_DUMP_BUFFERS": sys.argv[4], "SGLANG_HS_DUMP_WRITERS": sys.argv[5]}
     d = attach(model, env=env, runtime=Runtime("0.5.9", 0, 1, ServerArgsView({})))
+""")
+
+KILL_CHILD = CHILD_DUMPER + textwrap.dedent("""
     seed = 0
     while True:  # until SIGKILL
         g = torch.Generator().manual_seed(seed)
@@ -374,7 +379,7 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
     """Kill the writing process while a temp file is open: every visible file verifies."""
     root = tmp_path / "dumps"
     child = subprocess.Popen(
-        [sys.executable, "-c", KILL_CHILD, str(root), str(REPO)],
+        [sys.executable, "-c", KILL_CHILD, str(root), str(REPO), "1024", "3", "3"],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -404,19 +409,7 @@ def test_sigkill_mid_write_leaves_no_partial_file_visible(tmp_path):
     assert report.files >= 2
 
 
-PARENT_DIES = textwrap.dedent("""
-    import os, signal, sys, torch
-    sys.path.insert(0, sys.argv[2])
-    from types import SimpleNamespace as NS
-    from enum import IntEnum
-    from remote_ops.dumper import attach
-    from remote_ops.dumper.runtime import Runtime, ServerArgsView
-    class ForwardMode(IntEnum):
-        EXTEND = 1
-    H = 256
-    model = NS(config=NS(num_hidden_layers=61, hidden_size=H), model=NS(layers_to_capture=[], layers=[]))
-    env = {"SGLANG_HS_DUMP_DIR": sys.argv[1], "SGLANG_HS_DUMP_BUFFERS": "4", "SGLANG_HS_DUMP_WRITERS": "2"}
-    d = attach(model, env=env, runtime=Runtime("0.5.9", 0, 1, ServerArgsView({})))
+PARENT_DIES = CHILD_DUMPER + textwrap.dedent("""
     os.kill(d.sink.pid, signal.SIGSTOP)  # the writer holds every job until this process is gone
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
@@ -437,7 +430,9 @@ def test_the_writer_process_writes_what_landed_after_the_forward_process_died(tm
         pytest.skip("writer-process only")
     root, log = tmp_path / "dumps", tmp_path / "parent.log"
     with open(log, "w") as fh:  # a file, not a pipe: the stopped writer inherits it and would hold a pipe open
-        parent = subprocess.Popen([sys.executable, "-c", PARENT_DIES, str(root), str(REPO)], stdout=fh, stderr=fh)
+        parent = subprocess.Popen(
+            [sys.executable, "-c", PARENT_DIES, str(root), str(REPO), "256", "4", "2"], stdout=fh, stderr=fh
+        )
         assert parent.wait(120) == -signal.SIGKILL, log.read_text()[-2000:]
     pid = int(next(line for line in log.read_text().splitlines() if line.isdigit()))
     os.kill(pid, signal.SIGCONT)
