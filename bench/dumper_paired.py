@@ -68,7 +68,9 @@ VARIANTS = {
     "default": {},
     "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
-    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one driver call per copy (the default)
+    "native": {"SGLANG_HS_DUMP_COPY": "native"},  # fence here, the other calls on hsq.c's thread (the default)
+    "inline": {"SGLANG_HS_DUMP_COPY": "inline"},  # hsq.c makes all 9 calls, in one foreign call from here
+    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one ctypes call per driver call (the default before)
     "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
 }
 
@@ -385,7 +387,7 @@ def settle(step, warm, arm, settle_s, timeout=60.0):
             return arm.flush(1.0)
 
 
-def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5):
+def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, variants=("default",)):
     """Step-level interleave: in one loop every `period`-th step is captured; each captured step's time
     over the uncaptured step right before it (which follows another uncaptured one), median over pairs.
 
@@ -393,20 +395,24 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5):
     (whose speed moves +-30 % between blocks a fraction of a second apart); it counts what a step pays
     for its own capture (the forward thread's work, the copies starting beside the next kernels, the
     writer starting), not writer work that spills into later steps.  The same loop without any capture
-    gives the A/A floor at the same positions."""
+    gives the A/A floor at the same positions.  Several `variants` (VARIANTS names) take turns in each
+    loop, in an order that rotates and reverses, each with an A/A loop beside it: an A/B on one machine."""
     step = sweep.make_step(kind, tokens, args.hidden, dev)
     lens = base.request_lengths(tokens)
     warm = sweep.make_inputs(step, lens, range(2))
     mask = ([False] * (period - 1) + [True]) * captures
     inputs = sweep.make_inputs(step, lens, range(10, 10 + len(mask)))
     folder = base.fresh(os.path.join(args.dir, "alt"))
-    arm = make_arm("default", step, folder, captures + 2, args, warm)
+    arms = [("dump" if len(variants) == 1 else v, make_arm(v, step, os.path.join(folder, v), captures + 2, args, warm))
+            for v in variants]  # fmt: skip
     none = Arm("none")
-    ratios = {"dump": [], "aa": []}
-    caps = []
+    order = [a for name_arm in arms for a in (name_arm, ("aa", none))]
+    ratios = {name: [] for name, _arm in order}
+    caps = {name: [] for name, _arm in arms}
     started, loops = time.perf_counter(), 0
     while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
-        for name, use in (("dump", arm), ("aa", none)) if loops % 2 == 0 else (("aa", none), ("dump", arm)):
+        turn = order[loops % len(order) :] + order[: loops % len(order)]
+        for name, use in turn if loops % 2 == 0 else turn[::-1]:
             times = []
             base.sync(dev)
             for (x0, fb), captured in zip(inputs, mask):
@@ -415,26 +421,27 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5):
                 if captured and use.dumper is not None:
                     c0 = time.perf_counter()
                     use.dumper.capture(fb, hidden, aux)
-                    caps.append(time.perf_counter() - c0)
+                    caps[name].append(time.perf_counter() - c0)
                 del hidden, aux
                 base.main_stream_sync(dev)
                 times.append(time.perf_counter() - t0)
             ratios[name] += [(times[i] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
             settle(step, warm, use, args.settle_s)
         loops += 1
-    arm.close()
+    copy_modes = {}
+    for name, arm in arms:
+        copy_modes[name] = arm.dumper.stats.static.get("copy") if arm.dumper is not None else None
+        arm.close()
     shutil.rmtree(folder, ignore_errors=True)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    return {
-        "kind": kind,
-        "tokens": tokens,
-        "period": period,
-        "loops": loops,
-        "step_overhead_pct": spread(ratios["dump"]),
-        "aa_pct": spread(ratios["aa"]),
-        "capture_us_p50": round(statistics.median(caps) * 1e6, 1) if caps else None,
-    }
+    out = {"kind": kind, "tokens": tokens, "period": period, "loops": loops, "aa_pct": spread(ratios["aa"])}
+    for name, _arm in arms:
+        key = "" if name == "dump" else name + "_"
+        out[key + "step_overhead_pct"] = spread(ratios[name])
+        out[key + "capture_us_p50"] = round(statistics.median(caps[name]) * 1e6, 1) if caps[name] else None
+        out[key + "copy_mode"] = copy_modes[name]
+    return out
 
 
 def summarize_arm(runs):
@@ -580,6 +587,12 @@ def main(argv=None):
     p.add_argument("--writers", type=int, default=8)
     p.add_argument("--settle-s", type=float, default=0.05, help="untimed steps between blocks, at least")
     p.add_argument("--alt", type=parse_points, default=[], help="also the step-interleaved measure at these points")
+    p.add_argument(
+        "--alt-variants",
+        type=lambda v: v.split(","),
+        default=["default"],
+        help="dumper variants that take turns in the step-interleaved measure (an A/B on one machine)",
+    )
     p.add_argument("--parts", action="store_true", help="time capture()'s parts (adds ~1 us per wrapped call)")
     p.add_argument("--pin-forward", type=parse_cpus, default=None, help="CPUs of the forward thread, e.g. 1")
     p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
@@ -624,26 +637,17 @@ def main(argv=None):
         torch.cuda.set_stream(torch.cuda.Stream(device=dev))  # as a forward stream other than the legacy one
     try:
         for kind, tokens in args.alt:
-            alt = run_alt_point(tokens, args, dev, kind)
+            alt = run_alt_point(tokens, args, dev, kind, variants=args.alt_variants)
             res.setdefault("alt", []).append(alt)
-            o, a = alt["step_overhead_pct"], alt["aa_pct"]
-            print(
-                "alt %s %6d: captured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d | A/A %+.2f%% [p25 %+.2f p75 %+.2f]"
-                " | capture %s us"
-                % (
-                    kind,
-                    tokens,
-                    o["median"],
-                    o["p25"],
-                    o["p75"],
-                    o["n"],
-                    a["median"],
-                    a["p25"],
-                    a["p75"],
-                    alt["capture_us_p50"],
-                ),
-                flush=True,
-            )
+            a = alt["aa_pct"]
+            line = "alt %s %6d: A/A %+.2f%% [p25 %+.2f p75 %+.2f]" % (kind, tokens, a["median"], a["p25"], a["p75"])
+            for key in [k for k in alt if k.endswith("step_overhead_pct")]:
+                o, name = alt[key], key[: -len("step_overhead_pct")] or "dump_"
+                line += " | %scaptured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d, capture %s us (%s)" % (
+                    name, o["median"], o["p25"], o["p75"], o["n"], alt[name.replace("dump_", "") + "capture_us_p50"],
+                    alt[name.replace("dump_", "") + "copy_mode"],
+                )  # fmt: skip
+            print(line, flush=True)
             if args.out:
                 with open(args.out, "w") as fh:
                     fh.write(json.dumps(res, indent=1, default=str) + "\n")

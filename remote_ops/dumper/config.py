@@ -34,7 +34,11 @@ FUSION_MODES = ("disable", "allreduce")
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
 SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
-COPY_MODES = ("calls", "batch")  # one driver call per copy (default), or all in one cuMemcpy3DBatchAsync call
+# native (default): fence on the forward thread, the other driver calls on hsq.c's native thread;
+# inline: hsq.c makes all of them in one foreign call; calls: one ctypes call per driver call;
+# batch: all copies in one cuMemcpy3DBatchAsync call (measured no cheaper).  native/inline fall back
+# to calls where hsq.c cannot be built.
+COPY_MODES = ("native", "inline", "calls", "batch")
 
 
 @dataclass
@@ -55,7 +59,7 @@ class DumpConfig:
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
     signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
-    copy: str = "calls"  # one driver call per copy; "batch": one cuMemcpy3DBatchAsync call (measured no cheaper)
+    copy: str = "native"  # how the copies are queued: COPY_MODES
     env_seen: dict = field(default_factory=dict)
 
 

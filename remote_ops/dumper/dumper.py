@@ -230,9 +230,10 @@ class Dumper:
             return
         try:
             if plan is not None and fast:
-                self.stager.queue(plan, buf, rows, sink.landed_addr)
+                self.stager.queue(plan, buf, rows, sink.landed_addr, sink.cancel_mark(seq), seq)
             elif on_gpu and not flag:
                 assert self.driver is not None, "GPU path with the writer process"
+                self.stager.drain()  # stage() drained; said again so the order never rests on that
                 self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
             else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
                 sink.post_landed()
@@ -283,6 +284,9 @@ class Dumper:
                 copied = sink.copied_seq()
                 while held and held[0][0] <= copied:
                     held.popleft()
+            q = self.stager.native
+            if q is not None and q.state.failed != q.failed_seen:
+                self._drop_native_failures()
         try:
             sink.job(
                 buf.slot, buf.gen, seq, rows, self.hidden_size, buf.esize, id_size, pos_size, ST_DTYPES[buf.dtype],
@@ -315,6 +319,24 @@ class Dumper:
             copied = self.sink.copied_seq() if self.sink is not None else 0
             while held and held[0][0] <= copied:
                 held.popleft()
+        self._drop_native_failures()
+
+    def _drop_native_failures(self) -> None:
+        """Jobs the native copy thread cancelled (the driver refused a call; it waited for the side stream,
+        marked the ring entry and posted for it): free their slots and sources, count them as dropped
+        errors (under reclaim_lock)."""
+        q = self.stager.native
+        failed = q.failures() if q is not None else []
+        if not failed:
+            return
+        assert q is not None and self.pool is not None, "native jobs exist only with a pool"
+        self._warn_once("native-copy", "native copy queue: %s; batch(es) not dumped" % q.error())
+        self.held = collections.deque(h for h in self.held if h[0] not in failed)
+        for slot, (spans, tokens, seq) in list(self.inflight.items()):
+            if seq in failed:
+                del self.inflight[slot]
+                self.stats.add(errors=1, dropped_batches=1, dropped_spans=spans, dropped_tokens=tokens)
+                self.pool.release(slot)
 
     def _release_all_held(self) -> None:
         """After the side stream synchronized: nothing reads the sources any more."""
@@ -412,6 +434,7 @@ class Dumper:
             return
         self.driver = Driver.load()
         self.stager = Stager(self.driver, self.config.copy)
+        self.stager._side(hidden.device)  # the side stream, and the native queue (or why not) before any batch
         if self.driver is None:
             log.warning("[hs-dump] libcuda.so.1 not loadable through ctypes: torch copies, writer threads")
             if self.sink is not None:
@@ -425,6 +448,7 @@ class Dumper:
             except Exception as exc:
                 log.error("[hs-dump] done flags unavailable (%r): host functions signal the writer process", exc)
         self.stats.static["signal"] = "flag" if self.flags else ("hostfn" if self.sink is not None else "event")
+        self.stats.static["copy"] = self.stager.copy if self.driver is not None else "torch"
 
     def _make_buffer(
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool

@@ -91,6 +91,7 @@ U64 = struct.Struct("<Q")
 JOB_BYTES = 8192
 JOB_HEAD = struct.Struct("<11q")  # slot gen rows hidden esize id_size pos_size flag st_code spans_len state
 JOB_SPANS_AT = 8 + JOB_HEAD.size
+STATE_FIELD = 10  # JOB_HEAD's index of `state`
 SPANS_ON_SOCKET = -1
 STATE_JOB, STATE_CANCELLED = 0, 1
 ST_CODES = {"BF16": 0, "F16": 1, "F32": 2}
@@ -241,6 +242,11 @@ class WriterProcess:
         )
         U64.pack_into(mm, at, seq)
         self.published = seq
+
+    def cancel_mark(self, seq: int) -> Tuple[int, int]:
+        """(address, value) of the int64 that marks job `seq`'s published ring entry cancelled: the native
+        copy thread writes it, then posts, when the driver refuses the job's copies."""
+        return self.sems_base + self.ring_at + (seq % self.ring) * JOB_BYTES + 8 + 8 * STATE_FIELD, STATE_CANCELLED
 
     def cancel(self, seq: int) -> None:
         """Job `seq` will not be written (its copies failed, or publishing it did): a cancelled entry and

@@ -45,7 +45,9 @@ from .cudadrv import (
     MEMCPY3D_BATCH_OP,
     CudaError,
 )
+from . import native
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
+from .native import NativeQueue
 
 log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -334,11 +336,17 @@ class Stager:
     record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
-    def __init__(self, driver=None, copy="calls"):
+    def __init__(self, driver=None, copy="native", libcuda="libcuda.so.1"):
         self.driver = driver
-        # "calls": one driver call per copy; "batch": one cuMemcpy3DBatchAsync call where the driver has it
-        # (H200, launch-bound 512-token steps: that call took 58 us, the six calls ~55 us together)
+        # "native" (default): the forward thread records the fence and hands the job to hsq.c's native
+        # thread, which makes the other calls; "inline": hsq.c makes all of them on the forward thread in
+        # one foreign call; "calls": one ctypes call per driver call; "batch": one cuMemcpy3DBatchAsync
+        # call where the driver has it (H200, launch-bound 512-token steps: that call took 58 us, the six
+        # calls ~55 us together).  native/inline fall back to "calls" where hsq.c cannot be built or opened.
+        self.copy = copy
         self.batched = copy == "batch" and driver is not None and getattr(driver, "batch3d_fn", None) is not None
+        self.libcuda = libcuda
+        self.native: Optional[NativeQueue] = None
         self.side_stream = None
         self.side_raw = 0
         self.fence = None
@@ -389,10 +397,17 @@ class Stager:
             pos_ptr = positions.data_ptr()
         return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size)
 
-    def queue(self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0) -> Tuple[int, int]:
+    def queue(
+        self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0, cancel: Tuple[int, int] = (0, 0), seq: int = 0
+    ) -> Tuple[int, int]:
         """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
         `post_addr`, a `sem_post(post_addr)` host function behind them; (id size, position size).
-        The caller keeps the source tensors alive until the copies are seen complete."""
+        The caller keeps the source tensors alive until the copies are seen complete.  With the native
+        queue's thread the calls after the fence are made there: a job it cannot queue is cancelled
+        (`cancel`: the int64 address and value that mark job `seq`'s ring entry so) and reported by
+        `native.failures()`."""
+        if self.native is not None:
+            return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
         hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
@@ -423,6 +438,33 @@ class Stager:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
         return id_size, pos_size
 
+    def _queue_native(
+        self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int, cancel: Tuple[int, int], seq: int
+    ) -> Tuple[int, int]:
+        """`queue` through hsq.c: one foreign call on this thread (see `native`)."""
+        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+        width = buf.hidden_size * buf.esize
+        base, offsets = buf.base, buf.layout.offsets
+        dst = base + offsets[REGION_HIDDEN]
+        copies = [(hidden_ptr, 0, dst, 0, rows * width, 0) if pitch == width else (hidden_ptr, pitch, dst, width, width, rows)]
+        dst = base + offsets[REGION_AUX]
+        for k in range(3):
+            src, src_pitch = srcs[k]
+            copies.append((src, src_pitch, dst + k * width, 3 * width, width, rows))
+        copies.append((ids_ptr, 0, base + offsets[REGION_IDS], 0, rows * id_size, 0))
+        if pos_ptr:
+            copies.append((pos_ptr, 0, base + offsets[REGION_POS], 0, rows * pos_size, 0))
+        assert self.native is not None, "called with the native queue open"
+        rc = self.native.submit(seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], copies)
+        if rc:
+            raise CudaError("the native copy queue refused the batch: code %d" % rc)
+        return id_size, pos_size
+
+    def drain(self) -> None:
+        """Before this thread queues anything on the side stream itself: the native thread made its calls."""
+        if self.native is not None and self.native.threaded and not self.native.drain():
+            raise CudaError("the native copy queue did not drain in time")
+
     def stage(
         self,
         buf: HostBuffer,
@@ -442,6 +484,7 @@ class Stager:
             id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
             return Staged(buf, rows, None, id_size, pos_size)
         side = self.side_stream if self.side_stream is not None else self._side(hidden.device)
+        self.drain()
         keep = (hidden, tuple(aux), ids, positions)
         if plan is not None:
             id_size, pos_size = self.queue(plan, buf, rows)
@@ -470,15 +513,35 @@ class Stager:
                     self.fence_event = self.driver.event_create()
                 except Exception as exc:
                     log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
+            if self.fence_event and self.copy in ("native", "inline"):
+                self.open_native()
         return self.side_stream
+
+    def open_native(self) -> None:
+        """The native queue on the side stream (this thread's CUDA context), or the ctypes calls, said why."""
+        lib = native.load()
+        try:
+            if lib is None:
+                raise OSError(native.load_error())
+            self.native = native.NativeQueue(lib, self.side_raw, self.copy == "native", self.libcuda)
+        except OSError as exc:
+            log.warning("[hs-dump] native copy queue unavailable (%s): one ctypes call per driver call", exc)
+            self.copy = "calls"
 
     def synchronize(self) -> None:
         """Wait for every queued copy (error paths: before a slot may be reused or freed)."""
+        if self.native is not None and self.native.threaded:
+            self.native.drain()
         if self.side_stream is not None:
             self.side_stream.synchronize()
 
     def close(self) -> None:
-        """Destroy the fence event (after synchronize: nothing may still wait on it)."""
+        """Stop the native queue's thread and destroy the fence event (after synchronize: nothing may still
+        wait on it)."""
+        if self.native is not None:
+            if not self.native.close():
+                log.error("[hs-dump] the native copy thread did not stop in time: its queue is left allocated")
+            self.native = None
         if self.fence_event and self.driver is not None:
             self.driver.event_destroy(self.fence_event)
             self.fence_event = 0
