@@ -250,6 +250,9 @@ def instrument(dumper):
         ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over (ring entry)
         ("hand_over", dumper.sink, "job"),
     ]
+    q = dumper.stager.native
+    if q is not None:  # the native queue's one foreign call (queue() less it: the Python that packs the job)
+        targets += [("hsq_submit", q.lib, "submit")]
     drv = dumper.driver  # each driver entry point queue() calls (read from the instance at every call)
     targets += [
         ("cu_event_record", drv, "event_record_fn"),
@@ -409,23 +412,29 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     order = [a for name_arm in arms for a in (name_arm, ("aa", none))]
     ratios = {name: [] for name, _arm in order}
     caps = {name: [] for name, _arm in arms}
+    rest = {name: [] for name, _arm in arms}  # the captured step less its capture() wall, over the step before
     started, loops = time.perf_counter(), 0
     while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
         turn = order[loops % len(order) :] + order[: loops % len(order)]
         for name, use in turn if loops % 2 == 0 else turn[::-1]:
-            times = []
+            times, walls = [], []
             base.sync(dev)
             for (x0, fb), captured in zip(inputs, mask):
                 t0 = time.perf_counter()
                 hidden, aux = step.run(x0)
+                wall = 0.0
                 if captured and use.dumper is not None:
                     c0 = time.perf_counter()
                     use.dumper.capture(fb, hidden, aux)
-                    caps[name].append(time.perf_counter() - c0)
+                    wall = time.perf_counter() - c0
+                    caps[name].append(wall)
                 del hidden, aux
                 base.main_stream_sync(dev)
                 times.append(time.perf_counter() - t0)
+                walls.append(wall)
             ratios[name] += [(times[i] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
+            if name in rest:
+                rest[name] += [((times[i] - walls[i]) / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
             settle(step, warm, use, args.settle_s)
         loops += 1
     copy_modes = {}
@@ -439,6 +448,7 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     for name, _arm in arms:
         key = "" if name == "dump" else name + "_"
         out[key + "step_overhead_pct"] = spread(ratios[name])
+        out[key + "beyond_capture_pct"] = spread(rest[name])  # what the step paid besides capture()'s own wall
         out[key + "capture_us_p50"] = round(statistics.median(caps[name]) * 1e6, 1) if caps[name] else None
         out[key + "copy_mode"] = copy_modes[name]
     return out
@@ -643,9 +653,10 @@ def main(argv=None):
             line = "alt %s %6d: A/A %+.2f%% [p25 %+.2f p75 %+.2f]" % (kind, tokens, a["median"], a["p25"], a["p75"])
             for key in [k for k in alt if k.endswith("step_overhead_pct")]:
                 o, name = alt[key], key[: -len("step_overhead_pct")] or "dump_"
-                line += " | %scaptured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d, capture %s us (%s)" % (
-                    name, o["median"], o["p25"], o["p75"], o["n"], alt[name.replace("dump_", "") + "capture_us_p50"],
-                    alt[name.replace("dump_", "") + "copy_mode"],
+                k = name.replace("dump_", "")
+                line += " | %scaptured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d, capture %s us (%s), beyond %+.2f%%" % (
+                    name, o["median"], o["p25"], o["p75"], o["n"], alt[k + "capture_us_p50"], alt[k + "copy_mode"],
+                    alt[k + "beyond_capture_pct"]["median"],
                 )  # fmt: skip
             print(line, flush=True)
             if args.out:

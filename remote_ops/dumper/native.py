@@ -37,6 +37,7 @@ MAX_COPIES = 8  # hsq.c's HSQ_MAX_COPIES
 JOB_HEAD = struct.Struct("<QQQQqII")  # seq, stream, post_addr, cancel_addr, cancel_value, ncopies, pad
 COPY = struct.Struct("<6Q")  # src, src_pitch, dst, dst_pitch, width, height (0: one contiguous copy)
 JOB_BYTES = JOB_HEAD.size + MAX_COPIES * COPY.size
+JOB6 = struct.Struct(JOB_HEAD.format + "36Q")  # a job with room for 6 copies, packed in one call
 SUBMIT_TIMEOUT_MS = 10_000  # the ring is full only when the thread is stuck in the driver
 CLOSE_TIMEOUT_MS = 10_000
 ERROR_CALLS = {1: "cuEventRecord", 2: "cuStreamWaitEvent", 3: "a copy", 4: "cuLaunchHostFunc", 5: "cuCtxSetCurrent"}
@@ -170,22 +171,11 @@ class NativeQueue:
         if not handle:
             raise OSError("hsq_open failed (libcuda %s, its calls, or the current context missing)" % libcuda)
         self.lib, self.handle, self.threaded = lib, handle, threaded
-        self.job = ctypes.create_string_buffer(JOB_BYTES)
+        self.job = ctypes.create_string_buffer(JOB_BYTES)  # packed by the stager (JOB6), read by hsq_submit
         self.job_addr = ctypes.addressof(self.job)
         self.state = lib.state_of(handle).contents
         self.failed_seen = 0
         self.failed_out = (ctypes.c_uint64 * 64)()
-
-    def submit(self, seq: int, stream: int, post_addr: int, cancel_addr: int, cancel_value: int, copies) -> int:
-        """Queue `copies` ((src, src_pitch, dst, dst_pitch, width, height) tuples) behind `stream`'s work;
-        hsq_submit's code (0: queued)."""
-        job = self.job
-        JOB_HEAD.pack_into(job, 0, seq, stream, post_addr, cancel_addr, cancel_value, len(copies), 0)
-        at = JOB_HEAD.size
-        for copy in copies:
-            COPY.pack_into(job, at, *copy)
-            at += COPY.size
-        return self.lib.submit(self.handle, self.job_addr, SUBMIT_TIMEOUT_MS)
 
     def failures(self) -> List[int]:
         """Seqs of jobs the thread cancelled since the last look ([] at the cost of one field read)."""

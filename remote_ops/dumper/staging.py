@@ -91,6 +91,9 @@ class HostBuffer:
         self.hidden = self._region(REGION_HIDDEN).view(dtype).view(capacity, hidden_size)
         self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
         self.copies = self._copy_descriptors()
+        self.row_bytes = hidden_size * self.esize
+        offsets = self.layout.offsets  # the regions' host addresses (the native queue's copy targets)
+        self.dsts = tuple(self.base + offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
         self.batch: Optional[tuple] = None  # (ops array, its address, [(src, dst, extent)] x 6): batch_ops()
 
     def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
@@ -441,21 +444,30 @@ class Stager:
     def _queue_native(
         self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int, cancel: Tuple[int, int], seq: int
     ) -> Tuple[int, int]:
-        """`queue` through hsq.c: one foreign call on this thread (see `native`)."""
+        """`queue` through hsq.c: the job packed in one call, one foreign call (see `native`).  Copies:
+        hidden (one contiguous copy, or rows at its pitch), aux k into its third of the [rows, 3H] rows,
+        ids, positions (the sixth is ignored without positions)."""
         hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
-        width = buf.hidden_size * buf.esize
-        base, offsets = buf.base, buf.layout.offsets
-        dst = base + offsets[REGION_HIDDEN]
-        copies = [(hidden_ptr, 0, dst, 0, rows * width, 0) if pitch == width else (hidden_ptr, pitch, dst, width, width, rows)]
-        dst = base + offsets[REGION_AUX]
-        for k in range(3):
-            src, src_pitch = srcs[k]
-            copies.append((src, src_pitch, dst + k * width, 3 * width, width, rows))
-        copies.append((ids_ptr, 0, base + offsets[REGION_IDS], 0, rows * id_size, 0))
-        if pos_ptr:
-            copies.append((pos_ptr, 0, base + offsets[REGION_POS], 0, rows * pos_size, 0))
-        assert self.native is not None, "called with the native queue open"
-        rc = self.native.submit(seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], copies)
+        q = self.native
+        assert q is not None, "called with the native queue open"
+        width = buf.row_bytes
+        d_hidden, d_aux, d_ids, d_pos = buf.dsts
+        (a0, p0), (a1, p1), (a2, p2) = srcs
+        if pitch == width:
+            h_pitch, h_dpitch, h_width, h_rows = 0, 0, rows * width, 0
+        else:
+            h_pitch, h_dpitch, h_width, h_rows = pitch, width, width, rows
+        w3 = 3 * width
+        native.JOB6.pack_into(
+            q.job, 0, seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], 6 if pos_ptr else 5, 0,
+            hidden_ptr, h_pitch, d_hidden, h_dpitch, h_width, h_rows,
+            a0, p0, d_aux, w3, width, rows,
+            a1, p1, d_aux + width, w3, width, rows,
+            a2, p2, d_aux + 2 * width, w3, width, rows,
+            ids_ptr, 0, d_ids, 0, rows * id_size, 0,
+            pos_ptr, 0, d_pos, 0, rows * pos_size, 0,
+        )  # fmt: skip
+        rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
         if rc:
             raise CudaError("the native copy queue refused the batch: code %d" % rc)
         return id_size, pos_size
