@@ -69,7 +69,12 @@ VARIANTS = {
     "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
     "native": {"SGLANG_HS_DUMP_COPY": "native"},  # fence here, the other calls on hsq.c's thread (the default)
-    "inline": {"SGLANG_HS_DUMP_COPY": "inline"},  # hsq.c makes all 9 calls, in one foreign call from here
+    "inline": {"SGLANG_HS_DUMP_COPY": "inline"},
+    "native-late": {"SGLANG_HS_DUMP_COPY": "native"},  # diagnosis: its thread issues each job 4 ms late
+    "native-spin": {"SGLANG_HS_DUMP_COPY": "native"},  # diagnosis: its thread polls for work (never woken)
+    "native-batch": {
+        "SGLANG_HS_DUMP_COPY": "native"
+    },  # diagnosis: its thread runs SCHED_BATCH  # hsq.c makes all 9 calls, in one foreign call from here
     "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one ctypes call per driver call (the default before)
     "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
 }
@@ -170,6 +175,11 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         env["SGLANG_HS_DUMP_WRITER_CPUS"] = ",".join(str(c) for c in args.writer_cpus)
     dumper = base.make_dumper(base.fresh(os.path.join(folder, name)), step, buffers, args.writers, extra_env=env)
     arm = Arm(name, dumper)
+    q = dumper.stager.native  # the pool (and the native queue) was made by make_dumper's preallocate
+    if q is not None and name == "native-late":
+        q.lib.set_delay_us(q.handle, 4000)
+    elif q is not None and name in ("native-spin", "native-batch"):
+        q.lib.set_wait(q.handle, 1 if name == "native-spin" else 2)
     if name == "copy-only":
         arm = copy_only(dumper)
     elif name == "write-only":
@@ -413,11 +423,13 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     ratios = {name: [] for name, _arm in order}
     caps = {name: [] for name, _arm in arms}
     rest = {name: [] for name, _arm in arms}  # the captured step less its capture() wall, over the step before
+    spill = {name: [] for name, _arm in order}  # the step after a captured one, over the step before it
+    tails = {name: [] for name, _arm in order}  # del + stream sync of the captured step less the step before's (us)
     started, loops = time.perf_counter(), 0
     while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
         turn = order[loops % len(order) :] + order[: loops % len(order)]
         for name, use in turn if loops % 2 == 0 else turn[::-1]:
-            times, walls = [], []
+            times, walls, tail = [], [], []
             base.sync(dev)
             for (x0, fb), captured in zip(inputs, mask):
                 t0 = time.perf_counter()
@@ -428,11 +440,18 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
                     use.dumper.capture(fb, hidden, aux)
                     wall = time.perf_counter() - c0
                     caps[name].append(wall)
+                t1 = time.perf_counter()
                 del hidden, aux
                 base.main_stream_sync(dev)
-                times.append(time.perf_counter() - t0)
+                t2 = time.perf_counter()
+                times.append(t2 - t0)
                 walls.append(wall)
+                tail.append(t2 - t1)
             ratios[name] += [(times[i] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
+            spill[name] += [
+                (times[i + 1] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c and i + 1 < len(mask)
+            ]
+            tails[name] += [(tail[i] - tail[i - 1]) * 1e6 for i, c in enumerate(mask) if c]
             if name in rest:
                 rest[name] += [((times[i] - walls[i]) / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
             settle(step, warm, use, args.settle_s)
@@ -445,10 +464,13 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     out = {"kind": kind, "tokens": tokens, "period": period, "loops": loops, "aa_pct": spread(ratios["aa"])}
+    out["aa_next_step_pct"], out["aa_tail_us"] = spread(spill["aa"]), spread(tails["aa"], 1)
     for name, _arm in arms:
         key = "" if name == "dump" else name + "_"
         out[key + "step_overhead_pct"] = spread(ratios[name])
         out[key + "beyond_capture_pct"] = spread(rest[name])  # what the step paid besides capture()'s own wall
+        out[key + "next_step_pct"] = spread(spill[name])  # what spilled into the next step
+        out[key + "tail_us"] = spread(tails[name], 1)  # the captured step's stream sync, longer by
         out[key + "capture_us_p50"] = round(statistics.median(caps[name]) * 1e6, 1) if caps[name] else None
         out[key + "copy_mode"] = copy_modes[name]
     return out
@@ -654,10 +676,15 @@ def main(argv=None):
             for key in [k for k in alt if k.endswith("step_overhead_pct")]:
                 o, name = alt[key], key[: -len("step_overhead_pct")] or "dump_"
                 k = name.replace("dump_", "")
-                line += " | %scaptured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d, capture %s us (%s), beyond %+.2f%%" % (
+                line += (" | %scaptured step %+.2f%% [p25 %+.2f p75 %+.2f] n=%d, capture %s us (%s), beyond %+.2f%%,"
+                         " next step %+.2f%%, sync %+.1f us") % (
                     name, o["median"], o["p25"], o["p75"], o["n"], alt[k + "capture_us_p50"], alt[k + "copy_mode"],
-                    alt[k + "beyond_capture_pct"]["median"],
+                    alt[k + "beyond_capture_pct"]["median"], alt[k + "next_step_pct"]["median"], alt[k + "tail_us"]["median"],
                 )  # fmt: skip
+            line += " | A/A next step %+.2f%%, sync %+.1f us" % (
+                alt["aa_next_step_pct"]["median"],
+                alt["aa_tail_us"]["median"],
+            )
             print(line, flush=True)
             if args.out:
                 with open(args.out, "w") as fh:

@@ -9,11 +9,11 @@ harness can never pass as "all skipped".
 from __future__ import annotations
 
 import atexit
-import shutil
 import os
-import tempfile
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 

@@ -13,6 +13,7 @@ the build / fallback.  The real driver's timing is measured on the H200
 from __future__ import annotations
 
 import ctypes
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from remote_ops.dumper import native, staging
 from remote_ops.dumper.cudadrv import SEM_T_BYTES, load_libc
 
 HERE = Path(__file__).parent
+if shutil.which("cc") is None:  # scripts/setup --test installs gcc; without it nothing here can be built
+    pytest.skip("no C compiler (cc): the native copy queue cannot be built", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +34,6 @@ def standin(tmp_path_factory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("standin") / "libcuda-standin.so"
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(out), str(HERE / "cuda_standin.c")], check=True)
     return ctypes.CDLL(str(out))
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory) -> native.Library:
-    folder = tmp_path_factory.mktemp("native")
-    return native.Library(native._build("cc", folder, native.library_name(native.SOURCE.read_bytes())))
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +65,11 @@ def sources(rows, h, strided, seed=3):
         big = torch.randn(rows + 2, 2 * h if strided else h, generator=g).to(torch.bfloat16)
         return big[:, :h]
 
-    return one(), [one() for _ in range(3)], torch.arange(100, 101 + rows, dtype=torch.int64), torch.arange(
-        rows + 1, dtype=torch.int32
+    return (
+        one(),
+        [one() for _ in range(3)],
+        torch.arange(100, 101 + rows, dtype=torch.int64),
+        torch.arange(rows + 1, dtype=torch.int32),
     )
 
 
@@ -100,9 +100,7 @@ def written(buf, rows, h) -> list:
 
 @pytest.mark.parametrize("copy", ["native", "inline"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_native_queue_places_every_byte_like_the_torch_path_and_posts_once_per_job(
-    monkeypatch, standin, copy, strided
-):
+def test_native_queue_places_every_byte_like_the_torch_path_and_posts_once_per_job(monkeypatch, standin, copy, strided):
     rows, h = 5, 8
     hidden, aux, ids, pos = sources(rows, h, strided)
     stager, sem = cpu_stager(monkeypatch, standin, copy), Semaphore()
@@ -119,9 +117,11 @@ def test_native_queue_places_every_byte_like_the_torch_path_and_posts_once_per_j
     assert stager.native is None
 
 
-def test_the_calls_after_the_fence_run_on_the_native_thread_in_job_order(monkeypatch, standin):
+@pytest.mark.parametrize("wait", [0, 1, 2])  # sleeps (default); polls; SCHED_BATCH (diagnosis knobs)
+def test_the_calls_after_the_fence_run_on_the_native_thread_in_job_order(monkeypatch, standin, wait):
     rows, h = 4, 8
     stager, sem = cpu_stager(monkeypatch, standin, "native"), Semaphore()
+    stager.native.lib.set_wait(stager.native.handle, wait)
     bufs = [staging.HostBuffer(rows, h, torch.bfloat16, pin=False) for _ in range(3)]
     batches = [sources(rows, h, False, seed=s) for s in range(100)]
     for seq, (hidden, aux, ids, pos) in enumerate(batches, 1):  # more jobs than the ring: it must wrap

@@ -34,11 +34,12 @@ FUSION_MODES = ("disable", "allreduce")
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
 SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
-# native (default): fence on the forward thread, the other driver calls on hsq.c's native thread;
-# inline: hsq.c makes all of them in one foreign call; calls: one ctypes call per driver call;
-# batch: all copies in one cuMemcpy3DBatchAsync call (measured no cheaper).  native/inline fall back
-# to calls where hsq.c cannot be built.
-COPY_MODES = ("native", "inline", "calls", "batch")
+# calls (default): one ctypes call per driver call; native: the fence on the forward thread, the
+# other driver calls on hsq.c's native thread (capture() ~70-85 us shorter on the H200, but the step
+# after a capture pays about as much more: not the default, bench/README.md); inline: hsq.c makes all
+# of them in one foreign call (no cheaper than calls); batch: all copies in one cuMemcpy3DBatchAsync
+# call (no cheaper).  native/inline fall back to calls where hsq.c cannot be built.
+COPY_MODES = ("calls", "native", "inline", "batch")
 
 
 @dataclass
@@ -59,7 +60,7 @@ class DumpConfig:
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
     signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
-    copy: str = "native"  # how the copies are queued: COPY_MODES
+    copy: str = "calls"  # how the copies are queued: COPY_MODES
     env_seen: dict = field(default_factory=dict)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from . import dumpfile
+from . import dumpfile, native
 from .config import DumpConfig
 from .cudadrv import Driver
 from .procwriter import WriterProcess
@@ -116,6 +116,8 @@ class Dumper:
         self.warned: set = set()
         self.closed = self.closing = False
         self.lock = threading.Lock()
+        if writer and config.copy in ("native", "inline"):
+            native.load()  # hsq.c built now, at model load, not at the first captured batch
         if writer:
             self._start_writers(config.writer)
             self.stats.maybe_write(force=True)

@@ -22,11 +22,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef void *CUstream;
@@ -101,6 +103,9 @@ typedef struct {
     pthread_cond_t work, room;
     int stop, thread_started;
     pthread_t thread;
+    unsigned delay_us; /* hsq_set_delay_us: diagnosis only (bench/dumper_paired.py's native-late) */
+    int spin;          /* hsq_set_wait(q, 1): diagnosis only: poll for work instead of sleeping */
+    int batch, batch_applied; /* hsq_set_wait(q, 2): diagnosis only: the thread runs SCHED_BATCH */
     hsq_state state;
     uint64_t failed_seq[HSQ_FAILED_KEPT];
     uint64_t failed_taken;
@@ -164,12 +169,24 @@ static void *run(void *arg) {
     CUresult ctx_rc = q->ctx_set(q->ctx);
     pthread_mutex_lock(&q->mu);
     for (;;) {
+        if (q->batch != q->batch_applied) {
+            struct sched_param none = {0};
+            sched_setscheduler(0, q->batch ? SCHED_BATCH : SCHED_OTHER, &none);
+            q->batch_applied = q->batch;
+        }
+        while (q->spin && q->state.issued == q->state.submitted && !q->stop) {
+            pthread_mutex_unlock(&q->mu);
+            while (__atomic_load_n(&q->state.submitted, __ATOMIC_ACQUIRE) == q->state.issued && q->spin && !q->stop)
+                __builtin_ia32_pause();
+            pthread_mutex_lock(&q->mu);
+        }
         while (q->state.issued == q->state.submitted && !q->stop) pthread_cond_wait(&q->work, &q->mu);
         if (q->state.issued == q->state.submitted) break; /* stopped and drained */
         uint64_t n = q->state.issued;
         pthread_mutex_unlock(&q->mu);
         const hsq_job *job = &q->ring[n % q->cap];
         int call = 5;
+        if (q->delay_us) usleep(q->delay_us);
         CUresult rc = ctx_rc ? ctx_rc : issue(q, job, q->events[n % q->cap], 0, &call);
         if (rc) fail(q, job, rc, call);
         pthread_mutex_lock(&q->mu);
@@ -243,6 +260,20 @@ bad:
 }
 
 const hsq_state *hsq_state_of(hsq *q) { return &q->state; }
+
+/* Diagnosis only: the thread sleeps `us` before it issues each job (is the cost of its calls contention
+ * with the forward thread's own driver calls right after the capture?). */
+void hsq_set_delay_us(hsq *q, unsigned us) { q->delay_us = us; }
+
+/* Diagnosis only: how the thread waits for work: 0 sleeps (the default), 1 polls (never woken),
+ * 2 sleeps under SCHED_BATCH (never preempts on wake-up).  Takes effect from its next job. */
+void hsq_set_wait(hsq *q, int how) {
+    pthread_mutex_lock(&q->mu);
+    q->spin = how == 1;
+    q->batch = how == 2;
+    pthread_cond_signal(&q->work);
+    pthread_mutex_unlock(&q->mu);
+}
 
 static int wait_until(hsq *q, pthread_cond_t *cond, int (*done)(hsq *), int timeout_ms) {
     struct timespec until;

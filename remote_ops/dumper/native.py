@@ -4,14 +4,18 @@ Why native code: the copies of a batch are 9 CUDA driver calls, and made through
 ctypes on the thread that launches the model's kernels they cost ~85-100 us of
 that thread per batch (bench/README.md, issue 15).  With `hsq.c` the forward
 thread makes one foreign call (the fence's event record, the job into a ring)
-and a native thread, which never takes the GIL, makes the other eight.
+and a native thread, which never takes the GIL, makes the other eight.  Opt-in
+(`SGLANG_HS_DUMP_COPY=native`): on the H200 it took 70-85 us off `capture()`,
+but the step after a capture ran slower by about as much (the thread's wake-up
+and calls beside the next launches), so the default stays `calls`.
 
 Building: `cc -O2 -shared -fPIC` of the one C file (stdlib + pthreads + dlopen
 of libcuda), once per source version, into the first writable of
 $SGLANG_HS_DUMP_NATIVE_DIR, `_native/` beside this file (the patched image
 builds it there: `python3 -m remote_ops_dump.native`), ~/.cache/remote-ops-dump,
-or a private folder under the temp dir.  No compiler, or a failed build: the
-dumper logs why once and uses the ctypes calls (`SGLANG_HS_DUMP_COPY=calls`).
+or a private folder under the temp dir; the dumper builds it when it starts with
+native asked for.  No compiler, or a failed build: the dumper logs why once and
+uses the ctypes calls (`SGLANG_HS_DUMP_COPY=calls`).
 """
 
 from __future__ import annotations
@@ -126,7 +130,9 @@ class Library:
     def __init__(self, path: Path):
         self.path = path
         free, held = ctypes.CDLL(str(path)), ctypes.PyDLL(str(path))
-        self.open = _typed(free.hsq_open, ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint])
+        self.open = _typed(
+            free.hsq_open, ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint]
+        )
         self.submit = _typed(held.hsq_submit, ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int])
         self.drain = _typed(free.hsq_drain, ctypes.c_int, [ctypes.c_void_p, ctypes.c_int])
         self.take_failed = _typed(
@@ -134,6 +140,8 @@ class Library:
         )
         self.close = _typed(free.hsq_close, ctypes.c_int, [ctypes.c_void_p, ctypes.c_int])
         self.state_of = _typed(free.hsq_state_of, ctypes.POINTER(State), [ctypes.c_void_p])
+        self.set_delay_us = _typed(free.hsq_set_delay_us, None, [ctypes.c_void_p, ctypes.c_uint])  # diagnosis
+        self.set_wait = _typed(free.hsq_set_wait, None, [ctypes.c_void_p, ctypes.c_int])  # diagnosis
 
 
 def _typed(fn, restype, argtypes):
@@ -163,8 +171,8 @@ def load_error() -> Optional[str]:
 class NativeQueue:
     """One `hsq` queue: copies on `side` (a raw CUstream) in the current thread's CUDA context.
 
-    `threaded`: a native thread makes the calls after the fence (the default mode,
-    `SGLANG_HS_DUMP_COPY=native`); else `submit` makes all of them (`inline`)."""
+    `threaded`: a native thread makes the calls after the fence
+    (`SGLANG_HS_DUMP_COPY=native`); else hsq_submit makes all of them (`inline`)."""
 
     def __init__(self, lib: Library, side: int, threaded: bool, libcuda: str = "libcuda.so.1", cap: int = 64):
         handle = lib.open(libcuda.encode(), side, int(threaded), cap)

@@ -16,7 +16,8 @@ int32).  `plan` reads what the copies need from the tensors (one pass, no side
 effect), `queue` issues fence, copies and the optional semaphore post through
 the driver by ctypes (see `cudadrv`) with prebuilt per-buffer copy
 descriptors (the 9 calls cost 90-128 us cold inside a forward loop on the
-H200 VMs: the largest part of `capture()`).  Completion: with
+H200 VMs: the largest part of `capture()`), or, with SGLANG_HS_DUMP_COPY=native
+or inline, packs the job into one struct for `hsq.c` (see `native`).  Completion: with
 the writer process a `sem_post` host function right behind the copies on the
 side stream (or a done flag written by the GPU); with writer threads, a
 blocking-sync event (waiting sleeps instead of spinning a core).  CPU path
@@ -36,6 +37,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import native
 from .cudadrv import (
     CU_MEMCPY_OPERAND_TYPE_POINTER,
     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
@@ -45,7 +47,6 @@ from .cudadrv import (
     MEMCPY3D_BATCH_OP,
     CudaError,
 )
-from . import native
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 from .native import NativeQueue
 
@@ -339,11 +340,11 @@ class Stager:
     record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
-    def __init__(self, driver=None, copy="native", libcuda="libcuda.so.1"):
+    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1"):
         self.driver = driver
-        # "native" (default): the forward thread records the fence and hands the job to hsq.c's native
-        # thread, which makes the other calls; "inline": hsq.c makes all of them on the forward thread in
-        # one foreign call; "calls": one ctypes call per driver call; "batch": one cuMemcpy3DBatchAsync
+        # "calls" (default): one ctypes call per driver call; "native": the forward thread records the
+        # fence and hands the job to hsq.c's native thread, which makes the other calls; "inline": hsq.c
+        # makes all of them on the forward thread in one foreign call; "batch": one cuMemcpy3DBatchAsync
         # call where the driver has it (H200, launch-bound 512-token steps: that call took 58 us, the six
         # calls ~55 us together).  native/inline fall back to "calls" where hsq.c cannot be built or opened.
         self.copy = copy
@@ -401,7 +402,13 @@ class Stager:
         return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size)
 
     def queue(
-        self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0, cancel: Tuple[int, int] = (0, 0), seq: int = 0
+        self,
+        plan: tuple,
+        buf: HostBuffer,
+        rows: int,
+        post_addr: int = 0,
+        cancel: Tuple[int, int] = (0, 0),
+        seq: int = 0,
     ) -> Tuple[int, int]:
         """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
         `post_addr`, a `sem_post(post_addr)` host function behind them; (id size, position size).
