@@ -68,14 +68,19 @@ VARIANTS = {
     "default": {},
     "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
-    "native": {"SGLANG_HS_DUMP_COPY": "native"},  # fence here, the other calls on hsq.c's thread (the default)
+    # SGLANG_HS_DUMP_COPY: fence here and the other calls on hsq.c's thread (native), all 9 calls in one
+    # foreign call from here (inline), one ctypes call per driver call (calls: the default)
+    "native": {"SGLANG_HS_DUMP_COPY": "native"},
     "inline": {"SGLANG_HS_DUMP_COPY": "inline"},
-    "native-late": {"SGLANG_HS_DUMP_COPY": "native"},  # diagnosis: its thread issues each job 4 ms late
-    "native-spin": {"SGLANG_HS_DUMP_COPY": "native"},  # diagnosis: its thread polls for work (never woken)
-    "native-batch": {
-        "SGLANG_HS_DUMP_COPY": "native"
-    },  # diagnosis: its thread runs SCHED_BATCH  # hsq.c makes all 9 calls, in one foreign call from here
-    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # one ctypes call per driver call (the default before)
+    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},
+    # native with a knob set in make_arm. Diagnosis: the thread issues each job 4 ms late (late), polls
+    # for work (spin), runs SCHED_BATCH (batch). Experiment, is the next step's spill DMA or the host
+    # function: the thread posts itself (threadpost); 4 MiB slices, 100 us apart, thread posts (paced)
+    "native-late": {"SGLANG_HS_DUMP_COPY": "native"},
+    "native-spin": {"SGLANG_HS_DUMP_COPY": "native"},
+    "native-batch": {"SGLANG_HS_DUMP_COPY": "native"},
+    "native-threadpost": {"SGLANG_HS_DUMP_COPY": "native"},
+    "native-paced": {"SGLANG_HS_DUMP_COPY": "native"},
     "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
 }
 
@@ -180,6 +185,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         q.lib.set_delay_us(q.handle, 4000)
     elif q is not None and name in ("native-spin", "native-batch"):
         q.lib.set_wait(q.handle, 1 if name == "native-spin" else 2)
+    elif q is not None and name in ("native-threadpost", "native-paced"):
+        q.lib.set_pacing(q.handle, 4 << 20 if name == "native-paced" else 0, 100, 1)
     if name == "copy-only":
         arm = copy_only(dumper)
     elif name == "write-only":

@@ -2,7 +2,8 @@
  * Copies are done at once with memmove on host memory ("device" pointers are host pointers), a host
  * function runs at once, events and waits do nothing.  Knobs for the tests: standin_fail_copy (fail the
  * copy call with that 1-based number with CUresult 700), standin_fail_record (fail event records),
- * standin_copies (copy calls so far), standin_copy_thread (the thread of the last copy call). */
+ * standin_copies (copy calls so far), standin_copy_thread (the thread of the last copy call),
+ * standin_host_fns and standin_event_syncs (host functions launched, event waits made). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,6 +40,9 @@ int cuEventCreate(void **ev, unsigned flags) { (void)flags; *ev = malloc(8); ret
 int cuEventDestroy_v2(void *ev) { free(ev); return 0; }
 int cuEventRecord(void *ev, void *stream) { (void)ev; (void)stream; return standin_fail_record ? 400 : 0; }
 int cuStreamWaitEvent(void *stream, void *ev, unsigned flags) { (void)stream; (void)ev; (void)flags; return 0; }
+long standin_host_fns = 0;
+long standin_event_syncs = 0;
+int cuEventSynchronize(void *ev) { (void)ev; __atomic_add_fetch(&standin_event_syncs, 1, __ATOMIC_SEQ_CST); return 0; }
 int cuStreamSynchronize(void *stream) { (void)stream; __atomic_add_fetch(&standin_syncs, 1, __ATOMIC_SEQ_CST); return 0; }
 
 static int counted_copy(void) {
@@ -65,4 +69,9 @@ int cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, void *stream) {
     return 0;
 }
 
-int cuLaunchHostFunc(void *stream, void (*fn)(void *), void *data) { (void)stream; fn(data); return 0; }
+int cuLaunchHostFunc(void *stream, void (*fn)(void *), void *data) {
+    (void)stream;
+    __atomic_add_fetch(&standin_host_fns, 1, __ATOMIC_SEQ_CST);
+    fn(data);
+    return 0;
+}

@@ -38,7 +38,7 @@ def standin(tmp_path_factory) -> ctypes.CDLL:
 
 @pytest.fixture(autouse=True)
 def reset(standin):
-    for name in ("standin_fail_copy", "standin_fail_record", "standin_copies", "standin_syncs"):
+    for name in ("standin_fail_copy", "standin_fail_record", "standin_copies", "standin_syncs", "standin_host_fns"):
         ctypes.c_long.in_dll(standin, name).value = 0
 
 
@@ -133,6 +133,31 @@ def test_the_calls_after_the_fence_run_on_the_native_thread_in_job_order(monkeyp
     ref = staging.HostBuffer(rows, h, torch.bfloat16, pin=False)
     staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)
     assert written(bufs[100 % 3], rows, h) == written(ref, rows, h)
+    stager.close()
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_paced_copies_land_every_byte_and_the_thread_posts_itself(monkeypatch, standin, strided):
+    """The pacing experiment (hsq_set_pacing): copies cut into slices (here 40 bytes: pieces of rows,
+    and of the contiguous hidden copy), each waited for; the post made by the thread, no host function."""
+    rows, h = 5, 8
+    stager, sem = cpu_stager(monkeypatch, standin, "native"), Semaphore()
+    stager.native.lib.set_pacing(stager.native.handle, 40, 0, 1)
+    for name in ("standin_host_fns", "standin_event_syncs"):
+        ctypes.c_long.in_dll(standin, name).value = 0
+    bufs = []
+    for seq in (1, 2):
+        hidden, aux, ids, pos = sources(rows, h, strided, seed=seq)
+        bufs.append((staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False), (hidden, aux, ids, pos)))
+        stager.queue(stager.plan(hidden, aux, ids, pos, rows, h), bufs[-1][0], rows, sem.addr, seq=seq)
+    stager.synchronize()
+    assert sem.take_all() == 2 and ctypes.c_long.in_dll(standin, "standin_host_fns").value == 0
+    assert ctypes.c_long.in_dll(standin, "standin_event_syncs").value > 2 * 6  # slices were waited for
+    assert ctypes.c_long.in_dll(standin, "standin_copies").value > 2 * 6  # copies were cut
+    for buf, (hidden, aux, ids, pos) in bufs:
+        ref = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
+        staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)
+        assert written(buf, rows, h) == written(ref, rows, h)
     stager.close()
 
 

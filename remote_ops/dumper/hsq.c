@@ -17,7 +17,10 @@
  * Failure: a job whose wait, copy or host function the driver refuses is cancelled: the thread
  * waits for the side stream (nothing of it lands later), writes cancel_value at cancel_addr (the
  * ring entry's state), posts the semaphore itself (the child moves past it) and records the job's
- * seq, which the caller collects with hsq_take_failed to free the job's buffer. */
+ * seq, which the caller collects with hsq_take_failed to free the job's buffer.
+ *
+ * hsq_set_wait, hsq_set_delay_us and hsq_set_pacing are for measuring (bench/dumper_paired.py's
+ * native-* variants), not set by the dumper. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -53,6 +56,7 @@ typedef struct { /* cuda.h's CUDA_MEMCPY2D (the _v2 layout) */
 
 #define CU_MEMORYTYPE_HOST 1
 #define CU_MEMORYTYPE_DEVICE 2
+#define CU_EVENT_BLOCKING_SYNC 1
 #define CU_EVENT_DISABLE_TIMING 2
 #define HSQ_MAX_COPIES 8
 #define HSQ_FAILED_KEPT 256
@@ -89,6 +93,7 @@ typedef struct {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*stream_wait)(CUstream, CUevent, unsigned);
     CUresult (*stream_sync)(CUstream);
+    CUresult (*event_sync)(CUevent);
     CUresult (*d2h)(void *, uint64_t, size_t, CUstream);
     CUresult (*copy2d)(const CUDA_MEMCPY2D *, CUstream);
     CUresult (*host_fn)(CUstream, void (*)(void *), void *);
@@ -106,6 +111,11 @@ typedef struct {
     unsigned delay_us; /* hsq_set_delay_us: diagnosis only (bench/dumper_paired.py's native-late) */
     int spin;          /* hsq_set_wait(q, 1): diagnosis only: poll for work instead of sleeping */
     int batch, batch_applied; /* hsq_set_wait(q, 2): diagnosis only: the thread runs SCHED_BATCH */
+    uint64_t slice_bytes;     /* hsq_set_pacing: experiment: copies in slices, each waited for ... */
+    unsigned gap_us;          /* ... then this long without DMA */
+    int thread_post;          /* ... and the post made by the thread, not a host function */
+    int pacing_asked;         /* hsq_set_pacing was called: the thread makes pace_event */
+    CUevent pace_event;       /* blocking-sync event the thread waits on (made by the thread) */
     hsq_state state;
     uint64_t failed_seq[HSQ_FAILED_KEPT];
     uint64_t failed_taken;
@@ -120,35 +130,68 @@ static void note_error(hsq *q, CUresult rc, int call) {
     }
 }
 
-/* The wait (and, inline, the record), the copies, the post: 0, or the refused call's CUresult. */
+/* One piece of a copy: rows [r0, r0 + n) of a 2D copy, or bytes [r0, r0 + n) of a contiguous one. */
+static CUresult copy_piece(hsq *q, const hsq_copy *c, uint64_t r0, uint64_t n) {
+    if (!c->height) return q->d2h((void *)(uintptr_t)(c->dst + r0), c->src + r0, n, q->side);
+    CUDA_MEMCPY2D p;
+    memset(&p, 0, sizeof p);
+    p.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = c->src + r0 * c->src_pitch;
+    p.srcPitch = c->src_pitch;
+    p.dstMemoryType = CU_MEMORYTYPE_HOST;
+    p.dstHost = (void *)(uintptr_t)(c->dst + r0 * c->dst_pitch);
+    p.dstPitch = c->dst_pitch;
+    p.WidthInBytes = c->width;
+    p.Height = n;
+    return q->copy2d(&p, q->side);
+}
+
+/* The thread waits (asleep) until what it queued on the side stream ran. */
+static CUresult wait_side(hsq *q) {
+    CUresult rc = q->event_record(q->pace_event, q->side);
+    return rc ? rc : q->event_sync(q->pace_event);
+}
+
+/* The job's copies; paced (thread, hsq_set_pacing): in slices of about slice_bytes, each waited for
+ * and followed by gap_us without DMA. */
+static CUresult issue_copies(hsq *q, const hsq_job *job, int paced) {
+    uint64_t queued = 0;
+    for (uint32_t i = 0; i < job->ncopies; i++) {
+        const hsq_copy *c = &job->copies[i];
+        uint64_t total = c->height ? c->height : c->width, unit = c->height ? c->width : 1, step = total;
+        if (paced && unit) step = q->slice_bytes / unit ? q->slice_bytes / unit : 1;
+        for (uint64_t r0 = 0, n; r0 < total; r0 += n) {
+            n = total - r0 < step ? total - r0 : step;
+            CUresult rc = copy_piece(q, c, r0, n);
+            if (rc) return rc;
+            queued += n * unit;
+            if (paced && queued >= q->slice_bytes) {
+                if ((rc = wait_side(q))) return rc;
+                if (q->gap_us) usleep(q->gap_us);
+                queued = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The wait (and, inline, the record), the copies, the post: 0, or the refused call's CUresult.
+ * The post is a host function behind the copies, or (thread, hsq_set_pacing's thread_post) made by
+ * the thread itself once it saw them land. */
 static CUresult issue(hsq *q, const hsq_job *job, CUevent ev, int record, int *call) {
     CUresult rc;
+    int own = !record && q->pace_event;  /* the thread waits for the side stream itself */
     *call = 1;
     if (record && (rc = q->event_record(ev, (CUstream)job->stream))) return rc;
     *call = 2;
     if ((rc = q->stream_wait(q->side, ev, 0))) return rc;
     *call = 3;
-    for (uint32_t i = 0; i < job->ncopies; i++) {
-        const hsq_copy *c = &job->copies[i];
-        if (!c->height) {
-            rc = q->d2h((void *)(uintptr_t)c->dst, c->src, c->width, q->side);
-        } else {
-            CUDA_MEMCPY2D p;
-            memset(&p, 0, sizeof p);
-            p.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-            p.srcDevice = c->src;
-            p.srcPitch = c->src_pitch;
-            p.dstMemoryType = CU_MEMORYTYPE_HOST;
-            p.dstHost = (void *)(uintptr_t)c->dst;
-            p.dstPitch = c->dst_pitch;
-            p.WidthInBytes = c->width;
-            p.Height = c->height;
-            rc = q->copy2d(&p, q->side);
-        }
-        if (rc) return rc;
-    }
+    if ((rc = issue_copies(q, job, own && q->slice_bytes))) return rc;
     *call = 4;
-    if (job->post_addr && (rc = q->host_fn(q->side, post, (void *)(uintptr_t)job->post_addr))) return rc;
+    if (!job->post_addr) return 0;
+    if (!(own && q->thread_post)) return q->host_fn(q->side, post, (void *)(uintptr_t)job->post_addr);
+    if ((rc = wait_side(q))) return rc;
+    sem_post((sem_t *)(uintptr_t)job->post_addr);
     return 0;
 }
 
@@ -169,11 +212,6 @@ static void *run(void *arg) {
     CUresult ctx_rc = q->ctx_set(q->ctx);
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        if (q->batch != q->batch_applied) {
-            struct sched_param none = {0};
-            sched_setscheduler(0, q->batch ? SCHED_BATCH : SCHED_OTHER, &none);
-            q->batch_applied = q->batch;
-        }
         while (q->spin && q->state.issued == q->state.submitted && !q->stop) {
             pthread_mutex_unlock(&q->mu);
             while (__atomic_load_n(&q->state.submitted, __ATOMIC_ACQUIRE) == q->state.issued && q->spin && !q->stop)
@@ -183,7 +221,16 @@ static void *run(void *arg) {
         while (q->state.issued == q->state.submitted && !q->stop) pthread_cond_wait(&q->work, &q->mu);
         if (q->state.issued == q->state.submitted) break; /* stopped and drained */
         uint64_t n = q->state.issued;
+        int pacing = q->pacing_asked, batch = q->batch;
         pthread_mutex_unlock(&q->mu);
+        if (pacing && !q->pace_event &&
+            q->event_create(&q->pace_event, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING))
+            q->pace_event = NULL; /* stays unpaced */
+        if (batch != q->batch_applied) {
+            struct sched_param none = {0};
+            sched_setscheduler(0, batch ? SCHED_BATCH : SCHED_OTHER, &none);
+            q->batch_applied = batch;
+        }
         const hsq_job *job = &q->ring[n % q->cap];
         int call = 5;
         if (q->delay_us) usleep(q->delay_us);
@@ -213,6 +260,7 @@ static int bind(hsq *q, const char *libcuda) {
     SYM(event_record, "cuEventRecord");
     SYM(stream_wait, "cuStreamWaitEvent");
     SYM(stream_sync, "cuStreamSynchronize");
+    SYM(event_sync, "cuEventSynchronize");
     SYM(d2h, "cuMemcpyDtoHAsync_v2");
     SYM(copy2d, "cuMemcpy2DAsync_v2");
     SYM(host_fn, "cuLaunchHostFunc");
@@ -220,6 +268,7 @@ static int bind(hsq *q, const char *libcuda) {
 }
 
 static void destroy(hsq *q) {
+    if (q->pace_event) q->event_destroy(q->pace_event);
     if (q->events)
         for (unsigned i = 0; i < q->cap; i++)
             if (q->events[i]) q->event_destroy(q->events[i]);
@@ -264,6 +313,19 @@ const hsq_state *hsq_state_of(hsq *q) { return &q->state; }
 /* Diagnosis only: the thread sleeps `us` before it issues each job (is the cost of its calls contention
  * with the forward thread's own driver calls right after the capture?). */
 void hsq_set_delay_us(hsq *q, unsigned us) { q->delay_us = us; }
+
+/* Experiment (thread mode; bench/dumper_paired.py's native-paced / native-threadpost): from the next
+ * job on, copies in slices of about `slice_bytes` (0: whole), each waited for and followed by `gap_us`
+ * without DMA, so that the next step's launches do not run beside all of a batch's D2H traffic; and
+ * with `thread_post` the thread posts once it saw the copies land, instead of a host function. */
+void hsq_set_pacing(hsq *q, uint64_t slice_bytes, unsigned gap_us, int thread_post) {
+    pthread_mutex_lock(&q->mu);
+    q->slice_bytes = slice_bytes;
+    q->gap_us = gap_us;
+    q->thread_post = thread_post;
+    q->pacing_asked = 1;
+    pthread_mutex_unlock(&q->mu);
+}
 
 /* Diagnosis only: how the thread waits for work: 0 sleeps (the default), 1 polls (never woken),
  * 2 sleeps under SCHED_BATCH (never preempts on wake-up).  Takes effect from its next job. */

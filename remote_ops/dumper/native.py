@@ -142,6 +142,9 @@ class Library:
         self.state_of = _typed(free.hsq_state_of, ctypes.POINTER(State), [ctypes.c_void_p])
         self.set_delay_us = _typed(free.hsq_set_delay_us, None, [ctypes.c_void_p, ctypes.c_uint])  # diagnosis
         self.set_wait = _typed(free.hsq_set_wait, None, [ctypes.c_void_p, ctypes.c_int])  # diagnosis
+        self.set_pacing = _typed(  # experiment: sliced, waited-for copies; the thread posts
+            free.hsq_set_pacing, None, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint, ctypes.c_int]
+        )
 
 
 def _typed(fn, restype, argtypes):
