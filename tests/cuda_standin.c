@@ -5,25 +5,10 @@
  * standin_copies (copy calls so far), standin_copy_thread (the thread of the last copy call),
  * standin_host_fns and standin_event_syncs (host functions launched, event waits made). */
 #include <pthread.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    size_t srcXInBytes, srcY;
-    int srcMemoryType;
-    const void *srcHost;
-    uint64_t srcDevice;
-    void *srcArray;
-    size_t srcPitch;
-    size_t dstXInBytes, dstY;
-    int dstMemoryType;
-    void *dstHost;
-    uint64_t dstDevice;
-    void *dstArray;
-    size_t dstPitch;
-    size_t WidthInBytes, Height;
-} CUDA_MEMCPY2D;
+#include "hsq_cuda.h" /* remote_ops/dumper/: the cuda.h subset hsq.c uses */
 
 long standin_fail_copy = 0;
 int standin_fail_record = 0;
@@ -61,7 +46,7 @@ int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *stream) {
 int cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, void *stream) {
     (void)stream;
     if (counted_copy()) return 700;
-    if (p->srcMemoryType != 2 || p->dstMemoryType != 1 || p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes)
+    if (p->srcMemoryType != CU_MEMORYTYPE_DEVICE || p->dstMemoryType != CU_MEMORYTYPE_HOST || p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes)
         return 1;
     for (size_t r = 0; r < p->Height; r++)
         memmove((char *)p->dstHost + r * p->dstPitch, (const char *)(uintptr_t)p->srcDevice + r * p->srcPitch,

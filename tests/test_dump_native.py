@@ -32,7 +32,10 @@ if shutil.which("cc") is None:  # scripts/setup --test installs gcc; without it 
 def standin(tmp_path_factory) -> ctypes.CDLL:
     """The libcuda stand-in, built once per test session."""
     out = tmp_path_factory.mktemp("standin") / "libcuda-standin.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(out), str(HERE / "cuda_standin.c")], check=True)
+    include = ["-I", str(native.HEADER.parent)]  # hsq_cuda.h: the cuda.h subset it shares with hsq.c
+    subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", *include, "-o", str(out), str(HERE / "cuda_standin.c")], check=True
+    )
     return ctypes.CDLL(str(out))
 
 

@@ -33,31 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef void *CUcontext;
+#include "hsq_cuda.h"
 
-typedef struct { /* cuda.h's CUDA_MEMCPY2D (the _v2 layout) */
-    size_t srcXInBytes, srcY;
-    int srcMemoryType;
-    const void *srcHost;
-    uint64_t srcDevice;
-    void *srcArray;
-    size_t srcPitch;
-    size_t dstXInBytes, dstY;
-    int dstMemoryType;
-    void *dstHost;
-    uint64_t dstDevice;
-    void *dstArray;
-    size_t dstPitch;
-    size_t WidthInBytes, Height;
-} CUDA_MEMCPY2D;
-
-#define CU_MEMORYTYPE_HOST 1
-#define CU_MEMORYTYPE_DEVICE 2
-#define CU_EVENT_BLOCKING_SYNC 1
-#define CU_EVENT_DISABLE_TIMING 2
 #define HSQ_MAX_COPIES 8
 #define HSQ_FAILED_KEPT 256
 

@@ -9,8 +9,8 @@ and a native thread, which never takes the GIL, makes the other eight.  Opt-in
 but the step after a capture ran slower by about as much (the thread's wake-up
 and calls beside the next launches), so the default stays `calls`.
 
-Building: `cc -O2 -shared -fPIC` of the one C file (stdlib + pthreads + dlopen
-of libcuda), once per source version, into the first writable of
+Building: `cc -O2 -shared -fPIC` of the one C file and its header (stdlib +
+pthreads + dlopen of libcuda; no CUDA headers), once per source version, into the first writable of
 $SGLANG_HS_DUMP_NATIVE_DIR, `_native/` beside this file (the patched image
 builds it there: `python3 -m remote_ops_dump.native`), ~/.cache/remote-ops-dump,
 or a private folder under the temp dir; the dumper builds it when it starts with
@@ -34,6 +34,7 @@ from typing import List, Optional
 
 log = logging.getLogger("remote_ops_dump")
 SOURCE = Path(__file__).with_name("hsq.c")
+HEADER = Path(__file__).with_name("hsq_cuda.h")  # the cuda.h subset hsq.c includes (from HEADER's folder)
 ENV_DIR = "SGLANG_HS_DUMP_NATIVE_DIR"
 CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall")
 BUILD_TIMEOUT_S = 120.0
@@ -60,8 +61,10 @@ class State(ctypes.Structure):
 
 
 def library_name(source: bytes) -> str:
-    """The built file's name: a hash of the source and the flags, so an edit never loads an old build."""
-    digest = hashlib.sha256(source + b"\0" + " ".join(CFLAGS).encode() + sys.platform.encode()).hexdigest()
+    """The built file's name: a hash of the source, its header and the flags, so an edit never loads an
+    old build."""
+    parts = (source, HEADER.read_bytes(), " ".join(CFLAGS).encode(), sys.platform.encode())
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return "libhsq-%s.so" % digest[:16]
 
 
@@ -112,7 +115,7 @@ def _build(cc: str, folder: Path, name: str) -> Path:
     if folder.stat().st_uid != os.getuid():
         raise OSError("not owned by this user")
     tmp = folder / (".%s.%d.tmp" % (name, os.getpid()))
-    cmd = [cc, *CFLAGS, "-o", str(tmp), str(SOURCE), "-ldl"]
+    cmd = [cc, *CFLAGS, "-I", str(HEADER.parent), "-o", str(tmp), str(SOURCE), "-ldl"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:

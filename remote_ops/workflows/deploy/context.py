@@ -113,7 +113,7 @@ def context_files(patch) -> dict[str, bytes]:
     }
     dump_dir = package_file("dumper")
     for path in sorted(dump_dir.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md", ".c"):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md", ".c", ".h"):
             files[f"remote_ops_dump/{path.relative_to(dump_dir).as_posix()}"] = path.read_bytes()
     return files
 
