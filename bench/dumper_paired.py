@@ -82,6 +82,11 @@ VARIANTS = {
     "native-threadpost": {"SGLANG_HS_DUMP_COPY": "native"},
     "native-paced": {"SGLANG_HS_DUMP_COPY": "native"},
     "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
+    # Diagnosis, is the next step's spill the held sources (the caching allocator cannot reuse their
+    # memory until the next capture): calls with the sources let go at once (the copies may then read
+    # memory the next step reuses: timing only), and write-only that holds them as calls does
+    "calls-nohold": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "hold-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
 }
 
 
@@ -189,8 +194,13 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         q.lib.set_pacing(q.handle, 4 << 20 if name == "native-paced" else 0, 100, 1)
     if name == "copy-only":
         arm = copy_only(dumper)
-    elif name == "write-only":
-        write_only(dumper)
+    elif name in ("write-only", "hold-only"):
+        write_only(dumper, hold=name == "hold-only")
+    elif name == "calls-nohold":
+        submit = dumper._submit_to_process
+        dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None: submit(
+            buf, ids, pos, spans, rows, flag, None
+        )
     for x0, fb in warm_inputs:  # warm-up: side stream, writer process, first files
         hidden, aux = step.run(x0)
         if arm.before_capture is not None:
@@ -241,11 +251,12 @@ def copy_only(dumper):
     return arm
 
 
-def write_only(dumper):
-    """No DMA and no host function: the slot's semaphore is posted from the CPU; the writer writes the buffer."""
+def write_only(dumper, hold=False):
+    """No DMA and no host function: the slot's semaphore is posted from the CPU; the writer writes the buffer.
+    `hold`: the sources stay referenced until the child saw the post, as the copy path holds them."""
 
     def stage(buf, hidden, aux, ids, positions, rows, event=True, plan=None):
-        return Staged(buf, rows, None, 8, 8)
+        return Staged(buf, rows, None, 8, 8, (hidden, tuple(aux), ids, positions) if hold else None)
 
     dumper.stager.plan = lambda *a: None  # the general path, i.e. stage() below
     dumper.stager.stage = stage
