@@ -87,6 +87,10 @@ VARIANTS = {
     # memory the next step reuses: timing only), and write-only that holds them as calls does
     "calls-nohold": {"SGLANG_HS_DUMP_COPY": "calls"},
     "hold-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
+    # Diagnosis, DMA or host function: copy-only's copies with the post made from the CPU at once (no host
+    # function), and copy-only's fence + host function with no copy
+    "dma-only": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "hostfn-only": {"SGLANG_HS_DUMP_COPY": "calls"},
 }
 
 
@@ -192,8 +196,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         q.lib.set_wait(q.handle, 1 if name == "native-spin" else 2)
     elif q is not None and name in ("native-threadpost", "native-paced"):
         q.lib.set_pacing(q.handle, 4 << 20 if name == "native-paced" else 0, 100, 1)
-    if name == "copy-only":
-        arm = copy_only(dumper)
+    if name in ("copy-only", "dma-only", "hostfn-only"):
+        arm = copy_only(dumper, name)
     elif name in ("write-only", "hold-only"):
         write_only(dumper, hold=name == "hold-only")
     elif name == "calls-nohold":
@@ -214,9 +218,11 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
     return arm
 
 
-def copy_only(dumper):
+def copy_only(dumper, name="copy-only"):
     """Capture and copies as usual; no job to the writer: the host function posts a private semaphore
-    instead of the child's, and a slot (and its sources) is freed once its post came (posts come in order)."""
+    instead of the child's, and a slot (and its sources) is freed once its post came (posts come in order).
+    dma-only: the copies, and the post made from the CPU at once; hostfn-only: the fence and the host
+    function, no copy."""
     import ctypes
 
     pending = []
@@ -246,7 +252,21 @@ def copy_only(dumper):
         return not pending
 
     dumper._submit_to_process = submit
-    arm = Arm("copy-only", dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
+    stager, drv = dumper.stager, dumper.driver
+    if name == "dma-only":
+        queue = stager.queue
+        stager.queue = lambda plan, buf, rows, post=0, *rest: (queue(plan, buf, rows), sink.post_landed())[0]
+    elif name == "hostfn-only":
+
+        def fence_and_post(plan, buf, rows, post=0, *rest):
+            side, event = stager.side_raw, stager.fence_event
+            drv.event_record_fn(event, torch._C._cuda_getCurrentRawStream(stager.device_index))
+            drv.wait_event_fn(side, event, 0)
+            drv.host_fn(side, drv.sem_post_addr, post)
+            return plan[4], plan[6]
+
+        stager.queue = fence_and_post
+    arm = Arm(name, dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
     arm.keep_alive = sem
     return arm
 
