@@ -72,7 +72,10 @@ VARIANTS = {
     # foreign call from here (inline), one ctypes call per driver call (calls: the default)
     "native": {"SGLANG_HS_DUMP_COPY": "native"},
     "inline": {"SGLANG_HS_DUMP_COPY": "inline"},
-    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # (with gathering off, as every variant not named gather*)
+    # small steps gathered into one copy job (remote_ops/dumper/gather.py): the defaults, and 2k rows
+    "gather": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "gather-2k": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_GATHER_TOKENS": "2048"},
     # native with a knob set in make_arm. Diagnosis: the thread issues each job 4 ms late (late), polls
     # for work (spin), runs SCHED_BATCH (batch). Experiment, is the next step's spill DMA or the host
     # function: the thread posts itself (threadpost); 4 MiB slices, 100 us apart, thread posts (paced)
@@ -185,6 +188,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         return Arm(name)
     env = dict(args.dump_env)
     env.update(VARIANTS[name])
+    if not name.startswith("gather") and name != "default":  # the per-step path the diagnoses were built on
+        env.setdefault("SGLANG_HS_DUMP_GATHER_TOKENS", "0")
     if args.writer_cpus:  # with --pin-forward every writer process leaves the forward thread's CPUs alone
         env["SGLANG_HS_DUMP_WRITER_CPUS"] = ",".join(str(c) for c in args.writer_cpus)
     dumper = base.make_dumper(base.fresh(os.path.join(folder, name)), step, buffers, args.writers, extra_env=env)
@@ -463,6 +468,7 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     rest = {name: [] for name, _arm in arms}  # the captured step less its capture() wall, over the step before
     spill = {name: [] for name, _arm in order}  # the step after a captured one, over the step before it
     tails = {name: [] for name, _arm in order}  # del + stream sync of the captured step less the step before's (us)
+    untimed = {name: 0 for name, _arm in arms}  # loops that ended with gathered steps (settle would copy them)
     started, loops = time.perf_counter(), 0
     while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
         turn = order[loops % len(order) :] + order[: loops % len(order)]
@@ -492,6 +498,8 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
             tails[name] += [(tail[i] - tail[i - 1]) * 1e6 for i, c in enumerate(mask) if c]
             if name in rest:
                 rest[name] += [((times[i] - walls[i]) / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
+                gathered = getattr(use.dumper, "gather", None)
+                untimed[name] += 1 if gathered is not None and len(gathered) else 0
             settle(step, warm, use, args.settle_s)
         loops += 1
     copy_modes = {}
@@ -510,8 +518,26 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
         out[key + "next_step_pct"] = spread(spill[name])  # what spilled into the next step
         out[key + "tail_us"] = spread(tails[name], 1)  # the captured step's stream sync, longer by
         out[key + "capture_us_p50"] = round(statistics.median(caps[name]) * 1e6, 1) if caps[name] else None
+        out[key + "capture_us_mean"] = round(statistics.fmean(caps[name]) * 1e6, 1) if caps[name] else None
         out[key + "copy_mode"] = copy_modes[name]
+        # gathering makes one captured step in K expensive: medians hide it, so the means, and their sum =
+        # what one capture costs in all (its own step + the next), with its standard error
+        out[key + "per_capture_mean_pct"] = mean_se([a + b for a, b in zip(ratios[name], spill[name])])
+        out[key + "step_mean_pct"], out[key + "next_mean_pct"] = mean_se(ratios[name]), mean_se(spill[name])
+        out[key + "untimed_flush_loops"] = untimed[name]
+    out["aa_per_capture_mean_pct"] = mean_se([a + b for a, b in zip(ratios["aa"], spill["aa"])])
     return out
+
+
+def mean_se(values, digits=2):
+    """{"mean", "se", "n"}: the mean and its standard error (None when fewer than 2 values)."""
+    if len(values) < 2:
+        return None
+    return {
+        "mean": round(statistics.fmean(values), digits),
+        "se": round(statistics.stdev(values) / math.sqrt(len(values)), digits),
+        "n": len(values),
+    }
 
 
 def summarize_arm(runs):
@@ -663,6 +689,13 @@ def main(argv=None):
         default=["default"],
         help="dumper variants that take turns in the step-interleaved measure (an A/B on one machine)",
     )
+    p.add_argument(
+        "--alt-captures",
+        type=int,
+        default=5,
+        help="captured steps per loop of the step-interleaved measure (a multiple of the gather steps keeps "
+        "every gathered job's copy inside the timed steps)",
+    )
     p.add_argument("--parts", action="store_true", help="time capture()'s parts (adds ~1 us per wrapped call)")
     p.add_argument("--pin-forward", type=parse_cpus, default=None, help="CPUs of the forward thread, e.g. 1")
     p.add_argument("--writer-cpus", type=parse_cpus, default=None, help="CPUs of the writer (variant pinned)")
@@ -707,7 +740,7 @@ def main(argv=None):
         torch.cuda.set_stream(torch.cuda.Stream(device=dev))  # as a forward stream other than the legacy one
     try:
         for kind, tokens in args.alt:
-            alt = run_alt_point(tokens, args, dev, kind, variants=args.alt_variants)
+            alt = run_alt_point(tokens, args, dev, kind, captures=args.alt_captures, variants=args.alt_variants)
             res.setdefault("alt", []).append(alt)
             a = alt["aa_pct"]
             line = "alt %s %6d: A/A %+.2f%% [p25 %+.2f p75 %+.2f]" % (kind, tokens, a["median"], a["p25"], a["p75"])
@@ -719,9 +752,18 @@ def main(argv=None):
                     name, o["median"], o["p25"], o["p75"], o["n"], alt[k + "capture_us_p50"], alt[k + "copy_mode"],
                     alt[k + "beyond_capture_pct"]["median"], alt[k + "next_step_pct"]["median"], alt[k + "tail_us"]["median"],
                 )  # fmt: skip
-            line += " | A/A next step %+.2f%%, sync %+.1f us" % (
+                m = alt[k + "per_capture_mean_pct"]
+                line += ", per capture (mean, both steps) %+.2f%% +- %.2f, capture mean %s us, untimed %d" % (
+                    m["mean"],
+                    m["se"],
+                    alt[k + "capture_us_mean"],
+                    alt[k + "untimed_flush_loops"],
+                )
+            line += " | A/A next step %+.2f%%, sync %+.1f us, per capture (mean) %+.2f%% +- %.2f" % (
                 alt["aa_next_step_pct"]["median"],
                 alt["aa_tail_us"]["median"],
+                alt["aa_per_capture_mean_pct"]["mean"],
+                alt["aa_per_capture_mean_pct"]["se"],
             )
             print(line, flush=True)
             if args.out:

@@ -28,6 +28,9 @@ ENV_WRITER_SCHED = "SGLANG_HS_DUMP_WRITER_SCHED"
 ENV_WRITER_CPUS = "SGLANG_HS_DUMP_WRITER_CPUS"
 ENV_SIGNAL = "SGLANG_HS_DUMP_SIGNAL"
 ENV_COPY = "SGLANG_HS_DUMP_COPY"
+ENV_GATHER_TOKENS = "SGLANG_HS_DUMP_GATHER_TOKENS"
+ENV_GATHER_STEPS = "SGLANG_HS_DUMP_GATHER_STEPS"
+ENV_GATHER_MS = "SGLANG_HS_DUMP_GATHER_MS"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
@@ -61,6 +64,12 @@ class DumpConfig:
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
     signal: str = "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes
     copy: str = "calls"  # how the copies are queued: COPY_MODES
+    # steps under gather_tokens rows are copied together, up to gather_steps of them or gather_ms after
+    # the first (gather.py); 0 tokens = every step copied on its own.  Held GPU memory: up to
+    # gather_tokens rows of captured tensors more (57,344 B per row for Kimi-K2.5: 235 MB at 4,096)
+    gather_tokens: int = 4096
+    gather_steps: int = 8
+    gather_ms: int = 500
     env_seen: dict = field(default_factory=dict)
 
 
@@ -116,6 +125,9 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         writer_cpus=parse_cpu_list(env.get(ENV_WRITER_CPUS, "")),
         signal=_choice(env, ENV_SIGNAL, SIGNALS),
         copy=_choice(env, ENV_COPY, COPY_MODES),
+        gather_tokens=_int(env, ENV_GATHER_TOKENS, 4096, 0),
+        gather_steps=_int(env, ENV_GATHER_STEPS, 8),
+        gather_ms=_int(env, ENV_GATHER_MS, 500),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

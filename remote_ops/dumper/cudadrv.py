@@ -135,6 +135,8 @@ class Driver:
         self.batch3d_fn = self._optional(
             ("cuMemcpy3DBatchAsync_v2",), [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
         )
+        self._ctx_get = self._optional(("cuCtxGetCurrent",), [ctypes.POINTER(ctypes.c_void_p)])
+        self._ctx_set = self._optional(("cuCtxSetCurrent",), [ctypes.c_void_p])
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
         self.params = CUDA_MEMCPY2D()
         self.params.srcMemoryType, self.params.dstMemoryType = CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST
@@ -179,6 +181,18 @@ class Driver:
     def post_when_done(self, stream: int, sem_addr: int) -> None:
         """`sem_post(sem_addr)` from the driver's thread once the work queued on `stream` so far is done."""
         self.check(self._host_fn(stream, self.sem_post_addr, sem_addr), "cuLaunchHostFunc")
+
+    def current_context(self) -> int:
+        """The calling thread's current CUcontext (0 if none, or the driver lacks the call)."""
+        out = ctypes.c_void_p()
+        if self._ctx_get is None or self._ctx_get(ctypes.byref(out)):
+            return 0
+        return int(out.value or 0)
+
+    def make_current(self, ctx: int) -> None:
+        """Make `ctx` current on the calling thread (a thread that did not run the forward: the reaper)."""
+        if ctx and self._ctx_set is not None:
+            self.check(self._ctx_set(ctx), "cuCtxSetCurrent")
 
     def event_create(self) -> int:
         """A CUevent without timing (the fence between the forward stream and the copy stream)."""

@@ -16,13 +16,15 @@ import collections
 import logging
 import os
 import threading
+import time
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from . import dumpfile, native
+from . import dumpfile, native, staging
 from .config import DumpConfig
 from .cudadrv import Driver
+from .gather import Gather, shifted_spans
 from .procwriter import WriterProcess
 from .staging import ST_DTYPES, BufferPool, HostBuffer, Stager, positions_into
 from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, write_span_file
@@ -116,6 +118,10 @@ class Dumper:
         self.warned: set = set()
         self.closed = self.closing = False
         self.lock = threading.Lock()
+        # small steps copied together (gather.py); made with the pool, on the GPU path with the writer process
+        self.gather: Optional[Gather] = None
+        self.gather_lock = threading.Lock()  # the waiting steps, and the side stream's fence while they exist
+        self.context = 0  # the forward thread's CUcontext (the reaper makes it current to copy stale steps)
         if writer and config.copy in ("native", "inline"):
             native.load()  # hsq.c built now, at model load, not at the first captured batch
         if writer:
@@ -132,6 +138,7 @@ class Dumper:
             "buffers": c.buffers,
             "writers": c.writers,
             "buffer_tokens": self.buffer_tokens,
+            "gather": _gather_settings(c, False),
             "hidden_size": self.hidden_size,
             "layers_to_capture": self.layers,
             "metadata": self.metadata,
@@ -168,7 +175,11 @@ class Dumper:
         if not self.writer or self.closed:
             return
         try:
-            self._capture(forward_batch, hidden_states, aux_hidden_states)
+            if self.gather is None:
+                self._capture(forward_batch, hidden_states, aux_hidden_states)
+            else:  # the reaper may copy stale waiting steps: one thread at a time on the side stream
+                with self.gather_lock:
+                    self._capture(forward_batch, hidden_states, aux_hidden_states)
         except Exception as exc:
             self.stats.add(errors=1)
             self._warn_once("capture-error", "capture failed, batch not dumped: %r" % (exc,))
@@ -183,8 +194,15 @@ class Dumper:
             return
         on_gpu = hidden.is_cuda
         positions = fb.positions
-        plan = self.stager.plan(hidden, aux, fb.input_ids, positions, rows, self.hidden_size) if on_gpu else None
+        plan = self.stager.plan(hidden, aux, fb.input_ids, positions, rows, self.hidden_size)  # None: no driver
         if plan is None and not self._shapes_ok(fb, hidden, aux, rows):
+            return
+        if (
+            self.gather is not None
+            and plan is not None
+            and positions is not None
+            and self._gathered(plan, rows, spans, (hidden, tuple(aux), fb.input_ids, positions))
+        ):
             return
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
@@ -244,6 +262,90 @@ class Dumper:
             raise
         self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
 
+    def _gathered(self, plan: tuple, rows: int, spans: List[Tuple[int, int, int]], keep: tuple) -> bool:
+        """Take a small step into the waiting ones (copying them first when it cannot join); True when
+        taken, False when it is copied on its own (too large, or gathering just stopped)."""
+        g = self.gather
+        assert g is not None, "called while gathering"
+        starts = (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0])
+        if g.clash(starts):
+            self._drop_gathered()
+            return False
+        index = self.stager.device_index
+        assert index is not None, "plan() ran: the side stream's device is known"
+        key = (keep[0].dtype, plan[4], plan[6], staging._raw_stream(index))
+        if not g.fits(rows, key):
+            self._copy_gathered()
+        if not g.takes(rows):
+            return False
+        now = time.monotonic()
+        g.add((plan, rows, spans, keep), rows, key, starts, now)
+        if g.due(now):
+            self._copy_gathered()
+        return True
+
+    def _copy_gathered(self) -> None:
+        """The waiting steps as one job: a slot, the ring entry, then fence + each step's copies at its
+        rows + the post (under gather_lock; on the forward thread, or another with the context current)."""
+        assert self.gather is not None and self.sink is not None, "gathering runs with the writer process"
+        key = self.gather.key
+        items, rows = self.gather.take()
+        if not items:
+            return
+        parts, first = [], 0
+        for plan, n, spans, _keep in items:
+            parts.append((plan, first, n, spans))
+            first += n
+        spans = shifted_spans([(f, sp) for _plan, f, _n, sp in parts])
+        buf = self._acquire(rows, items[0][3][0], spans, len(items))
+        if buf is None:
+            return
+        plan0, stream = items[0][0], key[3]
+        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, rows, 0, tuple(i[3] for i in items), len(items))
+        if not seq:
+            return
+        try:
+            self.stager.queue_gathered([p[:3] for p in parts], buf, self.sink.landed_addr, stream)
+        except BaseException:
+            self._abandon(buf, seq)
+            raise
+        self.stats.counts["batches"] += len(items)
+
+    def _drop_gathered(self) -> None:
+        """A new step's tensor starts where a waiting one's does: the model rewrote a buffer we hold
+        (static CUDA-graph memory), so the waiting steps' data is gone.  Count them, never write them,
+        and copy every later step on its own."""
+        assert self.gather is not None, "called while gathering"
+        items, rows = self.gather.take()
+        self.gather = None
+        spans = sum(len(i[2]) for i in items)
+        self.stats.add(errors=1, dropped_batches=len(items), dropped_spans=spans, dropped_tokens=rows)
+        self._warn_once(
+            "gather-clash",
+            "the model rewrote a captured tensor's memory before its copy: %d gathered step(s) dropped; "
+            "every step is copied on its own from now on (SGLANG_HS_DUMP_GATHER_TOKENS=0 avoids this)" % len(items),
+        )
+
+    def _copy_waiting(self, stale_only: bool = False) -> None:
+        """Copy the gathered steps now, from this thread with the forward thread's CUDA context made
+        current: flush/close (all of them), or the reaper's tick (`stale_only`: only steps that waited
+        past gather_ms, i.e. no capture came since, an idle server; it skips a tick the lock is busy)."""
+        g = self.gather
+        if g is None or not (g.stale(time.monotonic()) if stale_only else len(g)):
+            return
+        if not self.gather_lock.acquire(blocking=not stale_only):
+            return
+        try:
+            if self.gather is not None and len(self.gather):
+                assert self.driver is not None, "gathering runs on the driver path"
+                self.driver.make_current(self.context)
+                self._copy_gathered()
+        except Exception as exc:
+            self.stats.add(errors=1)
+            self._warn_once("gather-copy", "copying gathered steps failed, not dumped: %r" % (exc,))
+        finally:
+            self.gather_lock.release()
+
     def _flag_when_copied(self, slot: int) -> int:
         """Flag signalling: queue the GPU's write of the slot's done flag behind the copies; the value the
         child waits for, or 0 (flags failed: a host function posts instead, from now on)."""
@@ -268,11 +370,13 @@ class Dumper:
         rows: int,
         flag: int = 0,
         keep: Optional[tuple] = None,
+        batches: int = 1,
     ) -> int:
         """Take the next job seq and publish the job in the ring; its seq, or 0 when the child is gone (the
         batch counted as dropped, the slot freed).  Nothing has posted its "copies landed" yet.
 
-        `keep` (GPU): the source tensors, held until the child reports the copies landed."""
+        `keep` (GPU): the source tensors, held until the child reports the copies landed; `batches`: the
+        captured steps in the job (gathered steps: several)."""
         sink, pool = self.sink, self.pool
         assert sink is not None and pool is not None, "called with the writer process running"
         with self.reclaim_lock:
@@ -298,7 +402,7 @@ class Dumper:
             self._abandon(buf, seq, cancel=not isinstance(exc, OSError))
             if not isinstance(exc, OSError):
                 raise
-            self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows)
+            self.stats.add(dropped_batches=batches, dropped_spans=len(spans), dropped_tokens=rows)
             return 0
         return seq
 
@@ -392,8 +496,8 @@ class Dumper:
         )
         return False
 
-    def _acquire(self, rows: int, hidden: torch.Tensor, spans: Sequence[Any]):
-        """A host buffer for the batch: wait (backpressure) or count the drop."""
+    def _acquire(self, rows: int, hidden: torch.Tensor, spans: Sequence[Any], batches: int = 1):
+        """A host buffer for the batch (`batches` gathered steps): wait (backpressure) or count the drop."""
         pool = self.pool if self.pool is not None else self._pool_for(hidden)
         alive = self._writer_alive()
         block = self.config.policy == "backpressure" and alive
@@ -404,7 +508,7 @@ class Dumper:
             self.stats.add(backpressure_waits=1, backpressure_wait_s=waited)
         if buf is None:
             timeout = {"backpressure_timeouts": 1} if block else {}
-            self.stats.add(dropped_batches=1, dropped_spans=len(spans), dropped_tokens=rows, **timeout)
+            self.stats.add(dropped_batches=batches, dropped_spans=len(spans), dropped_tokens=rows, **timeout)
         return buf
 
     def _writer_alive(self) -> bool:
@@ -451,6 +555,19 @@ class Dumper:
                 log.error("[hs-dump] done flags unavailable (%r): host functions signal the writer process", exc)
         self.stats.static["signal"] = "flag" if self.flags else ("hostfn" if self.sink is not None else "event")
         self.stats.static["copy"] = self.stager.copy if self.driver is not None else "torch"
+        self._start_gather()
+
+    def _start_gather(self) -> None:
+        """Gather small steps (gather.py) where it applies: driver copies by ctypes calls, the writer
+        process signalled by host functions, SGLANG_HS_DUMP_GATHER_TOKENS > 0 (the native queue's jobs
+        are one step each: not gathered)."""
+        c = self.config
+        if self.driver is None or self.sink is None or self.flags or self.stager.native is not None:
+            return
+        if c.gather_tokens > 0 and c.gather_steps > 1:
+            self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), c.gather_steps, c.gather_ms / 1000.0)
+            self.context = self.driver.current_context()
+        self.stats.static["gather"] = _gather_settings(c, self.gather is not None)
 
     def _make_buffer(
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
@@ -509,7 +626,10 @@ class Dumper:
         return len(done)
 
     def _on_idle(self) -> None:
-        """Reaper thread, once a second: collect finished jobs, rewrite stats.json."""
+        """Reaper thread, once a second: copy steps gathered too long ago, collect finished jobs, rewrite
+        stats.json."""
+        if self.gather is not None:
+            self._copy_waiting(stale_only=True)
         if self.pool is not None:
             self._reclaim(0.0)
         self.stats.maybe_write()
@@ -555,7 +675,10 @@ class Dumper:
         self.stats.maybe_write(force=True)
 
     def flush(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-        """Wait until everything captured so far is on disk (tests, benchmarks, shutdown hooks)."""
+        """Wait until everything captured so far is on disk (tests, benchmarks, shutdown hooks); gathered
+        steps are copied first, from the calling thread."""
+        if self.gather is not None:
+            self._copy_waiting()
         if self.sink is not None:
             ok = self.pool.wait_idle(timeout) if self.pool is not None else True
         else:
@@ -571,6 +694,11 @@ class Dumper:
         if key not in self.warned:
             self.warned.add(key)
             log.error("[hs-dump] %s", message)
+
+
+def _gather_settings(c: DumpConfig, active: bool) -> dict:
+    """stats.json's "gather": the settings, and whether small steps are gathered in this process."""
+    return {"tokens": c.gather_tokens, "steps": c.gather_steps, "ms": c.gather_ms, "active": active}
 
 
 def _positions_from_spans(spans: Sequence[Tuple[int, int, int]]) -> torch.Tensor:

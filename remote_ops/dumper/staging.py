@@ -418,35 +418,58 @@ class Stager:
         `native.failures()`."""
         if self.native is not None:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
-        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
-        width = buf.hidden_size * buf.esize
         if self.batched:
-            rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, width)
+            rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, buf.row_bytes)
         else:
-            base, offsets, copies = buf.base, buf.layout.offsets, buf.copies
-            d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
-            if pitch == width:
-                rc = d2h(base + offsets[REGION_HIDDEN], hidden_ptr, rows * width, side)
-            else:
-                p, ref = copies[3]
-                p.srcDevice, p.srcPitch, p.Height = hidden_ptr, pitch, rows
-                rc = copy2d(ref, side)
-            for k in range(3):
-                p, ref = copies[k]
-                p.srcDevice, p.srcPitch = srcs[k]
-                p.Height = rows
-                rc = rc or copy2d(ref, side)
-            rc = rc or d2h(base + offsets[REGION_IDS], ids_ptr, rows * id_size, side)
-            if pos_ptr:
-                rc = rc or d2h(base + offsets[REGION_POS], pos_ptr, rows * pos_size, side)
+            rc = self._copy_rows(plan, buf, 0, rows)
         if post_addr:
             rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
-        return id_size, pos_size
+        return plan[4], plan[6]
+
+    def queue_gathered(self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, post_addr: int, stream: int):
+        """Gathered steps (see `gather`): one fence on `stream` (the forward stream the steps ran on; the
+        caller may be another thread, with the CUDA context made current), each step's copies at its
+        first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function.
+        One ctypes call per driver call whatever the copy mode.  The caller holds the sources."""
+        drv, side, event = self.driver, self.side_raw, self.fence_event
+        self.drain()
+        if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
+            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+        rc = 0
+        for plan, first, rows in parts:
+            rc = rc or self._copy_rows(plan, buf, first, rows)
+        rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        if rc:
+            raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
+
+    def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
+        """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
+        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+        drv, side = self.driver, self.side_raw
+        d_hidden, d_aux, d_ids, d_pos = buf.dsts
+        width, copies = buf.row_bytes, buf.copies
+        d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
+        if pitch == width:
+            rc = d2h(d_hidden + first * width, hidden_ptr, rows * width, side)
+        else:
+            p, ref = copies[3]
+            p.srcDevice, p.srcPitch, p.dstHost, p.Height = hidden_ptr, pitch, d_hidden + first * width, rows
+            rc = copy2d(ref, side)
+        aux_row = d_aux + first * 3 * width
+        for k in range(3):
+            p, ref = copies[k]
+            p.srcDevice, p.srcPitch = srcs[k]
+            p.dstHost, p.Height = aux_row + k * width, rows
+            rc = rc or copy2d(ref, side)
+        rc = rc or d2h(d_ids + first * id_size, ids_ptr, rows * id_size, side)
+        if pos_ptr:
+            rc = rc or d2h(d_pos + first * pos_size, pos_ptr, rows * pos_size, side)
+        return rc
 
     def _queue_native(
         self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int, cancel: Tuple[int, int], seq: int

@@ -1,0 +1,179 @@
+"""Small steps gathered into one copy job (remote_ops/dumper/gather.py), on CPU memory.
+
+The driver path runs here through `MemmoveDriver`, a named stand-in for the
+libcuda entry points the dumper calls (copies done at once with memmove, the
+completion post made at once with sem_post): there is no GPU.  The writer
+process, the shared buffers, the ring and the files are the real ones.  What
+is proved: gathered steps land in their files byte for byte with the spans
+shifted right, a job is one fence and one post, a large step is copied on its
+own after the waiting ones, a rewritten buffer drops the waiting steps instead
+of writing stale data, and an idle dumper copies waiting steps from the
+reaper thread.  The effect on step time is measured on the H200
+(bench/dumper_paired.py, bench/README.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_dump_capture import assert_spans_written, make_batch, make_dumper  # noqa: E402
+
+from remote_ops.dumper import staging  # noqa: E402
+from remote_ops.dumper.cudadrv import load_libc  # noqa: E402
+from remote_ops.dumper.gather import Gather, shifted_spans  # noqa: E402
+
+
+class MemmoveDriver:
+    """The entry points the driver path calls, on CPU memory: copies with memmove, fences recorded,
+    host functions made at once (sem_post on the address given, as the real one does later)."""
+
+    sem_post_addr = 0
+    batch3d_fn = None
+
+    def __init__(self):
+        self.libc = load_libc()
+        self.fences, self.posts, self.contexts = [], [], []
+
+    def event_record_fn(self, event, stream):
+        self.fences.append(stream)
+        return 0
+
+    def wait_event_fn(self, stream, event, flags):
+        return 0
+
+    def d2h_fn(self, dst, src, nbytes, stream):
+        import ctypes
+
+        ctypes.memmove(dst, src, nbytes)
+        return 0
+
+    def copy2d_fn(self, ref, stream):
+        import ctypes
+
+        p = ref._obj
+        for r in range(p.Height):
+            ctypes.memmove(p.dstHost + r * p.dstPitch, p.srcDevice + r * p.srcPitch, p.WidthInBytes)
+        return 0
+
+    def host_fn(self, stream, fn, arg):
+        self.posts.append(arg)
+        self.libc.sem_post(arg)
+        return 0
+
+    def current_context(self):
+        return 77
+
+    def make_current(self, ctx):
+        self.contexts.append((threading.get_ident(), ctx))
+
+    def event_destroy(self, event):
+        pass
+
+
+@pytest.fixture
+def gathering(tmp_path, monkeypatch):
+    """A dumper with the writer process whose captures take the driver path through MemmoveDriver."""
+    made = []
+
+    def make(**env):
+        d = make_dumper(tmp_path, writer="process", buffers=2, **env)
+        made.append(d)
+        driver = MemmoveDriver()
+        d.driver, d.stager = driver, staging.Stager(driver, "calls")
+        d.stager.device_index, d.stager.side_raw, d.stager.fence_event = -1, 1, 1  # CPU: get_device() is -1
+        monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 5)
+        d._start_gather()
+        return d, driver
+
+    yield make
+    for d in made:
+        d.close(timeout=10)
+
+
+def test_small_steps_land_in_their_files_bit_exact_from_one_job(tmp_path, gathering):
+    d, driver = gathering(gather_tokens=16, gather_steps=8)
+    assert d.gather is not None and d.stats.static["gather"]["active"]
+    batches = [make_batch(lens, seed=60 + i) for i, lens in enumerate([[3], [2, 3], [2], [4, 1]])]  # 15 rows
+    for b in batches:
+        d.capture(b.fb, b.hidden, b.aux)
+    assert len(d.gather) == 4 and driver.posts == [] and d.job_seq == 0  # waiting: nothing copied yet
+    assert d.flush(10)
+    assert len(driver.fences) == 1 and len(driver.posts) == 1 and d.job_seq == 1  # one fence, one post, one job
+    assert driver.fences == [5] and driver.contexts[-1][1] == 77  # the forward stream; the context made current
+    stats = d.stats.snapshot()
+    assert stats["batches"] == 4 and stats["files"] == 6 and stats["errors"] == 0
+    for b in batches:
+        assert_spans_written(b, tmp_path)
+
+
+def test_a_job_is_due_at_the_step_or_row_limit_and_a_large_step_goes_alone_after_the_waiting(tmp_path, gathering):
+    d, driver = gathering(gather_tokens=8, gather_steps=3)
+    small = [make_batch([2], seed=70 + i) for i in range(4)]
+    for b in small[:3]:  # 3 steps: due at the third
+        d.capture(b.fb, b.hidden, b.aux)
+    assert d.job_seq == 1 and len(driver.posts) == 1 and not len(d.gather)
+    d.capture(small[3].fb, small[3].hidden, small[3].aux)  # waits
+    big = make_batch([5, 4], seed=75)  # 9 rows >= 8: copied on its own, after the waiting step
+    d.capture(big.fb, big.hidden, big.aux)
+    assert d.job_seq == 3 and not len(d.gather)
+    assert d.flush(10) and d.stats.snapshot()["batches"] == 5
+    for b in small + [big]:
+        assert_spans_written(b, tmp_path)
+
+
+def test_a_rewritten_buffer_drops_the_waiting_steps_and_stops_gathering(tmp_path, gathering):
+    """A new step whose tensor starts where a waiting step's does (a static buffer the model rewrote):
+    the waiting data is gone, so it is counted as dropped and never written; later steps go alone."""
+    d, driver = gathering(gather_tokens=64)
+    first = make_batch([3, 2], seed=80)
+    d.capture(first.fb, first.hidden, first.aux)
+    again = make_batch([3, 2], seed=81)
+    again.hidden = first.hidden  # the same memory, as a CUDA-graph output buffer would be
+    first.hidden.copy_(torch.randn(first.hidden.shape).bfloat16())  # rewritten in place
+    d.capture(again.fb, again.hidden, again.aux)
+    assert d.gather is None
+    assert d.flush(10)
+    stats = d.stats.snapshot()
+    assert stats["dropped_batches"] == 1 and stats["dropped_spans"] == 2 and stats["errors"] == 1
+    assert stats["files"] == 2 and d.job_seq == 1  # the new step, copied on its own
+    assert_spans_written(again, tmp_path)
+
+
+def test_an_idle_dumper_copies_waiting_steps_from_the_reaper_thread(tmp_path, gathering):
+    d, driver = gathering(gather_tokens=64, gather_ms=1)
+    b = make_batch([3, 4], seed=90)
+    d.capture(b.fb, b.hidden, b.aux)
+    deadline = time.monotonic() + 10  # the reaper ticks once a second
+    while d.stats.snapshot()["files"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert d.stats.snapshot()["files"] == 2
+    assert driver.contexts and driver.contexts[0] == (d.sink.reaper.ident, 77)  # copied on the reaper thread
+    assert_spans_written(b, tmp_path)
+
+
+def test_gather_off_copies_every_step_on_its_own(tmp_path, gathering):
+    d, driver = gathering(gather_tokens=0)
+    assert d.gather is None and not d.stats.static["gather"]["active"]
+    for i in range(3):
+        b = make_batch([2], seed=95 + i)
+        d.capture(b.fb, b.hidden, b.aux)
+    assert d.job_seq == 3 and len(driver.posts) == 3
+
+
+def test_gather_bookkeeping():
+    g = Gather(tokens=10, steps=3, max_age_s=0.5)
+    assert g.takes(9) and not g.takes(10)
+    assert g.fits(9, "k") and not g.due(0.0)
+    assert g.add("a", 4, "k", (1, 2), now=1.0) == 0 and g.add("b", 4, "k", (3,), now=1.1) == 4
+    assert not g.fits(3, "k") and g.fits(2, "k") and not g.fits(1, "other key")
+    assert g.clash((9, 3)) and not g.clash((9, 10))
+    assert not g.due(1.2) and g.due(1.5) and g.stale(1.5) and not g.stale(1.4)
+    g.add("c", 1, "k", (4,), now=1.2)
+    assert g.due(1.2)  # three steps
+    assert g.take() == (["a", "b", "c"], 9) and len(g) == 0 and not g.clash((1,))
+    assert shifted_spans([(0, [(0, 2, 0), (2, 2, 5)]), (4, [(0, 3, 1)])]) == [(0, 2, 0), (2, 2, 5), (4, 3, 1)]
