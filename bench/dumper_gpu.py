@@ -302,7 +302,7 @@ def bit_exact_after_reuse(step, lens, folder, samples):
             checked, equal, start = checked + 1, equal + int(same), start + n
     report = dumpfile.verify_dir(folder, step.hidden, check_sha=True)
     copy_mode, errors = dumper.stats.static.get("copy"), dumper.stats.counts.get("errors", 0)
-    gather = dumper.stats.static.get("gather")
+    gather = dict(dumper.stats.static.get("gather") or {}, jobs=dumper.job_seq, steps=samples)
     dumper.close()
     return {
         "copy_mode": copy_mode,

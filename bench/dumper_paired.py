@@ -74,8 +74,14 @@ VARIANTS = {
     "inline": {"SGLANG_HS_DUMP_COPY": "inline"},
     "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # (with gathering off, as every variant not named gather*)
     # small steps gathered into one copy job (remote_ops/dumper/gather.py): the defaults, and 2k rows
-    "gather": {"SGLANG_HS_DUMP_COPY": "calls"},
-    "gather-2k": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_GATHER_TOKENS": "2048"},
+    # (buffers of 4,096 rows at least: a gathered job fits the slot; the dumper never gathers more rows than
+    # its buffers hold, and SGLang's buffers are chunked_prefill_size rows, 8,192 by default)
+    "gather": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    "gather-2k": {
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+    },
     # native with a knob set in make_arm. Diagnosis: the thread issues each job 4 ms late (late), polls
     # for work (spin), runs SCHED_BATCH (batch). Experiment, is the next step's spill DMA or the host
     # function: the thread posts itself (threadpost); 4 MiB slices, 100 us apart, thread posts (paced)
@@ -188,6 +194,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         return Arm(name)
     env = dict(args.dump_env)
     env.update(VARIANTS[name])
+    if "SGLANG_HS_DUMP_BUFFER_TOKENS" in env:  # never smaller than the step
+        env["SGLANG_HS_DUMP_BUFFER_TOKENS"] = str(max(int(env["SGLANG_HS_DUMP_BUFFER_TOKENS"]), step.tokens))
     if not name.startswith("gather") and name != "default":  # the per-step path the diagnoses were built on
         env.setdefault("SGLANG_HS_DUMP_GATHER_TOKENS", "0")
     if args.writer_cpus:  # with --pin-forward every writer process leaves the forward thread's CPUs alone
@@ -456,7 +464,7 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     step = sweep.make_step(kind, tokens, args.hidden, dev)
     lens = base.request_lengths(tokens)
     warm = sweep.make_inputs(step, lens, range(2))
-    mask = ([False] * (period - 1) + [True]) * captures
+    mask = ([False] * (period - 1) + [True]) * captures + [False]  # the last capture's next step is timed too
     inputs = sweep.make_inputs(step, lens, range(10, 10 + len(mask)))
     folder = base.fresh(os.path.join(args.dir, "alt"))
     arms = [("dump" if len(variants) == 1 else v, make_arm(v, step, os.path.join(folder, v), captures + 2, args, warm))
@@ -468,6 +476,7 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
     rest = {name: [] for name, _arm in arms}  # the captured step less its capture() wall, over the step before
     spill = {name: [] for name, _arm in order}  # the step after a captured one, over the step before it
     tails = {name: [] for name, _arm in order}  # del + stream sync of the captured step less the step before's (us)
+    loop_pct = {name: [] for name, _arm in order}  # per loop: its captured + next steps over twice the befores
     untimed = {name: 0 for name, _arm in arms}  # loops that ended with gathered steps (settle would copy them)
     started, loops = time.perf_counter(), 0
     while loops < 4 or (time.perf_counter() - started < args.point_s and loops < args.rounds_max):
@@ -496,15 +505,20 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
                 (times[i + 1] / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c and i + 1 < len(mask)
             ]
             tails[name] += [(tail[i] - tail[i - 1]) * 1e6 for i, c in enumerate(mask) if c]
+            caught = [i for i, c in enumerate(mask) if c]  # every loop holds whole gathered jobs (--alt-captures)
+            paid = sum(times[i] + times[i + 1] for i in caught)
+            loop_pct[name].append((paid / sum(2 * times[i - 1] for i in caught) - 1) * 100)
             if name in rest:
                 rest[name] += [((times[i] - walls[i]) / times[i - 1] - 1) * 100 for i, c in enumerate(mask) if c]
                 gathered = getattr(use.dumper, "gather", None)
                 untimed[name] += 1 if gathered is not None and len(gathered) else 0
             settle(step, warm, use, args.settle_s)
         loops += 1
-    copy_modes = {}
+    copy_modes, jobs = {}, {}
     for name, arm in arms:
         copy_modes[name] = arm.dumper.stats.static.get("copy") if arm.dumper is not None else None
+        if arm.dumper is not None:  # copy jobs and captured steps over the whole point, warm-up included
+            jobs[name] = (arm.dumper.job_seq, arm.dumper.stats.counts.get("batches"))
         arm.close()
     shutil.rmtree(folder, ignore_errors=True)
     if dev.type == "cuda":
@@ -525,7 +539,10 @@ def run_alt_point(tokens, args, dev, kind="launch", period=3, captures=5, varian
         out[key + "per_capture_mean_pct"] = mean_se([a + b for a, b in zip(ratios[name], spill[name])])
         out[key + "step_mean_pct"], out[key + "next_mean_pct"] = mean_se(ratios[name]), mean_se(spill[name])
         out[key + "untimed_flush_loops"] = untimed[name]
+        out[key + "per_loop_pct"] = spread(loop_pct[name])  # median over loops: each holds whole jobs
+        out[key + "jobs_steps"] = jobs.get(name)
     out["aa_per_capture_mean_pct"] = mean_se([a + b for a, b in zip(ratios["aa"], spill["aa"])])
+    out["aa_per_loop_pct"] = spread(loop_pct["aa"])
     return out
 
 
@@ -759,12 +776,15 @@ def main(argv=None):
                     alt[k + "capture_us_mean"],
                     alt[k + "untimed_flush_loops"],
                 )
-            line += " | A/A next step %+.2f%%, sync %+.1f us, per capture (mean) %+.2f%% +- %.2f" % (
+            line += " | A/A next step %+.2f%%, sync %+.1f us, per capture (mean) %+.2f%% +- %.2f, per loop %+.2f%% [p25 %+.2f p75 %+.2f]" % (
                 alt["aa_next_step_pct"]["median"],
                 alt["aa_tail_us"]["median"],
                 alt["aa_per_capture_mean_pct"]["mean"],
                 alt["aa_per_capture_mean_pct"]["se"],
-            )
+                alt["aa_per_loop_pct"]["median"],
+                alt["aa_per_loop_pct"]["p25"],
+                alt["aa_per_loop_pct"]["p75"],
+            )  # fmt: skip
             print(line, flush=True)
             if args.out:
                 with open(args.out, "w") as fh:
