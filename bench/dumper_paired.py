@@ -77,6 +77,7 @@ VARIANTS = {
     # (buffers of 4,096 rows at least: a gathered job fits the slot; the dumper never gathers more rows than
     # its buffers hold, and SGLang's buffers are chunked_prefill_size rows, 8,192 by default)
     "gather": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    "gather-native": {"SGLANG_HS_DUMP_COPY": "native", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     "gather-2k": {
         "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",

@@ -164,6 +164,60 @@ def test_paced_copies_land_every_byte_and_the_thread_posts_itself(monkeypatch, s
     stager.close()
 
 
+@pytest.mark.parametrize("copy", ["native", "inline"])
+def test_gathered_steps_are_one_job_of_every_copy_at_their_rows(monkeypatch, standin, copy):
+    """queue_gathered through hsq.c: three steps (one strided) as one job: 18 copies, one post, each
+    step's rows where the torch path would put them at its first row."""
+    h = 8
+    steps = [(3, False), (5, True), (2, False)]
+    stager, sem = cpu_stager(monkeypatch, standin, copy), Semaphore()
+    buf = staging.HostBuffer(16, h, torch.bfloat16, pin=False)
+    parts, srcs, first = [], [], 0
+    for i, (rows, strided) in enumerate(steps):
+        hidden, aux, ids, pos = sources(rows, h, strided, seed=10 + i)
+        srcs.append((first, rows, hidden, aux, ids, pos))
+        parts.append((stager.plan(hidden, aux, ids, pos, rows, h), first, rows))
+        first += rows
+    stager.queue_gathered(parts, buf, sem.addr, 0, (0, 0), 1)
+    stager.synchronize()
+    assert sem.take_all() == 1 and ctypes.c_long.in_dll(standin, "standin_copies").value == 18
+    got = written(buf, first, h)
+    for first, rows, hidden, aux, ids, pos in srcs:
+        ref = staging.HostBuffer(rows, h, torch.bfloat16, pin=False)
+        staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)
+        for region, (row_bytes, want) in enumerate(zip((2 * h, 6 * h, 8, 4), written(ref, rows, h))):
+            assert got[region][first * row_bytes : (first + rows) * row_bytes] == want, (first, region)
+    too_many = [parts[0]] * (native.MAX_COPIES // 6 + 1)
+    with pytest.raises(staging.CudaError, match="copies in one gathered job"):
+        stager.queue_gathered(too_many, buf, sem.addr, 0, (0, 0), 2)
+    stager.close()
+
+
+def test_the_dumper_gathers_small_steps_into_native_jobs(tmp_path, monkeypatch, standin):
+    """The dumper with SGLANG_HS_DUMP_COPY=native gathers too: one hsq job per gathered group, files
+    bit-exact, the steps per job capped by what one job holds."""
+    from types import SimpleNamespace
+
+    from test_dump_capture import assert_spans_written, make_batch, make_dumper
+
+    d = make_dumper(tmp_path, writer="process", buffers=2, copy="native", gather_tokens=64, gather_steps=20)
+    try:
+        d.driver = SimpleNamespace(make_current=lambda ctx: None, current_context=lambda: 0)
+        d.stager = cpu_stager(monkeypatch, standin, "native")
+        d._start_gather()
+        assert d.gather is not None and d.gather.max_steps == native.MAX_COPIES // 6
+        batches = [make_batch([2, 1], seed=30 + i) for i in range(10)]
+        for b in batches:
+            d.capture(b.fb, b.hidden, b.aux)
+        assert d.flush(10)
+        assert d.job_seq == 2 and ctypes.c_long.in_dll(standin, "standin_copies").value == 60
+        assert d.stats.snapshot()["files"] == 20 and d.stats.snapshot()["errors"] == 0
+        for b in batches:
+            assert_spans_written(b, tmp_path)
+    finally:
+        d.close(10)
+
+
 def test_a_refused_copy_cancels_its_job_posts_for_it_and_is_reported(monkeypatch, standin):
     rows, h = 4, 8
     stager, sem = cpu_stager(monkeypatch, standin, "native"), Semaphore()

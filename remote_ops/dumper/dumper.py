@@ -305,7 +305,9 @@ class Dumper:
         if not seq:
             return
         try:
-            self.stager.queue_gathered([p[:3] for p in parts], buf, self.sink.landed_addr, stream)
+            self.stager.queue_gathered(
+                [p[:3] for p in parts], buf, self.sink.landed_addr, stream, self.sink.cancel_mark(seq), seq
+            )
         except BaseException:
             self._abandon(buf, seq)
             raise
@@ -558,14 +560,15 @@ class Dumper:
         self._start_gather()
 
     def _start_gather(self) -> None:
-        """Gather small steps (gather.py) where it applies: driver copies by ctypes calls, the writer
-        process signalled by host functions, SGLANG_HS_DUMP_GATHER_TOKENS > 0 (the native queue's jobs
-        are one step each: not gathered)."""
+        """Gather small steps (gather.py) where it applies: driver copies, the writer process signalled by
+        host functions, SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds; with the native
+        queue no more steps than one of its jobs holds (6 copies each)."""
         c = self.config
-        if self.driver is None or self.sink is None or self.flags or self.stager.native is not None:
+        if self.driver is None or self.sink is None or self.flags:
             return
-        if c.gather_tokens > 0 and c.gather_steps > 1:
-            self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), c.gather_steps, c.gather_ms / 1000.0)
+        steps = c.gather_steps if self.stager.native is None else min(c.gather_steps, native.MAX_COPIES // 6)
+        if c.gather_tokens > 0 and steps > 1:
+            self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), steps, c.gather_ms / 1000.0)
             self.context = self.driver.current_context()
         self.stats.static["gather"] = _gather_settings(c, self.gather is not None)
 

@@ -6,7 +6,8 @@
  * launch-bound step on their own.  Here the forward thread makes one call, hsq_submit: it records
  * the fence event on the forward stream (the point the copies must wait for) and puts the job in a
  * ring; a native thread (no Python, no GIL) makes the other 8 calls on the side stream.  With
- * threaded = 0 hsq_submit makes all 9 itself (one foreign call instead of nine).
+ * threaded = 0 hsq_submit makes all 9 itself (one foreign call instead of nine).  A job may hold
+ * the copies of several gathered steps (gather.py: up to 8 steps x 6 copies, one fence, one post).
  *
  * Order and lifetime: one thread issues every job, in submission order, on one side stream, so the
  * completion posts come in job order as before.  The caller keeps the source tensors referenced until
@@ -35,7 +36,7 @@
 
 #include "hsq_cuda.h"
 
-#define HSQ_MAX_COPIES 8
+#define HSQ_MAX_COPIES 48 /* 8 gathered steps of 6 copies (native.MAX_COPIES) */
 #define HSQ_FAILED_KEPT 256
 
 /* One copy: `height` rows of `width` bytes, device rows `src_pitch` apart into host rows `dst_pitch`

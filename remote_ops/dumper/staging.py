@@ -30,6 +30,7 @@ import ctypes
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -431,13 +432,23 @@ class Stager:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
         return plan[4], plan[6]
 
-    def queue_gathered(self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, post_addr: int, stream: int):
+    def queue_gathered(
+        self,
+        parts: Sequence[Tuple[tuple, int, int]],
+        buf: HostBuffer,
+        post_addr: int,
+        stream: int,
+        cancel: Tuple[int, int] = (0, 0),
+        seq: int = 0,
+    ) -> None:
         """Gathered steps (see `gather`): one fence on `stream` (the forward stream the steps ran on; the
         caller may be another thread, with the CUDA context made current), each step's copies at its
         first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function.
-        One ctypes call per driver call whatever the copy mode.  The caller holds the sources."""
+        With the native queue: one job of all the copies (`cancel`, `seq` as in `queue`); else one
+        ctypes call per driver call.  The caller holds the sources."""
+        if self.native is not None:
+            return self._queue_gathered_native(parts, buf, post_addr, stream, cancel, seq)
         drv, side, event = self.driver, self.side_raw, self.fence_event
-        self.drain()
         if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
         rc = 0
@@ -446,6 +457,35 @@ class Stager:
         rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
+
+    def _queue_gathered_native(
+        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, post_addr: int, stream: int, cancel, seq
+    ) -> None:
+        """`queue_gathered` as one hsq.c job: 6 copies per step (positions are always there when gathered)."""
+        q = self.native
+        assert q is not None, "called with the native queue open"
+        width = buf.row_bytes
+        w3 = 3 * width
+        d_hidden, d_aux, d_ids, d_pos = buf.dsts
+        vals: List[int] = []
+        for (hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size), first, rows in parts:
+            if pitch == width:
+                vals += (hidden_ptr, 0, d_hidden + first * width, 0, rows * width, 0)
+            else:
+                vals += (hidden_ptr, pitch, d_hidden + first * width, width, width, rows)
+            aux_row = d_aux + first * w3
+            for k, (ptr, src_pitch) in enumerate(srcs):
+                vals += (ptr, src_pitch, aux_row + k * width, w3, width, rows)
+            vals += (ids_ptr, 0, d_ids + first * id_size, 0, rows * id_size, 0)
+            vals += (pos_ptr, 0, d_pos + first * pos_size, 0, rows * pos_size, 0)
+        count = len(vals) // 6
+        if count > native.MAX_COPIES:
+            raise CudaError("%d copies in one gathered job: the native queue takes %d" % (count, native.MAX_COPIES))
+        native.JOB_HEAD.pack_into(q.job, 0, seq, stream, post_addr, cancel[0], cancel[1], count, 0)
+        struct.pack_into("<%dQ" % len(vals), q.job, native.JOB_HEAD.size, *vals)
+        rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
+        if rc:
+            raise CudaError("the native copy queue refused the gathered steps: code %d" % rc)
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
         """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
