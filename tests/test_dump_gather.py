@@ -144,6 +144,16 @@ def test_a_rewritten_buffer_drops_the_waiting_steps_and_stops_gathering(tmp_path
     assert_spans_written(again, tmp_path)
 
 
+def test_a_rewritten_ids_buffer_is_caught_too(tmp_path, gathering):
+    d, _driver = gathering(gather_tokens=64)
+    first = make_batch([4], seed=82)
+    d.capture(first.fb, first.hidden, first.aux)
+    again = make_batch([4], seed=83)
+    again.fb.input_ids = first.fb.input_ids  # a persistent ids buffer, refilled for the next step
+    d.capture(again.fb, again.hidden, again.aux)
+    assert d.gather is None and d.stats.snapshot()["dropped_batches"] == 1
+
+
 def test_an_idle_dumper_copies_waiting_steps_from_the_reaper_thread(tmp_path, gathering):
     d, driver = gathering(gather_tokens=64, gather_ms=1)
     b = make_batch([3, 4], seed=90)

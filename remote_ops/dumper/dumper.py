@@ -5,8 +5,11 @@ Python-list lengths of the ForwardBatch (no GPU sync), takes a host buffer from
 the bounded pool, queues the copies and hands the batch to the writer: by
 default a separate process (`procwriter`, no GIL shared with the forward
 thread), else writer threads (`SGLANG_HS_DUMP_WRITER=thread`, or when the
-process cannot start).  It blocks only when every buffer is still waiting for
-the disk (backpressure), or never (drop policy).
+process cannot start).  A small step (under SGLANG_HS_DUMP_GATHER_TOKENS rows,
+GPU path with the writer process) is held and copied with the next ones as one
+job (`gather`): a copy job's fixed price on the forward thread is then paid once
+per several steps.  It blocks only when every buffer is still waiting for the
+disk (backpressure), or never (drop policy).
 """
 
 from __future__ import annotations
@@ -267,7 +270,7 @@ class Dumper:
         taken, False when it is copied on its own (too large, or gathering just stopped)."""
         g = self.gather
         assert g is not None, "called while gathering"
-        starts = (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0])
+        starts = (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0], plan[3], plan[5])  # hidden, aux, ids, pos
         if g.clash(starts):
             self._drop_gathered()
             return False

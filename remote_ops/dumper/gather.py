@@ -17,8 +17,9 @@ A gathered step is copied later than its own step's end, so its tensors must
 not be rewritten in place by the model meanwhile.  Tensors held by reference
 cannot be reused by the caching allocator; buffers the model rewrites itself
 (static CUDA-graph buffers) can.  Such a rewrite is detected when a new
-step's tensor starts where a gathered one does (impossible while a reference
-holds allocator memory): the gathered steps are then dropped and counted,
+step's hidden, aux, ids or positions tensor starts where a gathered one's does
+(impossible while a reference holds allocator memory): the gathered steps are
+then dropped and counted,
 never written, and gathering stops for the rest of the run (`clash`).
 """
 
