@@ -166,6 +166,26 @@ def test_an_idle_dumper_copies_waiting_steps_from_the_reaper_thread(tmp_path, ga
     assert_spans_written(b, tmp_path)
 
 
+def test_the_reaper_never_waits_for_a_buffer_to_copy_stale_steps(tmp_path, gathering):
+    """With every buffer taken, the reaper's tick leaves stale steps waiting (it is the thread that would
+    notice a dead writer process); once a buffer is back, they are copied."""
+    d, driver = gathering(gather_tokens=64, gather_ms=200)
+    b = make_batch([2, 2], seed=92)
+    d.preallocate(b.hidden, 64)  # the pool exists before the step (as after any first batch)
+    d.capture(b.fb, b.hidden, b.aux)
+    taken = [d.pool.acquire(4, 32, torch.bfloat16, False, 0.0) for _ in range(2)]
+    assert all(taken) and not d.pool.free
+    time.sleep(0.25)  # stale now; the real reaper's ticks skip it too
+    d._copy_waiting(stale_only=True)  # what a tick does: returns at once
+    assert len(d.gather) == 1 and d.job_seq == 0
+    for buf in taken:
+        d.pool.release(buf.slot)
+    d._copy_waiting()  # (or the next tick)
+    assert not len(d.gather) and d.job_seq == 1
+    assert d.flush(10)
+    assert_spans_written(b, tmp_path)
+
+
 def test_gather_off_copies_every_step_on_its_own(tmp_path, gathering):
     d, driver = gathering(gather_tokens=0)
     assert d.gather is None and not d.stats.static["gather"]["active"]

@@ -334,13 +334,17 @@ class Dumper:
     def _copy_waiting(self, stale_only: bool = False) -> None:
         """Copy the gathered steps now, from this thread with the forward thread's CUDA context made
         current: flush/close (all of them), or the reaper's tick (`stale_only`: only steps that waited
-        past gather_ms, i.e. no capture came since, an idle server; it skips a tick the lock is busy)."""
+        past gather_ms, i.e. no capture came since, an idle server).  The reaper never waits: it skips a
+        tick when the lock is busy or no buffer is free (it is the thread that notices a dead writer
+        process, so it must not sit in a backpressure wait; under the lock nothing else takes a buffer)."""
         g = self.gather
         if g is None or not (g.stale(time.monotonic()) if stale_only else len(g)):
             return
         if not self.gather_lock.acquire(blocking=not stale_only):
             return
         try:
+            if stale_only and self.pool is not None and not self.pool.free:
+                return
             if self.gather is not None and len(self.gather):
                 assert self.driver is not None, "gathering runs on the driver path"
                 self.driver.make_current(self.context)
