@@ -21,47 +21,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_dump_capture import assert_spans_written, make_batch, make_dumper  # noqa: E402
+from test_dump_capture import _MemmoveDriver, assert_spans_written, make_batch, make_dumper  # noqa: E402
 
 from remote_ops.dumper import staging  # noqa: E402
 from remote_ops.dumper.cudadrv import load_libc  # noqa: E402
 from remote_ops.dumper.gather import Gather, shifted_spans  # noqa: E402
 
 
-class MemmoveDriver:
-    """The entry points the driver path calls, on CPU memory: copies with memmove, fences recorded,
-    host functions made at once (sem_post on the address given, as the real one does later)."""
-
-    sem_post_addr = 0
-    batch3d_fn = None
+class MemmoveDriver(_MemmoveDriver):
+    """test_dump_capture's memmove copies, with what the gathering path calls besides: fences recorded,
+    host functions made at once (sem_post on the address given, as the real one does later), the
+    CUDA context calls."""
 
     def __init__(self):
+        super().__init__()
         self.libc = load_libc()
-        self.fences, self.posts, self.contexts = [], [], []
-
-    def event_record_fn(self, event, stream):
-        self.fences.append(stream)
-        return 0
-
-    def wait_event_fn(self, stream, event, flags):
-        return 0
-
-    def d2h_fn(self, dst, src, nbytes, stream):
-        import ctypes
-
-        ctypes.memmove(dst, src, nbytes)
-        return 0
-
-    def copy2d_fn(self, ref, stream):
-        import ctypes
-
-        p = ref._obj
-        for r in range(p.Height):
-            ctypes.memmove(p.dstHost + r * p.dstPitch, p.srcDevice + r * p.srcPitch, p.WidthInBytes)
-        return 0
+        self.fences, self.contexts = [], []
+        self.event_record_fn = lambda event, stream: self.fences.append(stream) or 0
 
     def host_fn(self, stream, fn, arg):
-        self.posts.append(arg)
+        super().host_fn(stream, fn, arg)
         self.libc.sem_post(arg)
         return 0
 
