@@ -77,6 +77,10 @@ VARIANTS = {
     # (buffers of 4,096 rows at least: a gathered job fits the slot; the dumper never gathers more rows than
     # its buffers hold, and SGLang's buffers are chunked_prefill_size rows, 8,192 by default)
     "gather": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # Diagnosis, does the step after a capture pay for capture()'s own Python (cause 12): the checks and the
+    # plan, then nothing kept, copied or written (plan-only); the checks alone (checks-only)
+    "plan-only": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "checks-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "gather-native": {"SGLANG_HS_DUMP_COPY": "native", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     "gather-2k": {
         "SGLANG_HS_DUMP_COPY": "calls",
@@ -214,6 +218,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         arm = copy_only(dumper, name)
     elif name in ("write-only", "hold-only"):
         write_only(dumper, hold=name == "hold-only")
+    elif name in ("plan-only", "checks-only"):
+        python_only(dumper, plan=name == "plan-only")
     elif name == "calls-nohold":
         submit = dumper._submit_to_process
         dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None: submit(
@@ -283,6 +289,20 @@ def copy_only(dumper, name="copy-only"):
     arm = Arm(name, dumper, flush=lambda timeout: reap(True, timeout), before_capture=reap)
     arm.keep_alive = sem
     return arm
+
+
+def python_only(dumper, plan):
+    """capture() up to its skip checks and span list (and, with `plan`, the plan's ~25 tensor-attribute
+    reads), then nothing: no slot, copy, job or write.  What a step pays for capture()'s Python alone."""
+    from remote_ops.dumper.dumper import _span_tuples
+
+    def capture(fb, hidden, aux):
+        if dumper._skip_reason(fb, hidden, aux) is None:
+            _spans, rows = _span_tuples(fb)
+            if plan:
+                dumper.stager.plan(hidden, aux, fb.input_ids, fb.positions, rows, dumper.hidden_size)
+
+    dumper.capture = capture
 
 
 def write_only(dumper, hold=False):
