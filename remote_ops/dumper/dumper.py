@@ -295,11 +295,12 @@ class Dumper:
         items, rows = self.gather.take()
         if not items:
             return
-        parts, first = [], 0
+        parts, moved, first = [], [], 0  # (plan, first row, rows) per step; its spans moved by first row
         for plan, n, spans, _keep in items:
-            parts.append((plan, first, n, spans))
+            parts.append((plan, first, n))
+            moved.append((first, spans))
             first += n
-        spans = shifted_spans([(f, sp) for _plan, f, _n, sp in parts])
+        spans = shifted_spans(moved)
         buf = self._acquire(rows, items[0][3][0], spans, len(items))
         if buf is None:
             return
@@ -308,9 +309,7 @@ class Dumper:
         if not seq:
             return
         try:
-            self.stager.queue_gathered(
-                [p[:3] for p in parts], buf, self.sink.landed_addr, stream, self.sink.cancel_mark(seq), seq
-            )
+            self.stager.queue_gathered(parts, buf, self.sink.landed_addr, stream, self.sink.cancel_mark(seq), seq)
         except BaseException:
             self._abandon(buf, seq)
             raise

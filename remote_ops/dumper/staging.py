@@ -464,20 +464,9 @@ class Stager:
         """`queue_gathered` as one hsq.c job: 6 copies per step (positions are always there when gathered)."""
         q = self.native
         assert q is not None, "called with the native queue open"
-        width = buf.row_bytes
-        w3 = 3 * width
-        d_hidden, d_aux, d_ids, d_pos = buf.dsts
         vals: List[int] = []
-        for (hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size), first, rows in parts:
-            if pitch == width:
-                vals += (hidden_ptr, 0, d_hidden + first * width, 0, rows * width, 0)
-            else:
-                vals += (hidden_ptr, pitch, d_hidden + first * width, width, width, rows)
-            aux_row = d_aux + first * w3
-            for k, (ptr, src_pitch) in enumerate(srcs):
-                vals += (ptr, src_pitch, aux_row + k * width, w3, width, rows)
-            vals += (ids_ptr, 0, d_ids + first * id_size, 0, rows * id_size, 0)
-            vals += (pos_ptr, 0, d_pos + first * pos_size, 0, rows * pos_size, 0)
+        for plan, first, rows in parts:
+            vals += _native_copies(plan, buf, first, rows)
         count = len(vals) // 6
         if count > native.MAX_COPIES:
             raise CudaError("%d copies in one gathered job: the native queue takes %d" % (count, native.MAX_COPIES))
@@ -514,33 +503,19 @@ class Stager:
     def _queue_native(
         self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int, cancel: Tuple[int, int], seq: int
     ) -> Tuple[int, int]:
-        """`queue` through hsq.c: the job packed in one call, one foreign call (see `native`).  Copies:
-        hidden (one contiguous copy, or rows at its pitch), aux k into its third of the [rows, 3H] rows,
-        ids, positions (the sixth is ignored without positions)."""
-        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+        """`queue` through hsq.c: the job packed in one call, one foreign call (see `native`); the sixth
+        copy (positions) is ignored without positions."""
         q = self.native
         assert q is not None, "called with the native queue open"
-        width = buf.row_bytes
-        d_hidden, d_aux, d_ids, d_pos = buf.dsts
-        (a0, p0), (a1, p1), (a2, p2) = srcs
-        if pitch == width:
-            h_pitch, h_dpitch, h_width, h_rows = 0, 0, rows * width, 0
-        else:
-            h_pitch, h_dpitch, h_width, h_rows = pitch, width, width, rows
-        w3 = 3 * width
+        count = 6 if plan[5] else 5
         native.JOB6.pack_into(
-            q.job, 0, seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], 6 if pos_ptr else 5, 0,
-            hidden_ptr, h_pitch, d_hidden, h_dpitch, h_width, h_rows,
-            a0, p0, d_aux, w3, width, rows,
-            a1, p1, d_aux + width, w3, width, rows,
-            a2, p2, d_aux + 2 * width, w3, width, rows,
-            ids_ptr, 0, d_ids, 0, rows * id_size, 0,
-            pos_ptr, 0, d_pos, 0, rows * pos_size, 0,
+            q.job, 0, seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], count, 0,
+            *_native_copies(plan, buf, 0, rows),
         )  # fmt: skip
         rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
         if rc:
             raise CudaError("the native copy queue refused the batch: code %d" % rc)
-        return id_size, pos_size
+        return plan[4], plan[6]
 
     def drain(self) -> None:
         """Before this thread queues anything on the side stream itself: the native thread made its calls."""
@@ -627,6 +602,29 @@ class Stager:
         if self.fence_event and self.driver is not None:
             self.driver.event_destroy(self.fence_event)
             self.fence_event = 0
+
+
+def _native_copies(plan: tuple, buf: HostBuffer, first: int, rows: int) -> tuple:
+    """A step's 6 copies as hsq.c's `hsq_copy` fields (src, src pitch, dst, dst pitch, width, height; height
+    0 = one contiguous copy), into rows [first, first + rows) of `buf`: hidden (contiguous, or rows at its
+    pitch), aux k into its third of the [rows, 3H] rows, ids, positions."""
+    hidden_ptr, pitch, ((a0, p0), (a1, p1), (a2, p2)), ids_ptr, id_size, pos_ptr, pos_size = plan
+    width = buf.row_bytes
+    w3 = 3 * width
+    d_hidden, d_aux, d_ids, d_pos = buf.dsts
+    d_hidden += first * width
+    d_aux += first * w3
+    if pitch == width:
+        hidden = (hidden_ptr, 0, d_hidden, 0, rows * width, 0)
+    else:
+        hidden = (hidden_ptr, pitch, d_hidden, width, width, rows)
+    return hidden + (
+        a0, p0, d_aux, w3, width, rows,
+        a1, p1, d_aux + width, w3, width, rows,
+        a2, p2, d_aux + 2 * width, w3, width, rows,
+        ids_ptr, 0, d_ids + first * id_size, 0, rows * id_size, 0,
+        pos_ptr, 0, d_pos + first * pos_size, 0, rows * pos_size, 0,
+    )  # fmt: skip
 
 
 def _queue_batch(fn, side: int, batch: tuple, plan: tuple, rows: int, width: int) -> int:
