@@ -82,6 +82,9 @@ VARIANTS = {
     "plan-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "checks-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "gather-native": {"SGLANG_HS_DUMP_COPY": "native", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
+    # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
+    "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     "gather-2k": {
         "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",
@@ -220,6 +223,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         write_only(dumper, hold=name == "hold-only")
     elif name in ("plan-only", "checks-only"):
         python_only(dumper, plan=name == "plan-only")
+    elif name == "gather-eager":
+        plan_at_capture(dumper)
     elif name == "calls-nohold":
         submit = dumper._submit_to_process
         dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None: submit(
@@ -303,6 +308,18 @@ def python_only(dumper, plan):
                 dumper.stager.plan(hidden, aux, fb.input_ids, fb.positions, rows, dumper.hidden_size)
 
     dumper.capture = capture
+
+
+def plan_at_capture(dumper):
+    """Gathering as in the sixth session: the plan and its starts made at each step's capture."""
+    gathered = dumper._gathered
+
+    def eager(hidden, aux, fb, spans, rows):
+        plan = dumper.stager.plan(hidden, aux, fb.input_ids, fb.positions, rows, dumper.hidden_size)
+        _starts = (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0], plan[3], plan[5]) if plan else None
+        return gathered(hidden, aux, fb, spans, rows)
+
+    dumper._gathered = eager
 
 
 def write_only(dumper, hold=False):

@@ -25,7 +25,7 @@ from test_dump_capture import _MemmoveDriver, assert_spans_written, make_batch, 
 
 from remote_ops.dumper import staging  # noqa: E402
 from remote_ops.dumper.cudadrv import load_libc  # noqa: E402
-from remote_ops.dumper.gather import Gather, shifted_spans  # noqa: E402
+from remote_ops.dumper.gather import Gather, layout_runs, rewritten, shifted_spans  # noqa: E402
 
 
 class MemmoveDriver(_MemmoveDriver):
@@ -115,11 +115,11 @@ def test_a_rewritten_buffer_drops_the_waiting_steps_and_stops_gathering(tmp_path
     again.hidden = first.hidden  # the same memory, as a CUDA-graph output buffer would be
     first.hidden.copy_(torch.randn(first.hidden.shape).bfloat16())  # rewritten in place
     d.capture(again.fb, again.hidden, again.aux)
+    assert d.flush(10)  # the job is planned: the two steps start at one address
     assert d.gather is None
-    assert d.flush(10)
     stats = d.stats.snapshot()
     assert stats["dropped_batches"] == 1 and stats["dropped_spans"] == 2 and stats["errors"] == 1
-    assert stats["files"] == 2 and d.job_seq == 1  # the new step, copied on its own
+    assert stats["files"] == 2 and d.job_seq == 1  # the newer step, whose data is the memory's
     assert_spans_written(again, tmp_path)
 
 
@@ -130,7 +130,46 @@ def test_a_rewritten_ids_buffer_is_caught_too(tmp_path, gathering):
     again = make_batch([4], seed=83)
     again.fb.input_ids = first.fb.input_ids  # a persistent ids buffer, refilled for the next step
     d.capture(again.fb, again.hidden, again.aux)
+    assert d.flush(10)
     assert d.gather is None and d.stats.snapshot()["dropped_batches"] == 1
+
+
+def test_a_capture_keeps_references_only_and_the_job_plans_every_waiting_step(tmp_path, gathering, monkeypatch):
+    """A gathered step's capture() reads no tensor attribute for the copies: the plans are made when the
+    job is due, one pass over all its steps (cheaper on the H200's cold caches)."""
+    d, _driver = gathering(gather_tokens=64, gather_steps=3)
+    planned = []
+    plan = d.stager.plan
+    monkeypatch.setattr(d.stager, "plan", lambda *a: planned.append(a[4]) or plan(*a))
+    batches = [make_batch([n], seed=100 + n) for n in (2, 3, 4)]
+    for b in batches[:2]:
+        d.capture(b.fb, b.hidden, b.aux)
+    assert planned == [] and d.job_seq == 0
+    d.capture(batches[2].fb, batches[2].hidden, batches[2].aux)  # the third step: due
+    assert planned == [2, 3, 4] and d.job_seq == 1
+    assert d.flush(10)
+    for b in batches:
+        assert_spans_written(b, tmp_path)
+
+
+def test_a_step_the_driver_copies_cannot_take_is_copied_alone_and_gathering_stops(tmp_path, gathering):
+    """A waiting step whose ids are not contiguous has no plan: on the forward thread it takes the general
+    path (torch copies) after the others' job, and every later step is copied on its own."""
+    d, _driver = gathering(gather_tokens=64)
+    plain = make_batch([3], seed=110)
+    odd = make_batch([2, 2], seed=111)
+    odd.fb.input_ids = torch.stack([odd.fb.input_ids, odd.fb.input_ids], 1)[:, 0]  # stride 2
+    for b in (plain, odd):
+        d.capture(b.fb, b.hidden, b.aux)
+    assert d.gather is not None and len(d.gather) == 2
+    d.capture(plain.fb, plain.hidden[:0], plain.aux)  # skipped: no rows (spans still say 3): shapes error
+    d._copy_gathered()
+    assert d.gather is None and d.job_seq == 2
+    assert d.flush(10)
+    stats = d.stats.snapshot()
+    assert stats["dropped_batches"] == 0 and stats["files"] == 3
+    for b in (plain, odd):
+        assert_spans_written(b, tmp_path)
 
 
 def test_an_idle_dumper_copies_waiting_steps_from_the_reaper_thread(tmp_path, gathering):
@@ -178,11 +217,20 @@ def test_gather_bookkeeping():
     g = Gather(tokens=10, steps=3, max_age_s=0.5)
     assert g.takes(9) and not g.takes(10)
     assert g.fits(9, "k") and not g.due(0.0)
-    assert g.add("a", 4, "k", (1, 2), now=1.0) == 0 and g.add("b", 4, "k", (3,), now=1.1) == 4
+    assert g.add("a", 4, "k", now=1.0) == 0 and g.add("b", 4, "k", now=1.1) == 4
     assert not g.fits(3, "k") and g.fits(2, "k") and not g.fits(1, "other key")
-    assert g.clash((9, 3)) and not g.clash((9, 10))
     assert not g.due(1.2) and g.due(1.5) and g.stale(1.5) and not g.stale(1.4)
-    g.add("c", 1, "k", (4,), now=1.2)
+    g.add("c", 1, "k", now=1.2)
     assert g.due(1.2)  # three steps
-    assert g.take() == (["a", "b", "c"], 9) and len(g) == 0 and not g.clash((1,))
+    assert g.take() == (["a", "b", "c"], 9) and len(g) == 0 and g.fits(9, "other key")
     assert shifted_spans([(0, [(0, 2, 0), (2, 2, 5)]), (4, [(0, 3, 1)])]) == [(0, 2, 0), (2, 2, 5), (4, 3, 1)]
+
+
+def test_rewritten_steps_are_the_earlier_ones_sharing_a_start_with_a_later_one():
+    assert rewritten([(1, 2), (3, 4), (5, 2), None, (6, 3)]) == {0, 1}
+    assert rewritten([(1,), None, (2,)]) == set() and rewritten([]) == set()
+
+
+def test_layout_runs_split_where_the_layout_changes():
+    assert layout_runs(["a", "a", "b", "a"]) == [(0, 2), (2, 3), (3, 4)]
+    assert layout_runs([]) == [] and layout_runs(["x"]) == [(0, 1)]

@@ -27,7 +27,7 @@ import torch
 from . import dumpfile, native, staging
 from .config import DumpConfig
 from .cudadrv import Driver
-from .gather import Gather, shifted_spans
+from .gather import Gather, layout_runs, rewritten, shifted_spans
 from .procwriter import WriterProcess
 from .staging import ST_DTYPES, BufferPool, HostBuffer, Stager, positions_into
 from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, write_span_file
@@ -195,17 +195,27 @@ class Dumper:
         spans, rows = _span_tuples(fb)
         if not spans:
             return
-        on_gpu = hidden.is_cuda
         positions = fb.positions
-        plan = self.stager.plan(hidden, aux, fb.input_ids, positions, rows, self.hidden_size)  # None: no driver
-        if plan is None and not self._shapes_ok(fb, hidden, aux, rows):
+        if self.gather is not None and positions is not None and self._gathered(hidden, aux, fb, spans, rows):
             return
-        if (
-            self.gather is not None
-            and plan is not None
-            and positions is not None
-            and self._gathered(plan, rows, spans, (hidden, tuple(aux), fb.input_ids, positions))
-        ):
+        self._copy_step(hidden, aux, fb.input_ids, positions, spans, rows)
+
+    def _copy_step(
+        self,
+        hidden: torch.Tensor,
+        aux: Sequence[torch.Tensor],
+        ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        spans: List[Tuple[int, int, int]],
+        rows: int,
+        plan: Optional[tuple] = None,
+    ) -> None:
+        """One step as its own copy job (forward thread): the driver path when `plan` (made here unless
+        given) says the tensors allow it, else the general path (torch copies); bad shapes are skipped."""
+        on_gpu = hidden.is_cuda
+        if plan is None:
+            plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver
+        if plan is None and not self._shapes_ok(ids, hidden, aux, rows):
             return
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
@@ -216,7 +226,7 @@ class Dumper:
             try:
                 if positions is None:
                     positions_into(buf, _positions_from_spans(spans))
-                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, True, plan)
+                staged = self.stager.stage(buf, hidden, aux, ids, positions, rows, True, plan)
             except BaseException:
                 self.stager.synchronize()  # no copy may still land in a slot handed out again
                 pool.release(buf.slot)
@@ -238,7 +248,7 @@ class Dumper:
                 assert plan is not None
                 id_size, pos_size = plan[4], plan[6]
             else:
-                staged = self.stager.stage(buf, hidden, aux, fb.input_ids, positions, rows, False, plan)
+                staged = self.stager.stage(buf, hidden, aux, ids, positions, rows, False, plan)
                 id_size, pos_size = staged.id_size, staged.pos_size
                 keep, staged.keep = staged.keep, None
                 flag = self._flag_when_copied(buf.slot) if on_gpu else 0
@@ -247,7 +257,7 @@ class Dumper:
             pool.release(buf.slot)
             raise
         if fast:
-            keep = (hidden, tuple(aux), fb.input_ids, positions)
+            keep = (hidden, tuple(aux), ids, positions)
         seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep)
         if not seq:
             return
@@ -265,69 +275,116 @@ class Dumper:
             raise
         self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
 
-    def _gathered(self, plan: tuple, rows: int, spans: List[Tuple[int, int, int]], keep: tuple) -> bool:
-        """Take a small step into the waiting ones (copying them first when it cannot join); True when
-        taken, False when it is copied on its own (too large, or gathering just stopped)."""
+    def _gathered(self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], fb: Any, spans, rows: int) -> bool:
+        """Take a small step into the waiting ones: its references and spans only (the plan, the rewrite
+        check and the copies are made for all waiting steps at once, `_copy_gathered`); True when taken,
+        False when it is copied on its own (as large as a job, or on another GPU than the first step)."""
         g = self.gather
         assert g is not None, "called while gathering"
-        starts = (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0], plan[3], plan[5])  # hidden, aux, ids, pos
-        if g.clash(starts):
-            self._drop_gathered()
-            return False
         index = self.stager.device_index
-        assert index is not None, "plan() ran: the side stream's device is known"
-        key = (keep[0].dtype, plan[4], plan[6], staging._raw_stream(index))
-        if not g.fits(rows, key):
-            self._copy_gathered()
-        if not g.takes(rows):
+        if not g.takes(rows) or hidden.get_device() != index:
+            self._copy_gathered()  # the waiting steps first: files keep the steps' order
             return False
+        stream = staging._raw_stream(index)  # the steps of one job share its fence: the same stream
+        if not g.fits(rows, stream):
+            self._copy_gathered()
         now = time.monotonic()
-        g.add((plan, rows, spans, keep), rows, key, starts, now)
+        g.add((hidden, tuple(aux), fb.input_ids, fb.positions, spans, rows), rows, stream, now)
         if g.due(now):
             self._copy_gathered()
         return True
 
-    def _copy_gathered(self) -> None:
-        """The waiting steps as one job: a slot, the ring entry, then fence + each step's copies at its
-        rows + the post (under gather_lock; on the forward thread, or another with the context current)."""
+    def _copy_gathered(self, forward: bool = True) -> None:
+        """The waiting steps as copy jobs (under gather_lock; `forward`: on the forward thread, else on
+        another with its CUDA context made current): plan each, drop the rewritten ones, then one job per
+        run of steps with one layout: a slot, the ring entry, fence + each step's copies at its rows + the
+        post.  A step whose tensors need the general path is copied alone by it (forward thread) or
+        dropped (other threads: torch's copies would run on their stream), and gathering stops."""
         assert self.gather is not None and self.sink is not None, "gathering runs with the writer process"
-        key = self.gather.key
-        items, rows = self.gather.take()
+        stream = self.gather.key
+        items, _rows = self.gather.take()
         if not items:
             return
+        ready, unplanned = self._plan_waiting(items, forward)
+        layouts = [(item[0].dtype, plan[4], plan[6]) for plan, item in ready]
+        for start, end in layout_runs(layouts):
+            self._queue_job(ready[start:end], stream)
+        for item in unplanned:
+            if forward:
+                self._copy_step(*item)
+            else:
+                self._drop_steps([item])
+
+    def _plan_waiting(self, items: List[tuple], forward: bool) -> Tuple[List[Tuple[tuple, tuple]], List[tuple]]:
+        """Each waiting step's plan, in one pass; the rewritten steps dropped; (planned steps as (plan,
+        step), steps with no plan: gathering stops for them)."""
+        plans = [self.stager.plan(h, a, i, p, n, self.hidden_size) for h, a, i, p, _s, n in items]
+        stale = rewritten([_plan_starts(plan) for plan in plans])
+        if stale:
+            self._drop_rewritten([items[i] for i in sorted(stale)])
+        ready: List[Tuple[tuple, tuple]] = []
+        unplanned: List[tuple] = []
+        for i, (plan, item) in enumerate(zip(plans, items)):
+            if plan is None:
+                unplanned.append(item)
+            elif i not in stale:
+                ready.append((plan, item))
+        if unplanned:
+            self._stop_gathering_unplanned(len(unplanned), forward)
+        return ready, unplanned
+
+    def _queue_job(self, ready: List[Tuple[tuple, tuple]], stream: int) -> None:
+        """Planned waiting steps of one layout as one job: each step's copies at its first row in one host
+        buffer, its spans moved by that row; one fence on `stream`, one post, one ring entry."""
         parts, moved, first = [], [], 0  # (plan, first row, rows) per step; its spans moved by first row
-        for plan, n, spans, _keep in items:
+        for plan, (_h, _a, _i, _p, spans, n) in ready:
             parts.append((plan, first, n))
             moved.append((first, spans))
             first += n
         spans = shifted_spans(moved)
-        buf = self._acquire(rows, items[0][3][0], spans, len(items))
+        buf = self._acquire(first, ready[0][1][0], spans, len(ready))
         if buf is None:
             return
-        plan0, stream = items[0][0], key[3]
-        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, rows, 0, tuple(i[3] for i in items), len(items))
+        plan0 = ready[0][0]
+        keep = tuple(item[:4] for _plan, item in ready)
+        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, 0, keep, len(ready))
         if not seq:
             return
+        assert self.sink is not None, "gathering runs with the writer process"
         try:
             self.stager.queue_gathered(parts, buf, self.sink.landed_addr, stream, self.sink.cancel_mark(seq), seq)
         except BaseException:
             self._abandon(buf, seq)
             raise
-        self.stats.counts["batches"] += len(items)
+        self.stats.counts["batches"] += len(ready)
 
-    def _drop_gathered(self) -> None:
-        """A new step's tensor starts where a waiting one's does: the model rewrote a buffer we hold
-        (static CUDA-graph memory), so the waiting steps' data is gone.  Count them, never write them,
-        and copy every later step on its own."""
-        assert self.gather is not None, "called while gathering"
-        items, rows = self.gather.take()
-        self.gather = None
-        spans = sum(len(i[2]) for i in items)
+    def _drop_steps(self, items: Sequence[tuple]) -> None:
+        """Count waiting steps as dropped (never written)."""
+        spans = sum(len(item[4]) for item in items)
+        rows = sum(item[5] for item in items)
         self.stats.add(errors=1, dropped_batches=len(items), dropped_spans=spans, dropped_tokens=rows)
+
+    def _drop_rewritten(self, items: Sequence[tuple]) -> None:
+        """Waiting steps whose tensors a later waiting step also starts at: the model rewrote a buffer we
+        hold (static CUDA-graph memory), so their data is gone.  Count them, never write them, and copy
+        every later step on its own."""
+        self.gather = None
+        self._drop_steps(items)
         self._warn_once(
             "gather-clash",
             "the model rewrote a captured tensor's memory before its copy: %d gathered step(s) dropped; "
             "every step is copied on its own from now on (SGLANG_HS_DUMP_GATHER_TOKENS=0 avoids this)" % len(items),
+        )
+
+    def _stop_gathering_unplanned(self, steps: int, forward: bool) -> None:
+        """Gathered steps whose tensors the driver copies cannot take (layout, dtype, device): gathering
+        stops, so every later step takes the per-step path, which has the general copies."""
+        self.gather = None
+        self._warn_once(
+            "gather-unplanned",
+            "%d gathered step(s) need the general copy path (tensor layout, dtype or device): %s; every step is "
+            "copied on its own from now on"
+            % (steps, "copied alone" if forward else "dropped, not on the forward thread"),
         )
 
     def _copy_waiting(self, stale_only: bool = False) -> None:
@@ -347,7 +404,7 @@ class Dumper:
             if self.gather is not None and len(self.gather):
                 assert self.driver is not None, "gathering runs on the driver path"
                 self.driver.make_current(self.context)
-                self._copy_gathered()
+                self._copy_gathered(forward=False)
         except Exception as exc:
             self.stats.add(errors=1)
             self._warn_once("gather-copy", "copying gathered steps failed, not dumped: %r" % (exc,))
@@ -485,7 +542,7 @@ class Dumper:
             return self._warned_reason("no_lengths", "EXTEND batch without extend_seq_lens_cpu/input_ids")
         return None
 
-    def _shapes_ok(self, fb: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int) -> bool:
+    def _shapes_ok(self, ids: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int) -> bool:
         """Rows cover every span and the width is H; otherwise count an error and skip."""
         width = self.hidden_size
         for t in (hidden, *aux):
@@ -493,7 +550,7 @@ class Dumper:
             if len(shape) != 2 or shape[0] < rows or shape[1] != width:
                 break
         else:
-            if fb.input_ids.shape[0] >= rows and hidden.dtype in ST_DTYPES:
+            if ids.shape[0] >= rows and hidden.dtype in ST_DTYPES:
                 return True
         tensors = [hidden, *aux]
         bad = [tuple(t.shape) for t in tensors if t.dim() != 2 or t.shape[0] < rows or t.shape[1] != self.hidden_size]
@@ -708,6 +765,13 @@ class Dumper:
 def _gather_settings(c: DumpConfig, active: bool) -> dict:
     """stats.json's "gather": the settings, and whether small steps are gathered in this process."""
     return {"tokens": c.gather_tokens, "steps": c.gather_steps, "ms": c.gather_ms, "active": active}
+
+
+def _plan_starts(plan: Optional[tuple]) -> Optional[Tuple[int, ...]]:
+    """Where a planned step's hidden, aux, ids and positions tensors start (None: not planned)."""
+    if plan is None:
+        return None
+    return (plan[0], plan[2][0][0], plan[2][1][0], plan[2][2][0], plan[3], plan[5])
 
 
 def _positions_from_spans(spans: Sequence[Tuple[int, int, int]]) -> torch.Tensor:

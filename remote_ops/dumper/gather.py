@@ -16,16 +16,24 @@ file format does not change: one file per request span, as before.
 A gathered step is copied later than its own step's end, so its tensors must
 not be rewritten in place by the model meanwhile.  Tensors held by reference
 cannot be reused by the caching allocator; buffers the model rewrites itself
-(static CUDA-graph buffers) can.  Such a rewrite is detected when a new
-step's hidden, aux, ids or positions tensor starts where a gathered one's does
-(impossible while a reference holds allocator memory): the gathered steps are
-then dropped and counted,
-never written, and gathering stops for the rest of the run (`clash`).
+(static CUDA-graph buffers) can.  Such a rewrite shows as two waiting steps
+whose hidden, aux, ids or positions tensors start at the same address
+(impossible while a reference holds allocator memory): the earlier step's data
+is gone, so it is dropped and counted, never written, and gathering stops for
+the rest of the run (`rewritten`).
+
+A gathered step costs its `capture()` only the references and its spans: the
+tensors' pointers and strides (the copy plan), the rewrite check and the
+copies are worked out for all the waiting steps at once when their job is
+due.  On the H200, `capture()` right after a launch-bound step's ~1,200 kernel
+launches runs its Python on cold caches (the same code is ~7 times slower
+there than in a warm loop), so one pass over 8 steps costs less than 8 passes
+of one step each (bench/README.md, seventh session).
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Set, Tuple
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 
 class Gather:
@@ -34,7 +42,9 @@ class Gather:
     `tokens`: rows at which a job is due (a step this large or larger is never
     gathered); `steps`: most steps per job; `max_age_s`: a job is due when its
     first step waited this long (checked at each capture and by the reaper's
-    once-a-second tick, so an idle server writes its last steps too).
+    once-a-second tick, so an idle server writes its last steps too).  `key`:
+    what the waiting steps must share to be one job (the stream they ran on:
+    one fence covers them).
     """
 
     def __init__(self, tokens: int, steps: int, max_age_s: float):
@@ -43,7 +53,6 @@ class Gather:
         self.rows = 0
         self.key: Any = None
         self.since = 0.0
-        self.starts: Set[int] = set()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -56,18 +65,13 @@ class Gather:
         """A step of `rows` rows and `key` (dtype, id/position sizes, stream) may join the waiting ones."""
         return not self.items or (key == self.key and self.rows + rows <= self.tokens)
 
-    def clash(self, starts: Tuple[int, ...]) -> bool:
-        """A new step's tensor starts at a waiting step's address: the model rewrote a held buffer."""
-        return bool(self.items) and not self.starts.isdisjoint(starts)
-
-    def add(self, item: Any, rows: int, key: Any, starts: Tuple[int, ...], now: float) -> int:
+    def add(self, item: Any, rows: int, key: Any, now: float) -> int:
         """Take a step; returns its first row in the job."""
         if not self.items:
             self.key, self.since = key, now
         first = self.rows
         self.items.append(item)
         self.rows += rows
-        self.starts.update(starts)
         return first
 
     def due(self, now: float) -> bool:
@@ -84,10 +88,36 @@ class Gather:
         """The waiting steps and their rows in all; the gather is empty after."""
         items, rows = self.items, self.rows
         self.items, self.rows, self.key = [], 0, None
-        self.starts = set()
         return items, rows
 
 
 def shifted_spans(parts: List[Tuple[int, List[Tuple[int, int, int]]]]) -> List[Tuple[int, int, int]]:
     """Each step's (start, tokens, prefix_len) spans moved by its first row in the job."""
     return [(start + first, tokens, prefix) for first, spans in parts for start, tokens, prefix in spans]
+
+
+def rewritten(starts: Sequence[Optional[Tuple[int, ...]]]) -> Set[int]:
+    """Indices of waiting steps whose memory a later waiting step also starts at (its tensors were
+    rewritten in place: its data is gone); None entries (unplanned steps) take no part."""
+    seen: Set[int] = set()
+    stale: Set[int] = set()
+    for index in range(len(starts) - 1, -1, -1):  # from the newest: a start seen later marks this one
+        mine = starts[index]
+        if mine is None:
+            continue
+        if not seen.isdisjoint(mine):
+            stale.add(index)
+        seen.update(mine)
+    return stale
+
+
+def layout_runs(layouts: Sequence[Any]) -> List[Tuple[int, int]]:
+    """[start, end) index ranges of consecutive equal layouts (dtype, id size, position size): the
+    steps one host buffer's job can hold (its id and position regions have one element size)."""
+    runs: List[Tuple[int, int]] = []
+    for index, layout in enumerate(layouts):
+        if runs and layouts[runs[-1][0]] == layout:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
