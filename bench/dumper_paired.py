@@ -85,6 +85,11 @@ VARIANTS = {
     # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
     # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
     "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    "gather-8k": {  # 8,192 rows gathered (SGLang's default chunked_prefill_size): 4k steps go in pairs
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_GATHER_TOKENS": "8192",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "8192",
+    },
     "gather-2k": {
         "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",
