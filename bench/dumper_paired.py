@@ -85,6 +85,12 @@ VARIANTS = {
     # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
     # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
     "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # diagnosis, is a gathered job's next-step spill the writer's 8 workers hashing and writing 235 MB at once
+    "gather-w2": {
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+        "SGLANG_HS_DUMP_WRITERS": "2",
+    },
     "gather-8k": {  # 8,192 rows gathered (SGLang's default chunked_prefill_size): 4k steps go in pairs
         "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "8192",
