@@ -5,10 +5,12 @@ libcuda entry points the dumper calls (copies done at once with memmove, the
 completion post made at once with sem_post): there is no GPU.  The writer
 process, the shared buffers, the ring and the files are the real ones.  What
 is proved: gathered steps land in their files byte for byte with the spans
-shifted right, a job is one fence and one post, a large step is copied on its
-own after the waiting ones, a rewritten buffer drops the waiting steps instead
-of writing stale data, and an idle dumper copies waiting steps from the
-reaper thread.  The effect on step time is measured on the H200
+shifted right, a job is one fence and one post, a capture only keeps
+references (the job plans every waiting step), a large step is copied on its
+own after the waiting ones, a rewritten buffer drops the earlier step instead
+of writing stale data, a step the driver copies cannot take goes the general
+path (or is counted as dropped off the forward thread), and an idle dumper
+copies waiting steps from the reaper thread.  The effect on step time is measured on the H200
 (bench/dumper_paired.py, bench/README.md).
 """
 
@@ -234,3 +236,18 @@ def test_rewritten_steps_are_the_earlier_ones_sharing_a_start_with_a_later_one()
 def test_layout_runs_split_where_the_layout_changes():
     assert layout_runs(["a", "a", "b", "a"]) == [(0, 2), (2, 3), (3, 4)]
     assert layout_runs([]) == [] and layout_runs(["x"]) == [(0, 1)]
+
+
+def test_off_the_forward_thread_a_step_with_no_plan_is_dropped_and_counted(tmp_path, gathering):
+    """flush/close or the reaper make the job on another thread: torch's copies would run on that thread's
+    stream, so a step the driver copies cannot take is counted as dropped, never written wrong."""
+    d, _driver = gathering(gather_tokens=64)
+    plain = make_batch([3], seed=120)
+    odd = make_batch([2], seed=121)
+    odd.fb.input_ids = torch.stack([odd.fb.input_ids, odd.fb.input_ids], 1)[:, 0]  # stride 2: no plan
+    for b in (plain, odd):
+        d.capture(b.fb, b.hidden, b.aux)
+    assert d.flush(10)
+    stats = d.stats.snapshot()
+    assert d.gather is None and stats["dropped_batches"] == 1 and stats["files"] == 1 and d.job_seq == 1
+    assert_spans_written(plain, tmp_path)
