@@ -82,6 +82,9 @@ VARIANTS = {
     "plan-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "checks-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "gather-native": {"SGLANG_HS_DUMP_COPY": "native", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # the copy kernel (kernelcopy.py): a job's copies as one launch, per step or gathered
+    "kernel": {"SGLANG_HS_DUMP_COPY": "kernel"},
+    "gather-kernel": {"SGLANG_HS_DUMP_COPY": "kernel", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
     # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
     "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},

@@ -31,6 +31,7 @@ ENV_COPY = "SGLANG_HS_DUMP_COPY"
 ENV_GATHER_TOKENS = "SGLANG_HS_DUMP_GATHER_TOKENS"
 ENV_GATHER_STEPS = "SGLANG_HS_DUMP_GATHER_STEPS"
 ENV_GATHER_MS = "SGLANG_HS_DUMP_GATHER_MS"
+ENV_KERNEL_BLOCKS = "SGLANG_HS_DUMP_KERNEL_BLOCKS"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
@@ -41,8 +42,10 @@ SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's cop
 # other driver calls on hsq.c's native thread (capture() ~70-85 us shorter on the H200, but the step
 # after a capture pays about as much more: not the default, bench/README.md); inline: hsq.c makes all
 # of them in one foreign call (no cheaper than calls); batch: all copies in one cuMemcpy3DBatchAsync
-# call (no cheaper).  native/inline fall back to calls where hsq.c cannot be built.
-COPY_MODES = ("calls", "native", "inline", "batch")
+# call (no cheaper); kernel (experimental, not yet measured on a GPU): a job's copies as one launch of
+# hsk.cu's copy kernel (kernelcopy.py).  native/inline fall back to calls where hsq.c cannot be built,
+# kernel where its module cannot be loaded.
+COPY_MODES = ("calls", "native", "inline", "batch", "kernel")
 
 
 @dataclass
@@ -70,6 +73,7 @@ class DumpConfig:
     gather_tokens: int = 4096
     gather_steps: int = 8
     gather_ms: int = 500
+    kernel_blocks: int = 16  # thread blocks of the copy kernel (copy=kernel): the SMs a job may take
     env_seen: dict = field(default_factory=dict)
 
 
@@ -128,6 +132,7 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         gather_tokens=_int(env, ENV_GATHER_TOKENS, 4096, 0),
         gather_steps=_int(env, ENV_GATHER_STEPS, 8),
         gather_ms=_int(env, ENV_GATHER_MS, 500),
+        kernel_blocks=_int(env, ENV_KERNEL_BLOCKS, 16),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

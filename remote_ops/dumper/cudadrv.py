@@ -135,6 +135,14 @@ class Driver:
         self.batch3d_fn = self._optional(
             ("cuMemcpy3DBatchAsync_v2",), [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
         )
+        # the copy kernel (kernelcopy.py): its PTX module, its function, one launch per copy job
+        self._module_load = self._optional(("cuModuleLoadData",), [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p])
+        self._get_function = self._optional(
+            ("cuModuleGetFunction",), [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+        )
+        self.launch_fn = self._optional(
+            ("cuLaunchKernel",), [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        )
         self._ctx_get = self._optional(("cuCtxGetCurrent",), [ctypes.POINTER(ctypes.c_void_p)])
         self._ctx_set = self._optional(("cuCtxSetCurrent",), [ctypes.c_void_p])
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
@@ -227,6 +235,16 @@ class Driver:
 
     def unregister(self, addr: int) -> None:
         self._unregister(addr)
+
+    def kernel(self, ptx: bytes, name: bytes) -> int:
+        """The CUfunction `name` of a PTX module loaded into the current context (the driver JIT-compiles
+        it for this GPU)."""
+        if self._module_load is None or self._get_function is None or self.launch_fn is None:
+            raise CudaError("cuModuleLoadData / cuModuleGetFunction / cuLaunchKernel not in this driver")
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        self.check(self._module_load(ctypes.byref(module), ptx), "cuModuleLoadData")
+        self.check(self._get_function(ctypes.byref(function), module, name), "cuModuleGetFunction")
+        return int(function.value or 0)
 
 
 def load_libc() -> ctypes.CDLL:

@@ -604,7 +604,7 @@ class Dumper:
         if not hidden.is_cuda:
             return
         self.driver = Driver.load()
-        self.stager = Stager(self.driver, self.config.copy)
+        self.stager = Stager(self.driver, self.config.copy, kernel_blocks=self.config.kernel_blocks)
         self.stager._side(hidden.device)  # the side stream, and the native queue (or why not) before any batch
         if self.driver is None:
             log.warning("[hs-dump] libcuda.so.1 not loadable through ctypes: torch copies, writer threads")
@@ -625,11 +625,12 @@ class Dumper:
     def _start_gather(self) -> None:
         """Gather small steps (gather.py) where it applies: driver copies, the writer process signalled by
         host functions, SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds; with the native
-        queue no more steps than one of its jobs holds (6 copies each)."""
+        queue or the copy kernel no more steps than one of their jobs holds (6 copies each, 48 in all)."""
         c = self.config
         if self.driver is None or self.sink is None or self.flags:
             return
-        steps = c.gather_steps if self.stager.native is None else min(c.gather_steps, native.MAX_COPIES // 6)
+        one_table = self.stager.native is not None or self.stager.kernel is not None  # 48 copies per job at most
+        steps = min(c.gather_steps, native.MAX_COPIES // 6) if one_table else c.gather_steps
         if c.gather_tokens > 0 and steps > 1:
             self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), steps, c.gather_ms / 1000.0)
             self.context = self.driver.current_context()
@@ -639,7 +640,8 @@ class Dumper:
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
     ) -> HostBuffer:
         """A slot's buffer; a shared one is handed to the writer process before any job names it."""
-        buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver)
+        device_map = self.stager.kernel is not None  # the copy kernel stores through device addresses
+        buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver, device_map)
         if shared:
             assert self.sink is not None, "shared buffers exist only with the writer process"
             self.sink.segment(slot, gen, buf.layout.nbytes, buf.capacity, buf.fd)

@@ -48,6 +48,7 @@ from .cudadrv import (
     MEMCPY3D_BATCH_OP,
     CudaError,
 )
+from .kernelcopy import KernelCopy
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
 from .native import NativeQueue
 
@@ -77,15 +78,17 @@ class HostBuffer:
         slot: int = 0,
         gen: int = 0,
         driver=None,
+        device_map: bool = False,
     ):
         self.capacity, self.hidden_size, self.dtype = capacity, hidden_size, dtype
         self.slot, self.gen, self.driver = slot, gen, None
+        self.device_base = 0  # the device address of a device-mapped shared buffer (the copy kernel's target)
         self.esize = torch.empty((), dtype=dtype).element_size()
         self.layout = Layout(capacity, hidden_size, self.esize)
         self.fd = -1
         self.map: Optional[mmap.mmap] = None
         if shared:
-            self._shared(pin, driver)
+            self._shared(pin, driver, device_map)
         else:
             self.flat = torch.empty(self.layout.nbytes, dtype=torch.uint8, pin_memory=pin)
             self.mem = memoryview((ctypes.c_ubyte * self.layout.nbytes).from_address(self.flat.data_ptr())).cast("B")
@@ -96,6 +99,8 @@ class HostBuffer:
         self.row_bytes = hidden_size * self.esize
         offsets = self.layout.offsets  # the regions' host addresses (the native queue's copy targets)
         self.dsts = tuple(self.base + offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
+        # the same regions' device addresses when device-mapped (SGLANG_HS_DUMP_COPY=kernel), else None
+        self.device_dsts = tuple(d - self.base + self.device_base for d in self.dsts) if self.device_base else None
         self.batch: Optional[tuple] = None  # (ops array, its address, [(src, dst, extent)] x 6): batch_ops()
 
     def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
@@ -133,7 +138,7 @@ class HostBuffer:
             self.batch = (ops, ctypes.addressof(ops), views)
         return self.batch
 
-    def _shared(self, pin: bool, driver) -> None:
+    def _shared(self, pin: bool, driver, device_map: bool = False) -> None:
         from .procwriter import shared_segment
 
         self.fd, mapped = shared_segment(self.layout.nbytes, "hs-dump-slot%d" % self.slot)
@@ -142,7 +147,7 @@ class HostBuffer:
         self.mem = memoryview(mapped)
         if pin:
             try:
-                driver.register(self.flat.data_ptr(), self.layout.nbytes)
+                driver.register(self.flat.data_ptr(), self.layout.nbytes, device_map)
                 self.driver = driver
             except Exception as exc:  # e.g. a locked-memory limit: still correct, copies become synchronous
                 log.error(
@@ -151,6 +156,11 @@ class HostBuffer:
                     self.layout.nbytes,
                     exc,
                 )
+        if device_map and self.driver is not None:
+            try:
+                self.device_base = driver.device_pointer(self.flat.data_ptr())
+            except Exception as exc:  # its jobs then take the ctypes calls
+                log.error("[hs-dump] no device address for a host buffer (%r): copy calls, not the kernel", exc)
 
     def _region(self, index: int) -> torch.Tensor:
         start = self.layout.offsets[index]
@@ -341,7 +351,7 @@ class Stager:
     record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
-    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1"):
+    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1", kernel_blocks: int = 16):
         self.driver = driver
         # "calls" (default): one ctypes call per driver call; "native": the forward thread records the
         # fence and hands the job to hsq.c's native thread, which makes the other calls; "inline": hsq.c
@@ -352,9 +362,13 @@ class Stager:
         self.batched = copy == "batch" and driver is not None and getattr(driver, "batch3d_fn", None) is not None
         self.libcuda = libcuda
         self.native: Optional[NativeQueue] = None
-        self.side_stream = None
+        # "kernel": the copies of a job as one launch of hsk.cu's kernel (kernelcopy.py), into device-mapped
+        # buffers; loaded with the side stream, else "calls"
+        self.kernel: Optional[KernelCopy] = None
+        self.kernel_blocks = kernel_blocks
+        self.side_stream: Any = None
         self.side_raw = 0
-        self.fence = None
+        self.fence: Any = None
         self.fence_event = 0  # a CUevent of our own (driver path)
         self.device_index: Optional[int] = None  # the GPU of the first batch (the side stream's)
 
@@ -419,6 +433,10 @@ class Stager:
         `native.failures()`."""
         if self.native is not None:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
+        if self.kernel is not None and buf.device_dsts is not None and post_addr:
+            copies = _native_copies(plan, buf, 0, rows, buf.device_dsts)
+            self._queue_kernel(copies if plan[5] else copies[:30], _RAW_STREAM(self.device_index), post_addr)
+            return plan[4], plan[6]
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
@@ -448,6 +466,11 @@ class Stager:
         ctypes call per driver call.  The caller holds the sources."""
         if self.native is not None:
             return self._queue_gathered_native(parts, buf, post_addr, stream, cancel, seq)
+        if self.kernel is not None and buf.device_dsts is not None:
+            vals: List[int] = []
+            for plan, first, rows in parts:
+                vals += _native_copies(plan, buf, first, rows, buf.device_dsts)
+            return self._queue_kernel(vals, stream, post_addr)
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
@@ -475,6 +498,17 @@ class Stager:
         rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
         if rc:
             raise CudaError("the native copy queue refused the gathered steps: code %d" % rc)
+
+    def _queue_kernel(self, copies: Sequence[int], stream: int, post_addr: int) -> None:
+        """Fence on `stream`, the copies (6 values each, device destinations) as one kernel launch on the
+        side stream, the `sem_post(post_addr)` host function."""
+        drv, side, event = self.driver, self.side_raw, self.fence_event
+        assert self.kernel is not None, "called with the copy kernel loaded"
+        if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
+            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+        rc = self.kernel.launch(side, copies) or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        if rc:
+            raise CudaError("the copy kernel's launch or the completion post failed: CUresult %d" % rc)
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
         """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
@@ -572,7 +606,17 @@ class Stager:
                     log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
             if self.fence_event and self.copy in ("native", "inline"):
                 self.open_native()
+            elif self.fence_event and self.copy == "kernel":
+                self.open_kernel()
         return self.side_stream
+
+    def open_kernel(self) -> None:
+        """The copy kernel in the current CUDA context, or the ctypes calls, said why."""
+        try:
+            self.kernel = KernelCopy(self.driver, self.kernel_blocks)
+        except Exception as exc:
+            log.warning("[hs-dump] copy kernel unavailable (%r): one ctypes call per driver call", exc)
+            self.copy = "calls"
 
     def open_native(self) -> None:
         """The native queue on the side stream (this thread's CUDA context), or the ctypes calls, said why."""
@@ -604,14 +648,15 @@ class Stager:
             self.fence_event = 0
 
 
-def _native_copies(plan: tuple, buf: HostBuffer, first: int, rows: int) -> tuple:
+def _native_copies(plan: tuple, buf: HostBuffer, first: int, rows: int, dsts: Optional[tuple] = None) -> tuple:
     """A step's 6 copies as hsq.c's `hsq_copy` fields (src, src pitch, dst, dst pitch, width, height; height
     0 = one contiguous copy), into rows [first, first + rows) of `buf`: hidden (contiguous, or rows at its
-    pitch), aux k into its third of the [rows, 3H] rows, ids, positions."""
+    pitch), aux k into its third of the [rows, 3H] rows, ids, positions.  `dsts`: the regions' addresses
+    to use (the copy kernel's device addresses), else the host ones."""
     hidden_ptr, pitch, ((a0, p0), (a1, p1), (a2, p2)), ids_ptr, id_size, pos_ptr, pos_size = plan
     width = buf.row_bytes
     w3 = 3 * width
-    d_hidden, d_aux, d_ids, d_pos = buf.dsts
+    d_hidden, d_aux, d_ids, d_pos = dsts or buf.dsts
     d_hidden += first * width
     d_aux += first * w3
     if pitch == width:

@@ -101,6 +101,10 @@ def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) ->
     )
 
 
+# the dumper's files in the image: its code, docs, hsq.c and its header, the copy kernel's source and PTX
+DUMPER_SUFFIXES = (".py", ".md", ".c", ".h", ".cu", ".ptx")
+
+
 def context_files(patch) -> dict[str, bytes]:
     """Build-context files shipped from here (name in context -> bytes); the sglang tree comes from the host."""
     from ...core import anchors
@@ -113,7 +117,7 @@ def context_files(patch) -> dict[str, bytes]:
     }
     dump_dir = package_file("dumper")
     for path in sorted(dump_dir.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".md", ".c", ".h"):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix in DUMPER_SUFFIXES:
             files[f"remote_ops_dump/{path.relative_to(dump_dir).as_posix()}"] = path.read_bytes()
     return files
 

@@ -1,0 +1,56 @@
+"""The copy kernel (`hsk.cu`, checked in as `hsk.ptx`): a copy job in one launch (SGLANG_HS_DUMP_COPY=kernel).
+
+Why: on the H200 VM each driver copy call costs ~6 us of the forward thread,
+and a job of 8 gathered steps is 48 of them (~290 us; bench/README.md, cause
+14).  With this mode the job is the fence, one cuLaunchKernel of
+`hsk_copy_all` on the side stream with the job's copy table as its parameter
+(up to 48 copies: 2,312 bytes, under the 4 KB parameter limit), and the
+completion post.  The kernel's threads load the GPU tensors and store into
+the writer's host buffer, which is page-locked with CU_MEMHOSTREGISTER_DEVICEMAP
+so that it has a device address.
+
+The price: the copies run on `blocks` thread blocks (SGLANG_HS_DUMP_KERNEL_BLOCKS,
+default 16, whatever the job's size) beside the model's kernels, not on the
+copy engines: a compute-bound step may lose those SMs while a job runs.  Opt-in
+and experimental: it is built and tested on CPU (the kernel's source runs as C
+there), not yet measured on a GPU.  Where the module cannot be loaded, or a
+buffer could not be device-mapped, the ctypes calls are used (`calls`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+from typing import Dict, Sequence
+
+PTX = Path(__file__).with_name("hsk.ptx")
+SOURCE = PTX.with_suffix(".cu")
+KERNEL = b"hsk_copy_all"
+MAX_COPIES = 48  # hsk.cu's HSK_MAX_COPIES
+TABLE_BYTES = 8 + MAX_COPIES * 6 * 8  # u64 count, then 6 u64 per copy (hsq.c's copy fields)
+THREADS = 256
+
+
+class KernelCopy:
+    """The loaded kernel and one reusable parameter table (the driver copies parameters at launch)."""
+
+    def __init__(self, driver, blocks: int):
+        self.function = driver.kernel(PTX.read_bytes(), KERNEL)
+        self.launch_fn = driver.launch_fn
+        self.blocks = max(1, blocks)
+        self.table = ctypes.create_string_buffer(TABLE_BYTES)
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.table))
+        self.formats: Dict[int, struct.Struct] = {}
+
+    def launch(self, stream: int, values: Sequence[int]) -> int:
+        """Queue the copies (`values`: 6 per copy, as `staging._native_copies` gives them, destinations
+        as device addresses) on `stream` as one launch; its CUresult."""
+        count = len(values) // 6
+        if count > MAX_COPIES:
+            raise ValueError("%d copies in one kernel job: the table holds %d" % (count, MAX_COPIES))
+        fmt = self.formats.get(count)
+        if fmt is None:
+            fmt = self.formats[count] = struct.Struct("<Q%dQ" % len(values))
+        fmt.pack_into(self.table, 0, count, *values)
+        return self.launch_fn(self.function, self.blocks, 1, 1, THREADS, 1, 1, 0, stream, self.params, None)
