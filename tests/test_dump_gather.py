@@ -125,6 +125,25 @@ def test_a_rewritten_buffer_drops_the_waiting_steps_and_stops_gathering(tmp_path
     assert_spans_written(again, tmp_path)
 
 
+def test_a_step_whose_arrival_finds_a_rewrite_is_copied_on_its_own(tmp_path, gathering):
+    """The job made because a step does not fit finds a rewrite and stops gathering: that step is then
+    copied on its own, not left in a gather nobody copies."""
+    d, _driver = gathering(gather_tokens=8)
+    first = make_batch([3], seed=84)
+    d.capture(first.fb, first.hidden, first.aux)
+    again = make_batch([3], seed=85)
+    again.hidden = first.hidden  # rewritten in place, as a static buffer would be
+    d.capture(again.fb, again.hidden, again.aux)
+    late = make_batch([4], seed=86)  # 3 + 3 + 4 > 8: the waiting job is made first
+    d.capture(late.fb, late.hidden, late.aux)
+    assert d.gather is None and d.job_seq == 2  # `again`'s job, then `late` alone
+    assert d.flush(10)
+    stats = d.stats.snapshot()
+    assert stats["dropped_batches"] == 1 and stats["files"] == 2
+    for b in (again, late):
+        assert_spans_written(b, tmp_path)
+
+
 def test_a_rewritten_ids_buffer_is_caught_too(tmp_path, gathering):
     d, _driver = gathering(gather_tokens=64)
     first = make_batch([4], seed=82)

@@ -288,6 +288,8 @@ class Dumper:
         stream = staging._raw_stream(index)  # the steps of one job share its fence: the same stream
         if not g.fits(rows, stream):
             self._copy_gathered()
+            if self.gather is not g:  # that job stopped gathering (a rewrite, or a step with no plan)
+                return False
         now = time.monotonic()
         g.add((hidden, tuple(aux), fb.input_ids, fb.positions, spans, rows), rows, stream, now)
         if g.due(now):
