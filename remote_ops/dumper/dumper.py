@@ -208,13 +208,11 @@ class Dumper:
         positions: Optional[torch.Tensor],
         spans: List[Tuple[int, int, int]],
         rows: int,
-        plan: Optional[tuple] = None,
     ) -> None:
-        """One step as its own copy job (forward thread): the driver path when `plan` (made here unless
-        given) says the tensors allow it, else the general path (torch copies); bad shapes are skipped."""
+        """One step as its own copy job (forward thread): the driver path when its plan says the tensors
+        allow it, else the general path (torch copies); bad shapes are skipped."""
         on_gpu = hidden.is_cuda
-        if plan is None:
-            plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver
+        plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver
         if plan is None and not self._shapes_ok(ids, hidden, aux, rows):
             return
         buf = self._acquire(rows, hidden, spans)
