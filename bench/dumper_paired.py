@@ -366,6 +366,8 @@ def instrument(dumper):
     q = dumper.stager.native
     if q is not None:  # the native queue's one foreign call (queue() less it: the Python that packs the job)
         targets += [("hsq_submit", q.lib, "submit")]
+    if dumper.stager.kernel is not None:  # the copy kernel's table packing and cuLaunchKernel
+        targets += [("kernel_launch", dumper.stager.kernel, "launch")]
     drv = dumper.driver  # each driver entry point queue() calls (read from the instance at every call)
     targets += [
         ("cu_event_record", drv, "event_record_fn"),
