@@ -435,11 +435,11 @@ class Stager:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
         if self.kernel is not None and buf.device_dsts is not None and post_addr:
             copies = _native_copies(plan, buf, 0, rows, buf.device_dsts)
-            self._queue_kernel(copies if plan[5] else copies[:30], _RAW_STREAM(self.device_index), post_addr)
+            self._queue_kernel(copies if plan[5] else copies[:-6], _RAW_STREAM(self.device_index), post_addr)  # no pos
             return plan[4], plan[6]
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
-            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")  # _fence, inline: every step
         if self.batched:
             rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, buf.row_bytes)
         else:
@@ -471,9 +471,8 @@ class Stager:
             for plan, first, rows in parts:
                 vals += _native_copies(plan, buf, first, rows, buf.device_dsts)
             return self._queue_kernel(vals, stream, post_addr)
-        drv, side, event = self.driver, self.side_raw, self.fence_event
-        if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
-            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+        drv, side = self.driver, self.side_raw
+        self._fence(stream)
         rc = 0
         for plan, first, rows in parts:
             rc = rc or self._copy_rows(plan, buf, first, rows)
@@ -499,13 +498,18 @@ class Stager:
         if rc:
             raise CudaError("the native copy queue refused the gathered steps: code %d" % rc)
 
+    def _fence(self, stream: int) -> None:
+        """What is queued on the side stream from now on waits for the work queued on `stream` so far."""
+        drv, event = self.driver, self.fence_event
+        if drv.event_record_fn(event, stream) or drv.wait_event_fn(self.side_raw, event, 0):
+            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+
     def _queue_kernel(self, copies: Sequence[int], stream: int, post_addr: int) -> None:
         """Fence on `stream`, the copies (6 values each, device destinations) as one kernel launch on the
         side stream, the `sem_post(post_addr)` host function."""
-        drv, side, event = self.driver, self.side_raw, self.fence_event
+        drv, side = self.driver, self.side_raw
         assert self.kernel is not None, "called with the copy kernel loaded"
-        if drv.event_record_fn(event, stream) or drv.wait_event_fn(side, event, 0):
-            raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
+        self._fence(stream)
         rc = self.kernel.launch(side, copies) or drv.host_fn(side, drv.sem_post_addr, post_addr)
         if rc:
             raise CudaError("the copy kernel's launch or the completion post failed: CUresult %d" % rc)
