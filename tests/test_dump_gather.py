@@ -76,6 +76,18 @@ def gathering(tmp_path, monkeypatch):
         d.close(timeout=10)
 
 
+def capture(d, *batches):
+    """Each batch's forward hook call, in order."""
+    for b in batches:
+        d.capture(b.fb, b.hidden, b.aux)
+
+
+def strided_ids(batch):
+    """The batch with its ids a stride-2 view: a layout the driver copies cannot take (no plan)."""
+    batch.fb.input_ids = torch.stack([batch.fb.input_ids, batch.fb.input_ids], 1)[:, 0]
+    return batch
+
+
 def test_small_steps_land_in_their_files_bit_exact_from_one_job(tmp_path, gathering):
     d, driver = gathering(gather_tokens=16, gather_steps=8)
     assert d.gather is not None and d.stats.static["gather"]["active"]
@@ -129,13 +141,9 @@ def test_a_step_whose_arrival_finds_a_rewrite_is_copied_on_its_own(tmp_path, gat
     """The job made because a step does not fit finds a rewrite and stops gathering: that step is then
     copied on its own, not left in a gather nobody copies."""
     d, _driver = gathering(gather_tokens=8)
-    first = make_batch([3], seed=84)
-    d.capture(first.fb, first.hidden, first.aux)
-    again = make_batch([3], seed=85)
+    first, again, late = make_batch([3], seed=84), make_batch([3], seed=85), make_batch([4], seed=86)
     again.hidden = first.hidden  # rewritten in place, as a static buffer would be
-    d.capture(again.fb, again.hidden, again.aux)
-    late = make_batch([4], seed=86)  # 3 + 3 + 4 > 8: the waiting job is made first
-    d.capture(late.fb, late.hidden, late.aux)
+    capture(d, first, again, late)  # 3 + 3 + 4 > 8: at `late` the waiting job is made first
     assert d.gather is None and d.job_seq == 2  # `again`'s job, then `late` alone
     assert d.flush(10)
     stats = d.stats.snapshot()
@@ -177,11 +185,8 @@ def test_a_step_the_driver_copies_cannot_take_is_copied_alone_and_gathering_stop
     """A waiting step whose ids are not contiguous has no plan: on the forward thread it takes the general
     path (torch copies) after the others' job, and every later step is copied on its own."""
     d, _driver = gathering(gather_tokens=64)
-    plain = make_batch([3], seed=110)
-    odd = make_batch([2, 2], seed=111)
-    odd.fb.input_ids = torch.stack([odd.fb.input_ids, odd.fb.input_ids], 1)[:, 0]  # stride 2
-    for b in (plain, odd):
-        d.capture(b.fb, b.hidden, b.aux)
+    plain, odd = make_batch([3], seed=110), strided_ids(make_batch([2, 2], seed=111))
+    capture(d, plain, odd)
     assert d.gather is not None and len(d.gather) == 2
     d.capture(plain.fb, plain.hidden[:0], plain.aux)  # skipped: no rows (spans still say 3): shapes error
     d._copy_gathered()
@@ -261,11 +266,8 @@ def test_off_the_forward_thread_a_step_with_no_plan_is_dropped_and_counted(tmp_p
     """flush/close or the reaper make the job on another thread: torch's copies would run on that thread's
     stream, so a step the driver copies cannot take is counted as dropped, never written wrong."""
     d, _driver = gathering(gather_tokens=64)
-    plain = make_batch([3], seed=120)
-    odd = make_batch([2], seed=121)
-    odd.fb.input_ids = torch.stack([odd.fb.input_ids, odd.fb.input_ids], 1)[:, 0]  # stride 2: no plan
-    for b in (plain, odd):
-        d.capture(b.fb, b.hidden, b.aux)
+    plain, odd = make_batch([3], seed=120), strided_ids(make_batch([2], seed=121))
+    capture(d, plain, odd)
     assert d.flush(10)
     stats = d.stats.snapshot()
     assert d.gather is None and stats["dropped_batches"] == 1 and stats["files"] == 1 and d.job_seq == 1

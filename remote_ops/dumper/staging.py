@@ -9,7 +9,9 @@ before the side stream read it; dropping the references then makes the
 memory reusable at once.  (record_stream cost 6 torch calls per batch in
 `capture()`, and the allocator recorded an event per marked block when the
 forward freed it and queried it at later allocations.)
-The copies are DMA only (no kernel, no GPU allocation): hidden rows as they
+By default the copies are DMA only (no kernel, no GPU allocation; with the
+experimental SGLANG_HS_DUMP_COPY=kernel a job's copies are instead one launch
+of a copy kernel into device-mapped buffers, see `kernelcopy`): hidden rows as they
 are, each aux tensor as a strided 2D copy into its third of the [rows, 3H]
 rows, ids and positions in their source dtype (the writer converts them to
 int32).  `plan` reads what the copies need from the tensors (one pass, no side
