@@ -53,7 +53,9 @@ def throughput(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, repe
     out["copy_engine_gbs"] = round(nbytes / ms / 1e6, 2)
     for blocks in blocks_list:
         copier.blocks = blocks
-        ms = timed(side, lambda: Driver.check(copier.launch(handle, (src, 0, dst_dev, 0, nbytes, 0)), "launch"), repeats)
+        ms = timed(
+            side, lambda: Driver.check(copier.launch(handle, (src, 0, dst_dev, 0, nbytes, 0)), "launch"), repeats
+        )
         out["kernel_%d_gbs" % blocks] = round(nbytes / ms / 1e6, 2)
     return out
 
