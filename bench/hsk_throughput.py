@@ -60,42 +60,58 @@ def throughput(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, repe
     return out
 
 
-def small_loop(x: torch.Tensor, kernels: int) -> None:
-    for _ in range(kernels):
-        x.add_(1.0)
+def loops(kernels: int):
+    """Two loops to run beside a copy: `small` (launch-bound, like a small prefill step) and `bulk` (each
+    kernel an elementwise pass over 128 MB that fills every SM, like a large step)."""
+    x = torch.zeros(4096, device="cuda")
+    y = torch.zeros(32 * 2**20, device="cuda")
+
+    def small():
+        for _ in range(kernels):
+            x.add_(1.0)
+
+    def bulk():
+        for _ in range(kernels // 12):
+            y.mul_(1.0001)
+
+    return {"small": small, "bulk": bulk}
 
 
-def interference(driver, copier, src, dst_host, dst_dev, nbytes, blocks, kernels, repeats):
-    """Wall ms of a loop of `kernels` small kernels on the main stream, alone and with a copy of `nbytes`
-    queued on a side stream just before it (copy engine, then the kernel)."""
+def interference(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, kernels, repeats):
+    """Wall ms of each loop on the main stream, alone and with a copy of `nbytes` queued on a side stream
+    just before it: the copy engine, then the kernel at each block count."""
     side = torch.cuda.Stream()
     handle = side.cuda_stream
-    x = torch.zeros(4096, device="cuda")
-    copier.blocks = blocks
-    copies = {
-        "alone": lambda: None,
-        "copy_engine": lambda: driver.d2h(dst_host, src, nbytes, handle),
-        "kernel_%d" % blocks: lambda: Driver.check(copier.launch(handle, (src, 0, dst_dev, 0, nbytes, 0)), "launch"),
-    }
+
+    def kernel_copy(blocks):
+        def queue():
+            copier.blocks = blocks
+            Driver.check(copier.launch(handle, (src, 0, dst_dev, 0, nbytes, 0)), "launch")
+
+        return queue
+
+    copies = {"alone": lambda: None, "copy_engine": lambda: driver.d2h(dst_host, src, nbytes, handle)}
+    copies.update({"kernel_%d" % b: kernel_copy(b) for b in blocks_list})
     out = {"bytes": nbytes, "kernels": kernels}
-    for name, queue in copies.items():
-        times = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            queue()
-            t0 = time.perf_counter()
-            small_loop(x, kernels)
-            torch.cuda.current_stream().synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-            torch.cuda.synchronize()
-        out[name + "_ms"] = round(statistics.median(times), 3)
+    for loop_name, loop in loops(kernels).items():
+        for name, queue in copies.items():
+            times = []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                queue()
+                t0 = time.perf_counter()
+                loop()
+                torch.cuda.current_stream().synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+                torch.cuda.synchronize()
+            out["%s_%s_ms" % (loop_name, name)] = round(statistics.median(times), 3)
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", default="32,235,470", help="copy sizes in MB (235: a 4,096-row job)")
-    p.add_argument("--blocks", default="8,16,32,66,132")
+    p.add_argument("--blocks", default="1,2,4,8,16,32")
     p.add_argument("--kernels", type=int, default=1200, help="small kernels in the interference loop")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", default=None)
@@ -113,7 +129,7 @@ def main() -> int:
         result["throughput"].append(throughput(driver, copier, src, host.data_ptr(), dev, n, blocks_list, args.repeats))
         print(json.dumps(result["throughput"][-1]), flush=True)
     for n in sizes:
-        row = interference(driver, copier, src, host.data_ptr(), dev, n, 16, args.kernels, args.repeats)
+        row = interference(driver, copier, src, host.data_ptr(), dev, n, blocks_list, args.kernels, args.repeats)
         result["interference"].append(row)
         print(json.dumps(row), flush=True)
     host_ok = torch.equal(host[: sizes[0]], src_t.view(torch.uint8)[: sizes[0]].cpu())
