@@ -106,7 +106,7 @@ def test_config_defaults_and_bad_values():
         False,
         None,
     )
-    assert (c.gather_tokens, c.gather_steps, c.gather_ms, c.copy, c.kernel_blocks) == (4096, 8, 500, "calls", 16)
+    assert (c.gather_tokens, c.gather_steps, c.gather_ms, c.copy, c.kernel_blocks) == (4096, 8, 500, "calls", 8)
     assert cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_COPY": "kernel"}).copy == "kernel"
     off = cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_GATHER_TOKENS": "0"})
     assert off.gather_tokens == 0

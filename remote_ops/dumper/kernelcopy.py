@@ -10,7 +10,7 @@ the writer's host buffer, which is page-locked with CU_MEMHOSTREGISTER_DEVICEMAP
 so that it has a device address.
 
 The price: the copies run on `blocks` thread blocks (SGLANG_HS_DUMP_KERNEL_BLOCKS,
-default 16, whatever the job's size) beside the model's kernels, not on the
+default 8, whatever the job's size) beside the model's kernels, not on the
 copy engines: a compute-bound step may lose those SMs while a job runs.  Opt-in
 and experimental: it is built and tested on CPU (the kernel's source runs as C
 there), not yet measured on a GPU.  Where the module cannot be loaded, or a

@@ -353,7 +353,7 @@ class Stager:
     record_stream).  `stage` is the general path (CPU, torch copies).
     """
 
-    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1", kernel_blocks: int = 16):
+    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1", kernel_blocks: int = 8):
         self.driver = driver
         # "calls" (default): one ctypes call per driver call; "native": the forward thread records the
         # fence and hands the job to hsq.c's native thread, which makes the other calls; "inline": hsq.c
