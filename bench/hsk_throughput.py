@@ -23,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from remote_ops.dumper.cudadrv import Driver  # noqa: E402
 from remote_ops.dumper.kernelcopy import KernelCopy  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dumper_sweep import LaunchStep  # noqa: E402
+
 
 def host_buffer(driver: Driver, nbytes: int):
     """A page-locked, device-mapped host buffer (as the dumper's shared segment is in kernel mode)."""
@@ -60,11 +63,14 @@ def throughput(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, repe
     return out
 
 
-def loops(kernels: int):
-    """Two loops to run beside a copy: `small` (launch-bound, like a small prefill step) and `bulk` (each
-    kernel an elementwise pass over 128 MB that fills every SM, like a large step)."""
+def loops(kernels: int, step_tokens: int):
+    """Loops to run beside a copy: `small` (launch-bound, like a small prefill step), `bulk` (each
+    kernel an elementwise pass over 128 MB that fills every SM) and `step` (dumper_paired's launch
+    step of `step_tokens` tokens: 61 layers of rms_norm, add and small matmuls; memory-bound at 8k)."""
     x = torch.zeros(4096, device="cuda")
     y = torch.zeros(32 * 2**20, device="cuda")
+    launch_step = LaunchStep(step_tokens, 7168, torch.device("cuda"))
+    x0, _ids = launch_step.inputs(0)
 
     def small():
         for _ in range(kernels):
@@ -74,12 +80,13 @@ def loops(kernels: int):
         for _ in range(kernels // 12):
             y.mul_(1.0001)
 
-    return {"small": small, "bulk": bulk}
+    return {"small": small, "bulk": bulk, "step": lambda: launch_step.run(x0)}
 
 
-def interference(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, kernels, repeats):
+def interference(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, args):
     """Wall ms of each loop on the main stream, alone and with a copy of `nbytes` queued on a side stream
-    just before it: the copy engine, then the kernel at each block count."""
+    just before it (the copy engine, then the kernel at each block count), and how long that copy took
+    beside the loop (`..._copy_ms`, CUDA events on the side stream)."""
     side = torch.cuda.Stream()
     handle = side.cuda_stream
 
@@ -92,19 +99,25 @@ def interference(driver, copier, src, dst_host, dst_dev, nbytes, blocks_list, ke
 
     copies = {"alone": lambda: None, "copy_engine": lambda: driver.d2h(dst_host, src, nbytes, handle)}
     copies.update({"kernel_%d" % b: kernel_copy(b) for b in blocks_list})
-    out = {"bytes": nbytes, "kernels": kernels}
-    for loop_name, loop in loops(kernels).items():
+    out = {"bytes": nbytes, "kernels": args.kernels, "step_tokens": args.step_tokens}
+    for loop_name, loop in loops(args.kernels, args.step_tokens).items():
         for name, queue in copies.items():
-            times = []
-            for _ in range(repeats):
+            times, copy_ms = [], []
+            for _ in range(args.repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
+                start.record(side)
                 queue()
+                end.record(side)
                 t0 = time.perf_counter()
                 loop()
                 torch.cuda.current_stream().synchronize()
                 times.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
+                copy_ms.append(start.elapsed_time(end))
             out["%s_%s_ms" % (loop_name, name)] = round(statistics.median(times), 3)
+            if name != "alone":
+                out["%s_%s_copy_ms" % (loop_name, name)] = round(statistics.median(copy_ms), 3)
     return out
 
 
@@ -113,6 +126,7 @@ def main() -> int:
     p.add_argument("--mb", default="32,235,470", help="copy sizes in MB (235: a 4,096-row job)")
     p.add_argument("--blocks", default="1,2,4,8,16,32")
     p.add_argument("--kernels", type=int, default=1200, help="small kernels in the interference loop")
+    p.add_argument("--step-tokens", type=int, default=8192, help="tokens of the launch step loop")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -129,7 +143,7 @@ def main() -> int:
         result["throughput"].append(throughput(driver, copier, src, host.data_ptr(), dev, n, blocks_list, args.repeats))
         print(json.dumps(result["throughput"][-1]), flush=True)
     for n in sizes:
-        row = interference(driver, copier, src, host.data_ptr(), dev, n, blocks_list, args.kernels, args.repeats)
+        row = interference(driver, copier, src, host.data_ptr(), dev, n, blocks_list, args)
         result["interference"].append(row)
         print(json.dumps(row), flush=True)
     host_ok = torch.equal(host[: sizes[0]], src_t.view(torch.uint8)[: sizes[0]].cpu())
