@@ -9,12 +9,15 @@ completion post.  The kernel's threads load the GPU tensors and store into
 the writer's host buffer, which is page-locked with CU_MEMHOSTREGISTER_DEVICEMAP
 so that it has a device address.
 
-The price: the copies run on `blocks` thread blocks (SGLANG_HS_DUMP_KERNEL_BLOCKS,
-default 8, whatever the job's size) beside the model's kernels, not on the
-copy engines: a compute-bound step may lose those SMs while a job runs.  Opt-in
-and experimental: it is built and tested on CPU (the kernel's source runs as C
-there), not yet measured on a GPU.  Where the module cannot be loaded, or a
-buffer could not be device-mapped, the ctypes calls are used (`calls`).
+The price, measured on the H200 (bench/README.md, cause 15): the copies run on
+`blocks` thread blocks (SGLANG_HS_DUMP_KERNEL_BLOCKS, default 8: 8 reach the
+~50 GB/s that 16-132 do, the copy engine 55) beside the model's kernels, not on
+the copy engines.  Beside memory-bound kernels (a large prefill step) the two
+slow each other: an 8,192-token step ran 17-27 % longer beside a 235 MB job
+(+2 % beside the copy engine), and the job took twice as long.  capture() got
+20-60 us shorter.  So it stays opt-in and is not recommended; bit-exact on the
+H200 (12/12 spans).  Where the module cannot be loaded, or a buffer could not
+be device-mapped, the ctypes calls are used (`calls`).
 """
 
 from __future__ import annotations
