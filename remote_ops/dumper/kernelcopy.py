@@ -15,7 +15,7 @@ The price, measured on the H200 (bench/README.md, cause 15): the copies run on
 the copy engines.  Beside memory-bound kernels (a large prefill step) the two
 slow each other: an 8,192-token step ran 17-27 % longer beside a 235 MB job
 (+2 % beside the copy engine), and the job took twice as long.  capture() got
-20-60 us shorter.  So it stays opt-in and is not recommended; bit-exact on the
+16-60 us shorter.  So it stays opt-in and is not recommended; bit-exact on the
 H200 (12/12 spans).  Where the module cannot be loaded, or a buffer could not
 be device-mapped, the ctypes calls are used (`calls`).
 """
