@@ -44,8 +44,9 @@ SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's cop
 # of them in one foreign call (no cheaper than calls); batch: all copies in one cuMemcpy3DBatchAsync
 # call (no cheaper); kernel (experimental, not recommended): a job's copies as one launch of hsk.cu's
 # copy kernel (kernelcopy.py): capture() 16-60 us shorter on the H200, but the copy then competes with
-# memory-bound steps for the SMs (+17-27 % on an 8k step beside a 235 MB job; bench/README.md, cause 15).  native/inline fall back to calls where hsq.c cannot be built,
-# kernel where its module cannot be loaded.
+# memory-bound steps for the SMs (+17-27 % on an 8k step beside a 235 MB job; bench/README.md, cause
+# 15).  native/inline fall back to calls where hsq.c cannot be built, kernel where its module cannot
+# be loaded.
 COPY_MODES = ("calls", "native", "inline", "batch", "kernel")
 
 
