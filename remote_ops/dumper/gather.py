@@ -62,7 +62,7 @@ class Gather:
         return rows < self.tokens
 
     def fits(self, rows: int, key: Any) -> bool:
-        """A step of `rows` rows and `key` (dtype, id/position sizes, stream) may join the waiting ones."""
+        """A step of `rows` rows and `key` (the stream it ran on) may join the waiting ones."""
         return not self.items or (key == self.key and self.rows + rows <= self.tokens)
 
     def add(self, item: Any, rows: int, key: Any, now: float) -> int:
