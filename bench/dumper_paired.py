@@ -42,8 +42,10 @@ Usage: python3 bench/dumper_paired.py --points launch:512,compute:4096 --variant
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
+import mmap
 import os
 import platform
 import shutil
@@ -122,6 +124,14 @@ VARIANTS = {
     # function), and copy-only's fence + host function with no copy
     "dma-only": {"SGLANG_HS_DUMP_COPY": "calls"},
     "hostfn-only": {"SGLANG_HS_DUMP_COPY": "calls"},
+    # The floor (FloorDumper, no dumper at all): what any dumper that moves a step's bytes to the host with
+    # the copy engine must pay at least; jobs made by the dumper's gathering rule, each one fence + ONE
+    # contiguous copy of the job's bytes from a buffer of our own, nothing else (floor); plus the dumper's
+    # completion signal, a cuLaunchHostFunc sem_post (floor-hostfn), or a GPU-written flag
+    # (cuStreamWriteValue32 into mapped host memory, floor-flag)
+    "floor": {},
+    "floor-hostfn": {},
+    "floor-flag": {},
 }
 
 
@@ -214,6 +224,8 @@ class Arm:
 def make_arm(name, step, folder, buffers, args, warm_inputs):
     if name in ("none", "aa"):
         return Arm(name)
+    if name.startswith("floor"):
+        return floor_arm(name, step, warm_inputs)
     env = dict(args.dump_env)
     env.update(VARIANTS[name])
     if "SGLANG_HS_DUMP_BUFFER_TOKENS" in env:  # never smaller than the step
@@ -257,12 +269,108 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
     return arm
 
 
+class FloorDumper:
+    """The least a copy-engine dumper can do, as a `capture(fb, hidden, aux)` stand-in: no checks, plans,
+    slots, ring or writer.  Steps are taken into jobs by the dumper's gathering rule (up to `job_rows`
+    rows and `job_steps` steps; a larger step alone); a job is one fence on the forward stream and ONE
+    cuMemcpyDtoHAsync of all its bytes (57,356 per row: hidden, 3 aux, ids, positions) from a device
+    buffer of our own into a page-locked one, on a side stream; plus, by `signal`, a host function that
+    posts a semaphore (the dumper's default) or a GPU-written word.  The steps' tensors are held until
+    the next job is queued, as the dumper holds its sources.  Timing only: the bytes are not theirs."""
+
+    def __init__(self, dev, hidden_size, signal="none", job_rows=4096, job_steps=8, max_rows=4096):
+        from remote_ops.dumper.cudadrv import Driver
+
+        self.drv = drv = Driver.load()
+        if drv is None:
+            raise RuntimeError("the floor arms need libcuda.so.1")
+        self.signal, self.job_rows, self.job_steps = signal, job_rows, job_steps
+        self.row_bytes = 4 * hidden_size * 2 + 8 + 4
+        nbytes = max(max_rows, job_rows) * self.row_bytes
+        self.src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        self.dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.side = torch.cuda.Stream(device=dev)
+        self.side_raw, self.dev_index = self.side.cuda_stream, self.side.device_index
+        self.event = drv.event_create()
+        self.sem = ctypes.create_string_buffer(64)
+        if drv.libc.sem_init(ctypes.addressof(self.sem), 0, 0) != 0:
+            raise OSError("sem_init failed")
+        self.word = mmap.mmap(-1, mmap.PAGESIZE)
+        self.word_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.word))
+        self.word_dptr, self.value = 0, 0
+        if signal == "flag":
+            drv.register(self.word_addr, mmap.PAGESIZE, device_map=True)
+            self.word_dptr = drv.device_pointer(self.word_addr)
+        self.gather, self.rows, self.held = [], 0, []
+        self.job_seq = self.steps = 0
+        self.stats = SimpleNamespace(static={"copy": "floor-" + signal}, counts={})
+
+    def capture(self, fb, hidden, aux):
+        rows = hidden.shape[0]
+        self.steps += 1
+        if rows >= self.job_rows:
+            self._job()  # the waiting steps first, as the dumper does
+            self.gather.append((hidden, aux))
+            self.rows = rows
+            return self._job()
+        if self.rows + rows > self.job_rows:
+            self._job()
+        self.gather.append((hidden, aux))
+        self.rows += rows
+        if self.rows >= self.job_rows or len(self.gather) >= self.job_steps:
+            self._job()
+
+    def _job(self):
+        if not self.gather:
+            return
+        drv, side = self.drv, self.side_raw
+        drv.event_record_fn(self.event, torch._C._cuda_getCurrentRawStream(self.dev_index))
+        drv.wait_event_fn(side, self.event, 0)
+        rc = drv.d2h_fn(self.dst.data_ptr(), self.src.data_ptr(), self.rows * self.row_bytes, side)
+        if self.signal == "hostfn":
+            rc = rc or drv.host_fn(side, drv.sem_post_addr, ctypes.addressof(self.sem))
+        elif self.signal == "flag":
+            self.value = self.value % 0xFFFFFFFF + 1
+            drv.write_when_done(side, self.word_dptr, self.value)
+        if rc:
+            raise RuntimeError("floor job: CUresult %d" % rc)
+        self.held, self.gather, self.rows = self.gather, [], 0
+        self.job_seq += 1
+        self.stats.counts["batches"] = self.steps
+
+    def flush(self, timeout=60.0):
+        self._job()
+        self.side.synchronize()
+        self.held = []
+        return True
+
+    def close(self):
+        self.flush()
+        if self.word_dptr:
+            self.drv.unregister(self.word_addr)
+            self.word_dptr = 0
+        self.drv.event_destroy(self.event)
+
+
+def floor_arm(name, step, warm_inputs):
+    """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-flag), warmed like make_arm's."""
+    signal = {"floor": "none", "floor-hostfn": "hostfn", "floor-flag": "flag"}[name]
+    dumper = FloorDumper(step.dev, step.hidden, signal, max_rows=step.tokens)
+    arm = Arm(name, dumper)
+    for x0, fb in warm_inputs:
+        hidden, aux = step.run(x0)
+        dumper.capture(fb, hidden, aux)
+        del hidden, aux
+        base.main_stream_sync(step.dev)
+    arm.flush()
+    return arm
+
+
 def copy_only(dumper, name="copy-only"):
     """Capture and copies as usual; no job to the writer: the host function posts a private semaphore
     instead of the child's, and a slot (and its sources) is freed once its post came (posts come in order).
     dma-only: the copies, and the post made from the CPU at once; hostfn-only: the fence and the host
     function, no copy."""
-    import ctypes
 
     pending = []
     sink = dumper.sink
