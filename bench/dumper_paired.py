@@ -101,6 +101,18 @@ VARIANTS = {
         "SGLANG_HS_DUMP_GATHER_TOKENS": "8192",
         "SGLANG_HS_DUMP_BUFFER_TOKENS": "8192",
     },
+    # diagnosis, is the gathered job's next-step spill the writer's disk I/O (no fsync) or its burst of CPU
+    # work (one writer worker instead of 8: the same bytes hashed and written, spread over more steps)
+    "gather-nofsync": {
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+        "SGLANG_HS_DUMP_FSYNC": "0",
+    },
+    "gather-w1": {
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+        "SGLANG_HS_DUMP_WRITERS": "1",
+    },
     "gather-2k": {
         "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",
