@@ -144,6 +144,11 @@ VARIANTS = {
     "floor": {},
     "floor-hostfn": {},
     "floor-flag": {},
+    # diagnosis, do the dumper's strided aux copies (3 cuMemcpy2DAsync into [rows, 3H] host rows) cost the
+    # next step more than contiguous ones: each step's 6 copies as the dumper lays them out (floor-rows),
+    # or all 6 contiguous, aux in 3 host planes (floor-planar); both with the host function
+    "floor-rows": {},
+    "floor-planar": {},
 }
 
 
@@ -286,19 +291,22 @@ class FloorDumper:
     slots, ring or writer.  Steps are taken into jobs by the dumper's gathering rule (up to `job_rows`
     rows and `job_steps` steps; a larger step alone); a job is one fence on the forward stream and ONE
     cuMemcpyDtoHAsync of all its bytes (57,356 per row: hidden, 3 aux, ids, positions) from a device
-    buffer of our own into a page-locked one, on a side stream; plus, by `signal`, a host function that
-    posts a semaphore (the dumper's default) or a GPU-written word.  The steps' tensors are held until
+    buffer of our own into a page-locked one, on a side stream (`copies` "one"; or each step's 6 copies
+    laid out as the dumper does, "rows", or all contiguous, "planar"); plus, by `signal`, a host function
+    that posts a semaphore (the dumper's default) or a GPU-written word.  The steps' tensors are held until
     the next job is queued, as the dumper holds its sources.  Timing only: the bytes are not theirs."""
 
-    def __init__(self, dev, hidden_size, signal="none", job_rows=4096, job_steps=8, max_rows=4096):
+    def __init__(self, dev, hidden_size, signal="none", job_rows=4096, job_steps=8, max_rows=4096, copies="one"):
         from remote_ops.dumper.cudadrv import Driver
 
         self.drv = drv = Driver.load()
         if drv is None:
             raise RuntimeError("the floor arms need libcuda.so.1")
         self.signal, self.job_rows, self.job_steps = signal, job_rows, job_steps
-        self.row_bytes = 4 * hidden_size * 2 + 8 + 4
-        nbytes = max(max_rows, job_rows) * self.row_bytes
+        self.copies, self.row_width = copies, hidden_size * 2  # bf16 row bytes
+        self.row_bytes = 4 * self.row_width + 8 + 4
+        self.capacity = max(max_rows, job_rows)
+        nbytes = self.capacity * self.row_bytes
         self.src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         self.dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         self.side = torch.cuda.Stream(device=dev)
@@ -322,12 +330,12 @@ class FloorDumper:
         self.steps += 1
         if rows >= self.job_rows:
             self._job()  # the waiting steps first, as the dumper does
-            self.gather.append((hidden, aux))
+            self.gather.append((hidden, aux, rows))
             self.rows = rows
             return self._job()
         if self.rows + rows > self.job_rows:
             self._job()
-        self.gather.append((hidden, aux))
+        self.gather.append((hidden, aux, rows))
         self.rows += rows
         if self.rows >= self.job_rows or len(self.gather) >= self.job_steps:
             self._job()
@@ -338,7 +346,13 @@ class FloorDumper:
         drv, side = self.drv, self.side_raw
         drv.event_record_fn(self.event, torch._C._cuda_getCurrentRawStream(self.dev_index))
         drv.wait_event_fn(side, self.event, 0)
-        rc = drv.d2h_fn(self.dst.data_ptr(), self.src.data_ptr(), self.rows * self.row_bytes, side)
+        if self.copies == "one":
+            rc = drv.d2h_fn(self.dst.data_ptr(), self.src.data_ptr(), self.rows * self.row_bytes, side)
+        else:
+            rc, first = 0, 0
+            for _h, _a, n in self.gather:
+                rc = rc or self._step_copies(first, n)
+                first += n
         if self.signal == "hostfn":
             rc = rc or drv.host_fn(side, drv.sem_post_addr, ctypes.addressof(self.sem))
         elif self.signal == "flag":
@@ -349,6 +363,26 @@ class FloorDumper:
         self.held, self.gather, self.rows = self.gather, [], 0
         self.job_seq += 1
         self.stats.counts["batches"] = self.steps
+
+    def _step_copies(self, first, n):
+        """One step's 6 copies at row `first` of the host regions (hidden [R, H], aux, ids int64, positions
+        int32): aux as 3 strided copies into [R, 3H] rows, as the dumper lays it out ("rows"), or into 3
+        planes of [R, H] ("planar": all 6 copies contiguous)."""
+        drv, side, w, cap = self.drv, self.side_raw, self.row_width, self.capacity
+        src, dst = self.src.data_ptr(), self.dst.data_ptr()
+        aux_at, ids_at, pos_at = cap * w, cap * 4 * w, cap * (4 * w + 8)
+        rc = drv.d2h_fn(dst + first * w, src, n * w, side)
+        for k in range(3):
+            if self.copies == "rows":
+                p = drv.params
+                p.srcDevice, p.srcPitch = src + aux_at + k * cap * w, w
+                p.dstHost, p.dstPitch = dst + aux_at + first * 3 * w + k * w, 3 * w
+                p.WidthInBytes, p.Height = w, n
+                rc = rc or drv.copy2d_fn(drv.params_ref, side)
+            else:
+                rc = rc or drv.d2h_fn(dst + aux_at + k * cap * w + first * w, src + aux_at + k * cap * w, n * w, side)
+        rc = rc or drv.d2h_fn(dst + ids_at + first * 8, src + ids_at, n * 8, side)
+        return rc or drv.d2h_fn(dst + pos_at + first * 4, src + pos_at, n * 4, side)
 
     def flush(self, timeout=60.0):
         self._job()
@@ -366,8 +400,14 @@ class FloorDumper:
 
 def floor_arm(name, step, warm_inputs):
     """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-flag), warmed like make_arm's."""
-    signal = {"floor": "none", "floor-hostfn": "hostfn", "floor-flag": "flag"}[name]
-    dumper = FloorDumper(step.dev, step.hidden, signal, max_rows=step.tokens)
+    signal, copies = {
+        "floor": ("none", "one"),
+        "floor-hostfn": ("hostfn", "one"),
+        "floor-flag": ("flag", "one"),
+        "floor-rows": ("hostfn", "rows"),
+        "floor-planar": ("hostfn", "planar"),
+    }[name]
+    dumper = FloorDumper(step.dev, step.hidden, signal, max_rows=step.tokens, copies=copies)
     arm = Arm(name, dumper)
     for x0, fb in warm_inputs:
         hidden, aux = step.run(x0)
