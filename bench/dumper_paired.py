@@ -87,6 +87,8 @@ VARIANTS = {
     # the copy kernel (kernelcopy.py): a job's copies as one launch, per step or gathered
     "kernel": {"SGLANG_HS_DUMP_COPY": "kernel"},
     "gather-kernel": {"SGLANG_HS_DUMP_COPY": "kernel", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # the staged copy: the kernel into GPU staging laid out for the job, then one DMA per job (cause 17)
+    "gather-staged": {"SGLANG_HS_DUMP_COPY": "staged", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
     # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
     "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
@@ -270,8 +272,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         plan_at_capture(dumper)
     elif name == "calls-nohold":
         submit = dumper._submit_to_process
-        dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None: submit(
-            buf, ids, pos, spans, rows, flag, None
+        dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None, **kw: submit(
+            buf, ids, pos, spans, rows, flag, None, **kw
         )
     for x0, fb in warm_inputs:  # warm-up: side stream, writer process, first files
         hidden, aux = step.run(x0)
@@ -434,7 +436,7 @@ def copy_only(dumper, name="copy-only"):
     sink.post_landed = lambda: libc.sem_post(ctypes.addressof(sem))
     counter = [0]
 
-    def submit(buf, id_size, pos_size, spans, rows, flag=0, keep=None):
+    def submit(buf, id_size, pos_size, spans, rows, flag=0, keep=None, batches=1, packed=False):
         counter[0] += 1
         pending.append((buf.slot, keep))
         return counter[0]

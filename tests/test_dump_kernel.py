@@ -9,8 +9,11 @@ checked-in PTX was generated from this source; and the dumper with the kernel
 mode gathers steps into one launch whose table `KernelDriver` (a named
 stand-in for cuModuleLoadData/cuLaunchKernel and the device-mapped
 registration: it runs the table through `hsk_run_grid`) turns into files
-bit-exact through the real writer process.  That NVRTC's PTX does the same
-on a GPU, and what the kernel costs, is for the H200 (bench/README.md).
+bit-exact through the real writer process; and the staged mode
+(SGLANG_HS_DUMP_COPY=staged) runs the same kernel into a staging buffer laid
+out for the job's rows and moves each job with one contiguous copy, packed
+jobs the writer reads right.  That NVRTC's PTX does the same on a GPU, and
+what the kernel costs, is for the H200 (bench/README.md).
 """
 
 from __future__ import annotations
@@ -141,3 +144,88 @@ def test_the_dumper_in_kernel_mode_writes_gathered_steps_with_one_launch_per_job
             assert_spans_written(b, tmp_path)
     finally:
         d.close(10)
+
+
+class StagedDriver(KernelDriver):
+    """KernelDriver whose contiguous copies are counted too: the staged copy's one DMA per job."""
+
+    def __init__(self, grid):
+        super().__init__(grid)
+        self.dmas = []
+
+    def d2h_fn(self, dst, src, nbytes, stream):
+        self.dmas.append(nbytes)
+        return super().d2h_fn(dst, src, nbytes, stream)
+
+
+def staged_dumper(tmp_path, grid, monkeypatch):
+    """A dumper in staged mode whose kernel runs as C and whose staging buffer is CPU memory."""
+    d = make_dumper(tmp_path, writer="process", buffers=2, copy="staged", gather_tokens=64, gather_steps=20)
+    driver = StagedDriver(grid)
+    d.driver, d.stager = driver, staging.Stager(driver, "staged", kernel_blocks=3)
+    d.stager.device_index, d.stager.side_raw, d.stager.fence_event = -1, 1, 1  # CPU: get_device() is -1
+    d.stager.kernel = kernelcopy.KernelCopy(driver, 3)
+    monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 5)
+    make = d._make_buffer  # page-locked as on a GPU
+    d._make_buffer = lambda slot, gen, rows, h, dtype, pin, shared: make(slot, gen, rows, h, dtype, True, shared)
+    d._start_gather()
+    return d, driver
+
+
+def test_the_staged_copy_lands_each_job_packed_with_one_launch_and_one_dma(tmp_path, grid, monkeypatch):
+    """Gathered steps and a large step alone: each job is one kernel launch into the staging buffer, laid
+    out for the job's own rows, then ONE contiguous DMA of exactly those bytes; the ring entry says
+    `packed`, and the child reads the spans from that layout: the files are bit-exact."""
+    from remote_ops.dumper.layout import Layout
+
+    d, driver = staged_dumper(tmp_path, grid, monkeypatch)
+    try:
+        assert d.stager.packs and d.gather is not None and d.gather.max_steps == kernelcopy.MAX_COPIES // 6
+        batches = [make_batch([2, 1], seed=150 + i) for i in range(10)]
+        for b in batches:
+            d.capture(b.fb, b.hidden, b.aux)
+        big = make_batch([40, 30], seed=160)  # 70 rows >= 64: its own job
+        d.capture(big.fb, big.hidden, big.aux)
+        assert d.flush(10)
+        assert not any(driver.registered)  # host buffers are not device-mapped: the kernel stores to the GPU
+        assert [count for _b, _n, count in driver.launches] == [48, 12, 6]  # 8 steps, 2, 1
+        h, esize = d.hidden_size, 2
+        assert driver.dmas == [Layout(rows, h, esize).nbytes for rows in (24, 6, 70)]
+        assert len(driver.posts) == 3 and d.job_seq == 3
+        assert d.stats.snapshot()["files"] == 22 and d.stats.snapshot()["errors"] == 0
+        for b in batches + [big]:
+            assert_spans_written(b, tmp_path)
+    finally:
+        d.close(10)
+    assert d.stager.staging is None
+
+
+def test_a_staged_step_without_positions_goes_unpacked_through_the_calls(tmp_path, grid, monkeypatch):
+    """A step whose positions the dumper fills in on the host (none from the model) is not packed: its
+    positions go straight into the host buffer, which the staged DMA would overwrite, so it takes the
+    per-copy calls into the slot's usual layout, and is written bit-exact all the same."""
+    d, driver = staged_dumper(tmp_path, grid, monkeypatch)
+    try:
+        b = make_batch([50, 30], seed=170)
+        positions, b.fb.positions = b.fb.positions, None  # the spans give the same positions
+        d.capture(b.fb, b.hidden, b.aux)
+        b.fb.positions = positions
+        assert d.flush(10)
+        assert driver.launches == [] and len(driver.dmas) == 2  # the calls: hidden and ids in one piece each
+        assert d.stats.snapshot()["files"] == 2 and d.stats.snapshot()["errors"] == 0
+        assert_spans_written(b, tmp_path)
+    finally:
+        d.close(10)
+
+
+def test_the_staging_buffer_grows_only_after_the_side_stream_drained(monkeypatch):
+    """A job larger than the staging buffer: the side stream is synchronized before the old buffer is let
+    go (its last job may still read it), and the new one holds a whole host buffer's bytes."""
+    stager = staging.Stager(None, "staged")
+    synced = []
+    monkeypatch.setattr(stager, "synchronize", lambda: synced.append(True))
+    first = stager._staging_base(100, 400)
+    assert stager.staging.numel() == 400 and not synced
+    assert stager._staging_base(300, 400) == first and not synced
+    stager._staging_base(500, 800)
+    assert synced == [True] and stager.staging.numel() == 800

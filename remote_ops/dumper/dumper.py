@@ -256,7 +256,8 @@ class Dumper:
             raise
         if fast:
             keep = (hidden, tuple(aux), ids, positions)
-        seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep)
+        packed = fast and positions is not None and self.stager.packs  # Stager.queue's staged path
+        seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep, packed=packed)
         if not seq:
             return
         try:
@@ -347,7 +348,8 @@ class Dumper:
             return
         plan0 = ready[0][0]
         keep = tuple(item[:4] for _plan, item in ready)
-        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, 0, keep, len(ready))
+        packed = self.stager.packs  # queue_gathered's staged path
+        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, 0, keep, len(ready), packed=packed)
         if not seq:
             return
         assert self.sink is not None, "gathering runs with the writer process"
@@ -436,12 +438,14 @@ class Dumper:
         flag: int = 0,
         keep: Optional[tuple] = None,
         batches: int = 1,
+        packed: bool = False,
     ) -> int:
         """Take the next job seq and publish the job in the ring; its seq, or 0 when the child is gone (the
         batch counted as dropped, the slot freed).  Nothing has posted its "copies landed" yet.
 
         `keep` (GPU): the source tensors, held until the child reports the copies landed; `batches`: the
-        captured steps in the job (gathered steps: several)."""
+        captured steps in the job (gathered steps: several); `packed`: the copies land the job laid out
+        for its own rows (the staged copy), which the ring entry tells the child."""
         sink, pool = self.sink, self.pool
         assert sink is not None and pool is not None, "called with the writer process running"
         with self.reclaim_lock:
@@ -461,7 +465,7 @@ class Dumper:
         try:
             sink.job(
                 buf.slot, buf.gen, seq, rows, self.hidden_size, buf.esize, id_size, pos_size, ST_DTYPES[buf.dtype],
-                spans, flag,
+                spans, flag, int(packed),
             )  # fmt: skip
         except BaseException as exc:  # OSError: the child is gone (counted as a drop); else re-raised
             self._abandon(buf, seq, cancel=not isinstance(exc, OSError))
@@ -640,7 +644,8 @@ class Dumper:
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
     ) -> HostBuffer:
         """A slot's buffer; a shared one is handed to the writer process before any job names it."""
-        device_map = self.stager.kernel is not None  # the copy kernel stores through device addresses
+        # the copy kernel stores through device addresses (the staged copy stores into GPU memory instead)
+        device_map = self.stager.kernel is not None and not self.stager.packs
         buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver, device_map)
         if shared:
             assert self.sink is not None, "shared buffers exist only with the writer process"

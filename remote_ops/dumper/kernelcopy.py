@@ -18,6 +18,10 @@ slow each other: an 8,192-token step ran 17-27 % longer beside a 235 MB job
 16-60 us shorter.  So it stays opt-in and is not recommended; bit-exact on the
 H200 (12/12 spans).  Where the module cannot be loaded, or a buffer could not
 be device-mapped, the ctypes calls are used (`calls`).
+
+SGLANG_HS_DUMP_COPY=staged launches the same kernel with destinations in GPU
+memory (a staging buffer laid out for the job's rows, `Stager._queue_staged`),
+so its stores stay off PCIe, and one copy-engine DMA then moves the whole job.
 """
 
 from __future__ import annotations

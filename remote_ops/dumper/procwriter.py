@@ -18,7 +18,7 @@ message = one marshal'd tuple):
                    ("stop", last_seq)                 finish the jobs up to last_seq, then exit
   child -> parent  ("error", slot, first_error)       only for a job with failed spans
 Jobs do not travel as messages: the forward thread writes each job (slot, gen,
-sizes, dtype, flag, marshal'd spans) into entry seq % N of a ring in the
+sizes, dtype, flag, packed, marshal'd spans) into entry seq % N of a ring in the
 control segment, seq written last, before anything can signal that the job's
 copies landed.  (A `job` message, marshal + send, cost the forward thread
 33-47 us per batch on the H200 VMs; the ring entry 13-18 us, no syscall.)
@@ -89,9 +89,11 @@ U64 = struct.Struct("<Q")
 # uint64 seq at 0 (written last: the entry is published), then JOB_HEAD, then the marshal'd spans
 # (spans_len bytes; SPANS_ON_SOCKET: too many for the entry, sent before as ("spans", seq, spans)).
 JOB_BYTES = 8192
-JOB_HEAD = struct.Struct("<11q")  # slot gen rows hidden esize id_size pos_size flag st_code spans_len state
+# packed: the job's regions are laid out for its own rows (Layout(rows)), not the slot's capacity: the
+# staged copy (SGLANG_HS_DUMP_COPY=staged) lands a job as one contiguous range
+JOB_HEAD = struct.Struct("<12q")  # slot gen rows hidden esize id_size pos_size flag st_code packed spans_len state
 JOB_SPANS_AT = 8 + JOB_HEAD.size
-STATE_FIELD = 10  # JOB_HEAD's index of `state`
+STATE_FIELD = 11  # JOB_HEAD's index of `state`
 SPANS_ON_SOCKET = -1
 STATE_JOB, STATE_CANCELLED = 0, 1
 ST_CODES = {"BF16": 0, "F16": 1, "F32": 2}
@@ -223,10 +225,12 @@ class WriterProcess:
         st_dtype: str,
         spans,
         flag: int = 0,
+        packed: int = 0,
     ) -> None:
         """Publish job `seq` in the ring (no message, no syscall), before anything can post its "copies
         landed": the child reads the entry only after that post.  `spans`: a list of (start, tokens,
-        prefix_len) tuples.  Once per batch on the forward thread: one frame, few calls."""
+        prefix_len) tuples; `packed`: the buffer holds the job laid out for its `rows`, not the slot's
+        capacity.  Once per batch on the forward thread: one frame, few calls."""
         if self.dead:
             raise BrokenPipeError("the writer process has exited")
         data = marshal.dumps(spans)
@@ -238,8 +242,9 @@ class WriterProcess:
         else:
             mm[at + JOB_SPANS_AT : at + JOB_SPANS_AT + n] = data
         JOB_HEAD.pack_into(
-            mm, at + 8, slot, gen, rows, hidden, esize, id_size, pos_size, flag, ST_CODES[st_dtype], n, STATE_JOB
-        )
+            mm, at + 8, slot, gen, rows, hidden, esize, id_size, pos_size, flag, ST_CODES[st_dtype], packed, n,
+            STATE_JOB,
+        )  # fmt: skip
         U64.pack_into(mm, at, seq)
         self.published = seq
 
@@ -252,7 +257,7 @@ class WriterProcess:
         """Job `seq` will not be written (its copies failed, or publishing it did): a cancelled entry and
         its "copies landed" post, so the child moves past it.  Only when nothing else will post for it."""
         at = self.ring_at + (seq % self.ring) * JOB_BYTES
-        JOB_HEAD.pack_into(self.sems_map, at + 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, STATE_CANCELLED)
+        JOB_HEAD.pack_into(self.sems_map, at + 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, STATE_CANCELLED)
         U64.pack_into(self.sems_map, at, seq)
         self.published = max(self.published, seq)
         self.post_landed()
@@ -362,6 +367,7 @@ class Job:
             self.pos_size,
             self.flag,
             st_code,
+            self.packed,
             _spans_len,
             _state,
         ) = head
@@ -583,7 +589,9 @@ class Child:
         gen, capacity, _mm, mem = self.segments[job.slot]
         if gen != job.gen:
             raise RuntimeError("slot %d holds segment %d, job wants %d" % (job.slot, gen, job.gen))
-        layout = Layout(capacity, job.hidden, job.esize)
+        if job.packed and job.rows > capacity:
+            raise RuntimeError("slot %d holds %d rows, packed job has %d" % (job.slot, capacity, job.rows))
+        layout = Layout(job.rows if job.packed else capacity, job.hidden, job.esize)
         start, tokens, prefix = span
         ids, pos, hidden, aux = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
         c = self.config

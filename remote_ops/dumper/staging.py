@@ -11,7 +11,10 @@ memory reusable at once.  (record_stream cost 6 torch calls per batch in
 forward freed it and queried it at later allocations.)
 By default the copies are DMA only (no kernel, no GPU allocation; with the
 experimental SGLANG_HS_DUMP_COPY=kernel a job's copies are instead one launch
-of a copy kernel into device-mapped buffers, see `kernelcopy`): hidden rows as they
+of a copy kernel into device-mapped buffers, see `kernelcopy`; with the
+experimental SGLANG_HS_DUMP_COPY=staged the same kernel gathers them into a GPU
+staging buffer laid out for the job's rows, and one DMA copy moves the job to
+the host buffer, see `Stager.packs`): hidden rows as they
 are, each aux tensor as a strided 2D copy into its third of the [rows, 3H]
 rows, ids and positions in their source dtype (the writer converts them to
 int32).  `plan` reads what the copies need from the tensors (one pass, no side
@@ -365,14 +368,22 @@ class Stager:
         self.libcuda = libcuda
         self.native: Optional[NativeQueue] = None
         # "kernel": the copies of a job as one launch of hsk.cu's kernel (kernelcopy.py), into device-mapped
-        # buffers; loaded with the side stream, else "calls"
+        # buffers; "staged": that launch into `staging` (GPU memory, the job laid out for its own rows), then
+        # one DMA copy of the whole job; loaded with the side stream, else "calls"
         self.kernel: Optional[KernelCopy] = None
+        self.staging: Optional[torch.Tensor] = None  # "staged": one job's bytes on the GPU, reused job after job
         self.kernel_blocks = kernel_blocks
         self.side_stream: Any = None
         self.side_raw = 0
         self.fence: Any = None
         self.fence_event = 0  # a CUevent of our own (driver path)
         self.device_index: Optional[int] = None  # the GPU of the first batch (the side stream's)
+
+    @property
+    def packs(self) -> bool:
+        """The fast paths land a job packed (`Layout(rows)` from the buffer's start, the ring entry says
+        so): the staged copy, with its kernel loaded."""
+        return self.copy == "staged" and self.kernel is not None
 
     def plan(
         self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
@@ -435,6 +446,9 @@ class Stager:
         `native.failures()`."""
         if self.native is not None:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
+        if self.packs and post_addr and plan[5]:  # the dumper packs only jobs with positions (see _copy_step)
+            self._queue_staged([(plan, 0, rows)], buf, rows, _RAW_STREAM(self.device_index), post_addr)
+            return plan[4], plan[6]
         if self.kernel is not None and buf.device_dsts is not None and post_addr:
             copies = _native_copies(plan, buf, 0, rows, buf.device_dsts)
             self._queue_kernel(copies if plan[5] else copies[:-6], _RAW_STREAM(self.device_index), post_addr)  # no pos
@@ -468,6 +482,8 @@ class Stager:
         ctypes call per driver call.  The caller holds the sources."""
         if self.native is not None:
             return self._queue_gathered_native(parts, buf, post_addr, stream, cancel, seq)
+        if self.packs:
+            return self._queue_staged(parts, buf, sum(n for _p, _f, n in parts), stream, post_addr)
         if self.kernel is not None and buf.device_dsts is not None:
             vals: List[int] = []
             for plan, first, rows in parts:
@@ -515,6 +531,39 @@ class Stager:
         rc = self.kernel.launch(side, copies) or drv.host_fn(side, drv.sem_post_addr, post_addr)
         if rc:
             raise CudaError("the copy kernel's launch or the completion post failed: CUresult %d" % rc)
+
+    def _queue_staged(
+        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, rows: int, stream: int, post_addr
+    ):
+        """Fence on `stream`; the copy kernel gathers every part (plan, first row, rows) into `staging`,
+        laid out as `Layout(rows)` (packed: no gap between the regions); ONE DMA copy of those bytes to the
+        start of `buf`; the `sem_post(post_addr)` host function.  5 driver calls whatever the job's steps:
+        on the H200 the launch-bound step paid ~1 point per capture more for 6 copies per step than for one
+        contiguous copy per job, well beyond their CPU time (bench/README.md, cause 17)."""
+        assert self.kernel is not None, "called with the copy kernel loaded"
+        layout = Layout(rows, buf.hidden_size, buf.esize)
+        base = self._staging_base(layout.nbytes, buf.layout.nbytes)
+        dsts = tuple(base + layout.offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
+        vals: List[int] = []
+        for plan, first, n in parts:
+            vals += _native_copies(plan, buf, first, n, dsts)
+        drv, side = self.driver, self.side_raw
+        self._fence(stream)
+        rc = self.kernel.launch(side, vals) or drv.d2h_fn(buf.base, base, layout.nbytes, side)
+        rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        if rc:
+            raise CudaError("the staged copy (kernel, DMA or completion post) failed: CUresult %d" % rc)
+
+    def _staging_base(self, need: int, size: int) -> int:
+        """The device address of `staging`, made (or made larger, after the side stream drained: its last
+        job may still read it) to hold `size` bytes, a whole buffer's, when it holds fewer than `need`."""
+        if self.staging is None or self.staging.numel() < need:
+            if self.staging is not None:
+                self.synchronize()
+            device = self.side_stream.device if self.side_stream is not None else "cpu"
+            self.staging = None
+            self.staging = torch.empty(max(need, size), dtype=torch.uint8, device=device)
+        return self.staging.data_ptr()
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
         """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
@@ -612,7 +661,7 @@ class Stager:
                     log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
             if self.fence_event and self.copy in ("native", "inline"):
                 self.open_native()
-            elif self.fence_event and self.copy == "kernel":
+            elif self.fence_event and self.copy in ("kernel", "staged"):
                 self.open_kernel()
         return self.side_stream
 
@@ -643,8 +692,8 @@ class Stager:
             self.side_stream.synchronize()
 
     def close(self) -> None:
-        """Stop the native queue's thread and destroy the fence event (after synchronize: nothing may still
-        wait on it)."""
+        """Stop the native queue's thread, destroy the fence event and let the staging buffer go (after
+        synchronize: nothing may still wait on the one or read the other)."""
         if self.native is not None:
             if not self.native.close():
                 log.error("[hs-dump] the native copy thread did not stop in time: its queue is left allocated")
@@ -652,6 +701,7 @@ class Stager:
         if self.fence_event and self.driver is not None:
             self.driver.event_destroy(self.fence_event)
             self.fence_event = 0
+        self.staging = None  # after synchronize (the caller's): no job reads it any more
 
 
 def _native_copies(plan: tuple, buf: HostBuffer, first: int, rows: int, dsts: Optional[tuple] = None) -> tuple:
