@@ -229,3 +229,30 @@ def test_the_staging_buffer_grows_only_after_the_side_stream_drained(monkeypatch
     assert stager._staging_base(300, 400) == first and not synced
     stager._staging_base(500, 800)
     assert synced == [True] and stager.staging.numel() == 800
+
+
+def test_no_room_for_the_staging_buffer_cancels_that_job_and_falls_back_to_the_calls(tmp_path, grid, monkeypatch):
+    """The GPU cannot hold the staging buffer: the job that asked is cancelled and counted (never written
+    from a half-made copy), the mode says `calls` from then on, and later steps are written bit-exact."""
+    d, driver = staged_dumper(tmp_path, grid, monkeypatch)
+    try:
+        real_empty = torch.empty
+
+        def no_room(*args, **kw):
+            if kw.get("device") is not None:
+                raise torch.cuda.OutOfMemoryError("no room")
+            return real_empty(*args, **kw)
+
+        monkeypatch.setattr(staging.torch, "empty", no_room)
+        lost = make_batch([40, 30], seed=180)
+        d.capture(lost.fb, lost.hidden, lost.aux)
+        monkeypatch.setattr(staging.torch, "empty", real_empty)
+        assert not d.stager.packs and d.stager.copy == "calls" and driver.launches == []
+        assert d.stats.snapshot()["errors"] == 1
+        kept = make_batch([50, 20], seed=181)
+        d.capture(kept.fb, kept.hidden, kept.aux)
+        assert d.flush(10)
+        assert d.stats.snapshot()["files"] == 2
+        assert_spans_written(kept, tmp_path)
+    finally:
+        d.close(10)

@@ -47,15 +47,32 @@ typedef uint4 hsk_v16;
 #define HSK_GLOBAL extern "C" __global__
 #endif
 
+/* Each thread loads HSK_UNROLL elements before it stores them: that many loads in flight per thread,
+ * so a few blocks keep GPU memory busy when the destination is GPU memory too (the staged copy), where
+ * one load at a time left each thread waiting ~0.7 us per 16 bytes. */
+#define HSK_UNROLL 4
+
 #define HSK_BODY(T)                                                                      \
     do {                                                                                 \
         u64 per_row = c->width / sizeof(T);                                              \
         u64 total = per_row * rows;                                                      \
-        for (u64 i = first; i < total; i += stride) {                                    \
-            u64 r = i / per_row, k = i - r * per_row;                                    \
-            const T *s = (const T *)(c->src + r * c->src_pitch) + k;                     \
-            T *d = (T *)(c->dst + r * c->dst_pitch) + k;                                 \
-            *d = *s;                                                                     \
+        u64 i = first;                                                                   \
+        for (; i + (HSK_UNROLL - 1) * stride < total; i += HSK_UNROLL * stride) {        \
+            T v[HSK_UNROLL];                                                             \
+            u64 r[HSK_UNROLL];                                                           \
+            for (int j = 0; j < HSK_UNROLL; j++) {                                       \
+                u64 e = i + j * stride;                                                  \
+                r[j] = e / per_row;                                                      \
+                v[j] = *((const T *)(c->src + r[j] * c->src_pitch) + (e - r[j] * per_row)); \
+            }                                                                            \
+            for (int j = 0; j < HSK_UNROLL; j++) {                                       \
+                u64 e = i + j * stride;                                                  \
+                *((T *)(c->dst + r[j] * c->dst_pitch) + (e - r[j] * per_row)) = v[j];    \
+            }                                                                            \
+        }                                                                                \
+        for (; i < total; i += stride) {                                                 \
+            u64 q = i / per_row, k = i - q * per_row;                                    \
+            *((T *)(c->dst + q * c->dst_pitch) + k) = *((const T *)(c->src + q * c->src_pitch) + k); \
         }                                                                                \
     } while (0)
 

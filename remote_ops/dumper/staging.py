@@ -556,13 +556,20 @@ class Stager:
 
     def _staging_base(self, need: int, size: int) -> int:
         """The device address of `staging`, made (or made larger, after the side stream drained: its last
-        job may still read it) to hold `size` bytes, a whole buffer's, when it holds fewer than `need`."""
+        job may still read it) to hold `size` bytes, a whole buffer's, when it holds fewer than `need`.
+        Where the GPU has no room for it, the staged copy stops for good (`calls` from the next job on)
+        and this job fails (CudaError: the dumper cancels it and counts it)."""
         if self.staging is None or self.staging.numel() < need:
             if self.staging is not None:
                 self.synchronize()
             device = self.side_stream.device if self.side_stream is not None else "cpu"
             self.staging = None
-            self.staging = torch.empty(max(need, size), dtype=torch.uint8, device=device)
+            try:
+                self.staging = torch.empty(max(need, size), dtype=torch.uint8, device=device)
+            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+                self.copy = "calls"
+                log.error("[hs-dump] no GPU memory for the staged copy's %d bytes (%r): calls from now on", size, exc)
+                raise CudaError("staging buffer: %r" % (exc,)) from exc
         return self.staging.data_ptr()
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
