@@ -89,6 +89,17 @@ VARIANTS = {
     "gather-kernel": {"SGLANG_HS_DUMP_COPY": "kernel", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # the staged copy: the kernel into GPU staging laid out for the job, then one DMA per job (cause 17)
     "gather-staged": {"SGLANG_HS_DUMP_COPY": "staged", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # done flags written by the GPU instead of the host function, on the driver path (floor-flag, run 41)
+    "gather-flag": {
+        "SGLANG_HS_DUMP_COPY": "calls",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+        "SGLANG_HS_DUMP_SIGNAL": "flag",
+    },
+    "gather-staged-flag": {
+        "SGLANG_HS_DUMP_COPY": "staged",
+        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
+        "SGLANG_HS_DUMP_SIGNAL": "flag",
+    },
     # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
     # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
     "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},

@@ -256,3 +256,29 @@ def test_no_room_for_the_staging_buffer_cancels_that_job_and_falls_back_to_the_c
         assert_spans_written(kept, tmp_path)
     finally:
         d.close(10)
+
+
+def test_the_staged_copy_with_done_flags(tmp_path, grid, monkeypatch):
+    """Staged jobs signalled by done flags: one launch, one DMA and one flag write per job, no host
+    function; the files are bit-exact."""
+    d, driver = staged_dumper(tmp_path, grid, monkeypatch)
+    writes = []
+
+    def write32(stream, dptr, value, flags):
+        writes.append(value)
+        ctypes.c_uint32.from_address(dptr).value = value
+        return 0
+
+    driver.write32_fn = write32
+    try:
+        d.sink.enable_flags(driver)
+        d.flags = True
+        batches = [make_batch([2, 1], seed=210 + i) for i in range(8)]
+        for b in batches:
+            d.capture(b.fb, b.hidden, b.aux)
+        assert d.flush(10)
+        assert len(driver.launches) == len(driver.dmas) == len(writes) == 1 and driver.posts == []
+        for b in batches:
+            assert_spans_written(b, tmp_path)
+    finally:
+        d.close(10)

@@ -151,6 +151,7 @@ class Driver:
         self.params_ref = ctypes.byref(self.params)
         # the raw entry points, for the per-batch path (staging.Stager.queue): no wrapper frame per call
         self.d2h_fn, self.copy2d_fn, self.host_fn = self._d2h, self._2d, self._host_fn
+        self.write32_fn = self._write32  # None where the driver lacks it (done flags then stay off)
 
     def _fn(self, name, argtypes):
         fn = getattr(self.lib, name)

@@ -26,7 +26,7 @@ import torch
 
 from . import dumpfile, native, staging
 from .config import DumpConfig
-from .cudadrv import Driver
+from .cudadrv import CudaError, Driver
 from .gather import Gather, layout_runs, rewritten, shifted_spans
 from .procwriter import WriterProcess
 from .staging import ST_DTYPES, BufferPool, HostBuffer, Stager, positions_into
@@ -235,16 +235,20 @@ class Dumper:
             return
         # The writer process: the job is published in the ring before anything can post its "copies
         # landed" (the child reads the entry only after that post): the usual GPU path publishes, then
-        # queues fence + copies + the sem_post host function; the general path copies, publishes, signals.
-        fast = plan is not None and not self.flags
+        # queues fence + copies + the sem_post host function (with done flags: the GPU's flag write, then
+        # a post from here); the general path copies, publishes, signals.
+        fast = plan is not None
         keep: Optional[tuple] = None
-        flag = 0
+        flag, flag_at = 0, (0, 0)
         try:
             if positions is None:
                 positions_into(buf, _positions_from_spans(spans))
             if fast:
                 assert plan is not None
                 id_size, pos_size = plan[4], plan[6]
+                if self.flags:  # the GPU writes the slot's flag behind the copies, no host function
+                    flag_at = sink.next_flag(buf.slot)
+                    flag = flag_at[1]
             else:
                 staged = self.stager.stage(buf, hidden, aux, ids, positions, rows, False, plan)
                 id_size, pos_size = staged.id_size, staged.pos_size
@@ -262,15 +266,20 @@ class Dumper:
             return
         try:
             if plan is not None and fast:
-                self.stager.queue(plan, buf, rows, sink.landed_addr, sink.cancel_mark(seq), seq)
+                post = 0 if flag else sink.landed_addr
+                self.stager.queue(plan, buf, rows, post, sink.cancel_mark(seq), seq, flag_at)
+                if flag:  # the child may look for the flag now
+                    sink.post_landed()
             elif on_gpu and not flag:
                 assert self.driver is not None, "GPU path with the writer process"
                 self.stager.drain()  # stage() drained; said again so the order never rests on that
                 self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
             else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
                 sink.post_landed()
-        except BaseException:
+        except BaseException as exc:
             self._abandon(buf, seq)
+            if fast and flag:
+                self._stop_flags(exc)
             raise
         self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
 
@@ -349,14 +358,23 @@ class Dumper:
         plan0 = ready[0][0]
         keep = tuple(item[:4] for _plan, item in ready)
         packed = self.stager.packs  # queue_gathered's staged path
-        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, 0, keep, len(ready), packed=packed)
+        sink = self.sink
+        assert sink is not None, "gathering runs with the writer process"
+        flag_at = sink.next_flag(buf.slot) if self.flags else (0, 0)
+        seq = self._submit_to_process(
+            buf, plan0[4], plan0[6], spans, first, flag_at[1], keep, len(ready), packed=packed
+        )
         if not seq:
             return
-        assert self.sink is not None, "gathering runs with the writer process"
         try:
-            self.stager.queue_gathered(parts, buf, self.sink.landed_addr, stream, self.sink.cancel_mark(seq), seq)
-        except BaseException:
+            post = 0 if flag_at[1] else sink.landed_addr
+            self.stager.queue_gathered(parts, buf, post, stream, sink.cancel_mark(seq), seq, flag_at)
+            if flag_at[1]:  # the child may look for the flag now
+                sink.post_landed()
+        except BaseException as exc:
             self._abandon(buf, seq)
+            if flag_at[1]:
+                self._stop_flags(exc)
             raise
         self.stats.counts["batches"] += len(ready)
 
@@ -427,6 +445,12 @@ class Dumper:
             self.flags = False
             log.error("[hs-dump] the GPU cannot write the done flag (%r): host functions from now on", exc)
             return 0
+
+    def _stop_flags(self, exc: BaseException) -> None:
+        """A job with a done flag failed (its flag write or its copies): host functions signal from now on."""
+        self.flags = False
+        self.stats.static["signal"] = "hostfn"
+        log.error("[hs-dump] a job with a done flag failed (%r): host functions signal the writer process", exc)
 
     def _submit_to_process(
         self,
@@ -618,6 +642,8 @@ class Dumper:
                 self._start_writers("thread")
         elif self.sink is not None and self.config.signal == "flag":
             try:
+                if self.stager.native is not None or getattr(self.driver, "write32_fn", None) is None:
+                    raise CudaError("cuStreamWriteValue32 missing, or the native queue (it posts itself) is on")
                 self.sink.enable_flags(self.driver)
                 self.flags = True
             except Exception as exc:
@@ -627,11 +653,11 @@ class Dumper:
         self._start_gather()
 
     def _start_gather(self) -> None:
-        """Gather small steps (gather.py) where it applies: driver copies, the writer process signalled by
-        host functions, SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds; with the native
+        """Gather small steps (gather.py) where it applies: driver copies, the writer process (signalled by
+        host functions or done flags), SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds; with the native
         queue or the copy kernel no more steps than one of their jobs holds (6 copies each, 48 in all)."""
         c = self.config
-        if self.driver is None or self.sink is None or self.flags:
+        if self.driver is None or self.sink is None:
             return
         one_table = self.stager.native is not None or self.stager.kernel is not None  # 48 copies per job at most
         steps = min(c.gather_steps, native.MAX_COPIES // 6) if one_table else c.gather_steps

@@ -437,21 +437,25 @@ class Stager:
         post_addr: int = 0,
         cancel: Tuple[int, int] = (0, 0),
         seq: int = 0,
+        flag: Tuple[int, int] = (0, 0),
     ) -> Tuple[int, int]:
         """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
-        `post_addr`, a `sem_post(post_addr)` host function behind them; (id size, position size).
+        `post_addr`, a `sem_post(post_addr)` host function behind them, or when `flag` = (device address,
+        value) has a value, the GPU's write of it there instead; (id size, position size).
         The caller keeps the source tensors alive until the copies are seen complete.  With the native
         queue's thread the calls after the fence are made there: a job it cannot queue is cancelled
         (`cancel`: the int64 address and value that mark job `seq`'s ring entry so) and reported by
         `native.failures()`."""
         if self.native is not None:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
-        if self.packs and post_addr and plan[5]:  # the dumper packs only jobs with positions (see _copy_step)
-            self._queue_staged([(plan, 0, rows)], buf, rows, _RAW_STREAM(self.device_index), post_addr)
+        signalled = post_addr or flag[1]  # with the writer process
+        if self.packs and signalled and plan[5]:  # the dumper packs only jobs with positions (see _copy_step)
+            self._queue_staged([(plan, 0, rows)], buf, rows, _RAW_STREAM(self.device_index), post_addr, flag)
             return plan[4], plan[6]
-        if self.kernel is not None and buf.device_dsts is not None and post_addr:
+        if self.kernel is not None and buf.device_dsts is not None and signalled:
             copies = _native_copies(plan, buf, 0, rows, buf.device_dsts)
-            self._queue_kernel(copies if plan[5] else copies[:-6], _RAW_STREAM(self.device_index), post_addr)  # no pos
+            stream = _RAW_STREAM(self.device_index)
+            self._queue_kernel(copies if plan[5] else copies[:-6], stream, post_addr, flag)  # no positions
             return plan[4], plan[6]
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
@@ -460,8 +464,7 @@ class Stager:
             rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, buf.row_bytes)
         else:
             rc = self._copy_rows(plan, buf, 0, rows)
-        if post_addr:
-            rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        rc = rc or self._signal(post_addr, flag)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
         return plan[4], plan[6]
@@ -474,27 +477,28 @@ class Stager:
         stream: int,
         cancel: Tuple[int, int] = (0, 0),
         seq: int = 0,
+        flag: Tuple[int, int] = (0, 0),
     ) -> None:
         """Gathered steps (see `gather`): one fence on `stream` (the forward stream the steps ran on; the
         caller may be another thread, with the CUDA context made current), each step's copies at its
-        first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function.
+        first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function
+        (or the GPU's write of `flag`, as in `queue`).
         With the native queue: one job of all the copies (`cancel`, `seq` as in `queue`); else one
         ctypes call per driver call.  The caller holds the sources."""
         if self.native is not None:
             return self._queue_gathered_native(parts, buf, post_addr, stream, cancel, seq)
         if self.packs:
-            return self._queue_staged(parts, buf, sum(n for _p, _f, n in parts), stream, post_addr)
+            return self._queue_staged(parts, buf, sum(n for _p, _f, n in parts), stream, post_addr, flag)
         if self.kernel is not None and buf.device_dsts is not None:
             vals: List[int] = []
             for plan, first, rows in parts:
                 vals += _native_copies(plan, buf, first, rows, buf.device_dsts)
-            return self._queue_kernel(vals, stream, post_addr)
-        drv, side = self.driver, self.side_raw
+            return self._queue_kernel(vals, stream, post_addr, flag)
         self._fence(stream)
         rc = 0
         for plan, first, rows in parts:
             rc = rc or self._copy_rows(plan, buf, first, rows)
-        rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        rc = rc or self._signal(post_addr, flag)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
 
@@ -522,24 +526,32 @@ class Stager:
         if drv.event_record_fn(event, stream) or drv.wait_event_fn(self.side_raw, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
 
-    def _queue_kernel(self, copies: Sequence[int], stream: int, post_addr: int) -> None:
+    def _signal(self, post_addr: int, flag: Tuple[int, int]) -> int:
+        """Behind what is queued on the side stream: the GPU writes `flag`'s value at its address (done
+        flags), else a `sem_post(post_addr)` host function (when `post_addr`); a CUresult."""
+        drv = self.driver
+        if flag[1]:
+            return drv.write32_fn(self.side_raw, flag[0], flag[1], 0)
+        return drv.host_fn(self.side_raw, drv.sem_post_addr, post_addr) if post_addr else 0
+
+    def _queue_kernel(self, copies: Sequence[int], stream: int, post_addr: int, flag=(0, 0)) -> None:
         """Fence on `stream`, the copies (6 values each, device destinations) as one kernel launch on the
-        side stream, the `sem_post(post_addr)` host function."""
-        drv, side = self.driver, self.side_raw
+        side stream, the `sem_post(post_addr)` host function (or `flag`)."""
         assert self.kernel is not None, "called with the copy kernel loaded"
         self._fence(stream)
-        rc = self.kernel.launch(side, copies) or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        rc = self.kernel.launch(self.side_raw, copies) or self._signal(post_addr, flag)
         if rc:
             raise CudaError("the copy kernel's launch or the completion post failed: CUresult %d" % rc)
 
     def _queue_staged(
-        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, rows: int, stream: int, post_addr
+        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, rows: int, stream: int, post_addr, flag
     ):
         """Fence on `stream`; the copy kernel gathers every part (plan, first row, rows) into `staging`,
         laid out as `Layout(rows)` (packed: no gap between the regions); ONE DMA copy of those bytes to the
         start of `buf`; the `sem_post(post_addr)` host function.  5 driver calls whatever the job's steps:
         on the H200 the launch-bound step paid ~1 point per capture more for 6 copies per step than for one
-        contiguous copy per job, well beyond their CPU time (bench/README.md, cause 17)."""
+        contiguous copy per job, well beyond their CPU time (bench/README.md, cause 17).  `flag`: as in
+        `queue`."""
         assert self.kernel is not None, "called with the copy kernel loaded"
         layout = Layout(rows, buf.hidden_size, buf.esize)
         base = self._staging_base(layout.nbytes, buf.layout.nbytes)
@@ -550,7 +562,7 @@ class Stager:
         drv, side = self.driver, self.side_raw
         self._fence(stream)
         rc = self.kernel.launch(side, vals) or drv.d2h_fn(buf.base, base, layout.nbytes, side)
-        rc = rc or drv.host_fn(side, drv.sem_post_addr, post_addr)
+        rc = rc or self._signal(post_addr, flag)
         if rc:
             raise CudaError("the staged copy (kernel, DMA or completion post) failed: CUresult %d" % rc)
 
