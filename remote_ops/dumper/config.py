@@ -71,9 +71,7 @@ class DumpConfig:
     writer: str = "process"  # span files written by a child process (default) or by threads in this one
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
-    signal: str = (
-        "hostfn"  # copies landed: sem_post as a CUDA host function, or a flag the GPU writes (not with native)
-    )
+    signal: str = "hostfn"  # copies landed: a CUDA host function's sem_post, or a GPU-written flag
     copy: str = "calls"  # how the copies are queued: COPY_MODES
     # steps under gather_tokens rows are copied together, up to gather_steps of them or gather_ms after
     # the first (gather.py); 0 tokens = every step copied on its own.  Held GPU memory: up to
