@@ -654,8 +654,9 @@ class Dumper:
 
     def _start_gather(self) -> None:
         """Gather small steps (gather.py) where it applies: driver copies, the writer process (signalled by
-        host functions or done flags), SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds; with the native
-        queue or the copy kernel no more steps than one of their jobs holds (6 copies each, 48 in all)."""
+        host functions or done flags), SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds;
+        with the native queue or the copy kernel no more steps than one of their jobs holds (6 copies each,
+        48 in all)."""
         c = self.config
         if self.driver is None or self.sink is None:
             return
