@@ -341,12 +341,7 @@ class FloorDumper:
     def capture(self, fb, hidden, aux):
         rows = hidden.shape[0]
         self.steps += 1
-        if rows >= self.job_rows:
-            self._job()  # the waiting steps first, as the dumper does
-            self.gather.append((hidden, aux, rows))
-            self.rows = rows
-            return self._job()
-        if self.rows + rows > self.job_rows:
+        if self.rows + rows > self.job_rows:  # the waiting steps first, as the dumper does (a large step alone)
             self._job()
         self.gather.append((hidden, aux, rows))
         self.rows += rows
@@ -412,7 +407,8 @@ class FloorDumper:
 
 
 def floor_arm(name, step, warm_inputs):
-    """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-flag), warmed like make_arm's."""
+    """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-flag, floor-rows, floor-planar),
+    warmed like make_arm's."""
     signal, copies = {
         "floor": ("none", "one"),
         "floor-hostfn": ("hostfn", "one"),

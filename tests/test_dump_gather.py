@@ -9,8 +9,10 @@ shifted right, a job is one fence and one post, a capture only keeps
 references (the job plans every waiting step), a large step is copied on its
 own after the waiting ones, a rewritten buffer drops the earlier step instead
 of writing stale data, a step the driver copies cannot take goes the general
-path (or is counted as dropped off the forward thread), and an idle dumper
-copies waiting steps from the reaper thread.  The effect on step time is measured on the H200
+path (or is counted as dropped off the forward thread), an idle dumper
+copies waiting steps from the reaper thread, and done flags (`FlagDriver`:
+cuStreamWriteValue32 done at once) signal gathered and single jobs, or hand
+over to host functions when a flag write fails.  The effect on step time is measured on the H200
 (bench/dumper_paired.py, bench/README.md).
 """
 
