@@ -46,11 +46,11 @@ SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's cop
 # copy kernel (kernelcopy.py): capture() 16-60 us shorter on the H200, but the copy then competes with
 # memory-bound steps for the SMs (+17-27 % on an 8k step beside a 235 MB job; bench/README.md, cause
 # 15).  native/inline fall back to calls where hsq.c cannot be built, kernel where its module cannot
-# be loaded.  staged (experimental, not yet measured in the dumper): the same kernel gathers a job's
-# copies into a GPU staging buffer (one buffer's bytes of GPU memory more: 470 MB for Kimi-K2.5 at 8,192
-# rows) laid out for the job's rows, then ONE copy-engine DMA moves the job: 5 driver calls a job, and
-# one DMA instead of 6 per step, which is what the H200 floor runs found the launch-bound step paying
-# for (bench/README.md, cause 17).
+# be loaded.  staged (experimental, not recommended): the same kernel gathers a job's copies into a
+# GPU staging buffer (one buffer's bytes of GPU memory more: 470 MB for Kimi-K2.5 at 8,192 rows) laid
+# out for the job's rows, then ONE copy-engine DMA moves the job: 5 driver calls a job, one DMA instead
+# of 6 per step.  Bit-exact on the H200, but no gain there: +2.58 vs +1.21 % per capture at 1k, +1.68
+# vs +1.93 % at 4k (bench/README.md, tenth session).
 COPY_MODES = ("calls", "native", "inline", "batch", "kernel", "staged")
 
 
