@@ -87,7 +87,7 @@ VARIANTS = {
     # the copy kernel (kernelcopy.py): a job's copies as one launch, per step or gathered
     "kernel": {"SGLANG_HS_DUMP_COPY": "kernel"},
     "gather-kernel": {"SGLANG_HS_DUMP_COPY": "kernel", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
-    # the staged copy: the kernel into GPU staging laid out for the job, then one DMA per job (cause 17)
+    # the staged copy: the kernel into GPU staging laid out for the job, then one DMA per job (run 45: no gain)
     "gather-staged": {"SGLANG_HS_DUMP_COPY": "staged", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # done flags written by the GPU instead of the host function, on the driver path (floor-flag, run 41)
     "gather-flag": {

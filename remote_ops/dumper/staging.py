@@ -548,9 +548,9 @@ class Stager:
     ):
         """Fence on `stream`; the copy kernel gathers every part (plan, first row, rows) into `staging`,
         laid out as `Layout(rows)` (packed: no gap between the regions); ONE DMA copy of those bytes to the
-        start of `buf`; the `sem_post(post_addr)` host function.  5 driver calls whatever the job's steps:
-        on the H200 the launch-bound step paid ~1 point per capture more for 6 copies per step than for one
-        contiguous copy per job, well beyond their CPU time (bench/README.md, cause 17).  `flag`: as in
+        start of `buf`; the `sem_post(post_addr)` host function.  5 driver calls whatever the job's steps,
+        built on cause 17 (6 copies per step cost the launch-bound step more than one per job); on the H200
+        it was bit-exact but gained nothing over `calls` (bench/README.md, tenth session).  `flag`: as in
         `queue`."""
         assert self.kernel is not None, "called with the copy kernel loaded"
         layout = Layout(rows, buf.hidden_size, buf.esize)
