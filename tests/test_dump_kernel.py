@@ -248,7 +248,7 @@ def test_no_room_for_the_staging_buffer_cancels_that_job_and_falls_back_to_the_c
         d.capture(lost.fb, lost.hidden, lost.aux)
         monkeypatch.setattr(staging.torch, "empty", real_empty)
         assert not d.stager.packs and d.stager.copy == "calls" and driver.launches == []
-        assert d.stats.snapshot()["errors"] == 1
+        assert d.stats.snapshot()["errors"] == 1 and d.stats.static["copy"] == "calls"  # stats.json says so
         kept = make_batch([50, 20], seed=181)
         d.capture(kept.fb, kept.hidden, kept.aux)
         assert d.flush(10)

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -260,27 +260,27 @@ class Dumper:
             raise
         if fast:
             keep = (hidden, tuple(aux), ids, positions)
-        packed = fast and positions is not None and self.stager.packs  # Stager.queue's staged path
+        packed = plan is not None and self.stager.lands_packed(plan)  # Stager.queue's staged path
         seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep, packed=packed)
         if not seq:
             return
-        try:
-            if plan is not None and fast:
-                post = 0 if flag else sink.landed_addr
-                self.stager.queue(plan, buf, rows, post, sink.cancel_mark(seq), seq, flag_at)
-                if flag:  # the child may look for the flag now
+        if plan is not None:  # the driver path (fast)
+
+            def queue(post: int, cancel: Tuple[int, int]) -> None:
+                self.stager.queue(plan, buf, rows, post, cancel, seq, flag_at)
+
+            self._run_planned_job(buf, seq, flag_at, queue)
+        else:
+            try:
+                if on_gpu and not flag:
+                    assert self.driver is not None, "GPU path with the writer process"
+                    self.stager.drain()  # stage() drained; said again so the order never rests on that
+                    self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
+                else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
                     sink.post_landed()
-            elif on_gpu and not flag:
-                assert self.driver is not None, "GPU path with the writer process"
-                self.stager.drain()  # stage() drained; said again so the order never rests on that
-                self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
-            else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
-                sink.post_landed()
-        except BaseException as exc:
-            self._abandon(buf, seq)
-            if fast and flag:
-                self._stop_flags(exc)
-            raise
+            except BaseException:
+                self._abandon(buf, seq)
+                raise
         self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
 
     def _gathered(self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], fb: Any, spans, rows: int) -> bool:
@@ -366,17 +366,32 @@ class Dumper:
         )
         if not seq:
             return
+
+        def queue(post: int, cancel: Tuple[int, int]) -> None:
+            self.stager.queue_gathered(parts, buf, post, stream, cancel, seq, flag_at)
+
+        self._run_planned_job(buf, seq, flag_at, queue)
+        self.stats.counts["batches"] += len(ready)
+
+    def _run_planned_job(self, buf: HostBuffer, seq: int, flag_at: Tuple[int, int], queue: Callable) -> None:
+        """Queue published job `seq`'s planned copies: `queue(post_addr, cancel_mark)` (a Stager call) signals
+        with the `sem_post` host function, or with done flags by the GPU's flag write, after which one post
+        from here lets the child look for the flag.  A job that fails is cancelled and its slot freed; a
+        failed flag job turns flags off; the copy mode the Stager fell back to (no room for the staged
+        copy's buffer) goes into the stats."""
+        sink = self.sink
+        assert sink is not None, "planned jobs run with the writer process"
+        flagged = bool(flag_at[1])
         try:
-            post = 0 if flag_at[1] else sink.landed_addr
-            self.stager.queue_gathered(parts, buf, post, stream, sink.cancel_mark(seq), seq, flag_at)
-            if flag_at[1]:  # the child may look for the flag now
+            queue(0 if flagged else sink.landed_addr, sink.cancel_mark(seq))
+            if flagged:
                 sink.post_landed()
         except BaseException as exc:
             self._abandon(buf, seq)
-            if flag_at[1]:
+            if flagged:
                 self._stop_flags(exc)
+            self.stats.static["copy"] = self.stager.copy
             raise
-        self.stats.counts["batches"] += len(ready)
 
     def _drop_steps(self, items: Sequence[tuple]) -> None:
         """Count waiting steps as dropped (never written)."""

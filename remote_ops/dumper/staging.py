@@ -385,6 +385,11 @@ class Stager:
         so): the staged copy, with its kernel loaded."""
         return self.copy == "staged" and self.kernel is not None
 
+    def lands_packed(self, plan: tuple) -> bool:
+        """Whether `queue` lands this plan's job packed (the staged copy takes only steps whose positions
+        come from the model); the dumper tells the writer process the same, from this one answer."""
+        return self.packs and plan[5] != 0
+
     def plan(
         self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
     ) -> Optional[tuple]:
@@ -449,7 +454,7 @@ class Stager:
         if self.native is not None:
             return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
         signalled = post_addr or flag[1]  # with the writer process
-        if self.packs and signalled and plan[5]:  # the dumper packs only jobs with positions (see _copy_step)
+        if signalled and self.lands_packed(plan):
             self._queue_staged([(plan, 0, rows)], buf, rows, _RAW_STREAM(self.device_index), post_addr, flag)
             return plan[4], plan[6]
         if self.kernel is not None and buf.device_dsts is not None and signalled:
