@@ -9,6 +9,7 @@ verifier shipped beside it (`anchors.py verify --spec patch-spec.json FILE`)
 and prints one JSON line: {"ok", "file", "sha256", "expected_sha256", "verify", "reason"}.
 Exit status 0 only when the anchors verify and the sha matches --expect-sha256.
 """
+
 import argparse
 import hashlib
 import importlib.util
@@ -43,8 +44,9 @@ def sha256_of(path):
 def anchor_verify(path, spec, timeout=120):
     """(exit status, decoded JSON or {"raw": text}) of the standalone anchor verifier."""
     argv = [sys.executable, os.path.join(HERE, "anchors.py"), "verify", "--spec", spec, path]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                          universal_newlines=True)
+    proc = subprocess.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, universal_newlines=True
+    )
     try:
         return proc.returncode, json.loads(proc.stdout)
     except ValueError:
@@ -57,8 +59,14 @@ def main(argv=None):
     ap.add_argument("--spec", default=os.path.join(HERE, "patch-spec.json"))
     args = ap.parse_args(argv)
     relative = spec_target(args.spec)
-    out = {"ok": False, "file": installed_target(relative), "sha256": None,
-           "expected_sha256": args.expect_sha256, "verify": {}, "reason": ""}
+    out = {
+        "ok": False,
+        "file": installed_target(relative),
+        "sha256": None,
+        "expected_sha256": args.expect_sha256,
+        "verify": {},
+        "reason": "",
+    }
     if not out["file"] or not os.path.isfile(out["file"]):
         out["reason"] = "sglang is not installed in this image (find_spec found no %s)" % relative
     else:

@@ -23,6 +23,7 @@ STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep, one r
 like one GPU; default 0: benchmarks of several stand-in hosts on one machine set it, so that
 what they measure is the tool and not the machine's shared CPU).
 """
+
 import argparse
 import hashlib
 import importlib.util
@@ -87,8 +88,12 @@ def verify_patch_or_exit():
 
 def model_config(model_path):
     """hidden_size / num_hidden_layers / architectures from the model's config.json, if any."""
-    cfg = {"hidden_size": 64, "num_hidden_layers": 8, "architectures": ["DeepseekV3ForCausalLM"],
-           "model_type": "deepseek_v3"}
+    cfg = {
+        "hidden_size": 64,
+        "num_hidden_layers": 8,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+    }
     path = os.path.join(model_path or "", "config.json")
     if model_path and os.path.isfile(path):
         with open(path) as fh:
@@ -98,8 +103,8 @@ def model_config(model_path):
 
 
 # -- fake hidden states and dumps -----------------------------------------------------------------
-_LOW = bytes(b & 0x7F for b in range(256))                       # mantissa bits, exponent LSB clear
-_HIGH = bytes(0x3F if b & 1 else 0xBF for b in range(256))        # sign, exponent near 1.0
+_LOW = bytes(b & 0x7F for b in range(256))  # mantissa bits, exponent LSB clear
+_HIGH = bytes(0x3F if b & 1 else 0xBF for b in range(256))  # sign, exponent near 1.0
 
 
 def pseudo_bf16(seed, count):
@@ -156,18 +161,26 @@ class Dumper:
         positions = dumpfile.token_ids_bytes(range(n))
         for rank in self.ranks:
             with self.lock:
-                dumpfile.write_span(self.dir, rank, ids_le, positions, hidden, aux, self.hidden,
-                                    metadata=self.metadata(), fsync=False)
+                dumpfile.write_span(
+                    self.dir, rank, ids_le, positions, hidden, aux, self.hidden, metadata=self.metadata(), fsync=False
+                )
 
     def metadata(self):
         """Run-wide file metadata (dump contract), marked as stand-in data."""
-        return {"standin": "true", "sglang_version": self.version, "hidden_size": str(self.hidden),
-                "num_hidden_layers": str(self.num_layers), "dtype": "bfloat16",
-                "layers_to_capture": json.dumps(self.layers),
-                "eagle_aux_hidden_state_layer_ids": json.dumps([l - 1 for l in self.layers]),
-                "hidden_states_norm": "post-norm", "aux_hidden_states_norm": "pre-norm",
-                "allreduce_fusion": "n/a (standin)", "tp_size": str(self.tp),
-                "model_arch": self.arch}
+        return {
+            "standin": "true",
+            "sglang_version": self.version,
+            "hidden_size": str(self.hidden),
+            "num_hidden_layers": str(self.num_layers),
+            "dtype": "bfloat16",
+            "layers_to_capture": json.dumps(self.layers),
+            "eagle_aux_hidden_state_layer_ids": json.dumps([l - 1 for l in self.layers]),
+            "hidden_states_norm": "post-norm",
+            "aux_hidden_states_norm": "pre-norm",
+            "allreduce_fusion": "n/a (standin)",
+            "tp_size": str(self.tp),
+            "model_arch": self.arch,
+        }
 
 
 # -- speculative decoding (STAND-IN acceptance and timing model) ----------------------------------
@@ -188,11 +201,13 @@ def add_speculative_args(ap):
 
 
 def speculative_info(args):
-    return {"speculative_algorithm": args.speculative_algorithm,
-            "speculative_draft_model_path": args.speculative_draft_model_path,
-            "speculative_num_steps": args.speculative_num_steps,
-            "speculative_eagle_topk": args.speculative_eagle_topk,
-            "speculative_num_draft_tokens": args.speculative_num_draft_tokens}
+    return {
+        "speculative_algorithm": args.speculative_algorithm,
+        "speculative_draft_model_path": args.speculative_draft_model_path,
+        "speculative_num_steps": args.speculative_num_steps,
+        "speculative_eagle_topk": args.speculative_eagle_topk,
+        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
+    }
 
 
 def accepted_in_step(seed, step, guesses, p):
@@ -221,11 +236,15 @@ def speculative_meta(args, ids, max_new):
         made, steps, accepted = made + a + 1, steps + 1, accepted + a
     draft_s = float(os.environ.get("STANDIN_DRAFT_MS", "0.2")) / 1000.0 * args.speculative_num_steps
     time.sleep(steps * (step_s + draft_s))
-    return {"spec_verify_ct": steps, "spec_accept_length": max_new / steps,
-            "spec_accept_rate": accepted / (steps * guesses) if guesses else 0.0,
-            "spec_accept_token_num": accepted, "spec_draft_token_num": steps * guesses,
-            "spec_accept_histogram": histogram,
-            "standin_acceptance_model": {"p": p, "step_ms": step_s * 1000, "note": "stand-in: no drafter ran"}}
+    return {
+        "spec_verify_ct": steps,
+        "spec_accept_length": max_new / steps,
+        "spec_accept_rate": accepted / (steps * guesses) if guesses else 0.0,
+        "spec_accept_token_num": accepted,
+        "spec_draft_token_num": steps * guesses,
+        "spec_accept_histogram": histogram,
+        "standin_acceptance_model": {"p": p, "step_ms": step_s * 1000, "note": "stand-in: no drafter ran"},
+    }
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
@@ -238,24 +257,52 @@ class State:
         self.started = time.time()
         self.requests = 0
         d = os.environ.get("SGLANG_HS_DUMP_DIR")
-        self.dumper = Dumper(d, int(self.config["hidden_size"]), int(self.config["num_hidden_layers"]),
-                             args.tp, self.version, self.config["architectures"][0]) if d else None
+        self.dumper = (
+            Dumper(
+                d,
+                int(self.config["hidden_size"]),
+                int(self.config["num_hidden_layers"]),
+                args.tp,
+                self.version,
+                self.config["architectures"][0],
+            )
+            if d
+            else None
+        )
 
     def model_info(self):
-        return {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
-                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
-                "architectures": self.config["architectures"], "model_type": self.config["model_type"],
-                "hidden_size": self.config["hidden_size"], "num_hidden_layers": self.config["num_hidden_layers"],
-                "standin": True}
+        return {
+            "model_path": self.args.model_path,
+            "tokenizer_path": self.args.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "architectures": self.config["architectures"],
+            "model_type": self.config["model_type"],
+            "hidden_size": self.config["hidden_size"],
+            "num_hidden_layers": self.config["num_hidden_layers"],
+            "standin": True,
+        }
 
     def server_info(self):
         a = self.args
-        return {"version": self.version, "standin": True, "server": STANDIN, "model_path": a.model_path,
-                "served_model_name": a.served_model_name, "tp_size": a.tp, "port": a.port,
-                "disable_radix_cache": a.disable_radix_cache, "chunked_prefill_size": a.chunked_prefill_size,
-                "patched": patch_marker(self.tree), "dump_dir": os.environ.get("SGLANG_HS_DUMP_DIR"),
-                "uptime_s": round(time.time() - self.started, 3), "requests": self.requests,
-                "internal_states": [{"standin": True}], **speculative_info(a)}
+        return {
+            "version": self.version,
+            "standin": True,
+            "server": STANDIN,
+            "model_path": a.model_path,
+            "served_model_name": a.served_model_name,
+            "tp_size": a.tp,
+            "port": a.port,
+            "disable_radix_cache": a.disable_radix_cache,
+            "chunked_prefill_size": a.chunked_prefill_size,
+            "patched": patch_marker(self.tree),
+            "dump_dir": os.environ.get("SGLANG_HS_DUMP_DIR"),
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests": self.requests,
+            "internal_states": [{"standin": True}],
+            **speculative_info(a),
+        }
 
     def generate_one(self, ids, max_new):
         self.requests += 1
@@ -264,8 +311,13 @@ class State:
             self.dumper.dump(ids)
         out_ids = [(sum(ids) + i) % 32000 for i in range(max_new)]
         started = time.time()
-        meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": max_new,
-                "finish_reason": {"type": "length", "length": max_new}, "standin": True}
+        meta = {
+            "id": uuid.uuid4().hex,
+            "prompt_tokens": len(ids),
+            "completion_tokens": max_new,
+            "finish_reason": {"type": "length", "length": max_new},
+            "standin": True,
+        }
         meta.update(speculative_meta(self.args, ids, max_new))
         meta["e2e_latency"] = time.time() - started
         return {"text": " standin" * max_new, "output_ids": out_ids, "meta_info": meta}
@@ -299,12 +351,26 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path.split("?", 1)[0]
         st = self.state
-        routes = {"/health": lambda: "", "/health_generate": lambda: "",
-                  "/model_info": st.model_info, "/get_model_info": st.model_info,
-                  "/server_info": st.server_info, "/get_server_info": st.server_info,
-                  "/v1/models": lambda: {"object": "list", "data": [{
-                      "id": st.args.served_model_name or st.args.model_path, "object": "model",
-                      "owned_by": "sglang", "root": st.args.model_path, "standin": True}]}}
+        routes = {
+            "/health": lambda: "",
+            "/health_generate": lambda: "",
+            "/model_info": st.model_info,
+            "/get_model_info": st.model_info,
+            "/server_info": st.server_info,
+            "/get_server_info": st.server_info,
+            "/v1/models": lambda: {
+                "object": "list",
+                "data": [
+                    {
+                        "id": st.args.served_model_name or st.args.model_path,
+                        "object": "model",
+                        "owned_by": "sglang",
+                        "root": st.args.model_path,
+                        "standin": True,
+                    }
+                ],
+            },
+        }
         if path not in routes:
             return self._send(404, {"error": "not found", "standin": True})
         self._send(200, routes[path]())
@@ -344,8 +410,11 @@ def main(argv=None):
     args = parse_args(argv)
     verify_patch_or_exit()
     Handler.state = State(args)
-    print("%s: NOT SGLang; stand-in for sglang %s, model %s, tp %d, ignoring %s" % (
-        STANDIN, Handler.state.version, args.model_path, args.tp, args.ignored), flush=True)
+    print(
+        "%s: NOT SGLang; stand-in for sglang %s, model %s, tp %d, ignoring %s"
+        % (STANDIN, Handler.state.version, args.model_path, args.tp, args.ignored),
+        flush=True,
+    )
     time.sleep(float(os.environ.get("STANDIN_LOAD_SECONDS", "1")))  # a "model load"
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print("%s: listening on %s:%d" % (STANDIN, args.host, args.port), flush=True)

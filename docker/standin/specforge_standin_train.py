@@ -18,6 +18,7 @@ writes, at a steady pace:
 
 Stops cleanly on SIGTERM (logs `stopped`).  Standard library only.
 """
+
 import argparse
 import json
 import math
@@ -26,19 +27,20 @@ import signal
 import sys
 import time
 
-BANNER = ("SPECFORGE STAND-IN (remote-ops): no model, no GPU, nothing is trained; "
-          "every accuracy and loss below is synthetic")
+BANNER = (
+    "SPECFORGE STAND-IN (remote-ops): no model, no GPU, nothing is trained; every accuracy and loss below is synthetic"
+)
 LABEL = {"STAND-IN/synthetic": 1.0}
 STOP = {"flag": False}
 
 
 def synthetic_acc(progress, position):
     """A fixed learning curve over epochs done: position 0 rises towards ~0.74, later positions lower."""
-    return round(0.74 * (0.88 ** position) * (1 - math.exp(-(progress + 0.3) / 1.5)), 4)
+    return round(0.74 * (0.88**position) * (1 - math.exp(-(progress + 0.3) / 1.5)), 4)
 
 
 def synthetic_ploss(progress, position):
-    return round(2.5 * (1.1 ** position) * math.exp(-progress / 3.0) + 0.4, 4)
+    return round(2.5 * (1.1**position) * math.exp(-progress / 3.0) + 0.4, 4)
 
 
 def log(fh, text):
@@ -54,7 +56,7 @@ def metrics_line(step, progress, positions, lr, step_s):
     printable.update(("acc_%d" % i, float(v)) for i, v in enumerate(acc))
     printable.update(("ploss_%d" % i, float(v)) for i, v in enumerate(ploss))
     printable["acc"] = round(sum(acc) / positions, 6)
-    printable["loss"] = round(sum(0.8 ** i * v for i, v in enumerate(ploss)), 6)
+    printable["loss"] = round(sum(0.8**i * v for i, v in enumerate(ploss)), 6)
     printable["lr"] = float(lr)
     printable["perf/optimizer_steps_per_hour"] = 3600.0 / step_s
     printable["perf/optimizer_step_time_s"] = float(step_s)
@@ -68,9 +70,14 @@ def eval_line(step, progress, positions):
         chain *= a
         tau += chain
     printable = dict(LABEL)
-    printable.update({"eval/avg_loss": round(sum(synthetic_ploss(progress, i) for i in range(positions)), 4),
-                      "eval/avg_acc": acc[0], "eval/per_position_acc": acc,
-                      "eval/simulated_acc_len": round(tau, 4)})
+    printable.update(
+        {
+            "eval/avg_loss": round(sum(synthetic_ploss(progress, i) for i in range(positions)), 4),
+            "eval/avg_acc": acc[0],
+            "eval/per_position_acc": acc,
+            "eval/simulated_acc_len": round(tau, 4),
+        }
+    )
     printable.update(("eval/ploss_%d" % i, round(1.02 * synthetic_ploss(progress, i), 4)) for i in range(positions))
     return "step %d: %s" % (step, printable)
 
@@ -80,12 +87,22 @@ def save_checkpoint(output, run_id, step, epoch, positions):
     path = os.path.join(output, "%s-step%d" % (run_id, step))
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "STANDIN.txt"), "w") as fh:
-        fh.write("STAND-IN checkpoint written by remote-ops' SpecForge training stand-in: no weights, "
-                 "nothing was trained\n")
+        fh.write(
+            "STAND-IN checkpoint written by remote-ops' SpecForge training stand-in: no weights, nothing was trained\n"
+        )
     with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump({"standin": True, "STAND-IN": "remote-ops training stand-in: no weights",
-                   "architectures": ["LlamaForCausalLMEagle3"], "step": step, "epoch": epoch,
-                   "num_positions": positions}, fh, indent=1)
+        json.dump(
+            {
+                "standin": True,
+                "STAND-IN": "remote-ops training stand-in: no weights",
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "step": step,
+                "epoch": epoch,
+                "num_positions": positions,
+            },
+            fh,
+            indent=1,
+        )
     link = os.path.join(output, "%s-latest" % run_id)
     tmp = link + ".tmp"
     if os.path.lexists(tmp):
@@ -129,8 +146,11 @@ def main(argv=None):
     files = sum(len([f for f in fs if f.endswith(".ckpt")]) for _, _, fs in os.walk(args.data)) if args.data else 0
     with open(args.log, "a") as fh:
         log(fh, BANNER)
-        log(fh, "SPECFORGE STAND-IN run %s: %d epochs x %d steps, %d exported feature files found in %s "
-            "(counted, not read)" % (args.run_id, args.epochs, args.steps, files, args.data))
+        log(
+            fh,
+            "SPECFORGE STAND-IN run %s: %d epochs x %d steps, %d exported feature files found in %s "
+            "(counted, not read)" % (args.run_id, args.epochs, args.steps, files, args.data),
+        )
         state = train(args, fh)
         log(fh, "SPECFORGE STAND-IN %s" % state)
     print("SPECFORGE STAND-IN %s: nothing was trained" % state)
