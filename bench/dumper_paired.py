@@ -23,7 +23,6 @@ Variants (the writer process in each):
 - `normal`: writer process at nice 10, SCHED_OTHER, CUDA host function signal;
 - `batch`: SCHED_BATCH (the default): a woken writer thread never preempts;
 - `idle`: SCHED_IDLE;
-- `flag`: SCHED_BATCH, done flag written by the GPU (cuStreamWriteValue32), no host function;
 - `copy-only`: capture + copies + host function, nothing handed to the writer
   (slots freed when their semaphore is posted): the forward thread's and the GPU's share;
 - `aa`: no dump either (an A/A control): its "overhead" shows what the method
@@ -45,7 +44,6 @@ import argparse
 import ctypes
 import json
 import math
-import mmap
 import os
 import platform
 import shutil
@@ -63,100 +61,50 @@ import torch  # noqa: E402
 from remote_ops.dumper.staging import Staged  # noqa: E402
 
 VARIANTS = {
-    "normal": {"SGLANG_HS_DUMP_WRITER_SCHED": "normal", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
-    "batch": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
-    "idle": {"SGLANG_HS_DUMP_WRITER_SCHED": "idle", "SGLANG_HS_DUMP_SIGNAL": "hostfn"},
-    "flag": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch", "SGLANG_HS_DUMP_SIGNAL": "flag"},
+    "normal": {"SGLANG_HS_DUMP_WRITER_SCHED": "normal"},
+    "batch": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
+    "idle": {"SGLANG_HS_DUMP_WRITER_SCHED": "idle"},
     "default": {},
-    "copy-only": {"SGLANG_HS_DUMP_SIGNAL": "hostfn"},
+    "copy-only": {},
     "write-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
-    # SGLANG_HS_DUMP_COPY: fence here and the other calls on hsq.c's thread (native), all 9 calls in one
-    # foreign call from here (inline), one ctypes call per driver call (calls: the default)
-    "native": {"SGLANG_HS_DUMP_COPY": "native"},
-    "inline": {"SGLANG_HS_DUMP_COPY": "inline"},
-    "calls": {"SGLANG_HS_DUMP_COPY": "calls"},  # (with gathering off, as every variant not named gather*)
+    "calls": {},  # the default with gathering off, as every variant not named gather*: each step its own job
     # small steps gathered into one copy job (remote_ops/dumper/gather.py): the defaults, and 2k rows
     # (buffers of 4,096 rows at least: a gathered job fits the slot; the dumper never gathers more rows than
     # its buffers hold, and SGLang's buffers are chunked_prefill_size rows, 8,192 by default)
-    "gather": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
-    # Diagnosis, does the step after a capture pay for capture()'s own Python (cause 12): the checks and the
-    # plan, then nothing kept, copied or written (plan-only); the checks alone (checks-only)
-    "plan-only": {"SGLANG_HS_DUMP_COPY": "calls"},
-    "checks-only": {"SGLANG_HS_DUMP_COPY": "calls"},
-    "gather-native": {"SGLANG_HS_DUMP_COPY": "native", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
-    # the copy kernel (kernelcopy.py): a job's copies as one launch, per step or gathered
-    "kernel": {"SGLANG_HS_DUMP_COPY": "kernel"},
-    "gather-kernel": {"SGLANG_HS_DUMP_COPY": "kernel", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
-    # the staged copy: the kernel into GPU staging laid out for the job, then one DMA per job (run 45: no gain)
-    "gather-staged": {"SGLANG_HS_DUMP_COPY": "staged", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
-    # done flags written by the GPU instead of the host function, on the driver path (floor-flag, run 41)
-    "gather-flag": {
-        "SGLANG_HS_DUMP_COPY": "calls",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-        "SGLANG_HS_DUMP_SIGNAL": "flag",
-    },
-    "gather-staged-flag": {
-        "SGLANG_HS_DUMP_COPY": "staged",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-        "SGLANG_HS_DUMP_SIGNAL": "flag",
-    },
-    # the sixth session's gathering, emulated: each step's plan made at its own capture (as before the
-    # plans moved to the job; the job plans again, which is ~1/8 of a warm pass more than before)
-    "gather-eager": {"SGLANG_HS_DUMP_COPY": "calls", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    "gather": {"SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
+    # Diagnosis, does the step after a capture pay for capture()'s own Python: the checks and the plan,
+    # then nothing kept, copied or written (plan-only); the checks alone (checks-only)
+    "plan-only": {},
+    "checks-only": {},
+    # gathering with each step's plan made at its own capture (as before the plans moved to the job; the
+    # job plans again, which is ~1/8 of a warm pass more than before)
+    "gather-eager": {"SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # diagnosis, is a gathered job's next-step spill the writer's 8 workers hashing and writing 235 MB at once
-    "gather-w2": {
-        "SGLANG_HS_DUMP_COPY": "calls",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-        "SGLANG_HS_DUMP_WRITERS": "2",
-    },
+    "gather-w2": {"SGLANG_HS_DUMP_BUFFER_TOKENS": "4096", "SGLANG_HS_DUMP_WRITERS": "2"},
     "gather-8k": {  # 8,192 rows gathered (SGLang's default chunked_prefill_size): 4k steps go in pairs
-        "SGLANG_HS_DUMP_COPY": "calls",
         "SGLANG_HS_DUMP_GATHER_TOKENS": "8192",
         "SGLANG_HS_DUMP_BUFFER_TOKENS": "8192",
     },
     # diagnosis, is the gathered job's next-step spill the writer's disk I/O (no fsync) or its burst of CPU
     # work (one writer worker instead of 8: the same bytes hashed and written, spread over more steps)
-    "gather-nofsync": {
-        "SGLANG_HS_DUMP_COPY": "calls",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-        "SGLANG_HS_DUMP_FSYNC": "0",
-    },
-    "gather-w1": {
-        "SGLANG_HS_DUMP_COPY": "calls",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-        "SGLANG_HS_DUMP_WRITERS": "1",
-    },
-    "gather-2k": {
-        "SGLANG_HS_DUMP_COPY": "calls",
-        "SGLANG_HS_DUMP_GATHER_TOKENS": "2048",
-        "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096",
-    },
-    # native with a knob set in make_arm. Diagnosis: the thread issues each job 4 ms late (late), polls
-    # for work (spin), runs SCHED_BATCH (batch). Experiment, is the next step's spill DMA or the host
-    # function: the thread posts itself (threadpost); 4 MiB slices, 100 us apart, thread posts (paced)
-    "native-late": {"SGLANG_HS_DUMP_COPY": "native"},
-    "native-spin": {"SGLANG_HS_DUMP_COPY": "native"},
-    "native-batch": {"SGLANG_HS_DUMP_COPY": "native"},
-    "native-threadpost": {"SGLANG_HS_DUMP_COPY": "native"},
-    "native-paced": {"SGLANG_HS_DUMP_COPY": "native"},
-    "batchcopy": {"SGLANG_HS_DUMP_COPY": "batch"},  # the copies in one cuMemcpy3DBatchAsync call
+    "gather-nofsync": {"SGLANG_HS_DUMP_BUFFER_TOKENS": "4096", "SGLANG_HS_DUMP_FSYNC": "0"},
+    "gather-w1": {"SGLANG_HS_DUMP_BUFFER_TOKENS": "4096", "SGLANG_HS_DUMP_WRITERS": "1"},
+    "gather-2k": {"SGLANG_HS_DUMP_GATHER_TOKENS": "2048", "SGLANG_HS_DUMP_BUFFER_TOKENS": "4096"},
     # Diagnosis, is the next step's spill the held sources (the caching allocator cannot reuse their
     # memory until the next capture): calls with the sources let go at once (the copies may then read
     # memory the next step reuses: timing only), and write-only that holds them as calls does
-    "calls-nohold": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "calls-nohold": {},
     "hold-only": {"SGLANG_HS_DUMP_WRITER_SCHED": "batch"},
     # Diagnosis, DMA or host function: copy-only's copies with the post made from the CPU at once (no host
     # function), and copy-only's fence + host function with no copy
-    "dma-only": {"SGLANG_HS_DUMP_COPY": "calls"},
-    "hostfn-only": {"SGLANG_HS_DUMP_COPY": "calls"},
+    "dma-only": {},
+    "hostfn-only": {},
     # The floor (FloorDumper, no dumper at all): what any dumper that moves a step's bytes to the host with
     # the copy engine must pay at least; jobs made by the dumper's gathering rule, each one fence + ONE
     # contiguous copy of the job's bytes from a buffer of our own, nothing else (floor); plus the dumper's
-    # completion signal, a cuLaunchHostFunc sem_post (floor-hostfn), or a GPU-written flag
-    # (cuStreamWriteValue32 into mapped host memory, floor-flag)
+    # completion signal, a cuLaunchHostFunc sem_post (floor-hostfn)
     "floor": {},
     "floor-hostfn": {},
-    "floor-flag": {},
     # diagnosis, do the dumper's strided aux copies (3 cuMemcpy2DAsync into [rows, 3H] host rows) cost the
     # next step more than contiguous ones: each step's 6 copies as the dumper lays them out (floor-rows),
     # or all 6 contiguous, aux in 3 host planes (floor-planar); both with the host function
@@ -266,13 +214,6 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         env["SGLANG_HS_DUMP_WRITER_CPUS"] = ",".join(str(c) for c in args.writer_cpus)
     dumper = base.make_dumper(base.fresh(os.path.join(folder, name)), step, buffers, args.writers, extra_env=env)
     arm = Arm(name, dumper)
-    q = dumper.stager.native  # the pool (and the native queue) was made by make_dumper's preallocate
-    if q is not None and name == "native-late":
-        q.lib.set_delay_us(q.handle, 4000)
-    elif q is not None and name in ("native-spin", "native-batch"):
-        q.lib.set_wait(q.handle, 1 if name == "native-spin" else 2)
-    elif q is not None and name in ("native-threadpost", "native-paced"):
-        q.lib.set_pacing(q.handle, 4 << 20 if name == "native-paced" else 0, 100, 1)
     if name in ("copy-only", "dma-only", "hostfn-only"):
         arm = copy_only(dumper, name)
     elif name in ("write-only", "hold-only"):
@@ -283,8 +224,8 @@ def make_arm(name, step, folder, buffers, args, warm_inputs):
         plan_at_capture(dumper)
     elif name == "calls-nohold":
         submit = dumper._submit_to_process
-        dumper._submit_to_process = lambda buf, ids, pos, spans, rows, flag=0, keep=None, **kw: submit(
-            buf, ids, pos, spans, rows, flag, None, **kw
+        dumper._submit_to_process = lambda buf, ids, pos, spans, rows, keep=None, **kw: submit(
+            buf, ids, pos, spans, rows, None, **kw
         )
     for x0, fb in warm_inputs:  # warm-up: side stream, writer process, first files
         hidden, aux = step.run(x0)
@@ -306,7 +247,7 @@ class FloorDumper:
     cuMemcpyDtoHAsync of all its bytes (57,356 per row: hidden, 3 aux, ids, positions) from a device
     buffer of our own into a page-locked one, on a side stream (`copies` "one"; or each step's 6 copies
     laid out as the dumper does, "rows", or all contiguous, "planar"); plus, by `signal`, a host function
-    that posts a semaphore (the dumper's default) or a GPU-written word.  The steps' tensors are held until
+    that posts a semaphore (as the dumper does).  The steps' tensors are held until
     the next job is queued, as the dumper holds its sources.  Timing only: the bytes are not theirs."""
 
     def __init__(self, dev, hidden_size, signal="none", job_rows=4096, job_steps=8, max_rows=4096, copies="one"):
@@ -328,12 +269,6 @@ class FloorDumper:
         self.sem = ctypes.create_string_buffer(64)
         if drv.libc.sem_init(ctypes.addressof(self.sem), 0, 0) != 0:
             raise OSError("sem_init failed")
-        self.word = mmap.mmap(-1, mmap.PAGESIZE)
-        self.word_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.word))
-        self.word_dptr, self.value = 0, 0
-        if signal == "flag":
-            drv.register(self.word_addr, mmap.PAGESIZE, device_map=True)
-            self.word_dptr = drv.device_pointer(self.word_addr)
         self.gather, self.rows, self.held = [], 0, []
         self.job_seq = self.steps = 0
         self.stats = SimpleNamespace(static={"copy": "floor-" + signal}, counts={})
@@ -363,9 +298,6 @@ class FloorDumper:
                 first += n
         if self.signal == "hostfn":
             rc = rc or drv.host_fn(side, drv.sem_post_addr, ctypes.addressof(self.sem))
-        elif self.signal == "flag":
-            self.value = self.value % 0xFFFFFFFF + 1
-            drv.write_when_done(side, self.word_dptr, self.value)
         if rc:
             raise RuntimeError("floor job: CUresult %d" % rc)
         self.held, self.gather, self.rows = self.gather, [], 0
@@ -400,19 +332,15 @@ class FloorDumper:
 
     def close(self):
         self.flush()
-        if self.word_dptr:
-            self.drv.unregister(self.word_addr)
-            self.word_dptr = 0
         self.drv.event_destroy(self.event)
 
 
 def floor_arm(name, step, warm_inputs):
-    """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-flag, floor-rows, floor-planar),
+    """An Arm whose 'dumper' is a FloorDumper (floor, floor-hostfn, floor-rows, floor-planar),
     warmed like make_arm's."""
     signal, copies = {
         "floor": ("none", "one"),
         "floor-hostfn": ("hostfn", "one"),
-        "floor-flag": ("flag", "one"),
         "floor-rows": ("hostfn", "rows"),
         "floor-planar": ("hostfn", "planar"),
     }[name]
@@ -443,7 +371,7 @@ def copy_only(dumper, name="copy-only"):
     sink.post_landed = lambda: libc.sem_post(ctypes.addressof(sem))
     counter = [0]
 
-    def submit(buf, id_size, pos_size, spans, rows, flag=0, keep=None, batches=1, packed=False):
+    def submit(buf, id_size, pos_size, spans, rows, keep=None, batches=1):
         counter[0] += 1
         pending.append((buf.slot, keep))
         return counter[0]
@@ -463,10 +391,10 @@ def copy_only(dumper, name="copy-only"):
     stager, drv = dumper.stager, dumper.driver
     if name == "dma-only":
         queue = stager.queue
-        stager.queue = lambda plan, buf, rows, post=0, *rest: (queue(plan, buf, rows), sink.post_landed())[0]
+        stager.queue = lambda plan, buf, rows, post=0: (queue(plan, buf, rows), sink.post_landed())[0]
     elif name == "hostfn-only":
 
-        def fence_and_post(plan, buf, rows, post=0, *rest):
+        def fence_and_post(plan, buf, rows, post=0):
             side, event = stager.side_raw, stager.fence_event
             drv.event_record_fn(event, torch._C._cuda_getCurrentRawStream(stager.device_index))
             drv.wait_event_fn(side, event, 0)
@@ -494,7 +422,7 @@ def python_only(dumper, plan):
 
 
 def plan_at_capture(dumper):
-    """Gathering as in the sixth session: the plan and its starts made at each step's capture."""
+    """Gathering with the plan and its starts made at each step's capture (as before plans moved to the job)."""
     gathered = dumper._gathered
 
     def eager(hidden, aux, fb, spans, rows):
@@ -514,7 +442,6 @@ def write_only(dumper, hold=False):
 
     dumper.stager.plan = lambda *a: None  # the general path, i.e. stage() below
     dumper.stager.stage = stage
-    dumper.flags = False
     dumper.driver = SimpleNamespace(post_when_done=lambda stream, addr: dumper.sink.post_landed())
 
 
@@ -527,25 +454,17 @@ def instrument(dumper):
         ("plan", dumper.stager, "plan"),
         ("acquire", dumper.pool, "acquire"),
         ("queue", dumper.stager, "queue"),  # fence, copies, sem_post host function (the usual GPU path)
-        ("stage", dumper.stager, "stage"),  # the general path (CPU, torch copies, flag signal)
-        ("signal", dumper, "_flag_when_copied"),
+        ("stage", dumper.stager, "stage"),  # the general path (CPU, torch copies)
         ("submit", dumper, "_submit_to_process"),  # lock, release of copied sources, hand-over (ring entry)
         ("hand_over", dumper.sink, "job"),
     ]
-    q = dumper.stager.native
-    if q is not None:  # the native queue's one foreign call (queue() less it: the Python that packs the job)
-        targets += [("hsq_submit", q.lib, "submit")]
-    if dumper.stager.kernel is not None:  # the copy kernel's table packing and cuLaunchKernel
-        targets += [("kernel_launch", dumper.stager.kernel, "launch")]
     drv = dumper.driver  # each driver entry point queue() calls (read from the instance at every call)
     targets += [
         ("cu_event_record", drv, "event_record_fn"),
         ("cu_wait_event", drv, "wait_event_fn"),
         ("cu_d2h", drv, "d2h_fn"),
         ("cu_copy2d", drv, "copy2d_fn"),
-        ("cu_batch3d", drv, "batch3d_fn"),
         ("cu_host_fn", drv, "host_fn"),
-        ("cu_write32", drv, "_write32"),
     ]
     for name, obj, attr in targets:
         if obj is None or getattr(obj, attr, None) is None:

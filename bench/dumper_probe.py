@@ -11,10 +11,13 @@
 4. cuLaunchHostFunc(sem_post): posted only after the stream's work.
 
 Usage: python3 bench/dumper_probe.py [--out probe.json]
+Without a CUDA GPU and libcuda.so.1 it parses its arguments, imports the
+driver bindings and writes a result that says so (the CPU smoke run).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import mmap
@@ -26,11 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dumper.cudadrv import (  # noqa: E402
-    MEMCPY3D_BATCH_OP as Op,  # noqa: E402
-    SEM_SLOT_BYTES,
-    Driver,
-)
+from remote_ops.dumper.cudadrv import SEM_SLOT_BYTES, Driver  # noqa: E402
 
 H = 7168
 
@@ -184,108 +183,24 @@ def probe_host_func_order(drv):
     return {"posted_before_work_done": early, "posted_after": late}
 
 
-def probe_batch3d(drv, tokens=512, H=7168, calls=300):
-    """cuMemcpy3DBatchAsync (CUDA >= 12.8; `_v2` without failIdx in CUDA 13): the 6 copies of a batch
-    (hidden, 3 strided aux into their thirds of [T, 3H], ids, positions) in one driver call.  Checks that
-    the bytes land like the per-copy calls (pointer operands: rowLength and extent width taken as bytes),
-    and the forward-thread CPU per batch of each way in a tight loop."""
-    fn = getattr(drv.lib, "cuMemcpy3DBatchAsync_v2", None)
-    if fn is None:
-        return {"available": False}
-
-    fn.argtypes, fn.restype = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p], ctypes.c_int
-    out = {"available": True, "sizeof_op": ctypes.sizeof(Op)}
-    side = torch.cuda.Stream()
-    s = side.cuda_stream
-    w = H * 2
-    big = [torch.randn(tokens, 2 * H, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-    aux = [b[:, :H] for b in big]
-    hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(0, 1000, (tokens,), device="cuda")
-    pos = torch.arange(tokens, device="cuda")
-    hb = torch.empty(tokens, H, dtype=torch.bfloat16, pin_memory=True)
-    ab = torch.empty(tokens, 3 * H, dtype=torch.bfloat16, pin_memory=True)
-    ib = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
-    pb = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
-    ops = (Op * 6)()
-    # (src ptr, src pitch, dst ptr, dst pitch, width bytes, rows)
-    plan = [(hidden.data_ptr(), tokens * w, hb.data_ptr(), tokens * w, tokens * w, 1)]
-    plan += [(a.data_ptr(), 2 * w, ab.data_ptr() + k * w, 3 * w, w, tokens) for k, a in enumerate(aux)]
-    plan += [(ids.data_ptr(), tokens * 8, ib.data_ptr(), tokens * 8, tokens * 8, 1)]
-    plan += [(pos.data_ptr(), tokens * 8, pb.data_ptr(), tokens * 8, tokens * 8, 1)]
-
-    def fill(op, src, spitch, dst, dpitch, width, rows):
-        op.src.type, op.dst.type = 1, 1  # CU_MEMCPY_OPERAND_TYPE_POINTER
-        op.src.op.ptr, op.src.op.rowLength, op.src.op.layerHeight = src, spitch, rows
-        op.dst.op.ptr, op.dst.op.rowLength, op.dst.op.layerHeight = dst, dpitch, rows
-        op.extent.width, op.extent.height, op.extent.depth = width, rows, 1
-        op.srcAccessOrder = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-
-    for op, args in zip(ops, plan):
-        fill(op, *args)
-    for t in (hb, ab, ib, pb):
-        t.zero_()
-    torch.cuda.synchronize()
-    rc = fn(6, ctypes.addressof(ops), 0, s)
-    side.synchronize()
-    out["rc"] = rc
-    out["bit_equal"] = bool(
-        rc == 0
-        and torch.equal(hb.view(torch.int16), hidden.cpu().view(torch.int16))
-        and torch.equal(ab.view(torch.int16), torch.cat([a.cpu() for a in aux], 1).view(torch.int16))
-        and torch.equal(ib, ids.cpu())
-        and torch.equal(pb, pos.cpu())
-    )
-    if rc != 0:
-        return out
-
-    def per_copy():
-        drv.d2h(hb.data_ptr(), hidden.data_ptr(), tokens * w, s)
-        for k, a in enumerate(aux):
-            drv.d2h_2d(ab.data_ptr() + k * w, 3 * w, a.data_ptr(), 2 * w, w, tokens, s)
-        drv.d2h(ib.data_ptr(), ids.data_ptr(), tokens * 8, s)
-        drv.d2h(pb.data_ptr(), pos.data_ptr(), tokens * 8, s)
-
-    def batched():
-        for k in range(1, 4):  # what a batch changes: sources, heights
-            op = ops[k]
-            op.src.op.ptr, op.extent.height = aux[k - 1].data_ptr(), tokens
-        if fn(6, ctypes.addressof(ops), 0, s):
-            raise RuntimeError("cuMemcpy3DBatchAsync failed")
-
-    for name, f in (("per_copy_us", per_copy), ("batched_us", batched)):
-        f()
-        side.synchronize()
-        t0 = time.thread_time()
-        for _ in range(calls):
-            f()
-        out[name] = round((time.thread_time() - t0) / calls * 1e6, 1)
-        side.synchronize()
-    out["gpu_ms_per_copy"] = gpu_ms(per_copy, side)
-    out["gpu_ms_batched"] = gpu_ms(batched, side)
-    return out
-
-
-def main():
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="also write the result JSON here")
+    args = p.parse_args(argv)
     drv = Driver.load()
-    res = {
-        "driver_loaded": drv is not None,
-        "torch": torch.__version__,
-        "cudart_has_register": hasattr(torch.cuda.cudart(), "cudaHostRegister"),
-    }
-    if "--batch-only" in sys.argv:
-        res["batch3d"] = probe_batch3d(drv)
-        print(json.dumps(res, indent=1), flush=True)
-        return
-    res["batch3d"] = probe_batch3d(drv)
-    res["bandwidth"] = probe_bandwidth(drv)
-    res["aux"] = probe_aux(drv)
-    res["host_func_order"] = probe_host_func_order(drv)
-    res["cpu_cost"] = {str(t): probe_cpu_cost(drv, t) for t in (512, 8192)}
-    res["cpu_cost_memfd"] = {str(t): probe_cpu_cost(drv, t, host="memfd") for t in (512, 8192)}
+    res = {"driver_loaded": drv is not None, "torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    if drv is None or not torch.cuda.is_available():
+        res["skipped"] = "needs a CUDA GPU and libcuda.so.1"
+    else:
+        res["cudart_has_register"] = hasattr(torch.cuda.cudart(), "cudaHostRegister")
+        res["bandwidth"] = probe_bandwidth(drv)
+        res["aux"] = probe_aux(drv)
+        res["host_func_order"] = probe_host_func_order(drv)
+        res["cpu_cost"] = {str(t): probe_cpu_cost(drv, t) for t in (512, 8192)}
+        res["cpu_cost_memfd"] = {str(t): probe_cpu_cost(drv, t, host="memfd") for t in (512, 8192)}
     print(json.dumps(res, indent=1), flush=True)
-    if len(sys.argv) > 2 and sys.argv[1] == "--out":
-        with open(sys.argv[2], "w") as fh:
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump(res, fh, indent=1)
 
 

@@ -8,12 +8,9 @@ harness can never pass as "all skipped".
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -25,10 +22,6 @@ LAB_HOSTS = 3
 # CLI subprocesses of the tests run in-process, never through a warm fork server the developer
 # may have running (`remote-ops daemon start`); tests/test_daemon.py turns it on for its own.
 os.environ["REMOTE_OPS_DAEMON"] = "0"
-# the dumper's native copy queue (hsq.c) is built into a folder of the test session, not the checkout
-if "SGLANG_HS_DUMP_NATIVE_DIR" not in os.environ:
-    os.environ["SGLANG_HS_DUMP_NATIVE_DIR"] = tempfile.mkdtemp(prefix="remote-ops-native-")
-    atexit.register(shutil.rmtree, os.environ["SGLANG_HS_DUMP_NATIVE_DIR"], True)
 
 
 def require(reason: str | None) -> None:

@@ -106,12 +106,11 @@ def test_config_defaults_and_bad_values():
         False,
         None,
     )
-    assert (c.gather_tokens, c.gather_steps, c.gather_ms, c.copy, c.kernel_blocks) == (4096, 8, 500, "calls", 8)
-    assert cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_COPY": "kernel"}).copy == "kernel"
+    assert (c.gather_tokens, c.gather_steps, c.gather_ms, c.writer) == (4096, 8, 500, "process")
     off = cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_GATHER_TOKENS": "0"})
     assert off.gather_tokens == 0
     bad = (("POLICY", "maybe"), ("BUFFERS", "0"), ("WRITERS", "x"), ("FUSION", "off"), ("GATHER_TOKENS", "-1"))
-    for name, value in bad + (("GATHER_STEPS", "0"), ("GATHER_MS", "soon"), ("KERNEL_BLOCKS", "0"), ("COPY", "dma")):
+    for name, value in bad + (("GATHER_STEPS", "0"), ("GATHER_MS", "soon"), ("WRITER", "fork")):
         with pytest.raises(ValueError, match="SGLANG_HS_DUMP_" + name):
             cfg.config_from_env({"SGLANG_HS_DUMP_DIR": "/d", "SGLANG_HS_DUMP_" + name: value})
 

@@ -588,10 +588,8 @@ class _MemmoveDriver:
 
     sem_post_addr = 0
 
-    def __init__(self, batch=False):
-        self.posts, self.batches = [], []
-        if not batch:
-            self.batch3d_fn = None
+    def __init__(self):
+        self.posts = []
         self.event_record_fn = self.wait_event_fn = lambda *a: 0
 
     def d2h_fn(self, dst, src, nbytes, stream):
@@ -608,27 +606,12 @@ class _MemmoveDriver:
         self.posts.append(arg)
         return 0
 
-    def batch3d_fn(self, count, address, flags, stream):
-        """cuMemcpy3DBatchAsync on CPU memory: pointer operands, row length and width in bytes."""
-        from remote_ops.dumper.cudadrv import MEMCPY3D_BATCH_OP
 
-        self.batches.append(count)
-        for op in (MEMCPY3D_BATCH_OP * count).from_address(address):
-            src, dst, ext = op.src.op, op.dst.op, op.extent
-            assert op.src.type == op.dst.type == 1 and op.srcAccessOrder == 1 and ext.depth == 1
-            assert src.rowLength >= ext.width and dst.rowLength >= ext.width
-            assert src.layerHeight >= ext.height and dst.layerHeight >= ext.height
-            for r in range(ext.height):
-                ctypes.memmove(dst.ptr + r * dst.rowLength, src.ptr + r * src.rowLength, ext.width)
-        return 0
-
-
-@pytest.mark.parametrize("copy", ["calls", "batch"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer_mode, strided, copy):
-    """The driver path's pointers, pitches (bytes) and per-buffer descriptors (one call per copy, or the
-    ops of one cuMemcpy3DBatchAsync), checked on CPU memory: the buffer must hold what the general (torch)
-    path puts there, for contiguous and strided sources."""
+def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer_mode, strided):
+    """The driver path's pointers, pitches (bytes) and per-buffer descriptors (one call per copy), checked
+    on CPU memory: the buffer must hold what the general (torch) path puts there, for contiguous and
+    strided sources."""
     if writer_mode != "process":
         pytest.skip("runs once")
     from remote_ops.dumper import staging
@@ -643,14 +626,13 @@ def test_plan_and_queue_place_every_byte_like_the_torch_path(monkeypatch, writer
     hidden, aux = src(), [src() for _ in range(3)]
     ids = torch.arange(100, 100 + rows + 1, dtype=torch.int64)
     pos = torch.arange(rows + 1, dtype=torch.int32)
-    stager = staging.Stager(_MemmoveDriver(batch=copy == "batch"), copy)
+    stager = staging.Stager(_MemmoveDriver())
     stager.device_index, stager.side_raw, stager.fence_event = -1, 1, 1  # CPU tensors: get_device() is -1
     monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 0)
     plan = stager.plan(hidden, aux, ids, pos, rows, h)
     assert plan is not None
     buf = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
     assert stager.queue(plan, buf, rows, post_addr=1234) == (8, 4) and stager.driver.posts == [1234]
-    assert stager.driver.batches == ([6] if copy == "batch" else [])
     ref = staging.HostBuffer(rows + 3, h, torch.bfloat16, pin=False)
     assert list(staging._copy_torch(ref, hidden, aux, ids, pos, rows, non_blocking=False)) == [8, 4]
     for region, row_bytes in enumerate((2 * h, 6 * h, 8, 4)):  # the rows written (the rest is uninitialized)

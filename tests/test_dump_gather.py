@@ -10,15 +10,12 @@ references (the job plans every waiting step), a large step is copied on its
 own after the waiting ones, a rewritten buffer drops the earlier step instead
 of writing stale data, a step the driver copies cannot take goes the general
 path (or is counted as dropped off the forward thread), an idle dumper
-copies waiting steps from the reaper thread, and done flags (`FlagDriver`:
-cuStreamWriteValue32 done at once) signal gathered and single jobs, or hand
-over to host functions when a flag write fails.  The effect on step time is measured on the H200
+copies waiting steps from the reaper thread.  The effect on step time is measured on the H200
 (bench/dumper_paired.py, bench/README.md).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 
@@ -68,7 +65,7 @@ def gathering(tmp_path, monkeypatch):
         d = make_dumper(tmp_path, writer="process", buffers=2, **env)
         made.append(d)
         driver = MemmoveDriver()
-        d.driver, d.stager = driver, staging.Stager(driver, "calls")
+        d.driver, d.stager = driver, staging.Stager(driver)
         d.stager.device_index, d.stager.side_raw, d.stager.fence_event = -1, 1, 1  # CPU: get_device() is -1
         monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 5)
         d._start_gather()
@@ -275,71 +272,3 @@ def test_off_the_forward_thread_a_step_with_no_plan_is_dropped_and_counted(tmp_p
     stats = d.stats.snapshot()
     assert d.gather is None and stats["dropped_batches"] == 1 and stats["files"] == 1 and d.job_seq == 1
     assert_spans_written(plain, tmp_path)
-
-
-class FlagDriver(MemmoveDriver):
-    """MemmoveDriver plus done flags: the control segment 'device-mapped' (its device address is the host
-    one, as with UVA) and cuStreamWriteValue32 done at once (the copies before it already landed)."""
-
-    def __init__(self, fail_writes=False):
-        super().__init__()
-        self.flag_writes, self.fail_writes = [], fail_writes
-
-    def register(self, addr, nbytes, device_map=False):
-        assert device_map
-
-    def device_pointer(self, addr):
-        return addr
-
-    def unregister(self, addr):
-        pass
-
-    def write32_fn(self, stream, dptr, value, flags):
-        if self.fail_writes:
-            return 1  # CUDA_ERROR_INVALID_VALUE
-        self.flag_writes.append(value)
-        ctypes.c_uint32.from_address(dptr).value = value
-        return 0
-
-
-def flagged(d):
-    """Done flags on for a dumper the `gathering` fixture made (what _choose_path does on a GPU)."""
-    driver = FlagDriver()
-    d.driver = d.stager.driver = driver
-    d.sink.enable_flags(driver)
-    d.flags = True
-    return driver
-
-
-def test_done_flags_signal_gathered_and_single_jobs_without_a_host_function(tmp_path, gathering):
-    """SGLANG_HS_DUMP_SIGNAL=flag on the driver path: each job (gathered steps, or a large step alone)
-    ends with the GPU's write of the slot's next flag value instead of a host function, and one post from
-    the forward process; the child waits for the flag, and the files are bit-exact."""
-    d, _ = gathering(gather_tokens=8, gather_steps=3)
-    driver = flagged(d)
-    small = [make_batch([2], seed=190 + i) for i in range(3)]
-    for b in small:  # due at the third step: one job
-        d.capture(b.fb, b.hidden, b.aux)
-    big = make_batch([5, 4], seed=195)  # 9 rows >= 8: its own job, the per-step path
-    d.capture(big.fb, big.hidden, big.aux)
-    assert d.flush(10)
-    assert driver.posts == [] and len(driver.flag_writes) == 2 and d.job_seq == 2
-    assert d.stats.snapshot()["files"] == 5 and d.stats.snapshot()["errors"] == 0
-    for b in small + [big]:
-        assert_spans_written(b, tmp_path)
-
-
-def test_a_failed_flag_write_cancels_its_job_and_host_functions_take_over(tmp_path, gathering):
-    """The GPU refuses the flag write: that job is cancelled and counted (the child moves past it), flags
-    are off from then on, and the next steps are signalled by host functions and written."""
-    d, _ = gathering(gather_tokens=8, gather_steps=3)
-    driver = flagged(d)
-    driver.fail_writes = True
-    lost = make_batch([5, 4], seed=200)
-    d.capture(lost.fb, lost.hidden, lost.aux)
-    assert not d.flags and d.stats.snapshot()["errors"] == 1 and d.stats.static["signal"] == "hostfn"
-    kept = make_batch([6, 3], seed=201)
-    d.capture(kept.fb, kept.hidden, kept.aux)
-    assert d.flush(10) and len(driver.posts) == 1
-    assert d.stats.snapshot()["files"] == 2
-    assert_spans_written(kept, tmp_path)

@@ -183,7 +183,7 @@ def _install(model, config, runtime, layers, hidden_size, fusion, dumper_cls, ca
     model._remote_ops_dump = dumper
     log.warning(
         "[hs-dump] rank %d (%s): capture on, layers_to_capture=%s (EAGLE-3 ids %s), %s, "
-        "all-reduce fusion: %s, policy=%s buffers=%d writers=%d copy=%s gather=%d rows/%d steps/%d ms, dir=%s",
+        "all-reduce fusion: %s, policy=%s buffers=%d writers=%d gather=%d rows/%d steps/%d ms, dir=%s",
         runtime.rank,
         runtime.rank_source,
         layers,
@@ -193,7 +193,6 @@ def _install(model, config, runtime, layers, hidden_size, fusion, dumper_cls, ca
         config.policy,
         config.buffers,
         config.writers,
-        config.copy,
         config.gather_tokens,
         config.gather_steps,
         config.gather_ms,

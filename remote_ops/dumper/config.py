@@ -26,32 +26,19 @@ ENV_FSYNC = "SGLANG_HS_DUMP_FSYNC"
 ENV_WRITER = "SGLANG_HS_DUMP_WRITER"
 ENV_WRITER_SCHED = "SGLANG_HS_DUMP_WRITER_SCHED"
 ENV_WRITER_CPUS = "SGLANG_HS_DUMP_WRITER_CPUS"
-ENV_SIGNAL = "SGLANG_HS_DUMP_SIGNAL"
-ENV_COPY = "SGLANG_HS_DUMP_COPY"
 ENV_GATHER_TOKENS = "SGLANG_HS_DUMP_GATHER_TOKENS"
 ENV_GATHER_STEPS = "SGLANG_HS_DUMP_GATHER_STEPS"
 ENV_GATHER_MS = "SGLANG_HS_DUMP_GATHER_MS"
-ENV_KERNEL_BLOCKS = "SGLANG_HS_DUMP_KERNEL_BLOCKS"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
+# process (default): span files written by a child process (procwriter.py), which shares no GIL with
+# the forward thread.  thread: writer threads inside the SGLang process (writer.py).  Threads are the
+# production fallback, taken without asking when the child cannot start or libcuda.so.1 cannot be
+# loaded through ctypes (the child learns that copies landed from a CUDA host function); asking for
+# them here is for hosts where a child process is unwelcome.
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
-SIGNALS = ("hostfn", "flag")  # how the writer process learns that a batch's copies landed
-# calls (default): one ctypes call per driver call; native: the fence on the forward thread, the
-# other driver calls on hsq.c's native thread (capture() ~70-85 us shorter on the H200, but the step
-# after a capture pays about as much more: not the default, bench/README.md); inline: hsq.c makes all
-# of them in one foreign call (no cheaper than calls); batch: all copies in one cuMemcpy3DBatchAsync
-# call (no cheaper); kernel (experimental, not recommended): a job's copies as one launch of hsk.cu's
-# copy kernel (kernelcopy.py): capture() 16-60 us shorter on the H200, but the copy then competes with
-# memory-bound steps for the SMs (+17-27 % on an 8k step beside a 235 MB job; bench/README.md, cause
-# 15).  native/inline fall back to calls where hsq.c cannot be built, kernel where its module cannot
-# be loaded.  staged (experimental, not recommended): the same kernel gathers a job's copies into a
-# GPU staging buffer (one buffer's bytes of GPU memory more: 470 MB for Kimi-K2.5 at 8,192 rows) laid
-# out for the job's rows, then ONE copy-engine DMA moves the job: 5 driver calls a job, one DMA instead
-# of 6 per step.  Bit-exact on the H200, but no gain there: +2.58 vs +1.21 % per capture at 1k, +1.68
-# vs +1.93 % at 4k (bench/README.md, tenth session).
-COPY_MODES = ("calls", "native", "inline", "batch", "kernel", "staged")
 
 
 @dataclass
@@ -68,18 +55,15 @@ class DumpConfig:
     buffer_tokens: Optional[int] = None  # None = chunked_prefill_size, else 8192
     wait_s: float = 600.0  # longest backpressure wait before a batch is dropped
     fsync: bool = True
-    writer: str = "process"  # span files written by a child process (default) or by threads in this one
+    writer: str = "process"  # WRITER_MODES: a child process (default), or threads in this one (the fallback)
     writer_sched: str = "batch"  # writer process: SCHED_BATCH (never preempts the forward thread on wake-up)
     writer_cpus: Optional[List[int]] = None  # writer process's CPUs (None = all the process may use)
-    signal: str = "hostfn"  # copies landed: a CUDA host function's sem_post, or a GPU-written flag
-    copy: str = "calls"  # how the copies are queued: COPY_MODES
     # steps under gather_tokens rows are copied together, up to gather_steps of them or gather_ms after
     # the first (gather.py); 0 tokens = every step copied on its own.  Held GPU memory: up to
     # gather_tokens rows of captured tensors more (57,344 B per row for Kimi-K2.5: 235 MB at 4,096)
     gather_tokens: int = 4096
     gather_steps: int = 8
     gather_ms: int = 500
-    kernel_blocks: int = 8  # copy kernel blocks (copy=kernel): 8 reach 50 GB/s on the H200; 16 slow SM-bound steps
     env_seen: dict = field(default_factory=dict)
 
 
@@ -133,12 +117,9 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         writer=_choice(env, ENV_WRITER, WRITER_MODES),
         writer_sched=_choice(env, ENV_WRITER_SCHED, WRITER_SCHEDS),
         writer_cpus=parse_cpu_list(env.get(ENV_WRITER_CPUS, "")),
-        signal=_choice(env, ENV_SIGNAL, SIGNALS),
-        copy=_choice(env, ENV_COPY, COPY_MODES),
         gather_tokens=_int(env, ENV_GATHER_TOKENS, 4096, 0),
         gather_steps=_int(env, ENV_GATHER_STEPS, 8),
         gather_ms=_int(env, ENV_GATHER_MS, 500),
-        kernel_blocks=_int(env, ENV_KERNEL_BLOCKS, 8),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

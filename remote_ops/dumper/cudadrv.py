@@ -4,7 +4,7 @@ Why not torch: the torch path (Stream/Event objects, record_stream, cat,
 copy_) took about twice the forward thread's CPU of this one per batch in a
 tight loop (dumper_probe.py: 135.6 vs 62.2 us at 512 tokens), and more calls.
 Inside a forward loop every call runs cold: the 9 driver calls of a batch cost
-90-128 us there (~10-14 us each, bench/README.md), the largest part of
+90-128 us there (~10-14 us each, docs/lab/bench-history.md), the largest part of
 `capture()` now.  The driver (libcuda.so.1) is the one torch already uses; the
 calls act on torch's streams (raw handles) and on the primary context that
 torch made current on the calling thread.
@@ -21,20 +21,17 @@ import ctypes.util
 from typing import Optional
 
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
-CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 0x01, 0x02
+CU_MEMHOSTREGISTER_PORTABLE = 0x01
 CU_EVENT_DISABLE_TIMING = 0x02
-CU_STREAM_WRITE_VALUE_DEFAULT = 0  # the write is ordered after (and fenced behind) the stream's earlier work
 SEM_T_BYTES = 32  # sizeof(sem_t) on x86-64 / aarch64 glibc
 # The control segment shared with the writer process: one SEM_SLOT_BYTES record per slot, then one
-# more, then the job ring (procwriter.RING_*).  A slot's record: its uint32 done flag
-# (SGLANG_HS_DUMP_SIGNAL=flag) at FLAG_OFFSET, and the result of its last job at DONE_OFFSET: uint64
-# seq, files, tokens, bytes, errors (seq written last).  The last record: the "a job finished" sem_t at
+# more, then the job ring (procwriter.RING_*).  A slot's record: the result of its last job at
+# DONE_OFFSET: uint64 seq, files, tokens, bytes, errors (seq written last).  The last record: the "a job finished" sem_t at
 # 0; at COPIED_OFFSET the uint64 seq of the last job whose copies the child saw land (jobs land in
 # order: the forward process then drops its references to the sources); at LANDED_OFFSET the
 # "copies landed" sem_t, posted once per job, in job order (by a CUDA host function queued after the
 # copies on the one side stream, or by the forward process itself).
 SEM_SLOT_BYTES = 128
-FLAG_OFFSET = 32
 DONE_OFFSET = 40
 DONE_FIELDS = "<4Q"  # files, tokens, bytes, errors, at DONE_OFFSET + 8
 COPIED_OFFSET = 32
@@ -64,46 +61,6 @@ class CUDA_MEMCPY2D(ctypes.Structure):
     ]
 
 
-class MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class PtrOperand(ctypes.Structure):
-    """The pointer member of CUmemcpy3DOperand's union (the largest one: 32 bytes)."""
-
-    _fields_ = [
-        ("ptr", ctypes.c_uint64),
-        ("rowLength", ctypes.c_size_t),
-        ("layerHeight", ctypes.c_size_t),
-        ("locHint", MemLocation),
-    ]
-
-
-class Memcpy3DOperand(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("op", PtrOperand)]
-
-
-class Extent3D(ctypes.Structure):
-    _fields_ = [("width", ctypes.c_size_t), ("height", ctypes.c_size_t), ("depth", ctypes.c_size_t)]
-
-
-class MEMCPY3D_BATCH_OP(ctypes.Structure):
-    """cuda.h's CUDA_MEMCPY3D_BATCH_OP (CUDA >= 12.8; 112 bytes).  Pointer operands: `rowLength` and the
-    extent's width in bytes (checked bit for bit on the H200: bench/dumper_probe.py)."""
-
-    _fields_ = [
-        ("src", Memcpy3DOperand),
-        ("dst", Memcpy3DOperand),
-        ("extent", Extent3D),
-        ("srcAccessOrder", ctypes.c_int),
-        ("flags", ctypes.c_uint),
-    ]
-
-
-CU_MEMCPY_OPERAND_TYPE_POINTER = 1
-CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
-
-
 class CudaError(RuntimeError):
     pass
 
@@ -124,25 +81,6 @@ class Driver:
         self._event_destroy = self._fn("cuEventDestroy_v2", [ctypes.c_void_p])
         self.event_record_fn = self._fn("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p])
         self.wait_event_fn = self._fn("cuStreamWaitEvent", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint])
-        self._host_dptr = self._fn(
-            "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
-        )
-        self._write32 = self._optional(
-            ("cuStreamWriteValue32_v2", "cuStreamWriteValue32"),
-            [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint],
-        )
-        # cuMemcpy3DBatchAsync_v2 (CUDA 13's signature, no failIdx): all copies of a batch in one call
-        self.batch3d_fn = self._optional(
-            ("cuMemcpy3DBatchAsync_v2",), [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
-        )
-        # the copy kernel (kernelcopy.py): its PTX module, its function, one launch per copy job
-        self._module_load = self._optional(("cuModuleLoadData",), [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p])
-        self._get_function = self._optional(
-            ("cuModuleGetFunction",), [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-        )
-        self.launch_fn = self._optional(
-            ("cuLaunchKernel",), [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        )
         self._ctx_get = self._optional(("cuCtxGetCurrent",), [ctypes.POINTER(ctypes.c_void_p)])
         self._ctx_set = self._optional(("cuCtxSetCurrent",), [ctypes.c_void_p])
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
@@ -151,7 +89,6 @@ class Driver:
         self.params_ref = ctypes.byref(self.params)
         # the raw entry points, for the per-batch path (staging.Stager.queue): no wrapper frame per call
         self.d2h_fn, self.copy2d_fn, self.host_fn = self._d2h, self._2d, self._host_fn
-        self.write32_fn = self._write32  # None where the driver lacks it (done flags then stay off)
 
     def _fn(self, name, argtypes):
         fn = getattr(self.lib, name)
@@ -217,35 +154,12 @@ class Driver:
         self.check(self.event_record_fn(event, after), "cuEventRecord")
         self.check(self.wait_event_fn(before, event, 0), "cuStreamWaitEvent")
 
-    def write_when_done(self, stream: int, dptr: int, value: int) -> None:
-        """The GPU writes the uint32 `value` at `dptr` once the work queued on `stream` so far is done."""
-        if self._write32 is None:
-            raise CudaError("cuStreamWriteValue32 is not in this driver")
-        self.check(self._write32(stream, dptr, value, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32")
-
-    def register(self, addr: int, nbytes: int, device_map: bool = False) -> None:
+    def register(self, addr: int, nbytes: int) -> None:
         """Page-lock existing host memory (our shared segment) so copies into it are true async DMA."""
-        flags = CU_MEMHOSTREGISTER_PORTABLE | (CU_MEMHOSTREGISTER_DEVICEMAP if device_map else 0)
-        self.check(self._register(addr, nbytes, flags), "cuMemHostRegister")
-
-    def device_pointer(self, addr: int) -> int:
-        """The device address of registered (device-mapped) host memory."""
-        out = ctypes.c_uint64()
-        self.check(self._host_dptr(ctypes.byref(out), addr, 0), "cuMemHostGetDevicePointer")
-        return out.value
+        self.check(self._register(addr, nbytes, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister")
 
     def unregister(self, addr: int) -> None:
         self._unregister(addr)
-
-    def kernel(self, ptx: bytes, name: bytes) -> int:
-        """The CUfunction `name` of a PTX module loaded into the current context (the driver JIT-compiles
-        it for this GPU)."""
-        if self._module_load is None or self._get_function is None or self.launch_fn is None:
-            raise CudaError("cuModuleLoadData / cuModuleGetFunction / cuLaunchKernel not in this driver")
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        self.check(self._module_load(ctypes.byref(module), ptx), "cuModuleLoadData")
-        self.check(self._get_function(ctypes.byref(function), module, name), "cuModuleGetFunction")
-        return int(function.value or 0)
 
 
 def load_libc() -> ctypes.CDLL:

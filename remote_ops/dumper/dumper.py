@@ -24,12 +24,12 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from . import dumpfile, native, staging
+from . import dumpfile, staging
 from .config import DumpConfig
-from .cudadrv import CudaError, Driver
+from .cudadrv import Driver
 from .gather import Gather, layout_runs, rewritten, shifted_spans
 from .procwriter import WriterProcess
-from .staging import ST_DTYPES, BufferPool, HostBuffer, Stager, positions_into
+from .staging import ST_DTYPES, BufferPool, HostBuffer, Staged, Stager, positions_into
 from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, write_span_file
 
 log = logging.getLogger("remote_ops_dump")
@@ -117,7 +117,6 @@ class Dumper:
         self.job_seq = 0
         self.reclaim_lock = threading.Lock()
         self.mode_names: Dict[Any, str] = {}
-        self.flags = False  # the GPU writes a done flag per batch (SGLANG_HS_DUMP_SIGNAL=flag) instead of sem_post
         self.warned: set = set()
         self.closed = self.closing = False
         self.lock = threading.Lock()
@@ -125,8 +124,6 @@ class Dumper:
         self.gather: Optional[Gather] = None
         self.gather_lock = threading.Lock()  # the waiting steps, and the side stream's fence while they exist
         self.context = 0  # the forward thread's CUcontext (the reaper makes it current to copy stale steps)
-        if writer and config.copy in ("native", "inline"):
-            native.load()  # hsq.c built now, at model load, not at the first captured batch
         if writer:
             self._start_writers(config.writer)
             self.stats.maybe_write(force=True)
@@ -209,79 +206,82 @@ class Dumper:
         spans: List[Tuple[int, int, int]],
         rows: int,
     ) -> None:
-        """One step as its own copy job (forward thread): the driver path when its plan says the tensors
-        allow it, else the general path (torch copies); bad shapes are skipped."""
-        on_gpu = hidden.is_cuda
-        plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver
+        """One step as its own copy job (forward thread): driver copies when its plan says the tensors
+        allow them, else the general path (torch copies); bad shapes are skipped."""
+        plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver copies
         if plan is None and not self._shapes_ok(ids, hidden, aux, rows):
             return
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
             return
-        pool, sink = self.pool, self.sink
-        assert pool is not None, "_acquire made the pool"
-        if sink is None:  # writer threads
-            try:
-                if positions is None:
-                    positions_into(buf, _positions_from_spans(spans))
-                staged = self.stager.stage(buf, hidden, aux, ids, positions, rows, True, plan)
-            except BaseException:
-                self.stager.synchronize()  # no copy may still land in a slot handed out again
-                pool.release(buf.slot)
-                raise
+        step = (hidden, tuple(aux), ids, positions)
+        if self.sink is None:
+            copied = self._copy_for_threads(buf, step, spans, rows, plan)
+        elif plan is not None:
+            copied = self._copy_planned(buf, plan, step, spans, rows)
+        else:
+            copied = self._copy_general(buf, step, spans, rows)
+        if copied:
             self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
-            assert self.writers is not None, "no writer process: the writer threads run"
-            self.writers.submit(BatchJob(staged, [Span(*s) for s in spans], pool))
-            return
-        # The writer process: the job is published in the ring before anything can post its "copies
-        # landed" (the child reads the entry only after that post): the usual GPU path publishes, then
-        # queues fence + copies + the sem_post host function (with done flags: the GPU's flag write, then
-        # a post from here); the general path copies, publishes, signals.
-        fast = plan is not None
-        keep: Optional[tuple] = None
-        flag, flag_at = 0, (0, 0)
+
+    def _copy_for_threads(self, buf: HostBuffer, step: tuple, spans, rows: int, plan: Optional[tuple]) -> bool:
+        """Writer threads: the copies with a blocking-sync event behind them, the spans to the threads."""
+        staged = self._staged(buf, step, spans, rows, plan, event=True)
+        assert self.writers is not None and self.pool is not None, "no writer process: the writer threads run"
+        self.writers.submit(BatchJob(staged, [Span(*s) for s in spans], self.pool))
+        return True
+
+    def _copy_planned(self, buf: HostBuffer, plan: tuple, step: tuple, spans, rows: int) -> bool:
+        """Writer process, driver copies: publish the job in the ring, then queue fence + copies + the
+        sem_post host function (the child reads the entry only after that post)."""
+        if step[3] is None:
+            self._guarded(buf, lambda: positions_into(buf, _positions_from_spans(spans)))
+        seq = self._submit_to_process(buf, plan[4], plan[6], spans, rows, step)
+        if seq:
+            self._run_planned_job(buf, seq, lambda post: self.stager.queue(plan, buf, rows, post))
+        return bool(seq)
+
+    def _copy_general(self, buf: HostBuffer, step: tuple, spans, rows: int) -> bool:
+        """Writer process, torch copies (CPU tensors, or GPU tensors the driver copies cannot take): copy,
+        publish the job, then signal: a host function behind GPU copies, a post from here after CPU ones."""
+        staged = self._staged(buf, step, spans, rows, None, event=False)
+        keep, staged.keep = staged.keep, None
+        seq = self._submit_to_process(buf, staged.id_size, staged.pos_size, spans, rows, keep)
+        if not seq:
+            return False
+        sink = self.sink
+        assert sink is not None, "called with the writer process running"
         try:
+            if step[0].is_cuda:
+                assert self.driver is not None, "GPU path with the writer process"
+                self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
+            else:
+                sink.post_landed()
+        except BaseException:
+            self._abandon(buf, seq)
+            raise
+        return True
+
+    def _staged(self, buf: HostBuffer, step: tuple, spans, rows: int, plan: Optional[tuple], event: bool) -> Staged:
+        """The copies queued (GPU) or done (CPU) into `buf`, positions derived when the batch has none."""
+        hidden, aux, ids, positions = step
+
+        def copy() -> Staged:
             if positions is None:
                 positions_into(buf, _positions_from_spans(spans))
-            if fast:
-                assert plan is not None
-                id_size, pos_size = plan[4], plan[6]
-                if self.flags:  # the GPU writes the slot's flag behind the copies, no host function
-                    flag_at = sink.next_flag(buf.slot)
-                    flag = flag_at[1]
-            else:
-                staged = self.stager.stage(buf, hidden, aux, ids, positions, rows, False, plan)
-                id_size, pos_size = staged.id_size, staged.pos_size
-                keep, staged.keep = staged.keep, None
-                flag = self._flag_when_copied(buf.slot) if on_gpu else 0
+            return self.stager.stage(buf, hidden, aux, ids, positions, rows, event, plan)
+
+        return self._guarded(buf, copy)
+
+    def _guarded(self, buf: HostBuffer, fn: Callable[[], Any]) -> Any:
+        """fn() for a slot just taken; when it fails, no copy may still land in the slot, which goes back."""
+        try:
+            return fn()
         except BaseException:
-            self.stager.synchronize()  # no copy may still land in a slot handed out again
-            pool.release(buf.slot)
+            self.stager.synchronize()
+            assert self.pool is not None, "_acquire made the pool"
+            self.pool.release(buf.slot)
             raise
-        if fast:
-            keep = (hidden, tuple(aux), ids, positions)
-        packed = plan is not None and self.stager.lands_packed(plan)  # Stager.queue's staged path
-        seq = self._submit_to_process(buf, id_size, pos_size, spans, rows, flag, keep, packed=packed)
-        if not seq:
-            return
-        if plan is not None:  # the driver path (fast)
-
-            def queue(post: int, cancel: Tuple[int, int]) -> None:
-                self.stager.queue(plan, buf, rows, post, cancel, seq, flag_at)
-
-            self._run_planned_job(buf, seq, flag_at, queue)
-        else:
-            try:
-                if on_gpu and not flag:
-                    assert self.driver is not None, "GPU path with the writer process"
-                    self.stager.drain()  # stage() drained; said again so the order never rests on that
-                    self.driver.post_when_done(self.stager.side_raw, sink.landed_addr)
-                else:  # CPU copies are done; a done flag is written by the GPU: the child may look now
-                    sink.post_landed()
-            except BaseException:
-                self._abandon(buf, seq)
-                raise
-        self.stats.counts["batches"] += 1  # only this thread writes this key (no lock: GIL-atomic enough)
 
     def _gathered(self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], fb: Any, spans, rows: int) -> bool:
         """Take a small step into the waiting ones: its references and spans only (the plan, the rewrite
@@ -357,40 +357,21 @@ class Dumper:
             return
         plan0 = ready[0][0]
         keep = tuple(item[:4] for _plan, item in ready)
-        packed = self.stager.packs  # queue_gathered's staged path
-        sink = self.sink
-        assert sink is not None, "gathering runs with the writer process"
-        flag_at = sink.next_flag(buf.slot) if self.flags else (0, 0)
-        seq = self._submit_to_process(
-            buf, plan0[4], plan0[6], spans, first, flag_at[1], keep, len(ready), packed=packed
-        )
+        seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, keep, len(ready))
         if not seq:
             return
-
-        def queue(post: int, cancel: Tuple[int, int]) -> None:
-            self.stager.queue_gathered(parts, buf, post, stream, cancel, seq, flag_at)
-
-        self._run_planned_job(buf, seq, flag_at, queue)
+        self._run_planned_job(buf, seq, lambda post: self.stager.queue_gathered(parts, buf, post, stream))
         self.stats.counts["batches"] += len(ready)
 
-    def _run_planned_job(self, buf: HostBuffer, seq: int, flag_at: Tuple[int, int], queue: Callable) -> None:
-        """Queue published job `seq`'s planned copies: `queue(post_addr, cancel_mark)` (a Stager call) signals
-        with the `sem_post` host function, or with done flags by the GPU's flag write, after which one post
-        from here lets the child look for the flag.  A job that fails is cancelled and its slot freed; a
-        failed flag job turns flags off; the copy mode the Stager fell back to (no room for the staged
-        copy's buffer) goes into the stats."""
+    def _run_planned_job(self, buf: HostBuffer, seq: int, queue: Callable[[int], Any]) -> None:
+        """Queue published job `seq`'s planned copies: `queue(post_addr)` (a Stager call) ends them with the
+        `sem_post` host function.  A job that fails is cancelled and its slot freed."""
         sink = self.sink
         assert sink is not None, "planned jobs run with the writer process"
-        flagged = bool(flag_at[1])
         try:
-            queue(0 if flagged else sink.landed_addr, sink.cancel_mark(seq))
-            if flagged:
-                sink.post_landed()
-        except BaseException as exc:
+            queue(sink.landed_addr)
+        except BaseException:
             self._abandon(buf, seq)
-            if flagged:
-                self._stop_flags(exc)
-            self.stats.static["copy"] = self.stager.copy
             raise
 
     def _drop_steps(self, items: Sequence[tuple]) -> None:
@@ -446,27 +427,6 @@ class Dumper:
         finally:
             self.gather_lock.release()
 
-    def _flag_when_copied(self, slot: int) -> int:
-        """Flag signalling: queue the GPU's write of the slot's done flag behind the copies; the value the
-        child waits for, or 0 (flags failed: a host function posts instead, from now on)."""
-        if not self.flags:
-            return 0
-        assert self.sink is not None and self.driver is not None, "GPU path with the writer process"
-        dptr, value = self.sink.next_flag(slot)
-        try:
-            self.driver.write_when_done(self.stager.side_raw, dptr, value)
-            return value
-        except Exception as exc:
-            self.flags = False
-            log.error("[hs-dump] the GPU cannot write the done flag (%r): host functions from now on", exc)
-            return 0
-
-    def _stop_flags(self, exc: BaseException) -> None:
-        """A job with a done flag failed (its flag write or its copies): host functions signal from now on."""
-        self.flags = False
-        self.stats.static["signal"] = "hostfn"
-        log.error("[hs-dump] a job with a done flag failed (%r): host functions signal the writer process", exc)
-
     def _submit_to_process(
         self,
         buf: HostBuffer,
@@ -474,17 +434,14 @@ class Dumper:
         pos_size: int,
         spans: List[Tuple[int, int, int]],
         rows: int,
-        flag: int = 0,
         keep: Optional[tuple] = None,
         batches: int = 1,
-        packed: bool = False,
     ) -> int:
         """Take the next job seq and publish the job in the ring; its seq, or 0 when the child is gone (the
         batch counted as dropped, the slot freed).  Nothing has posted its "copies landed" yet.
 
         `keep` (GPU): the source tensors, held until the child reports the copies landed; `batches`: the
-        captured steps in the job (gathered steps: several); `packed`: the copies land the job laid out
-        for its own rows (the staged copy), which the ring entry tells the child."""
+        captured steps in the job (gathered steps: several)."""
         sink, pool = self.sink, self.pool
         assert sink is not None and pool is not None, "called with the writer process running"
         with self.reclaim_lock:
@@ -498,13 +455,10 @@ class Dumper:
                 copied = sink.copied_seq()
                 while held and held[0][0] <= copied:
                     held.popleft()
-            q = self.stager.native
-            if q is not None and q.state.failed != q.failed_seen:
-                self._drop_native_failures()
         try:
             sink.job(
                 buf.slot, buf.gen, seq, rows, self.hidden_size, buf.esize, id_size, pos_size, ST_DTYPES[buf.dtype],
-                spans, flag, int(packed),
+                spans,
             )  # fmt: skip
         except BaseException as exc:  # OSError: the child is gone (counted as a drop); else re-raised
             self._abandon(buf, seq, cancel=not isinstance(exc, OSError))
@@ -533,24 +487,6 @@ class Dumper:
             copied = self.sink.copied_seq() if self.sink is not None else 0
             while held and held[0][0] <= copied:
                 held.popleft()
-        self._drop_native_failures()
-
-    def _drop_native_failures(self) -> None:
-        """Jobs the native copy thread cancelled (the driver refused a call; it waited for the side stream,
-        marked the ring entry and posted for it): free their slots and sources, count them as dropped
-        errors (under reclaim_lock)."""
-        q = self.stager.native
-        failed = q.failures() if q is not None else []
-        if not failed:
-            return
-        assert q is not None and self.pool is not None, "native jobs exist only with a pool"
-        self._warn_once("native-copy", "native copy queue: %s; batch(es) not dumped" % q.error())
-        self.held = collections.deque(h for h in self.held if h[0] not in failed)
-        for slot, (spans, tokens, seq) in list(self.inflight.items()):
-            if seq in failed:
-                del self.inflight[slot]
-                self.stats.add(errors=1, dropped_batches=1, dropped_spans=spans, dropped_tokens=tokens)
-                self.pool.release(slot)
 
     def _release_all_held(self) -> None:
         """After the side stream synchronized: nothing reads the sources any more."""
@@ -647,38 +583,26 @@ class Dumper:
         if not hidden.is_cuda:
             return
         self.driver = Driver.load()
-        self.stager = Stager(self.driver, self.config.copy, kernel_blocks=self.config.kernel_blocks)
-        self.stager._side(hidden.device)  # the side stream, and the native queue (or why not) before any batch
+        self.stager = Stager(self.driver)
+        self.stager._side(hidden.device)  # the side stream and its fence event, before any batch
         if self.driver is None:
             log.warning("[hs-dump] libcuda.so.1 not loadable through ctypes: torch copies, writer threads")
             if self.sink is not None:
                 self.sink.stop(5.0)
                 self.sink = None
                 self._start_writers("thread")
-        elif self.sink is not None and self.config.signal == "flag":
-            try:
-                if self.stager.native is not None or getattr(self.driver, "write32_fn", None) is None:
-                    raise CudaError("cuStreamWriteValue32 missing, or the native queue (it posts itself) is on")
-                self.sink.enable_flags(self.driver)
-                self.flags = True
-            except Exception as exc:
-                log.error("[hs-dump] done flags unavailable (%r): host functions signal the writer process", exc)
-        self.stats.static["signal"] = "flag" if self.flags else ("hostfn" if self.sink is not None else "event")
-        self.stats.static["copy"] = self.stager.copy if self.driver is not None else "torch"
+        self.stats.static["signal"] = "hostfn" if self.sink is not None else "event"
+        self.stats.static["copy"] = "calls" if self.driver is not None else "torch"
         self._start_gather()
 
     def _start_gather(self) -> None:
-        """Gather small steps (gather.py) where it applies: driver copies, the writer process (signalled by
-        host functions or done flags), SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds;
-        with the native queue or the copy kernel no more steps than one of their jobs holds (6 copies each,
-        48 in all)."""
+        """Gather small steps (gather.py) where it applies: driver copies, the writer process,
+        SGLANG_HS_DUMP_GATHER_TOKENS > 0.  No more rows than a buffer holds."""
         c = self.config
         if self.driver is None or self.sink is None:
             return
-        one_table = self.stager.native is not None or self.stager.kernel is not None  # 48 copies per job at most
-        steps = min(c.gather_steps, native.MAX_COPIES // 6) if one_table else c.gather_steps
-        if c.gather_tokens > 0 and steps > 1:
-            self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), steps, c.gather_ms / 1000.0)
+        if c.gather_tokens > 0 and c.gather_steps > 1:
+            self.gather = Gather(min(c.gather_tokens, self.buffer_tokens), c.gather_steps, c.gather_ms / 1000.0)
             self.context = self.driver.current_context()
         self.stats.static["gather"] = _gather_settings(c, self.gather is not None)
 
@@ -686,9 +610,7 @@ class Dumper:
         self, slot: int, gen: int, rows: int, hidden_size: int, dtype: torch.dtype, pin: bool, shared: bool
     ) -> HostBuffer:
         """A slot's buffer; a shared one is handed to the writer process before any job names it."""
-        # the copy kernel stores through device addresses (the staged copy stores into GPU memory instead)
-        device_map = self.stager.kernel is not None and not self.stager.packs
-        buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver, device_map)
+        buf = HostBuffer(rows, hidden_size, dtype, pin, shared, slot, gen, self.driver)
         if shared:
             assert self.sink is not None, "shared buffers exist only with the writer process"
             self.sink.segment(slot, gen, buf.layout.nbytes, buf.capacity, buf.fd)

@@ -2,7 +2,7 @@
 
 Why: on launch-bound steps (a small prefill batch: ~1,200 kernel launches, the
 CPU is the bottleneck) every captured step paid a fixed price per copy job,
-whatever its size, measured on the H200 (bench/README.md, runs 22-23): the
+whatever its size, measured on the H200 (docs/lab/bench-history.md): the
 fence, the completion post (a CUDA host function), the pool, the ring entry
 (~100-150 us of the forward thread), and a slower next step (+0.3..+0.9 %:
 the DMA event, the host function and the writer waking each add a part; the
@@ -28,7 +28,7 @@ copies are worked out for all the waiting steps at once when their job is
 due.  On the H200, `capture()` right after a launch-bound step's ~1,200 kernel
 launches runs its Python on cold caches (the same code is ~7 times slower
 there than in a warm loop), so one pass over 8 steps costs less than 8 passes
-of one step each (bench/README.md, seventh session).
+of one step each (docs/lab/bench-history.md).
 """
 
 from __future__ import annotations

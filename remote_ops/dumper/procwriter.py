@@ -4,7 +4,7 @@ Why a process: writer threads inside SGLang's scheduler share its GIL.  Every
 torch call of the forward thread releases and re-takes the GIL, and a writer
 thread that woke from a hash, a write or an event wait takes it in between,
 so the forward thread waited on the writers' Python (measured: 0.3-0.7 ms per
-`capture()` and 2-14 % per step, bench/README.md).  Here the writers run in
+`capture()` and 2-14 % per step, docs/lab/bench-history.md).  Here the writers run in
 a child process that maps the same host buffers (shared memfd segments,
 page-locked by the parent), so the forward process runs no writer Python.
 
@@ -18,16 +18,14 @@ message = one marshal'd tuple):
                    ("stop", last_seq)                 finish the jobs up to last_seq, then exit
   child -> parent  ("error", slot, first_error)       only for a job with failed spans
 Jobs do not travel as messages: the forward thread writes each job (slot, gen,
-sizes, dtype, flag, packed, marshal'd spans) into entry seq % N of a ring in the
+sizes, dtype, marshal'd spans) into entry seq % N of a ring in the
 control segment, seq written last, before anything can signal that the job's
 copies landed.  (A `job` message, marshal + send, cost the forward thread
 33-47 us per batch on the H200 VMs; the ring entry 13-18 us, no syscall.)
 The child's sequencer takes jobs in seq order: one post of the "copies landed"
 semaphore per job, then that job's entry.  The posts come in job order: by a
 CUDA host function queued after the copies on the one side stream, or by the
-parent itself (CPU copies; done flags, after which the child polls the slot's
-uint32 flag that the GPU writes with cuStreamWriteValue32 behind the copies;
-a cancelled job, whose entry says so).  A job whose segment message was not
+parent itself (CPU copies; a cancelled job, whose entry says so).  A job whose segment message was not
 yet read waits for it (the reader notifies).
 
 A finished job is reported through shared memory, not a message: the child
@@ -35,9 +33,9 @@ writes its counts into the slot's record (seq last) and posts the "a job
 finished" semaphore.  The parent reads the records when it needs a slot, when
 it flushes, and once a second from its reaper thread.  So no thread of the
 forward process wakes up per batch: a reaper woken by a message took the GIL
-from the forward thread about once per step (launch-bound 512-token steps, H200
-run 1: 1.05-1.64 voluntary context switches of the forward thread per step with
-the writer, 0.27 when nothing was sent to it; bench/README.md).  Likewise the
+from the forward thread about once per step (launch-bound 512-token steps on the
+H200: 1.05-1.64 voluntary context switches of the forward thread per step with
+the writer, 0.27 when nothing was sent to it; docs/lab/bench-history.md).  Likewise the
 sequencer writes the seq of each job whose copies it saw land into the control
 segment (`copied_seq`): the parent keeps the GPU source tensors referenced
 until then (instead of `record_stream`) and checks that number at its next
@@ -66,34 +64,21 @@ import time
 from typing import Dict, Optional, Tuple
 
 from . import dumpfile
-from .cudadrv import (
-    COPIED_OFFSET,
-    DONE_FIELDS,
-    DONE_OFFSET,
-    FLAG_OFFSET,
-    LANDED_OFFSET,
-    SEM_SLOT_BYTES,
-    Timespec,
-    load_libc,
-)
+from .cudadrv import COPIED_OFFSET, DONE_FIELDS, DONE_OFFSET, LANDED_OFFSET, SEM_SLOT_BYTES, Timespec, load_libc
 from .layout import Layout, span_views
 
 log = logging.getLogger("remote_ops_dump")
 MAX_MSG = 1 << 20
 NICE = 10  # the forward process's threads come first on a busy CPU
 IDLE_S = 1.0  # the reaper's tick: finished jobs collected, stats.json kept fresh
-FLAG_POLL_S = (50e-6, 1e-3)  # flag mode: first and longest sleep between two looks at a slot's flag
 SCHED_POLICIES = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE", "normal": "SCHED_OTHER"}
 U64 = struct.Struct("<Q")
 # The job ring, after the control segment's records: entry seq % RING_ENTRIES(nslots) holds job `seq`:
 # uint64 seq at 0 (written last: the entry is published), then JOB_HEAD, then the marshal'd spans
 # (spans_len bytes; SPANS_ON_SOCKET: too many for the entry, sent before as ("spans", seq, spans)).
 JOB_BYTES = 8192
-# packed: the job's regions are laid out for its own rows (Layout(rows)), not the slot's capacity: the
-# staged copy (SGLANG_HS_DUMP_COPY=staged) lands a job as one contiguous range
-JOB_HEAD = struct.Struct("<12q")  # slot gen rows hidden esize id_size pos_size flag st_code packed spans_len state
+JOB_HEAD = struct.Struct("<10q")  # slot gen rows hidden esize id_size pos_size st_code spans_len state
 JOB_SPANS_AT = 8 + JOB_HEAD.size
-STATE_FIELD = 11  # JOB_HEAD's index of `state`
 SPANS_ON_SOCKET = -1
 STATE_JOB, STATE_CANCELLED = 0, 1
 ST_CODES = {"BF16": 0, "F16": 1, "F32": 2}
@@ -160,30 +145,12 @@ class WriterProcess:
         send(self.sock, ("config", dict(config)))
         send(self.sock, ("sems", nslots), [self.sems_fd])
         os.close(self.sems_fd)  # the child holds its own copy; the mapping stays
-        self.flag_dptr = 0  # device address of the control segment once flags are on
-        self.flag_seq = [0] * nslots
-        self.flag_driver = None
         self.dead = False
         self.reaper = threading.Thread(target=self._reap, name="hs-dump-reaper", daemon=True)
         self.reaper.start()
 
-    def enable_flags(self, driver) -> None:
-        """Flag signalling: page-lock the control segment for the device; raises where impossible."""
-        driver.register(self.sems_base, len(self.sems_map), device_map=True)
-        try:
-            self.flag_dptr = driver.device_pointer(self.sems_base)
-        except Exception:
-            driver.unregister(self.sems_base)
-            raise
-        self.flag_driver = driver
-
-    def next_flag(self, slot: int) -> Tuple[int, int]:
-        """(device address of the slot's flag, the next value to wait for: never 0)."""
-        value = self.flag_seq[slot] = self.flag_seq[slot] % 0xFFFFFFFF + 1
-        return self.flag_dptr + slot * SEM_SLOT_BYTES + FLAG_OFFSET, value
-
     def post_landed(self) -> None:
-        """One "copies landed" post from this process (CPU copies, done flags, a cancelled job)."""
+        """One "copies landed" post from this process (CPU copies, a cancelled job)."""
         self.libc.sem_post(self.landed_addr)
 
     def copied_seq(self) -> int:
@@ -224,13 +191,10 @@ class WriterProcess:
         pos_size: int,
         st_dtype: str,
         spans,
-        flag: int = 0,
-        packed: int = 0,
     ) -> None:
         """Publish job `seq` in the ring (no message, no syscall), before anything can post its "copies
         landed": the child reads the entry only after that post.  `spans`: a list of (start, tokens,
-        prefix_len) tuples; `packed`: the buffer holds the job laid out for its `rows`, not the slot's
-        capacity.  Once per batch on the forward thread: one frame, few calls."""
+        prefix_len) tuples.  Once per batch on the forward thread: one frame, few calls."""
         if self.dead:
             raise BrokenPipeError("the writer process has exited")
         data = marshal.dumps(spans)
@@ -242,22 +206,16 @@ class WriterProcess:
         else:
             mm[at + JOB_SPANS_AT : at + JOB_SPANS_AT + n] = data
         JOB_HEAD.pack_into(
-            mm, at + 8, slot, gen, rows, hidden, esize, id_size, pos_size, flag, ST_CODES[st_dtype], packed, n,
-            STATE_JOB,
-        )  # fmt: skip
+            mm, at + 8, slot, gen, rows, hidden, esize, id_size, pos_size, ST_CODES[st_dtype], n, STATE_JOB
+        )
         U64.pack_into(mm, at, seq)
         self.published = seq
-
-    def cancel_mark(self, seq: int) -> Tuple[int, int]:
-        """(address, value) of the int64 that marks job `seq`'s published ring entry cancelled: the native
-        copy thread writes it, then posts, when the driver refuses the job's copies."""
-        return self.sems_base + self.ring_at + (seq % self.ring) * JOB_BYTES + 8 + 8 * STATE_FIELD, STATE_CANCELLED
 
     def cancel(self, seq: int) -> None:
         """Job `seq` will not be written (its copies failed, or publishing it did): a cancelled entry and
         its "copies landed" post, so the child moves past it.  Only when nothing else will post for it."""
         at = self.ring_at + (seq % self.ring) * JOB_BYTES
-        JOB_HEAD.pack_into(self.sems_map, at + 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, STATE_CANCELLED)
+        JOB_HEAD.pack_into(self.sems_map, at + 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, STATE_CANCELLED)
         U64.pack_into(self.sems_map, at, seq)
         self.published = max(self.published, seq)
         self.post_landed()
@@ -302,19 +260,12 @@ class WriterProcess:
         except Exception:
             return False
         self.reaper.join(timeout=2)
-        self._unregister_flags()
         return True
-
-    def _unregister_flags(self) -> None:
-        if self.flag_driver is not None:
-            self.flag_driver.unregister(self.sems_base)
-            self.flag_driver = None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
-        self._unregister_flags()
 
 
 def _shared(nbytes: int, name: str) -> Tuple[int, mmap.mmap]:
@@ -365,9 +316,7 @@ class Job:
             self.esize,
             self.id_size,
             self.pos_size,
-            self.flag,
             st_code,
-            self.packed,
             _spans_len,
             _state,
         ) = head
@@ -506,10 +455,6 @@ class Child:
                 continue
             job = Job(seq, head, spans if spans is not None else self._socket_spans(seq))
             seq += 1
-            if job.flag and not self._wait_flag(job.slot, job.flag):
-                self._finish_unwritten(job, UNLANDED)
-                continue
-            assert self.sems is not None, "the control segment came before any job"
             U64.pack_into(self.sems, self.free_sem + COPIED_OFFSET, job.seq)  # the parent may free the sources
             if not self._wait_for(lambda slot=job.slot, gen=job.gen: self.segments.get(slot, (-1,))[0] == gen):
                 self._finish_unwritten(job, "the buffer of slot %d never came" % job.slot)
@@ -558,17 +503,6 @@ class Child:
         with self.changed:
             return self.big_spans.pop(seq, [])
 
-    def _wait_flag(self, slot: int, value: int) -> bool:
-        """Poll the slot's flag until the GPU wrote `value` (sleeps 50 us, doubling to 1 ms)."""
-        assert self.sems is not None, "the control segment came before any job"
-        offset, delay = slot * SEM_SLOT_BYTES + FLAG_OFFSET, FLAG_POLL_S[0]
-        while struct.unpack_from("<I", self.sems, offset)[0] != value:
-            if self.parent_gone.is_set():
-                return struct.unpack_from("<I", self.sems, offset)[0] == value
-            time.sleep(delay)
-            delay = min(delay * 2, FLAG_POLL_S[1])
-        return True
-
     def _write_loop(self) -> None:
         while True:
             item = self.spans.get()
@@ -589,9 +523,7 @@ class Child:
         gen, capacity, _mm, mem = self.segments[job.slot]
         if gen != job.gen:
             raise RuntimeError("slot %d holds segment %d, job wants %d" % (job.slot, gen, job.gen))
-        if job.packed and job.rows > capacity:
-            raise RuntimeError("slot %d holds %d rows, packed job has %d" % (job.slot, capacity, job.rows))
-        layout = Layout(job.rows if job.packed else capacity, job.hidden, job.esize)
+        layout = Layout(capacity, job.hidden, job.esize)
         start, tokens, prefix = span
         ids, pos, hidden, aux = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
         c = self.config

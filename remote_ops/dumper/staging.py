@@ -9,24 +9,18 @@ before the side stream read it; dropping the references then makes the
 memory reusable at once.  (record_stream cost 6 torch calls per batch in
 `capture()`, and the allocator recorded an event per marked block when the
 forward freed it and queried it at later allocations.)
-By default the copies are DMA only (no kernel, no GPU allocation; with the
-experimental SGLANG_HS_DUMP_COPY=kernel a job's copies are instead one launch
-of a copy kernel into device-mapped buffers, see `kernelcopy`; with the
-experimental SGLANG_HS_DUMP_COPY=staged the same kernel gathers them into a GPU
-staging buffer laid out for the job's rows, and one DMA copy moves the job to
-the host buffer, see `Stager.packs`): hidden rows as they
+The copies are DMA only (no kernel, no GPU allocation): hidden rows as they
 are, each aux tensor as a strided 2D copy into its third of the [rows, 3H]
 rows, ids and positions in their source dtype (the writer converts them to
 int32).  `plan` reads what the copies need from the tensors (one pass, no side
 effect), `queue` issues fence, copies and the optional semaphore post through
 the driver by ctypes (see `cudadrv`) with prebuilt per-buffer copy
 descriptors (the 9 calls cost 90-128 us cold inside a forward loop on the
-H200 VMs: the largest part of `capture()`), or, with SGLANG_HS_DUMP_COPY=native
-or inline, packs the job into one struct for `hsq.c` (see `native`).  Completion: with
-the writer process a `sem_post` host function right behind the copies on the
-side stream (or a done flag written by the GPU); with writer threads, a
-blocking-sync event (waiting sleeps instead of spinning a core).  CPU path
-(tests, CPU-only hosts): plain synchronous copies, no event, nothing held.
+H200 VMs: the largest part of `capture()`).  Completion: with the writer
+process a `sem_post` host function right behind the copies on the side
+stream; with writer threads, a blocking-sync event (waiting sleeps instead of
+spinning a core).  CPU path (tests, CPU-only hosts): plain synchronous
+copies, no event, nothing held.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ import ctypes
 import logging
 import mmap
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -43,19 +36,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import native
-from .cudadrv import (
-    CU_MEMCPY_OPERAND_TYPE_POINTER,
-    CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-    CU_MEMORYTYPE_DEVICE,
-    CU_MEMORYTYPE_HOST,
-    CUDA_MEMCPY2D,
-    MEMCPY3D_BATCH_OP,
-    CudaError,
-)
-from .kernelcopy import KernelCopy
+from .cudadrv import CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA_MEMCPY2D, CudaError
 from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
-from .native import NativeQueue
 
 log = logging.getLogger("remote_ops_dump")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -83,17 +65,15 @@ class HostBuffer:
         slot: int = 0,
         gen: int = 0,
         driver=None,
-        device_map: bool = False,
     ):
         self.capacity, self.hidden_size, self.dtype = capacity, hidden_size, dtype
         self.slot, self.gen, self.driver = slot, gen, None
-        self.device_base = 0  # the device address of a device-mapped shared buffer (the copy kernel's target)
         self.esize = torch.empty((), dtype=dtype).element_size()
         self.layout = Layout(capacity, hidden_size, self.esize)
         self.fd = -1
         self.map: Optional[mmap.mmap] = None
         if shared:
-            self._shared(pin, driver, device_map)
+            self._shared(pin, driver)
         else:
             self.flat = torch.empty(self.layout.nbytes, dtype=torch.uint8, pin_memory=pin)
             self.mem = memoryview((ctypes.c_ubyte * self.layout.nbytes).from_address(self.flat.data_ptr())).cast("B")
@@ -102,11 +82,8 @@ class HostBuffer:
         self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
         self.copies = self._copy_descriptors()
         self.row_bytes = hidden_size * self.esize
-        offsets = self.layout.offsets  # the regions' host addresses (the native queue's copy targets)
+        offsets = self.layout.offsets  # the regions' host addresses (the copies' targets)
         self.dsts = tuple(self.base + offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
-        # the same regions' device addresses when device-mapped (SGLANG_HS_DUMP_COPY=kernel), else None
-        self.device_dsts = tuple(d - self.base + self.device_base for d in self.dsts) if self.device_base else None
-        self.batch: Optional[tuple] = None  # (ops array, its address, [(src, dst, extent)] x 6): batch_ops()
 
     def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
         """cuMemcpy2DAsync descriptors with this buffer's side preset: aux 0..2 (into their thirds of the
@@ -122,28 +99,7 @@ class HostBuffer:
             out.append((p, ctypes.byref(p)))
         return out
 
-    def batch_ops(self) -> tuple:
-        """The cuMemcpy3DBatchAsync ops of this buffer, destinations preset: hidden, aux 0..2 (into their
-        thirds of the [C, 3H] rows), ids, positions; a batch sets sources, row lengths and heights.
-        Returns (ops array, its address, [(src operand, dst operand, extent)] per op), made once."""
-        if self.batch is None:
-            width, offsets = self.hidden_size * self.esize, self.layout.offsets
-            dsts = [(self.base + offsets[REGION_HIDDEN], width)]
-            dsts += [(self.base + offsets[REGION_AUX] + k * width, 3 * width) for k in range(3)]
-            dsts += [(self.base + offsets[REGION_IDS], 0), (self.base + offsets[REGION_POS], 0)]
-            ops = (MEMCPY3D_BATCH_OP * 6)()
-            views = []
-            for op, (dst, pitch) in zip(ops, dsts):
-                op.src.type = op.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER
-                op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-                op.dst.op.ptr, op.dst.op.rowLength = dst, pitch
-                op.extent.width, op.extent.height, op.extent.depth = width, 1, 1
-                op.src.op.layerHeight = op.dst.op.layerHeight = 1
-                views.append((op.src.op, op.dst.op, op.extent))
-            self.batch = (ops, ctypes.addressof(ops), views)
-        return self.batch
-
-    def _shared(self, pin: bool, driver, device_map: bool = False) -> None:
+    def _shared(self, pin: bool, driver) -> None:
         from .procwriter import shared_segment
 
         self.fd, mapped = shared_segment(self.layout.nbytes, "hs-dump-slot%d" % self.slot)
@@ -152,7 +108,7 @@ class HostBuffer:
         self.mem = memoryview(mapped)
         if pin:
             try:
-                driver.register(self.flat.data_ptr(), self.layout.nbytes, device_map)
+                driver.register(self.flat.data_ptr(), self.layout.nbytes)
                 self.driver = driver
             except Exception as exc:  # e.g. a locked-memory limit: still correct, copies become synchronous
                 log.error(
@@ -161,11 +117,6 @@ class HostBuffer:
                     self.layout.nbytes,
                     exc,
                 )
-        if device_map and self.driver is not None:
-            try:
-                self.device_base = driver.device_pointer(self.flat.data_ptr())
-            except Exception as exc:  # its jobs then take the ctypes calls
-                log.error("[hs-dump] no device address for a host buffer (%r): copy calls, not the kernel", exc)
 
     def _region(self, index: int) -> torch.Tensor:
         start = self.layout.offsets[index]
@@ -352,43 +303,18 @@ class Stager:
     same calls timed in a tight loop): so few calls as possible.  With the
     driver loaded, `plan` + `queue` do it: the fence is a CUevent recorded and
     waited on through ctypes on raw stream handles, the copies use the
-    buffer's prebuilt descriptors (no torch Stream/Event objects, no
-    record_stream).  `stage` is the general path (CPU, torch copies).
+    buffer's prebuilt descriptors, one ctypes call per driver call (no torch
+    Stream/Event objects, no record_stream).  `stage` is the general path (CPU,
+    torch copies).
     """
 
-    def __init__(self, driver=None, copy="calls", libcuda="libcuda.so.1", kernel_blocks: int = 8):
+    def __init__(self, driver: Any = None) -> None:
         self.driver = driver
-        # "calls" (default): one ctypes call per driver call; "native": the forward thread records the
-        # fence and hands the job to hsq.c's native thread, which makes the other calls; "inline": hsq.c
-        # makes all of them on the forward thread in one foreign call; "batch": one cuMemcpy3DBatchAsync
-        # call where the driver has it (H200, launch-bound 512-token steps: that call took 58 us, the six
-        # calls ~55 us together).  native/inline fall back to "calls" where hsq.c cannot be built or opened.
-        self.copy = copy
-        self.batched = copy == "batch" and driver is not None and getattr(driver, "batch3d_fn", None) is not None
-        self.libcuda = libcuda
-        self.native: Optional[NativeQueue] = None
-        # "kernel": the copies of a job as one launch of hsk.cu's kernel (kernelcopy.py), into device-mapped
-        # buffers; "staged": that launch into `staging` (GPU memory, the job laid out for its own rows), then
-        # one DMA copy of the whole job; loaded with the side stream, else "calls"
-        self.kernel: Optional[KernelCopy] = None
-        self.staging: Optional[torch.Tensor] = None  # "staged": one job's bytes on the GPU, reused job after job
-        self.kernel_blocks = kernel_blocks
         self.side_stream: Any = None
         self.side_raw = 0
         self.fence: Any = None
         self.fence_event = 0  # a CUevent of our own (driver path)
         self.device_index: Optional[int] = None  # the GPU of the first batch (the side stream's)
-
-    @property
-    def packs(self) -> bool:
-        """The fast paths land a job packed (`Layout(rows)` from the buffer's start, the ring entry says
-        so): the staged copy, with its kernel loaded."""
-        return self.copy == "staged" and self.kernel is not None
-
-    def lands_packed(self, plan: tuple) -> bool:
-        """Whether `queue` lands this plan's job packed (the staged copy takes only steps whose positions
-        come from the model); the dumper tells the writer process the same, from this one answer."""
-        return self.packs and plan[5] != 0
 
     def plan(
         self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
@@ -434,96 +360,30 @@ class Stager:
             pos_ptr = positions.data_ptr()
         return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size)
 
-    def queue(
-        self,
-        plan: tuple,
-        buf: HostBuffer,
-        rows: int,
-        post_addr: int = 0,
-        cancel: Tuple[int, int] = (0, 0),
-        seq: int = 0,
-        flag: Tuple[int, int] = (0, 0),
-    ) -> Tuple[int, int]:
+    def queue(self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0) -> Tuple[int, int]:
         """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
-        `post_addr`, a `sem_post(post_addr)` host function behind them, or when `flag` = (device address,
-        value) has a value, the GPU's write of it there instead; (id size, position size).
-        The caller keeps the source tensors alive until the copies are seen complete.  With the native
-        queue's thread the calls after the fence are made there: a job it cannot queue is cancelled
-        (`cancel`: the int64 address and value that mark job `seq`'s ring entry so) and reported by
-        `native.failures()`."""
-        if self.native is not None:
-            return self._queue_native(plan, buf, rows, post_addr, cancel, seq)
-        signalled = post_addr or flag[1]  # with the writer process
-        if signalled and self.lands_packed(plan):
-            self._queue_staged([(plan, 0, rows)], buf, rows, _RAW_STREAM(self.device_index), post_addr, flag)
-            return plan[4], plan[6]
-        if self.kernel is not None and buf.device_dsts is not None and signalled:
-            copies = _native_copies(plan, buf, 0, rows, buf.device_dsts)
-            stream = _RAW_STREAM(self.device_index)
-            self._queue_kernel(copies if plan[5] else copies[:-6], stream, post_addr, flag)  # no positions
-            return plan[4], plan[6]
+        `post_addr`, a `sem_post(post_addr)` host function behind them; (id size, position size).
+        The caller keeps the source tensors alive until the copies are seen complete."""
         drv, side, event = self.driver, self.side_raw, self.fence_event
         if drv.event_record_fn(event, _RAW_STREAM(self.device_index)) or drv.wait_event_fn(side, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")  # _fence, inline: every step
-        if self.batched:
-            rc = _queue_batch(drv.batch3d_fn, side, buf.batch or buf.batch_ops(), plan, rows, buf.row_bytes)
-        else:
-            rc = self._copy_rows(plan, buf, 0, rows)
-        rc = rc or self._signal(post_addr, flag)
+        rc = self._copy_rows(plan, buf, 0, rows) or self._signal(post_addr)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
         return plan[4], plan[6]
 
-    def queue_gathered(
-        self,
-        parts: Sequence[Tuple[tuple, int, int]],
-        buf: HostBuffer,
-        post_addr: int,
-        stream: int,
-        cancel: Tuple[int, int] = (0, 0),
-        seq: int = 0,
-        flag: Tuple[int, int] = (0, 0),
-    ) -> None:
+    def queue_gathered(self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, post_addr: int, stream: int):
         """Gathered steps (see `gather`): one fence on `stream` (the forward stream the steps ran on; the
         caller may be another thread, with the CUDA context made current), each step's copies at its
-        first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function
-        (or the GPU's write of `flag`, as in `queue`).
-        With the native queue: one job of all the copies (`cancel`, `seq` as in `queue`); else one
-        ctypes call per driver call.  The caller holds the sources."""
-        if self.native is not None:
-            return self._queue_gathered_native(parts, buf, post_addr, stream, cancel, seq)
-        if self.packs:
-            return self._queue_staged(parts, buf, sum(n for _p, _f, n in parts), stream, post_addr, flag)
-        if self.kernel is not None and buf.device_dsts is not None:
-            vals: List[int] = []
-            for plan, first, rows in parts:
-                vals += _native_copies(plan, buf, first, rows, buf.device_dsts)
-            return self._queue_kernel(vals, stream, post_addr, flag)
+        first row in `buf` (`parts`: (plan, first row, rows)), one `sem_post(post_addr)` host function.
+        The caller holds the sources."""
         self._fence(stream)
         rc = 0
         for plan, first, rows in parts:
             rc = rc or self._copy_rows(plan, buf, first, rows)
-        rc = rc or self._signal(post_addr, flag)
+        rc = rc or self._signal(post_addr)
         if rc:
             raise CudaError("a copy or the completion post failed: CUresult %d" % rc)
-
-    def _queue_gathered_native(
-        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, post_addr: int, stream: int, cancel, seq
-    ) -> None:
-        """`queue_gathered` as one hsq.c job: 6 copies per step (positions are always there when gathered)."""
-        q = self.native
-        assert q is not None, "called with the native queue open"
-        vals: List[int] = []
-        for plan, first, rows in parts:
-            vals += _native_copies(plan, buf, first, rows)
-        count = len(vals) // 6
-        if count > native.MAX_COPIES:
-            raise CudaError("%d copies in one gathered job: the native queue takes %d" % (count, native.MAX_COPIES))
-        native.JOB_HEAD.pack_into(q.job, 0, seq, stream, post_addr, cancel[0], cancel[1], count, 0)
-        struct.pack_into("<%dQ" % len(vals), q.job, native.JOB_HEAD.size, *vals)
-        rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
-        if rc:
-            raise CudaError("the native copy queue refused the gathered steps: code %d" % rc)
 
     def _fence(self, stream: int) -> None:
         """What is queued on the side stream from now on waits for the work queued on `stream` so far."""
@@ -531,63 +391,11 @@ class Stager:
         if drv.event_record_fn(event, stream) or drv.wait_event_fn(self.side_raw, event, 0):
             raise CudaError("fence (cuEventRecord / cuStreamWaitEvent) failed")
 
-    def _signal(self, post_addr: int, flag: Tuple[int, int]) -> int:
-        """Behind what is queued on the side stream: the GPU writes `flag`'s value at its address (done
-        flags), else a `sem_post(post_addr)` host function (when `post_addr`); a CUresult."""
+    def _signal(self, post_addr: int) -> int:
+        """Behind what is queued on the side stream: a `sem_post(post_addr)` host function (when
+        `post_addr`); a CUresult."""
         drv = self.driver
-        if flag[1]:
-            return drv.write32_fn(self.side_raw, flag[0], flag[1], 0)
         return drv.host_fn(self.side_raw, drv.sem_post_addr, post_addr) if post_addr else 0
-
-    def _queue_kernel(self, copies: Sequence[int], stream: int, post_addr: int, flag=(0, 0)) -> None:
-        """Fence on `stream`, the copies (6 values each, device destinations) as one kernel launch on the
-        side stream, the `sem_post(post_addr)` host function (or `flag`)."""
-        assert self.kernel is not None, "called with the copy kernel loaded"
-        self._fence(stream)
-        rc = self.kernel.launch(self.side_raw, copies) or self._signal(post_addr, flag)
-        if rc:
-            raise CudaError("the copy kernel's launch or the completion post failed: CUresult %d" % rc)
-
-    def _queue_staged(
-        self, parts: Sequence[Tuple[tuple, int, int]], buf: HostBuffer, rows: int, stream: int, post_addr, flag
-    ):
-        """Fence on `stream`; the copy kernel gathers every part (plan, first row, rows) into `staging`,
-        laid out as `Layout(rows)` (packed: no gap between the regions); ONE DMA copy of those bytes to the
-        start of `buf`; the `sem_post(post_addr)` host function.  5 driver calls whatever the job's steps,
-        built on cause 17 (6 copies per step cost the launch-bound step more than one per job); on the H200
-        it was bit-exact but gained nothing over `calls` (bench/README.md, tenth session).  `flag`: as in
-        `queue`."""
-        assert self.kernel is not None, "called with the copy kernel loaded"
-        layout = Layout(rows, buf.hidden_size, buf.esize)
-        base = self._staging_base(layout.nbytes, buf.layout.nbytes)
-        dsts = tuple(base + layout.offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
-        vals: List[int] = []
-        for plan, first, n in parts:
-            vals += _native_copies(plan, buf, first, n, dsts)
-        drv, side = self.driver, self.side_raw
-        self._fence(stream)
-        rc = self.kernel.launch(side, vals) or drv.d2h_fn(buf.base, base, layout.nbytes, side)
-        rc = rc or self._signal(post_addr, flag)
-        if rc:
-            raise CudaError("the staged copy (kernel, DMA or completion post) failed: CUresult %d" % rc)
-
-    def _staging_base(self, need: int, size: int) -> int:
-        """The device address of `staging`, made (or made larger, after the side stream drained: its last
-        job may still read it) to hold `size` bytes, a whole buffer's, when it holds fewer than `need`.
-        Where the GPU has no room for it, the staged copy stops for good (`calls` from the next job on)
-        and this job fails (CudaError: the dumper cancels it and counts it)."""
-        if self.staging is None or self.staging.numel() < need:
-            if self.staging is not None:
-                self.synchronize()
-            device = self.side_stream.device if self.side_stream is not None else "cpu"
-            self.staging = None
-            try:
-                self.staging = torch.empty(max(need, size), dtype=torch.uint8, device=device)
-            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
-                self.copy = "calls"
-                log.error("[hs-dump] no GPU memory for the staged copy's %d bytes (%r): calls from now on", size, exc)
-                raise CudaError("staging buffer: %r" % (exc,)) from exc
-        return self.staging.data_ptr()
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
         """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
@@ -613,28 +421,6 @@ class Stager:
             rc = rc or d2h(d_pos + first * pos_size, pos_ptr, rows * pos_size, side)
         return rc
 
-    def _queue_native(
-        self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int, cancel: Tuple[int, int], seq: int
-    ) -> Tuple[int, int]:
-        """`queue` through hsq.c: the job packed in one call, one foreign call (see `native`); the sixth
-        copy (positions) is ignored without positions."""
-        q = self.native
-        assert q is not None, "called with the native queue open"
-        count = 6 if plan[5] else 5
-        native.JOB6.pack_into(
-            q.job, 0, seq, _RAW_STREAM(self.device_index), post_addr, cancel[0], cancel[1], count, 0,
-            *_native_copies(plan, buf, 0, rows),
-        )  # fmt: skip
-        rc = q.lib.submit(q.handle, q.job_addr, native.SUBMIT_TIMEOUT_MS)
-        if rc:
-            raise CudaError("the native copy queue refused the batch: code %d" % rc)
-        return plan[4], plan[6]
-
-    def drain(self) -> None:
-        """Before this thread queues anything on the side stream itself: the native thread made its calls."""
-        if self.native is not None and self.native.threaded and not self.native.drain():
-            raise CudaError("the native copy queue did not drain in time")
-
     def stage(
         self,
         buf: HostBuffer,
@@ -654,7 +440,6 @@ class Stager:
             id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
             return Staged(buf, rows, None, id_size, pos_size)
         side = self.side_stream if self.side_stream is not None else self._side(hidden.device)
-        self.drain()
         keep = (hidden, tuple(aux), ids, positions)
         if plan is not None:
             id_size, pos_size = self.queue(plan, buf, rows)
@@ -683,102 +468,18 @@ class Stager:
                     self.fence_event = self.driver.event_create()
                 except Exception as exc:
                     log.warning("[hs-dump] cuEventCreate failed (%r): torch events fence the copies", exc)
-            if self.fence_event and self.copy in ("native", "inline"):
-                self.open_native()
-            elif self.fence_event and self.copy in ("kernel", "staged"):
-                self.open_kernel()
         return self.side_stream
-
-    def open_kernel(self) -> None:
-        """The copy kernel in the current CUDA context, or the ctypes calls, said why."""
-        try:
-            self.kernel = KernelCopy(self.driver, self.kernel_blocks)
-        except Exception as exc:
-            log.warning("[hs-dump] copy kernel unavailable (%r): one ctypes call per driver call", exc)
-            self.copy = "calls"
-
-    def open_native(self) -> None:
-        """The native queue on the side stream (this thread's CUDA context), or the ctypes calls, said why."""
-        lib = native.load()
-        try:
-            if lib is None:
-                raise OSError(native.load_error())
-            self.native = native.NativeQueue(lib, self.side_raw, self.copy == "native", self.libcuda)
-        except OSError as exc:
-            log.warning("[hs-dump] native copy queue unavailable (%s): one ctypes call per driver call", exc)
-            self.copy = "calls"
 
     def synchronize(self) -> None:
         """Wait for every queued copy (error paths: before a slot may be reused or freed)."""
-        if self.native is not None and self.native.threaded:
-            self.native.drain()
         if self.side_stream is not None:
             self.side_stream.synchronize()
 
     def close(self) -> None:
-        """Stop the native queue's thread, destroy the fence event and let the staging buffer go (after
-        synchronize: nothing may still wait on the one or read the other)."""
-        if self.native is not None:
-            if not self.native.close():
-                log.error("[hs-dump] the native copy thread did not stop in time: its queue is left allocated")
-            self.native = None
+        """Destroy the fence event (after synchronize: nothing may still wait on it)."""
         if self.fence_event and self.driver is not None:
             self.driver.event_destroy(self.fence_event)
             self.fence_event = 0
-        self.staging = None  # after synchronize (the caller's): no job reads it any more
-
-
-def _native_copies(plan: tuple, buf: HostBuffer, first: int, rows: int, dsts: Optional[tuple] = None) -> tuple:
-    """A step's 6 copies as hsq.c's `hsq_copy` fields (src, src pitch, dst, dst pitch, width, height; height
-    0 = one contiguous copy), into rows [first, first + rows) of `buf`: hidden (contiguous, or rows at its
-    pitch), aux k into its third of the [rows, 3H] rows, ids, positions.  `dsts`: the regions' addresses
-    to use (the copy kernel's device addresses), else the host ones."""
-    hidden_ptr, pitch, ((a0, p0), (a1, p1), (a2, p2)), ids_ptr, id_size, pos_ptr, pos_size = plan
-    width = buf.row_bytes
-    w3 = 3 * width
-    d_hidden, d_aux, d_ids, d_pos = dsts or buf.dsts
-    d_hidden += first * width
-    d_aux += first * w3
-    if pitch == width:
-        hidden = (hidden_ptr, 0, d_hidden, 0, rows * width, 0)
-    else:
-        hidden = (hidden_ptr, pitch, d_hidden, width, width, rows)
-    return hidden + (
-        a0, p0, d_aux, w3, width, rows,
-        a1, p1, d_aux + width, w3, width, rows,
-        a2, p2, d_aux + 2 * width, w3, width, rows,
-        ids_ptr, 0, d_ids + first * id_size, 0, rows * id_size, 0,
-        pos_ptr, 0, d_pos + first * pos_size, 0, rows * pos_size, 0,
-    )  # fmt: skip
-
-
-def _queue_batch(fn, side: int, batch: tuple, plan: tuple, rows: int, width: int) -> int:
-    """The copies of `plan` as one cuMemcpy3DBatchAsync call on `side`; its CUresult.  Hidden: one
-    row of rows * width bytes when contiguous, else rows rows at its pitch; aux k: rows rows of width
-    bytes at its pitch into rows of 3 * width; ids and positions: one row each."""
-    hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
-    _ops, address, views = batch
-    src, dst, ext = views[0]
-    src.ptr = hidden_ptr
-    if pitch == width:
-        src.rowLength = dst.rowLength = ext.width = rows * width
-        src.layerHeight = dst.layerHeight = ext.height = 1
-    else:
-        src.rowLength, dst.rowLength, ext.width = pitch, width, width
-        src.layerHeight = dst.layerHeight = ext.height = rows
-    for k in range(3):
-        src, dst, ext = views[k + 1]
-        src.ptr, src.rowLength = srcs[k]
-        src.layerHeight = dst.layerHeight = ext.height = rows
-    src, dst, ext = views[4]
-    src.ptr = ids_ptr
-    src.rowLength = dst.rowLength = ext.width = rows * id_size
-    if not pos_ptr:
-        return fn(5, address, 0, side)
-    src, dst, ext = views[5]
-    src.ptr = pos_ptr
-    src.rowLength = dst.rowLength = ext.width = rows * pos_size
-    return fn(6, address, 0, side)
 
 
 _RAW_STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # set: fence_event may be made

@@ -101,8 +101,8 @@ def render_dockerfile(host: HostSpec, patch, sha_before: str, sha_after: str) ->
     )
 
 
-# the dumper's files in the image: its code, docs, hsq.c and its header, the copy kernel's source and PTX
-DUMPER_SUFFIXES = (".py", ".md", ".c", ".h", ".cu", ".ptx")
+# the dumper's files in the image: its code and its docs
+DUMPER_SUFFIXES = (".py", ".md")
 
 
 def context_files(patch) -> dict[str, bytes]:
