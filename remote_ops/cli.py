@@ -2,8 +2,11 @@
 
 This is the single error boundary.  Expected failures are `RemoteOpsError`s:
 they are rendered as one message (plus a hint) on stderr, or as a JSON error
-document with `--json`, and exit with their documented code.  Anything else is
-a bug: it exits 1 with the traceback.
+document with `--json` (one compact line when it ends a JSON Lines stream:
+`health --watch`, `logs follow`), and exit with their documented code.
+Anything else is a bug: it exits 1 with the traceback.  Host text in any of
+these (a message, a stderr tail, a traceback) is shown, never obeyed: control
+characters in `cat -v` notation (`remote_ops.core.terminal`).
 
 Start-up is lazy: `remote-ops --help` lists the commands from `COMMAND_HELP`
 (no command module imported) and `--version` reads package metadata, so
@@ -203,6 +206,15 @@ def cli() -> None:
     """
 
 
+class RunConsole:
+    """Where a run's command leaves its Console for this boundary (click's context `obj`, set
+    by `commands._options.app_options`): the error that ends the run is rendered on it
+    (`Console.for_errors`), so an error after a JSON Lines stream knows it ends a stream."""
+
+    def __init__(self) -> None:
+        self.console = None  # a remote_ops.console.Console, once the command made one
+
+
 def _json_requested(argv: list[str]) -> bool:
     return "--json" in argv
 
@@ -213,16 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     from . import signals
 
     previous = signals.install()
+    run = RunConsole()  # the command's console, once it has one (`_options.app_options`)
     try:
-        result = cli.main(args=argv, prog_name="remote-ops", standalone_mode=False)
+        result = cli.main(args=argv, prog_name="remote-ops", standalone_mode=False, obj=run)
         return result if isinstance(result, int) else ExitCode.OK
     except RemoteOpsError as exc:
-        return _render_error(exc, _json_requested(argv))
+        return _render_error(exc, _boundary_console(run, argv))
     except Interrupted as exc:
-        return _render_interrupt(exc, _json_requested(argv))
+        return _render_interrupt(exc, _boundary_console(run, argv))
     except click.exceptions.Abort as exc:
         if isinstance(exc.__cause__, Interrupted):  # click turns KeyboardInterrupt into Abort
-            return _render_interrupt(exc.__cause__, _json_requested(argv))
+            return _render_interrupt(exc.__cause__, _boundary_console(run, argv))
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED
     except click.exceptions.Exit as exc:
@@ -237,20 +250,28 @@ def main(argv: list[str] | None = None) -> int:
         signals.restore(previous)
 
 
-def _render_interrupt(exc: Interrupted, as_json: bool) -> int:
-    """SIGINT/SIGTERM/SIGHUP: one line, exit 128 + signal (cleanup already ran in `finally`)."""
+def _boundary_console(run, argv: list[str]):
+    """The console the error is rendered on: the command's own (`Console.for_errors`: with
+    --json during a stream, the error document is the stream's last compact line), or, when
+    the run failed before a command made one, a plain one (`--json` read from argv)."""
     from .console import Console
 
-    console = Console(json_mode=as_json)
+    if run.console is not None:
+        return run.console.for_errors()
+    return Console(json_mode=_json_requested(argv))
+
+
+def _render_interrupt(exc: Interrupted, console) -> int:
+    """SIGINT/SIGTERM/SIGHUP: one line, exit 128 + signal (cleanup already ran in `finally`);
+    with --json the `{"error": "interrupted"}` document (one line when it ends a stream)."""
     console.error(f"{exc}; stopped", getattr(exc, "hint", None))
     console.emit(exc.to_dict())
     return exc.exit_code
 
 
-def _render_error(exc: RemoteOpsError, as_json: bool) -> int:
-    from .console import Console
-
-    console = Console(json_mode=as_json)
+def _render_error(exc: RemoteOpsError, console) -> int:
+    """The error's message, hint, command and stderr tail on stderr (host text shown, never obeyed:
+    `Console` makes control characters visible); with --json its document on stdout."""
     console.error(str(exc), exc.hint)
     stderr_tail = getattr(exc, "stderr_tail", "")
     command = getattr(exc, "command", "")
@@ -271,11 +292,27 @@ def run() -> None:
     # pydantic looks for plugins among every installed distribution's entry points on its first
     # model (5-10 ms here); the CLI's models are private, so a plugin has nothing to observe.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    code = main()
+    try:
+        code = main()
+    except Exception:  # a bug: exit 1 with the traceback, as Python would, but shown (see _print_bug)
+        _print_bug()
+        code = ExitCode.INTERNAL
     # Interpreter shutdown runs one last full collection over every object of the run (60-80 ms
     # of `health` on the lab VM); frozen objects are skipped, and nothing here needs collecting.
     gc.freeze()
     sys.exit(code)
+
+
+def _print_bug() -> None:
+    """The traceback of an unexpected exception on stderr, its control characters shown
+    (`core.terminal.visible`): its messages may quote host text, which must not drive the
+    terminal there either."""
+    import traceback
+
+    from .core.terminal import visible
+
+    sys.stderr.write(visible(traceback.format_exc()))
+    sys.stderr.flush()
 
 
 #: seconds a run goes without the cyclic garbage collector (see `_defer_gc`)

@@ -9,7 +9,16 @@ prints.  The streams rule:
 - progress, notes, warnings and errors -> stderr;
 - with `--json`, stdout carries exactly one JSON document (`emit`), or one
   compact object per line for streams (`emit_line`: `health --watch`, `logs
-  follow`), and the human data goes to stderr instead.
+  follow`), and the human data goes to stderr instead.  Once a command says
+  it streams (`streaming`, or its first `emit_line`), every later document is
+  one compact line too: the error or interruption that ends a stream (rendered
+  by the CLI boundary on this same console) keeps stdout JSON Lines.
+
+Host text is data, not terminal control: every human-output path shows the
+control characters of what it prints in `cat -v` notation
+(`remote_ops.core.terminal.visible`: ESC as `^[`), one-line paths their
+newlines too.  JSON keeps the exact strings; `raw_line` (`logs follow --raw`)
+is the one way to write host bytes as they came.
 
 Colour only on a terminal and never with NO_COLOR set (rich's own rules).
 
@@ -27,6 +36,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Iterator
+
+from .core.terminal import visible
 
 if TYPE_CHECKING:
     from rich.console import Console as RichConsole
@@ -54,14 +65,24 @@ def to_jsonable(obj: Any) -> Any:
 class Console:
     """Human output on stderr; machine output on stdout when `json_mode`."""
 
-    def __init__(self, json_mode: bool = False, quiet: bool = False, stderr=None, stdout=None) -> None:
+    def __init__(
+        self, json_mode: bool = False, quiet: bool = False, stderr=None, stdout=None, streaming: bool = False
+    ) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
+        #: stdout carries JSON Lines (a stream): every document is one compact line
+        self.streaming = streaming
         self.verbose = 0
         self._stderr = stderr or sys.stderr
         self._stdout = stdout or sys.stdout
         self._err: RichConsole | None = None
         self._data: RichConsole | None = None
+
+    def for_errors(self) -> Console:
+        """A console for the CLI boundary's error or interruption: this one's streams, JSON mode
+        and `streaming` (the last line of a stream is one compact line too), but never quiet
+        (errors and their stderr tail always print)."""
+        return Console(self.json_mode, stderr=self._stderr, stdout=self._stdout, streaming=self.streaming)
 
     def warm(self) -> None:
         """Import rich in a daemon thread now, so the first line does not pay for it.  Worth
@@ -87,8 +108,10 @@ class Console:
 
     # -- human ---------------------------------------------------------------
     def say(self, text: str = "", style: str | None = None) -> None:
-        """One line for humans (stderr).  Text is escaped: remote output is not markup."""
+        """One line for humans (stderr).  Text is escaped: remote output is not markup, and its
+        control characters and newlines are shown (`visible`)."""
         if not self.quiet:
+            text = visible(text, one_line=True)
             self._line(self.err, escape(text), text, style)
 
     def step(self, text: str) -> None:
@@ -97,6 +120,7 @@ class Console:
     def status(self, status: str, text: str, data: bool = False) -> None:
         """`[ ok ] text` style line, coloured by status; `data`: a result line (stdout), not progress."""
         label = f"[{status:^4}]"
+        text = visible(text, one_line=True)
         line = f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}"
         if data:
             self._line(self.data, line, f"{label} {text}")
@@ -107,17 +131,30 @@ class Console:
         self.say(f"warning: {text}", style="yellow")
 
     def error(self, text: str, hint: str | None = None) -> None:
+        """`error: text` and `hint: hint` on stderr, even with --quiet.  Messages may span lines
+        (an inventory's errors); their control characters are shown (`visible`)."""
+        text = visible(text)
         self._line(self.err, f"[red bold]error:[/] {escape(text)}", f"error: {text}")
         if hint:
+            hint = visible(hint)
             self._line(self.err, f"[dim]hint: {escape(hint)}[/]", f"hint: {hint}")
 
     def host_line(self, host: str, stream: str, line: str, data: bool = False) -> None:
         """A live line of remote output, prefixed by its host: progress (a build's output) on
-        stderr, or with `data` the command's data (followed log lines) on stdout."""
+        stderr, or with `data` the command's data (followed log lines) on stdout.  Its control
+        characters are shown (`visible`, one line): a log line cannot drive the terminal."""
         if data or not self.quiet:
+            host, line = visible(host, one_line=True), visible(line, one_line=True)
             style = "dim" if stream == "stderr" else None
             target = self.data if data else self.err
             self._line(target, f"[cyan]{escape(host)}[/] | {escape(line)}", f"{host} | {line}", style)
+
+    def raw_line(self, host: str, line: str) -> None:
+        """A followed log line exactly as the host sent it, prefixed by its host, on stdout, never
+        through rich (which would drop some control characters): `logs follow --raw`, asked for
+        by name.  The host name (from the inventory) is still shown as `visible`."""
+        self._stdout.write(f"{visible(host, one_line=True)} | {line}\n")
+        self._stdout.flush()
 
     @staticmethod
     def _line(target: RichConsole, markup: str, plain: str, style: str | None = None) -> None:
@@ -138,20 +175,22 @@ class Console:
         for c in columns:
             t.add_column(c)
         for r in rows:
-            t.add_row(*[escape("" if v is None else str(v)) for v in r])
+            t.add_row(*[escape(visible("" if v is None else str(v))) for v in r])
         self.data.print(t)
 
     def text_block(self, text: str, data: bool = True) -> None:
-        """Multi-line text exactly as given (diffs, numbered source): data on stdout (stderr with
-        --json); with `data=False` supporting evidence for progress (stderr, silenced by -q)."""
+        """Multi-line text as given (diffs, numbered source), lines and tabs kept, other control
+        characters shown (`visible`): data on stdout (stderr with --json); with `data=False`
+        supporting evidence for progress (stderr, silenced by -q)."""
         if self.json_mode or not data:
             if not self.quiet:
-                self.err.out(text, highlight=False)
+                self.err.out(visible(text), highlight=False)
         else:
             self.out(text)
 
     def trace(self, text: str) -> None:
         """A `-v` line (each remote command and its time) on stderr, even with --quiet."""
+        text = visible(text, one_line=True)
         self._line(self.err, escape(text), text, "dim")
 
     @contextmanager
@@ -169,6 +208,7 @@ class Console:
         if self.quiet:
             yield lambda n=0, description=None: None
             return
+        description = visible(description, one_line=True)
         columns = [TextColumn("{task.description}"), BarColumn()]
         if total:
             columns += [DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()]
@@ -176,26 +216,34 @@ class Console:
             task = prog.add_task(description, total=total)
 
             def advance(n: float = 0, description: str | None = None) -> None:
-                prog.update(task, advance=n, description=description or None)  # None: keep the description
+                shown = visible(description, one_line=True) if description else None  # None: keep it
+                prog.update(task, advance=n, description=shown)
 
             yield advance
 
     # -- machine -------------------------------------------------------------
     def emit(self, obj: Any) -> None:
-        """Write the command's result as one JSON document on stdout (only in json mode)."""
-        if self.json_mode:
+        """Write the command's result as one JSON document on stdout (only in json mode); in a
+        stream (`streaming`) one compact line, so stdout stays JSON Lines to its end."""
+        if self.json_mode and self.streaming:
+            self.emit_line(obj)
+        elif self.json_mode:
             json.dump(to_jsonable(obj), self._stdout, indent=2, sort_keys=False)
             self._stdout.write("\n")
             self._stdout.flush()
 
     def emit_line(self, obj: Any) -> None:
-        """One compact JSON object on one line (JSON Lines, for streams), only in json mode."""
+        """One compact JSON object on one line (JSON Lines, for streams), only in json mode.
+        Marks the console as `streaming`: whatever document follows is a line of the stream."""
+        self.streaming = True
         if self.json_mode:
             self._stdout.write(json.dumps(to_jsonable(obj), separators=(",", ":")) + "\n")
             self._stdout.flush()
 
     def out(self, text: str) -> None:
-        """Primary data a user may pipe (e.g. a rendered Dockerfile) -> stdout."""
+        """Primary data a user may pipe (a rendered Dockerfile, a source listing) -> stdout; lines
+        and tabs kept, other control characters shown (`visible`)."""
+        text = visible(text)
         self._stdout.write(text if text.endswith("\n") else text + "\n")
         self._stdout.flush()
 

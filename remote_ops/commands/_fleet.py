@@ -75,13 +75,13 @@ def _render_outcome(app, spec, outcome: fleet.HostOutcome, render: Render) -> No
 
 
 def summarize(console, run: fleet.FleetRun) -> None:
-    """The per-host table: host, exit code, time, and what went wrong."""
+    """The per-host table: host, its own exit code, time, and its own verdict (`HostOutcome.verdict`)."""
     rows = [
         [
             o.host,
             "skipped" if o.skipped else o.exit_code,
             f"{o.duration_s:.2f}s",
-            "skipped after a failed batch" if o.skipped else (str(o.error.message) if o.error else "ok"),
+            o.verdict,
         ]
         for o in run.outcomes
     ]

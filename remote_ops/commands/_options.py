@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from ..app import App
+from ..cli import RunConsole
 from ..console import Console
 from ..errors import UsageError
 
@@ -86,8 +87,12 @@ def app_options(fn):
     ):
         if verbose > 1:
             _ssh_events_to_stderr()
+        console = Console(json_mode=as_json, quiet=quiet)
+        run = click.get_current_context().find_object(RunConsole)
+        if run is not None:  # the CLI boundary renders a final error on this console
+            run.console = console
         app = App(
-            console=Console(json_mode=as_json, quiet=quiet),
+            console=console,
             inventory_paths=list(inventory) or None,
             ssh_config_path=ssh_config,
             host_key_policy=host_key_policy,
@@ -102,11 +107,19 @@ def app_options(fn):
 
 
 def _ssh_events_to_stderr() -> None:
-    """-vv: paramiko's transport log (connect, kex, auth, channels) at INFO on stderr."""
+    """-vv: paramiko's transport log (connect, kex, auth, channels) at INFO on stderr.  Its
+    records quote what the server sent (its version banner), so their control characters are
+    shown (`visible`), as on every other human-output path."""
     import logging
 
+    from ..core.terminal import visible
+
+    class _VisibleFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return visible(super().format(record))
+
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("ssh: %(name)s: %(message)s"))
+    handler.setFormatter(_VisibleFormatter("ssh: %(name)s: %(message)s"))
     log = logging.getLogger("paramiko")
     log.setLevel(logging.INFO)
     log.addHandler(handler)

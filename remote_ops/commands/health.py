@@ -42,14 +42,27 @@ def _check(app, spec, deep: bool) -> tuple[int, HostHealth]:
 
 def _document(run) -> dict:
     """The health document: `{"hosts": [HostHealth, ...]}` for one host or many (scripts read
-    `hosts[i].checks`), the command's exit code and the hosts that failed."""
+    `hosts[i].checks`), each with its own integer `exit_code`, the command's exit code and the
+    hosts that failed.  A host whose check raised (no HostHealth) is still listed, with its
+    exit code and error."""
     from ..workflows import health as health_mod
 
     results = [o.result for o in run.outcomes if o.result is not None]
     return {
-        "hosts": [r.to_dict() for r in results],
-        "exit_code": health_mod.exit_code(results),
+        "hosts": [o.result.to_dict() if o.result is not None else _no_result(o) for o in run.outcomes],
+        "exit_code": health_mod.exit_code(results) if len(results) == len(run.outcomes) else run.exit_code,
         "failed": [o.host for o in run.outcomes if o.failed],
+    }
+
+
+def _no_result(outcome) -> dict:
+    """A host's entry when its check raised instead of giving checks."""
+    return {
+        "host": outcome.host,
+        "worst": "fail",
+        "exit_code": outcome.exit_code,
+        "error": outcome.error.to_dict() if outcome.error else None,
+        "checks": [],
     }
 
 
@@ -98,6 +111,7 @@ def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     --forks at a time, one connection each.
     """
     deadline = time.monotonic() + watch_for
+    app.console.streaming = bool(watch)  # --json: JSON Lines, up to an error's last line
     app.preconnect(hosts[:forks])  # the handshakes overlap the imports below
     from ..workflows import health as health_mod
 

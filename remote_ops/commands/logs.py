@@ -82,25 +82,38 @@ def _render_pull(console, spec, doc) -> None:
     show_default=True,
     help="stop following after this many seconds (every wait has a deadline)",
 )
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="write each log line as the host sent it, escape sequences included (default: control "
+    "characters shown as ^[ etc., so a log line cannot drive the terminal)",
+)
 @hosts_command
-def follow_cmd(app, hosts, forks, what, since, lines, duration) -> int:
+def follow_cmd(app, hosts, forks, what, since, lines, duration, raw) -> int:
     """Stream logs live on stdout, each line prefixed with the host (and the log kind).
 
-    With --json: JSON Lines, one `{"host", "kind", "stream", "line"}` object per log line.
+    A log line's control characters are shown in `cat -v` notation (ESC as ^[),
+    so a line holding `ESC[2J` or an OSC 52 clipboard write cannot clear the
+    screen or set the clipboard; --raw writes the lines as they came.
+    With --json: JSON Lines, one `{"host", "kind", "stream", "line"}` object per log line,
+    each line exact; an error or Ctrl-C ends the stream with one compact JSON line.
     Many hosts are followed at once (--forks), their lines interleaved as they come."""
+    app.console.streaming = True
 
     def work(spec):
-        _follow(app, spec, what, since, lines, duration)
+        _follow(app, spec, what, since, lines, duration, raw)
         return 0, None
 
     return run_on_hosts(app, hosts, work, lambda *_: None, forks=max(forks, len(hosts)), emit=lambda _doc: None)
 
 
-def _follow(app, spec, what, since, lines, duration) -> None:
+def _follow(app, spec, what, since, lines, duration, raw: bool) -> None:
     def on_line(stream: str, line: str) -> None:
         kind, text = logparse.split_tagged(line)
         if app.console.json_mode:
             app.console.emit_line({"host": spec.name, "kind": kind, "stream": stream, "line": text})
+        elif raw:
+            app.console.raw_line(spec.name, f"[{kind}] {text}")
         else:
             app.console.host_line(spec.name, stream, f"[{kind}] {text}", data=True)
 

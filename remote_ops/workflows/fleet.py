@@ -9,6 +9,9 @@ batch with a failure unless told to go on (Ansible's `serial` and
 
 The exit code of a fleet run is the worst host's (`worst_exit`): 0 if every
 host is ok, 11 if the worst is a health warning, else the highest failing code.
+Each host keeps its own exit code and verdict (`HostOutcome.exit_code`,
+`.verdict`): the summary table and the JSON document report every host's own,
+never the run's worst.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Any, Callable, Iterable
 from ..errors import ExitCode, RemoteOpsError
 
 DEFAULT_FORKS = 16
+
+#: exit code -> the words a summary shows for a host that ended with it and no error of its own
+_CODE_WORDS = {getattr(ExitCode, name): name.lower().replace("_", " ") for name in vars(ExitCode) if name.isupper()}
 
 
 @dataclass
@@ -42,6 +48,20 @@ class HostOutcome:
     def failed(self) -> bool:
         """Anything worse than a health warning (a skipped host is not a failure)."""
         return not self.skipped and self.exit_code not in (ExitCode.OK, ExitCode.HEALTH_WARN)
+
+    @property
+    def verdict(self) -> str:
+        """This host's own result in words: its error's message, the result's own `verdict` when
+        it has one (health: the worst check), else what its exit code means ("ok" only for 0)."""
+        if self.skipped:
+            return "skipped after a failed batch"
+        if self.error is not None:
+            return self.error.message
+        own = getattr(self.result, "verdict", None)
+        if isinstance(own, str):
+            return own
+        words = _CODE_WORDS.get(self.exit_code, "failed")
+        return words if self.exit_code == ExitCode.OK else f"{words} (exit {self.exit_code})"
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {

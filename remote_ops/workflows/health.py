@@ -78,13 +78,23 @@ class HostHealth:
     def worst(self) -> str:
         return max((c.status for c in self.checks), key=lambda s: ORDER[s], default="ok")
 
+    @property
+    def verdict(self) -> str:
+        """This host's own result for a fleet summary: `ok`, or its worst status and the first
+        check that has it (`fail: ssh/connect: connection to … refused`)."""
+        first = next((c for c in self.checks if c.status == self.worst), None)
+        if ORDER[self.worst] == 0 or first is None:
+            return "ok"
+        return f"{self.worst}: {first.tier}/{first.name}: {first.reason}"
+
     def to_dict(self) -> dict:
+        """`exit_code` is this host's own (an integer: `exit_code([self])`), never the run's worst."""
         return {
             "host": self.host,
             "worst": self.worst,
             "duration_s": round(self.duration_s, 3),
             "round_trips": self.round_trips,
-            "exit_code": self.error_exit,
+            "exit_code": exit_code([self]),
             "checks": [asdict(c) for c in self.checks],
         }
 
