@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 from remote_ops.core import dumpcheck, shell
@@ -82,8 +83,7 @@ def test_probe_output_parses_files_manifest_and_free_space():
             shell.SECTION + "exists:begin",
             shell.SECTION + "exists:end 0",
             shell.SECTION + "files:begin",
-            "rank0/a-p0.safetensors\t123",
-            "rank0/manifest.jsonl\t9",
+            base64.b64encode(b"rank0/a-p0.safetensors\x00123\x00rank0/manifest.jsonl\x009\x00").decode(),
             shell.SECTION + "files:end 0",
             shell.SECTION + "manifest:begin",
             '{"key":"a-p0","file":"rank0/a-p0.safetensors"}',

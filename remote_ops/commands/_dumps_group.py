@@ -5,7 +5,11 @@ results are merged by dump key (`remote_ops.core.dumpcheck.merge_hosts`).  A key
 hosts is a duplicate: reported, and pulled once, from the first host whose copy
 verifies (header check with `verify`; size and sha256 on arrival with `pull`,
 falling back to the next copy when one fails).  A host that cannot be reached
-is reported and sets the exit code; the others go on.
+is reported and sets the exit code; the others go on.  A key whose only copies
+were on hosts whose connection was lost during the pull is *not reached*
+(exit 4), not "no good copy".  Each host's unsafe names (`core.hostpaths`:
+absolute, `..`, control characters) are named `<host>:<name>: <reason>`,
+never pulled, and fail the pull (exit 10).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..core import dumpcheck
-from ..errors import VerifyFailed
+from ..errors import ExitCode, Unreachable, VerifyFailed
 from ..remote import transfer
 from ..workflows import dumps as dumps_mod, fleet
 
@@ -30,7 +34,7 @@ def _each(app, hosts, forks, work):
 
 def _recon(app, spec):
     probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
-    return 0, dumpcheck.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+    return 0, dumps_mod.reconcile_probe(probe, spec.dump.dir, spec.model.hidden_size)
 
 
 def _host_rows(recons: dict) -> list[list]:
@@ -125,6 +129,7 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
     choice: dict[str, int] = {}
     kept: dict[str, str] = {}
     reports: dict[str, list] = {}
+    lost_hosts: set[str] = set()  # connection lost during their pull
     t0 = time.monotonic()
     total = sum(i.size for v in first.values() for i in v)
     with app.console.progress(f"{len(recons)} hosts: dumps", total=total) as advance:
@@ -136,7 +141,9 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
 
         items = first
         while items:
-            failed = _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports)
+            failed = _pull_round(
+                app, by_name, items, local_root, (forks, jobs, stall_timeout, tick), kept, reports, lost_hosts
+            )
             for key in failed:
                 choice[key] = choice.get(key, 0) + 1
             items = dumps_mod.merged_items(merged, local_root, {k: choice[k] for k in failed})
@@ -144,15 +151,29 @@ def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> i
             items = {h: v for h, v in items.items() if v}
     seconds = time.monotonic() - t0
     written = dumps_mod.write_merged_manifests(merged, kept, local_root)
-    return _pull_result(app, run, recons, merged, kept, reports, seconds, written, local_root, allow_missing)
+    unreached = sorted(k for k in set(merged.copies) - set(kept) if any(h in lost_hosts for h, _ in merged.copies[k]))
+    return _pull_result(
+        app,
+        run,
+        recons,
+        merged,
+        (kept, unreached, sorted(lost_hosts)),
+        reports,
+        seconds,
+        written,
+        local_root,
+        allow_missing,
+    )
 
 
 def _key_of(item) -> str:
     return Path(item.remote).name[: -len(dumpcheck.SUFFIX)]
 
 
-def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, reports) -> set[str]:
-    """One pull per host (in parallel); returns the keys whose copy failed."""
+def _pull_round(app, by_name, items, local_root, how, kept, reports, lost_hosts) -> set[str]:
+    """One pull per host (in parallel); returns the keys whose copy failed (`how`: forks, jobs,
+    stall timeout, progress).  A host whose connection was lost joins `lost_hosts`."""
+    forks, jobs, stall_timeout, tick = how
 
     def work(spec):
         return 0, transfer.pull(
@@ -164,15 +185,19 @@ def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, rep
             stall_timeout=stall_timeout,
             advance=tick,
             strict=False,
+            dest=local_root,
         )
 
     run = fleet.fan_out([by_name[h] for h in items], work, forks=forks)
     failed: set[str] = set()
     for o in run.outcomes:
         reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
-        bad = {Path(f).name[: -len(dumpcheck.SUFFIX)] for f, _ in (o.result.failed if o.result else [])}
+        done = o.result.failed + o.result.unsafe if o.result else []
+        bad = {Path(f).name[: -len(dumpcheck.SUFFIX)] for f, _ in done}
         if o.error is not None:
             bad = {_key_of(i) for i in items[o.host]}
+            if o.error.exit_code == ExitCode.UNREACHABLE:
+                lost_hosts.add(o.host)
         for item in items[o.host]:
             key = _key_of(item)
             if key in bad:
@@ -182,23 +207,38 @@ def _pull_round(app, by_name, items, forks, jobs, stall_timeout, tick, kept, rep
     return failed
 
 
-def _pull_result(app, run, recons, merged, kept, reports, seconds, written, local_root, allow_missing) -> int:
+def _unsafe(recons: dict, reports: dict) -> list[str]:
+    """Every host's refused names, `<host>:<name>: <reason>` (probe, manifest, transfer)."""
+    refused = [f"{h}:{e}" for h, r in recons.items() for e in r.unsafe]
+    for host, pulls in reports.items():
+        refused += [f"{host}:{u['file']}: {u['reason']}" for p in pulls for u in p.get("unsafe", [])]
+    return list(dict.fromkeys(refused))
+
+
+def _pull_result(app, run, recons, merged, outcome, reports, seconds, written, local_root, allow_missing) -> int:
+    kept, unreached, lost_hosts = outcome
     _render_merged(app.console, merged, recons)
     nbytes = sum(int(r.get("bytes", 0)) for v in reports.values() for r in v)
-    lost = sorted(set(merged.copies) - set(kept))
+    lost = sorted(set(merged.copies) - set(kept) - set(unreached))
     missing = [f"{h}:{m}" for h, r in recons.items() for m in r.missing_files]
     torn = [f"{h}:{t}" for h, r in recons.items() for t in r.torn]
+    unsafe = _unsafe(recons, reports)
     app.console.status(
-        "fail" if lost else "ok",
-        f"{len(kept)} keys kept, {len(lost)} with no good copy, {nbytes / 1e6:,.1f} MB fetched in "
+        "fail" if lost or unreached or unsafe else "ok",
+        f"{len(kept)} keys kept, {len(lost)} with no good copy, {len(unreached)} not reached (connection lost), "
+        f"{nbytes / 1e6:,.1f} MB fetched in "
         f"{seconds:.2f}s ({nbytes / 1e6 / seconds if seconds else 0:,.1f} MB/s aggregate) -> "
         f"{local_root} ({written} in the merged manifest)",
     )
+    _list(app.console, "unsafe host names (never pulled)", unsafe)
     result = {
         "dest": str(local_root),
         "merged": merged.to_dict(),
         "kept_from": kept,
         "no_good_copy": lost,
+        "not_reached": unreached,
+        "connection_lost": lost_hosts,
+        "unsafe": unsafe,
         "missing_on_host": missing,
         "torn": torn,
         "pulls": reports,
@@ -207,12 +247,28 @@ def _pull_result(app, run, recons, merged, kept, reports, seconds, written, loca
         "allow_missing": allow_missing,
         **run.to_dict(),
     }
-    if lost or (not allow_missing and (missing or torn)):
+    if lost or unsafe or (not allow_missing and (missing or torn)):
         raise VerifyFailed(
-            f"{len(lost)} key(s) had no copy that verified; {len(missing)} manifest row(s) with "
-            f"no file, {len(torn)} torn line(s)",
+            f"{len(lost)} key(s) had no copy that verified; {len(unsafe)} unsafe host name(s) refused; "
+            f"{len(missing)} manifest row(s) with no file, {len(torn)} torn line(s)",
             details=result,
-            hint="re-run (verified files are kept); --allow-missing accepts missing/torn rows",
+            hint="re-run (verified files are kept); --allow-missing accepts missing/torn rows; "
+            "unsafe names must be removed or renamed on their host",
+        )
+    if unreached:
+        raise Unreachable(
+            f"connection lost during the pull from {', '.join(lost_hosts)}: {len(unreached)} key(s) not fetched",
+            hint="re-run when the host answers: verified files are kept and .part files resume",
+            details={**result, "reason": "connection_lost"},
         )
     app.console.emit(result)
     return run.exit_code
+
+
+def _list(console, label: str, items: list[str], limit: int = 10) -> None:
+    if items:
+        console.status("fail", f"{label}: {len(items)}")
+        for item in items[:limit]:
+            console.say(f"    {item}", style="dim")
+        if len(items) > limit:
+            console.say(f"    ... {len(items) - limit} more", style="dim")

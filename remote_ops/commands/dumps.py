@@ -82,7 +82,7 @@ def _render_projection(console, p: dumpcheck.Projection) -> None:
 
 def _reconcile(app, spec):
     probe = dumps_mod.probe(app.remote(spec), spec.dump.dir)
-    return probe, dumpcheck.reconcile(spec.dump.dir, probe.files, probe.manifest_text, spec.model.hidden_size)
+    return probe, dumps_mod.reconcile_probe(probe, spec.dump.dir, spec.model.hidden_size)
 
 
 @dumps_group.command("status")
@@ -180,7 +180,7 @@ def verify_cmd(app, hosts, forks, sha) -> int:
     "--allow-missing",
     is_flag=True,
     help="exit 0 although manifest rows have no file on the host or manifest lines are torn "
-    "(they are still named); corrupt files always exit 10",
+    "(they are still named); corrupt files and unsafe host names always exit 10",
 )
 @hosts_command
 def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int:
@@ -188,10 +188,13 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
 
     Uses the system ssh (AES-GCM) with the same host-key policy as every other
     command.  Verified files are kept; re-running continues partial files.
-    Manifest rows with no file on the host, torn manifest lines and corrupt
-    files are named; the exit is 10 unless --allow-missing (which forgives the
-    first two only).  Too little local space, checked before the first byte
-    and caught during the pull, exits 14 with the bytes needed and free.
+    Manifest rows with no file on the host, torn manifest lines, corrupt
+    files and unsafe host names (absolute, `..`, control characters: never
+    fetched, nothing written outside --dest) are named; the exit is 10 unless
+    --allow-missing (which forgives the first two only).  Too little local
+    space, checked before the first byte and caught during the pull, exits 14
+    with the bytes needed and free; a connection lost or refused during the
+    pull exits 4 ("connection lost"), and the next pull resumes its .part files.
 
     A group pulls every host into one tree with one merged manifest (records
     name their host); a key on several hosts is fetched once, from the first
@@ -215,9 +218,10 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
             stall_timeout=stall_timeout,
             advance=advance,
             strict=False,
+            dest=local_root,
         )
     written = _write_local_manifests(recon, local_root, spec.name)
-    problems = dumpcheck.pull_problems(recon, report.failed)
+    problems = dumpcheck.pull_problems(recon, report.failed, report.unsafe)
     _render_pull(app.console, report, problems, allow_missing, local_root, written)
     result = {
         "host": spec.name,
@@ -261,10 +265,13 @@ def _render_pull(console, report, problems, allow_missing: bool, local_root: Pat
     _list(console, level, "manifest rows with no file on the host (not pulled)", problems.missing)
     _list(console, level, "torn manifest lines (their files are unknown)", problems.torn)
     _list(console, "fail", "corrupt or failed", problems.corrupt)
+    _list(console, "fail", "unsafe host names (never pulled)", problems.unsafe)
 
 
 def _pull_hint(p) -> str:
     hints = ["corrupt: re-run (verified files are kept, the rest are fetched again)"] if p.corrupt else []
+    if p.unsafe:
+        hints.append("unsafe: the host's dump dir holds names no pull writes; remove or rename them there")
     if p.missing or p.torn:
         hints.append("missing/torn: `dumps verify` on the host says more; --allow-missing accepts them")
     return "; ".join(hints)
@@ -272,6 +279,8 @@ def _pull_hint(p) -> str:
 
 def _problem_sentence(p) -> str:
     parts = [f"{len(p.corrupt)} file(s) failed to pull or verify"] if p.corrupt else []
+    if p.unsafe:
+        parts.append(f"{len(p.unsafe)} unsafe host name(s) refused, none fetched (each listed above)")
     if p.missing:
         parts.append(f"{len(p.missing)} manifest row(s) have no file on the host (first: {p.missing[0]})")
     if p.torn:

@@ -8,6 +8,11 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
   and the free space; `reconcile` (pure) compares them: counts, tokens, bytes,
   bytes per token (4 * H * 2 = 57,344 for H = 7168 in bf16), files missing from
   the manifest, manifest rows with no file, size mismatches, temp leftovers.
+  Every name the host gives (a listed file, a manifest row's `file`) passes
+  `remote_ops.core.hostpaths.problem` or is set aside as *unsafe*: named in
+  `unsafe`, never counted, never pulled.  The listing is NUL-separated
+  (`find -printf '%P\0%s\0'`, base64 on the wire so the section framing
+  holds), so a name holding a newline stays one (refused) name.
 - `verify`: the same, plus the host-side header check *without torch*: the
   stdlib-only `remote_ops/dumper/dumpfile.py` is sent on stdin to the host's
   `python3` (`python3 - verify DIR --json`), one round trip, nothing installed.
@@ -20,10 +25,13 @@ The round trips and the local copies are `remote_ops.workflows.dumps`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from . import shell
+from . import hostpaths, shell
 
 SUFFIX = ".safetensors"
 
@@ -54,13 +62,18 @@ def status_command(dump_dir: str) -> str:
     return shell.sections(
         [
             ("exists", f"test -d {d}"),
-            ("files", f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\t%s\\n'"),
+            # name NUL size NUL ...: any byte but NUL and / may be in a name (a newline too)
+            (
+                "files",
+                f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\0%s\\0' | base64 -w0",
+            ),
             # a marker line before each manifest (and a newline after it, so a torn last line
-            # never joins the next marker): torn lines can then be named by file and line
+            # never joins the next marker): torn lines can then be named by file and line; the
+            # marker's control characters (a rank dir named `rankZ<newline>..`) are shown as `?`
             (
                 "manifest",
                 f'for f in {d}/rank*/{MANIFEST}; do [ -f "$f" ] && '
-                f'{{ echo "{SOURCE_MARK}$f"; cat "$f"; echo; }}; done; true',
+                f"{{ printf '%s' \"{SOURCE_MARK}$f\" | tr '[:cntrl:]' '?'; echo; cat \"$f\"; echo; }}; done; true",
             ),
             ("stats", f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ echo "$f"; cat "$f"; echo; }}; done; true'),
             ("df", f"df -PB1 {d} | tail -n 1"),
@@ -73,22 +86,40 @@ class Probe:
     """Raw facts about a dump dir, parsed from `status_command` output."""
 
     exists: bool
-    files: dict[str, int]  # relative path -> size
+    files: dict[str, int]  # relative path -> size (names that pass `hostpaths.problem`)
     manifest_text: str
     free_bytes: int | None
+    unsafe: list[str] = field(default_factory=list)  # listed names refused: "<name>: <reason>"
 
 
 def parse_probe(output: str) -> Probe:
     parts = shell.split_sections(output)
     exists = parts.get("exists", (1, ""))[0] == 0
-    files = {}
-    for line in parts.get("files", (0, ""))[1].splitlines():
-        name, _, size = line.rpartition("\t")
-        if name and size.isdigit():
-            files[name] = int(size)
+    files, unsafe = parse_listing(parts.get("files", (0, ""))[1])
     df = parts.get("df", (1, ""))[1].split()
     free = int(df[3]) if len(df) >= 4 and df[3].isdigit() else None
-    return Probe(exists, files, parts.get("manifest", (0, ""))[1], free)
+    return Probe(exists, files, parts.get("manifest", (0, ""))[1], free, unsafe)
+
+
+def parse_listing(text: str) -> tuple[dict[str, int], list[str]]:
+    """The base64 of `name NUL size NUL ...` -> ({name: size}, refused "<name>: <reason>") (pure).
+
+    Every name is checked (`hostpaths`): a name with a newline, `..`, a leading
+    `/` or bytes that are not UTF-8 is refused, never split into entries.
+    """
+    try:
+        raw = base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        return {}, []  # no readable listing: every manifest row shows as missing
+    fields = raw.split(b"\0")
+    files, unsafe = {}, []
+    for name_bytes, size in zip(fields[0::2], fields[1::2]):
+        name, reason = hostpaths.decode_name(name_bytes)
+        if reason is not None:
+            unsafe.append(hostpaths.Unsafe(name, reason).entry)
+        elif size.isdigit():
+            files[name] = int(size)
+    return files, unsafe
 
 
 @dataclass
@@ -110,10 +141,14 @@ class Reconciliation:
     temp_files: list[str] = field(default_factory=list)
     torn_lines: int = 0
     torn: list[str] = field(default_factory=list)  # "rank0/manifest.jsonl:7: <start of line>"
+    # names the host gave that may not become local paths (listed files, manifest rows'
+    # `file`), "<name>: <reason>"; never counted above, never pulled (they fail a pull)
+    unsafe: list[str] = field(default_factory=list)
     records: list[dict] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
+        """Manifest and files agree (`unsafe` names are judged by the pull, which refuses them)."""
         return not (self.missing_files or self.size_mismatches)
 
     def to_dict(self) -> dict:
@@ -168,11 +203,27 @@ def _is_record(line: str) -> bool:
 
 
 def reconcile(
-    dump_dir: str, files: dict[str, int], manifest_text: str, hidden_size: int | None = None
+    dump_dir: str,
+    files: dict[str, int],
+    manifest_text: str,
+    hidden_size: int | None = None,
+    unsafe: Iterable[str] = (),
 ) -> Reconciliation:
-    """Compare the manifest with the files present (pure)."""
+    """Compare the manifest with the files present (pure).
+
+    `unsafe`: the listing's refused names (`Probe.unsafe`); manifest rows whose
+    `file` is refused (or whose `bytes` is not a whole number) join them and are
+    left out of everything else.
+    """
     latest, torn = latest_records(manifest_text)
-    r = Reconciliation(dump_dir, manifest_rows=len(latest), torn_lines=torn, torn=torn_entries(manifest_text, dump_dir))
+    latest, refused = _safe_records(latest)
+    r = Reconciliation(
+        dump_dir,
+        manifest_rows=len(latest),
+        torn_lines=torn,
+        torn=torn_entries(manifest_text, dump_dir),
+        unsafe=list(dict.fromkeys([*unsafe, *refused])),
+    )
     complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
@@ -183,6 +234,20 @@ def reconcile(
     _bytes_per_token(r, latest, hidden_size)
     r.records = [latest[k] for k in sorted(latest)]
     return r
+
+
+def _safe_records(latest: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+    """Split manifest records into usable ones and refused "<file>: <reason>" entries."""
+    safe, refused = {}, []
+    for key, rec in latest.items():
+        reason = hostpaths.problem(rec["file"])
+        if reason is None and (not isinstance(rec.get("bytes"), int) or rec["bytes"] < 0):
+            reason = "manifest 'bytes' is not a whole number"
+        if reason is None:
+            safe[key] = rec
+        else:
+            refused.append(hostpaths.Unsafe(str(rec["file"]), reason).entry)
+    return safe, refused
 
 
 def _is_temp(name: str) -> bool:
@@ -283,19 +348,24 @@ class PullProblems:
 
     missing: list[str] = field(default_factory=list)  # manifest rows with no file on the host
     torn: list[str] = field(default_factory=list)  # unreadable manifest lines (their file is unknown)
-    corrupt: list[str] = field(default_factory=list)  # fetched but size/sha256 differ, or the link broke
+    corrupt: list[str] = field(default_factory=list)  # fetched but size/sha256 differ
+    unsafe: list[str] = field(default_factory=list)  # host names refused as local paths: never fetched
 
     def blocking(self, allow_missing: bool) -> bool:
-        """Exit 10?  Corrupt entries always; missing and torn ones unless --allow-missing."""
-        return bool(self.corrupt or (not allow_missing and (self.missing or self.torn)))
+        """Exit 10?  Corrupt and unsafe entries always; missing and torn ones unless --allow-missing."""
+        return bool(self.corrupt or self.unsafe or (not allow_missing and (self.missing or self.torn)))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def pull_problems(r: Reconciliation, failed: list[tuple[str, str]]) -> PullProblems:
-    """Sort what went wrong: missing on the host (before or during the pull), torn, corrupt."""
+def pull_problems(
+    r: Reconciliation, failed: list[tuple[str, str]], refused: Iterable[tuple[str, str]] = ()
+) -> PullProblems:
+    """Sort what went wrong: missing on the host (before or during the pull), torn, corrupt, and
+    unsafe names (the reconciliation's, and `refused`: those the transfer itself would not write)."""
     p = PullProblems(missing=list(r.missing_files), torn=list(r.torn))
+    p.unsafe = list(dict.fromkeys([*r.unsafe, *(hostpaths.Unsafe(n, why).entry for n, why in refused)]))
     for name, reason in failed:
         (p.missing if reason == "missing on the host" else p.corrupt).append(
             name if reason == "missing on the host" else f"{name}: {reason}"

@@ -18,7 +18,18 @@ Why this design (measured, see bench/README.md "Bulk pull"):
 - Every file is written to `<name>.part`, checked against the manifest's size and
   sha256 while it arrives, and renamed only when it matches.  A final name
   therefore always holds a verified file; an interrupted pull leaves `.part`
-  files that the next pull continues.
+  files that the next pull continues.  A stream never writes past the size the
+  manifest gives (a tar member whose header says otherwise is refused unread).
+- A lost connection (ssh exits 255: refused, reset, closed by the host, before
+  or during the transfer) stops the pull with `Unreachable` (exit 4, "connection
+  lost").  Each `.part` keeps its bytes - a cut tar member too, when it is big
+  enough to resume (`SMALL_FILE`) - so the next pull continues it alone from its
+  size; a resumed file whose completed sha256 differs is fetched once from byte 0.
+- The names are the host's: each item's `remote` must pass
+  `remote_ops.core.hostpaths.problem`, and its `local` (and `.part`) must resolve
+  inside the pull's local root (`dest`).  An item that does not is never opened,
+  never counted "already here": it is listed in `PullReport.unsafe`.  Tar members
+  are matched against the expected names only; any other member is skipped.
 - Local space is checked before the first byte (bytes still to write, block
   rounded, against free space at the destination), and a disk that fills up
   during the pull (another writer) stops it with the same typed error
@@ -55,7 +66,8 @@ from typing import IO, TYPE_CHECKING
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-from ..errors import CommandFailed, CommandTimedOut, NoSpace, VerifyFailed
+from ..core import hostpaths
+from ..errors import CommandFailed, CommandTimedOut, NoSpace, Unreachable, VerifyFailed
 from .hostkeys import HostKeyPolicy
 from .sshconfig import SshTarget
 
@@ -68,6 +80,9 @@ PIPE_SIZE = 1 << 20  # F_SETPIPE_SZ on ssh's stdout (fewer wakeups)
 F_SETPIPE_SZ = 1031
 BLOCK = 4096  # local files take whole blocks: sizes are rounded up to this
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SSH_FAILED = 255  # ssh's own exit status: the connection failed or was lost (the command's is 0-254)
+#: ssh stderr of a 255 that is not the link: the host key or the login was refused
+NOT_THE_LINK = ("Host key verification failed", "HOST IDENTIFICATION HAS CHANGED", "Permission denied")
 
 Advance = Callable[[int], None]
 
@@ -145,6 +160,7 @@ class PullReport:
     bytes: int = 0
     seconds: float = 0.0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    unsafe: list[tuple[str, str]] = field(default_factory=list)  # (name, why): refused, never opened
 
     @property
     def mb_per_s(self) -> float:
@@ -160,6 +176,7 @@ class PullReport:
             "seconds": round(self.seconds, 3),
             "mb_per_s": self.mb_per_s,
             "failed": [{"file": f, "reason": r} for f, r in self.failed],
+            "unsafe": [{"file": f, "reason": r} for f, r in self.unsafe],
         }
 
 
@@ -259,6 +276,36 @@ def no_space_error(pending: list[PullItem], host: str, during: bool) -> NoSpace:
     )
 
 
+def unsafe_reason(item: PullItem, dest: Path | None) -> str | None:
+    """Why `item` may not be written (its host name, or a local path resolving outside `dest`)."""
+    reason = hostpaths.problem(item.remote)
+    if reason is None and dest is not None and not _inside(dest, item.local, item.part):
+        reason = "local path outside the destination"
+    return reason
+
+
+def _inside(root: Path, *paths: Path) -> bool:
+    """Every path, symlinks resolved, lies strictly under `root` (resolved too)."""
+    top = os.path.realpath(root).rstrip(os.sep) + os.sep
+    return all(os.path.realpath(p).startswith(top) for p in paths)
+
+
+def connection_lost(rc: int, stderr: str) -> bool:
+    """ssh exited 255 for the link (refused, reset, closed), not for a host key or a login."""
+    return rc == SSH_FAILED and not any(m in stderr for m in NOT_THE_LINK)
+
+
+def lost_error(host: str, stderr: str) -> Unreachable:
+    """The typed error of a pull whose connection was lost or refused (exit 4)."""
+    said = next((l.strip() for l in reversed(stderr.splitlines()) if l.strip()), "ssh exited 255")
+    return Unreachable(
+        f"connection lost during the pull ({said[-200:]})",
+        host=host,
+        hint="re-run when the host answers: verified files are kept and .part files resume",
+        details={"reason": "connection_lost", "stderr_tail": stderr.strip()[-2000:]},
+    )
+
+
 def check_space(pending: list[PullItem], host: str) -> None:
     """Refuse before the first byte when the pending files cannot fit (NoSpace, exit 14)."""
     if pending and bytes_to_write(pending) > free_space(pending[0].local.parent)[1]:
@@ -280,10 +327,12 @@ class Puller:
         jobs: int = 2,
         stall_timeout: float = 60.0,
         advance: Advance | None = None,
+        dest: Path | None = None,
     ) -> None:
         self.argv = ssh_argv(target, ssh_config=ssh_config)
         self.host = target.name
         self.root = root
+        self.dest = dest
         self.jobs = max(1, jobs)
         self.stall_timeout = stall_timeout
         self.advance = advance or (lambda n: None)
@@ -298,8 +347,11 @@ class Puller:
     def pull(self, items: list[PullItem]) -> PullReport:
         """Fetch every item not already complete; verify; rename. Interrupt-safe.
 
-        Too little local space, before or during the pull, is `NoSpace` (exit 14).
+        Items with an unsafe name or local path are refused first (`report.unsafe`).
+        Too little local space, before or during the pull, is `NoSpace` (exit 14);
+        a lost connection is `Unreachable` (exit 4), its details holding the report.
         """
+        items = self._refuse_unsafe(items)
         pending = [i for i in items if not is_complete(i)]
         check_space(pending, self.host)
         try:
@@ -308,6 +360,20 @@ class Puller:
             if exc.errno not in NO_SPACE_ERRNOS:
                 raise
             raise no_space_error(pending, self.host, during=True) from None
+        except Unreachable as exc:
+            exc.details["pull"] = self.report.to_dict()
+            raise
+
+    def _refuse_unsafe(self, items: list[PullItem]) -> list[PullItem]:
+        """The items that may be written; the others go to `report.unsafe`, untouched."""
+        safe = []
+        for item in items:
+            reason = unsafe_reason(item, self.dest)
+            if reason is None:
+                safe.append(item)
+            else:
+                self.report.unsafe.append((item.remote, reason))
+        return safe
 
     def _pull(self, items: list[PullItem], pending: list[PullItem]) -> PullReport:
         start = time.monotonic()
@@ -341,7 +407,7 @@ class Puller:
 
         (A stale partial file from an older version of the dump is the one case
         where resuming cannot work.)  A broken link keeps the partial file for
-        the next pull.
+        the next pull (a lost connection raises `Unreachable`).
         """
         resumed = item.part.exists() and item.part.stat().st_size > 0
         problem = self._stream(item)
@@ -351,7 +417,11 @@ class Puller:
             self._fail(item, problem)
 
     def _stream(self, item: PullItem) -> str | None:
-        """`tail -c +N` from the size of the local .part; hash prefix + new bytes; verify."""
+        """`tail -c +N` from the size of the local .part; hash prefix + new bytes; verify.
+
+        At most one byte more than the manifest's size is read (a longer file is
+        refused, not written on).  A lost connection keeps the .part and raises.
+        """
         self._mkdir(item.local.parent)
         offset = item.part.stat().st_size if item.part.exists() else 0
         if offset > item.size:
@@ -368,10 +438,18 @@ class Puller:
         reader = _StallReader(proc, self.stall_timeout, self.host)
         fd = os.open(item.part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            got = self._copy_from(reader, fd, digest, item.size - offset, eof_ok=True)
+            got = self._copy_from(reader, fd, digest, item.size - offset + 1)
         finally:
             os.close(fd)
+        if got > item.size - offset:
+            proc.kill()  # longer than the manifest says: refused below, the rest unread
+            self._reap(proc)
+            return self._finish(item, offset + got, digest)
         rc, err = self._reap(proc)
+        if connection_lost(rc, err):
+            if offset + got == 0:
+                item.part.unlink(missing_ok=True)
+            raise lost_error(self.host, err)
         if rc != 0:
             return "missing on the host" if "No such file" in err else f"ssh exited {rc}: {err.strip()[-200:]}"
         return self._finish(item, offset + got, digest)
@@ -383,6 +461,9 @@ class Puller:
         Creating a file costs more than writing 256 KiB into it on ext4, so a
         helper thread (`_FileLane`) creates the next files ahead of the stream
         and renames verified ones behind it; this thread only reads, hashes, writes.
+        Members are matched by exact name against the job's (checked) names; any
+        other member is skipped unread.  A member cut short by a lost connection
+        keeps its .part when it can resume (`SMALL_FILE`), and the pull raises.
         """
         names = b"".join(i.remote.encode() + b"\0" for i in job)
         # -b 512: 256 KiB records, so sshd gets big writes instead of tar's default 10 KiB
@@ -392,39 +473,59 @@ class Puller:
         stdin.close()
         reader = _StallReader(proc, self.stall_timeout, self.host)
         lane = _FileLane(job, self._mkdir, self._files_pool)
+        cut: list[tuple[PullItem, str]] = []
         try:
             for name, size in _tar_members(reader):
                 opened = lane.take(name)
                 if opened is None:
                     _skip(reader, size)
-                else:
-                    self._member(lane, *opened, size, reader)
+                elif problem := self._member(lane, *opened, size, reader):
+                    cut.append((opened[0], problem))
                 _skip(reader, -size % 512)
             _skip(reader, 1 << 62)  # the record padding after the end marker
         finally:
             unseen = lane.close()
         rc, err = self._reap(proc)
+        if connection_lost(rc, err):
+            raise lost_error(self.host, err)
+        for item, problem in cut:
+            self._fail(item, problem)
         for item in unseen:
             reason = "missing on the host" if "No such file" in err else f"tar/ssh exited {rc}: {err.strip()[-200:]}"
             self._fail(item, reason)
 
-    def _member(self, lane: "_FileLane", item: PullItem, fd: int, size: int, reader: "_StallReader") -> None:
-        """One tar member into its (already created) .part file; verified, then renamed behind."""
+    def _member(self, lane: "_FileLane", item: PullItem, fd: int, size: int, reader: "_StallReader") -> str | None:
+        """One tar member into its (already created) .part file; verified, then renamed behind.
+
+        Returns the problem of a member cut short (the stream ended inside it: the
+        caller decides, once ssh has exited, whether the link was lost); its
+        .part stays when it can resume (>= SMALL_FILE: the bytes are the file's
+        prefix, checked by sha256 once complete).  Other failures are recorded here.
+        """
         digest = hashlib.sha256()
         try:
-            got = self._copy_from(reader, fd, digest, size)
+            got = 0 if size != item.size else self._copy_from(reader, fd, digest, size)
         finally:
             os.close(fd)
-        problem = None if got == size else f"short read ({got} of {size})"
-        if problem is None and item.sha256 and digest.hexdigest() != item.sha256:
-            problem = "sha256 differs from the manifest"
-        if problem:
-            item.part.unlink(missing_ok=True)
-            self._fail(item, problem)
-            return
+        if size != item.size:  # never write past what the manifest promised
+            _skip(reader, size)
+            self._refuse_member(item, f"size {size}, manifest says {item.size}")
+            return None
+        if got < size:
+            if item.size < SMALL_FILE:
+                item.part.unlink(missing_ok=True)
+            return f"short read ({got} of {size})"
+        if item.sha256 and digest.hexdigest() != item.sha256:
+            self._refuse_member(item, "sha256 differs from the manifest")
+            return None
         lane.rename(item)
         with self._lock:
             self.report.fetched += 1
+        return None
+
+    def _refuse_member(self, item: PullItem, problem: str) -> None:
+        item.part.unlink(missing_ok=True)
+        self._fail(item, problem)
 
     # -- shared --------------------------------------------------------------
     def _finish(self, item: PullItem, size: int, digest: _Hash, report_failure: bool = False) -> str | None:
@@ -480,12 +581,12 @@ class Puller:
         view: memoryview = self._local.view
         return view
 
-    def _copy_from(self, reader: "_StallReader", fd: int, digest: _Hash, limit: int, eof_ok: bool = False) -> int:
-        """Copy `limit` bytes (or to EOF) from the reader to `fd`, hashing and counting them."""
+    def _copy_from(self, reader: "_StallReader", fd: int, digest: _Hash, limit: int) -> int:
+        """Copy up to `limit` bytes (fewer at EOF) from the reader to `fd`, hashing and counting them."""
         view = self._buffer()
         total = 0
-        while eof_ok or total < limit:
-            n = reader.readinto(view if eof_ok else view[: min(BUF, limit - total)])
+        while total < limit:
+            n = reader.readinto(view[: min(BUF, limit - total)])
             if not n:
                 break
             chunk = view[:n]
@@ -724,15 +825,22 @@ def pull(
     stall_timeout: float = 60.0,
     advance: Advance | None = None,
     strict: bool = True,
+    dest: Path | None = None,
 ) -> PullReport:
-    """Pull `items` (paths relative to `root` on the host); raise VerifyFailed if any failed."""
-    report = Puller(target, root, ssh_config=ssh_config, jobs=jobs, stall_timeout=stall_timeout, advance=advance).pull(
-        items
+    """Pull `items` (paths relative to `root` on the host, local paths inside `dest` when given).
+
+    With `strict`, raise VerifyFailed if any failed or was refused as unsafe; a
+    lost connection is `Unreachable` either way.
+    """
+    puller = Puller(
+        target, root, ssh_config=ssh_config, jobs=jobs, stall_timeout=stall_timeout, advance=advance, dest=dest
     )
-    if strict and report.failed:
-        first = "; ".join(f"{f}: {r}" for f, r in report.failed[:3])
+    report = puller.pull(items)
+    if strict and (report.failed or report.unsafe):
+        bad = report.unsafe + report.failed
+        first = "; ".join(f"{f}: {r}" for f, r in bad[:3])
         raise VerifyFailed(
-            f"{len(report.failed)} file(s) failed: {first}",
+            f"{len(bad)} file(s) failed: {first}",
             host=target.name,
             hint="re-run the pull: verified files are kept, the rest are fetched again",
             details=report.to_dict(),

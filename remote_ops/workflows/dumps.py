@@ -3,6 +3,9 @@
 The decisions (reconcile, projection, pull verdicts, a group's merge) are pure
 in `remote_ops.core.dumpcheck`; `pull_items` / `merged_items` say what
 `remote_ops.remote.transfer` must fetch, and the local manifests are written here.
+Every local path is `remote_ops.core.hostpaths.local_path(root, name)`: the
+reconciliation has already set aside the names that fail its check, and the
+transfer checks each item again before it writes.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..core import hostpaths
 from ..core.dumpcheck import (
     MANIFEST,
     SUFFIX,
@@ -19,6 +23,7 @@ from ..core.dumpcheck import (
     Probe,
     Reconciliation,
     parse_probe,
+    reconcile,
     status_command,
     verify_command,
 )
@@ -48,7 +53,7 @@ def local_bytes(root: Path) -> int:
 
 
 def probe(remote, dump_dir: str, timeout: float | None = None) -> Probe:
-    """Run the status probe on the host (one round trip)."""
+    """Run the status probe on the host (one round trip); refused names are in `Probe.unsafe`."""
     result = remote.run(status_command(dump_dir), timeout=timeout)
     found = parse_probe(result.stdout)
     if not found.exists:
@@ -90,14 +95,20 @@ def local_dump_dir(host_name: str) -> Path:
     return host_dir(host_name) / "dumps"
 
 
+def reconcile_probe(probe: Probe, dump_dir: str, hidden_size: int | None = None) -> Reconciliation:
+    """`dumpcheck.reconcile` of a probe, its listing's refused names included."""
+    return reconcile(dump_dir, probe.files, probe.manifest_text, hidden_size, unsafe=probe.unsafe)
+
+
+def _item(rec: dict, local_root: Path) -> PullItem:
+    name = str(rec["file"])
+    return PullItem(name, hostpaths.local_path(local_root, name), int(rec["bytes"]), rec.get("sha256"))
+
+
 def pull_items(r: Reconciliation, local_root: Path) -> list[PullItem]:
     """One item per manifest row whose file is on the host (missing ones cannot be pulled)."""
     missing = set(r.missing_files)
-    return [
-        PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]), rec.get("sha256"))
-        for rec in r.records
-        if str(rec["file"]) not in missing
-    ]
+    return [_item(rec, local_root) for rec in r.records if str(rec["file"]) not in missing]
 
 
 def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
@@ -107,7 +118,7 @@ def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
     """
     by_rank: dict[str, list[str]] = {}
     for rec in r.records:
-        if (local_root / str(rec["file"])).exists():
+        if hostpaths.local_path(local_root, rec["file"]).exists():
             by_rank.setdefault(str(rec["file"]).split("/", 1)[0], []).append(json.dumps(rec, sort_keys=True))
     for rank, lines in by_rank.items():
         path = local_root / rank / MANIFEST
@@ -133,9 +144,7 @@ def merged_items(merged: FleetDumps, local_root: Path, choice: dict[str, int]) -
         n = choice.get(key, 0)
         if n < len(copies):
             host, rec = copies[n]
-            out.setdefault(host, []).append(
-                PullItem(str(rec["file"]), local_root / str(rec["file"]), int(rec["bytes"]), rec.get("sha256"))
-            )
+            out.setdefault(host, []).append(_item(rec, local_root))
     return out
 
 

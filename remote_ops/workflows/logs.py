@@ -3,6 +3,12 @@
 The pure half (log parsing, cursors, the fetch commands and their parsers, the
 follow command) is `remote_ops.core.logparse`; here are the local copies, the
 saved cursors (`PullState`) and the round trips (`pull_logs`).
+
+No local name comes from the host: a pulled log is `<local dir>/<kind>.log`
+(kinds are `logparse.KINDS`), whatever the host's file is called, and rotated
+copies add the saved generation number (`<kind>.log.<n>`).  The name still goes
+through `remote_ops.core.hostpaths.local_path`, like every local path a pull
+writes, so a future kind cannot escape the local dir either.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..core import hostpaths
 from ..core.logparse import (
     HEAD_BYTES,
     FileChunk,
@@ -103,6 +110,11 @@ class PulledLog:
     missing: bool = False
 
 
+def local_copy(local_dir: Path, kind: str) -> Path:
+    """The local copy of a log: `<local dir>/<kind>.log`, never a name the host chose."""
+    return hostpaths.local_path(local_dir, f"{kind}.log")
+
+
 def local_log_dir(host_name: str) -> Path:
     from ..paths import host_dir
 
@@ -113,7 +125,7 @@ def pull_file(
     remote, kind: str, path: str, local_dir: Path, state: PullState, state_path: Path, max_bytes: int = 64 << 20
 ) -> PulledLog:
     """Fetch the new bytes of one remote log file, chunk by chunk, saving the cursor after each."""
-    local = local_dir / f"{kind}.log"
+    local = local_copy(local_dir, kind)
     result = PulledLog(kind, path, str(local))
     while True:
         cursor = state.files.get(kind, FileCursor())
@@ -135,7 +147,7 @@ def pull_server(
     remote, container: str, local_dir: Path, state: PullState, state_path: Path, since: str | None = None
 ) -> PulledLog:
     """Append the container's new log lines (with docker's timestamps) to `server.log`."""
-    local = local_dir / "server.log"
+    local = local_copy(local_dir, "server")
     result = PulledLog("server", f"docker logs {container}", str(local))
     run = remote.run(server_fetch_command(container, state.server, since), check=False)
     if run.exit_status == 3 or not run.stdout.strip():
