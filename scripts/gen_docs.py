@@ -17,6 +17,7 @@ Nothing here connects anywhere or reads the environment: the output depends on t
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import os
@@ -68,10 +69,20 @@ def _read(path: Path) -> str:
 # --- docs/commands.md ---------------------------------------------------------------------
 
 
-def root_command() -> click.Group:
-    from remote_ops.cli import cli
+#: where the root click group may live (the CLI process may move into a `remote_ops/cli/` folder)
+ROOT_GROUP_AT = ("remote_ops.cli", "remote_ops.cli.cli", "remote_ops.cli.main")
 
-    return cli
+
+def root_command() -> click.Group:
+    """The `remote-ops` click group: the first `cli` group found at ROOT_GROUP_AT."""
+    for module_name in ROOT_GROUP_AT:
+        try:
+            group = getattr(importlib.import_module(module_name), "cli", None)
+        except ImportError:
+            continue
+        if isinstance(group, click.Group):
+            return group
+    raise SystemExit(f"gen-docs: no click group `cli` in {', '.join(ROOT_GROUP_AT)}")
 
 
 def leaf_commands() -> list[tuple[str, click.Command, click.Context, list[click.Group]]]:
