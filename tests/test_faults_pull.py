@@ -229,6 +229,33 @@ def test_the_listing_is_nul_separated_so_a_newline_cannot_forge_an_entry():
     assert p.unsafe == ["rankZ\n../PWN.safetensors: control character", "rank0/\\xff.bin: not UTF-8"]
 
 
+def test_the_transfer_refuses_an_item_that_would_land_outside_dest_before_opening_anything(tmp_path):
+    """The last guard: a host name that fails the check, or a local path that resolves out of
+    `dest` (a symlinked folder or file), is listed in `report.unsafe`, never opened or counted."""
+    from remote_ops.remote.sshconfig import SshTarget
+
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    (dest / "rank0").mkdir(parents=True)
+    outside.mkdir()
+    (dest / "rank1").symlink_to(outside)
+    (outside / "there.safetensors").write_bytes(b"x" * 5)  # "already here", through the link
+    (dest / "rank0" / "a.safetensors.part").symlink_to(outside / "a.part")
+    items = [
+        transfer.PullItem("rank1/there.safetensors", dest / "rank1" / "there.safetensors", 5),
+        transfer.PullItem("rank0/a.safetensors", dest / "rank0" / "a.safetensors", 5),
+        transfer.PullItem("../up.safetensors", tmp_path / "up.safetensors", 5),
+    ]
+    target = SshTarget(name="h", hostname="127.0.0.1", port=1, user="nobody")
+    report = transfer.Puller(target, "/d", dest=dest).pull(items)
+    assert report.unsafe == [
+        ("rank1/there.safetensors", "local path outside the destination"),
+        ("rank0/a.safetensors", "local path outside the destination"),
+        ("../up.safetensors", "'..' component"),
+    ]
+    assert (report.files, report.skipped, report.fetched) == (0, 0, 0)
+    assert sorted(os.listdir(outside)) == ["there.safetensors"] and not (tmp_path / "up.safetensors").exists()
+
+
 # --------------------------------------------------------------------------- finding 5: connection lost
 
 
@@ -345,6 +372,40 @@ def test_cli_pull_whose_sshd_dies_mid_file_exits_4_then_resumes(lab, spare_host,
     assert rc == 0, err
     assert doc["pull"]["resumed"] == 1 and doc["pull"]["bytes"] == len(data) - kept
     assert _sha((dest / "rank0" / "k-p0.safetensors").read_bytes()) == _sha(data)
+
+
+def test_cli_group_pull_whose_host_dies_mid_file_exits_4_naming_the_keys_not_reached(
+    lab, host, spare_host, faults, lab_env, tmp_path
+):
+    d1, d3, dest = host.paths.dump_dir, spare_host.paths.dump_dir, tmp_path / "merged"
+    _fresh(d1)
+    _fresh(d3)
+    honest = _honest(d1, "a", 2)
+    _write_manifest(d1, honest)
+    data = os.urandom(256 * MIB)
+    (d3 / "rank0" / "big-p0.safetensors").write_bytes(data)
+    _write_manifest(d3, [_row("big-p0", "rank0/big-p0.safetensors", data)])
+    part = dest / "rank0" / "big-p0.safetensors.part"
+    args = [sys.executable, "-m", "remote_ops", "dumps", "pull", "--host", f"lab1,{spare_host.name}"]
+    proc = subprocess.Popen(
+        [*args, "--dest", str(dest), "--json"], env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size >= 16 * MIB):
+            assert time.monotonic() < deadline and proc.poll() is None, "the pull never got going"
+            time.sleep(0.01)
+        faults.crash(spare_host)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert proc.returncode == ExitCode.UNREACHABLE, err
+    doc = json.loads(out)
+    assert doc["not_reached"] == ["big-p0"] and doc["connection_lost"] == [spare_host.name]
+    assert doc["no_good_copy"] == [] and "connection lost" in err and "corrupt" not in err
+    assert sorted(doc["kept_from"]) == sorted(r["key"] for r in honest)
+    assert 16 * MIB <= part.stat().st_size < len(data)
 
 
 # --------------------------------------------------------------------------- logs pull
