@@ -174,9 +174,9 @@ class App:
             _close_when_settled(opening)
         self._opening.clear()
         self._speculative.clear()
-        for remote in self._remotes.values():
+        remotes, self._remotes = list(self._remotes.values()), {}  # a host's thread may `forget` meanwhile
+        for remote in remotes:
             remote.close()
-        self._remotes.clear()
 
 
 class _Opening:

@@ -72,6 +72,8 @@ class Console:
         self.quiet = quiet
         #: stdout carries JSON Lines (a stream): every document is one compact line
         self.streaming = streaming
+        #: the run ended (`for_errors`): stream lines from threads still running are dropped
+        self.ended = False
         self.verbose = 0
         self._stderr = stderr or sys.stderr
         self._stdout = stdout or sys.stdout
@@ -81,7 +83,9 @@ class Console:
     def for_errors(self) -> Console:
         """A console for the CLI boundary's error or interruption: this one's streams, JSON mode
         and `streaming` (the last line of a stream is one compact line too), but never quiet
-        (errors and their stderr tail always print)."""
+        (errors and their stderr tail always print).  This console's stream is over: a line a
+        host's thread still delivers is dropped, so the error stays the stream's last line."""
+        self.ended = True
         return Console(self.json_mode, stderr=self._stderr, stdout=self._stdout, streaming=self.streaming)
 
     def warm(self) -> None:
@@ -143,7 +147,7 @@ class Console:
         """A live line of remote output, prefixed by its host: progress (a build's output) on
         stderr, or with `data` the command's data (followed log lines) on stdout.  Its control
         characters are shown (`visible`, one line): a log line cannot drive the terminal."""
-        if data or not self.quiet:
+        if (data or not self.quiet) and not self.ended:
             host, line = visible(host, one_line=True), visible(line, one_line=True)
             style = "dim" if stream == "stderr" else None
             target = self.data if data else self.err
@@ -153,6 +157,8 @@ class Console:
         """A followed log line exactly as the host sent it, prefixed by its host, on stdout, never
         through rich (which would drop some control characters): `logs follow --raw`, asked for
         by name.  The host name (from the inventory) is still shown as `visible`."""
+        if self.ended:
+            return
         self._stdout.write(f"{visible(host, one_line=True)} | {line}\n")
         self._stdout.flush()
 
@@ -236,7 +242,7 @@ class Console:
         """One compact JSON object on one line (JSON Lines, for streams), only in json mode.
         Marks the console as `streaming`: whatever document follows is a line of the stream."""
         self.streaming = True
-        if self.json_mode:
+        if self.json_mode and not self.ended:
             self._stdout.write(json.dumps(to_jsonable(obj), separators=(",", ":")) + "\n")
             self._stdout.flush()
 

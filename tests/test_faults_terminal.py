@@ -139,6 +139,31 @@ def test_a_document_after_a_stream_is_one_compact_line():
     assert out.getvalue() == '{\n  "a": 1\n}\n'
 
 
+def test_a_traceback_and_ssh_events_show_host_text(capsys):
+    """Text that leaves without the console: a bug's traceback (`cli.run`) and -vv's paramiko
+    records (the server's banner is quoted there)."""
+    import logging
+
+    from remote_ops import cli
+    from remote_ops.commands import _options
+
+    try:
+        raise RuntimeError(HOSTILE)
+    except RuntimeError:
+        cli._print_bug()
+    err = capsys.readouterr().err
+    assert "RuntimeError" in err and HOSTILE_SHOWN in err and ESC not in err
+    log = logging.getLogger("paramiko")
+    before = (list(log.handlers), log.level)
+    _options._ssh_events_to_stderr()
+    try:
+        logging.getLogger("paramiko.transport").info("Connected (version 2.0, client %s)", f"evil{CLEAR}")
+    finally:
+        log.handlers[:], log.level = before
+    err = capsys.readouterr().err
+    assert "client evil^[[2J" in err and ESC not in err
+
+
 # ---------------------------------------------------------------- each host's own verdict (pure)
 def _health(name: str, *checks: Check, error_exit: int | None = None) -> HostHealth:
     return HostHealth(name, list(checks), error_exit=error_exit)
@@ -169,22 +194,26 @@ def test_each_host_keeps_its_own_exit_code_and_verdict():
 
 # ---------------------------------------------------------------- over real lab hosts
 def test_dumps_status_and_verify_show_a_hostile_file_name(lab, lab_env, remote, host):
-    """The probe's name erased the `[warn] files missing from the manifest` line and printed a
-    green ALL GOOD; now the name is shown (`^[`), the warn line stays, --json keeps it exact."""
+    """The probe's name erased the `[warn] files missing from the manifest` line above it and
+    printed a green ALL GOOD; now the name is shown (`^[`), every warn line stays whole, and
+    --json keeps the exact name (listed as an unsafe host name, `core.hostpaths`)."""
     rank = host.paths.dump_dir / "rank0"
     remote.run(["rm", "-rf", str(host.paths.dump_dir)])
     remote.run(["mkdir", "-p", str(rank)])
-    remote.run(["sh", "-c", 'head -c 64 /dev/zero > "$1"', "sh", str(rank / HOSTILE)])
+    for name in ("plain.safetensors", HOSTILE):  # one ordinary unlisted file, one hostile name
+        remote.run(["sh", "-c", 'head -c 64 /dev/zero > "$1"', "sh", str(rank / name)])
     try:
         for command in ("status", "verify"):
             rc, out, err = run_cli(lab_env, "dumps", command, "--host", host.name)
-            text = out + err
-            assert ESC not in text, text
+            assert ESC not in out + err, out + err
             lines = err.splitlines()
-            warn = lines.index("[warn] files missing from the manifest: 1")
-            assert lines[warn + 1] == f"    rank0/{HOSTILE_SHOWN}", err
+            assert "[warn] files missing from the manifest: 1" in lines, err
+            assert lines[lines.index("[warn] files missing from the manifest: 1") + 1] == "    rank0/plain.safetensors"
+            shown = [i for i, line in enumerate(lines) if line.startswith(f"    rank0/{HOSTILE_SHOWN}")]
+            assert len(shown) == 1 and lines[shown[0] - 1].startswith("[warn] "), err  # its label: whole
         rc, out, err = run_cli(lab_env, "dumps", "status", "--host", host.name, "--json")
-        assert json.loads(out)["reconciliation"]["unlisted_files"] == [f"rank0/{HOSTILE}"], err
+        recon = json.loads(out)["reconciliation"]
+        assert any(entry.startswith(f"rank0/{HOSTILE}") for entry in recon["unsafe"]), recon
     finally:
         remote.run(["rm", "-rf", str(host.paths.dump_dir)])
 
@@ -303,3 +332,17 @@ def test_ctrl_c_ends_a_logs_follow_stream_with_one_compact_line(lab, lab_env, ho
     log.write_text("one\ntwo\n")
     args = ("logs", "follow", "--host", host.name, "--what", "extraction", "--duration", "120", "--json")
     _assert_stream_ends_compact(*_interrupt_after_first_line(lab_env, *args))
+
+
+def test_ctrl_c_ends_a_many_host_follow_at_once(lab, lab_env):
+    """Two hosts followed for 120 s: SIGINT ends the run within seconds (the hosts' threads are
+    not waited for), and the stream still ends with the compact interrupted line."""
+    for name in ("lab1", "lab2"):
+        log = lab.host(name).paths.logs_dir / "extraction.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("one\ntwo\n")
+    args = ("logs", "follow", "--host", "lab1,lab2", "--what", "extraction", "--duration", "120", "--json")
+    t0 = time.monotonic()
+    rc, lines, err = _interrupt_after_first_line(lab_env, *args, deadline_s=30)
+    assert time.monotonic() - t0 < 30 and "Traceback" not in err, err
+    _assert_stream_ends_compact(rc, lines, err)

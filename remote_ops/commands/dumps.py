@@ -57,9 +57,12 @@ def _render_recon(console, r: dumpcheck.Reconciliation) -> None:
     _list(console, "warn", "files missing from the manifest", r.unlisted_files)
     _list(console, "warn", "temp files (interrupted writes)", r.temp_files)
     _list(console, "warn", "torn manifest lines", r.torn)
+    _list(console, "warn", "unsafe host names (a pull refuses them)", r.unsafe)
 
 
 def _list(console, status: str, label: str, items: list[str], limit: int = 10) -> None:
+    """`[status] label: N` and the first `limit` items, one a line; host names are shown, never
+    obeyed (the console prints their control characters as `^[`, `^J`)."""
     if not items:
         return
     console.status(status, f"{label}: {len(items)}")

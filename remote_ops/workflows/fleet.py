@@ -124,18 +124,28 @@ def fan_out(
     forks: int = DEFAULT_FORKS,
     on_done: Callable[[HostOutcome], None] | None = None,
 ) -> FleetRun:
-    """Run `work` on every host, at most `forks` at a time; outcomes keep the hosts' order."""
+    """Run `work` on every host, at most `forks` at a time; outcomes keep the hosts' order.
+
+    An interruption (Ctrl-C: `errors.Interrupted` in this, the main thread) does not wait for
+    the hosts still working: hosts not started are cancelled and the signal goes on at once;
+    the running ones end when the caller closes their connections (`App.close`), instead of
+    after their own deadline (a `logs follow` of many hosts ran on for its --duration)."""
     if len(hosts) == 1:
         outcome = run_one(hosts[0], work)
         on_done and on_done(outcome)
         return FleetRun([outcome])
     by_name: dict[str, HostOutcome] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts))))
+    try:
         futures = [pool.submit(run_one, h, work) for h in hosts]
         for future in as_completed(futures):
             outcome = future.result()
             by_name[outcome.host] = outcome
             on_done and on_done(outcome)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return FleetRun([by_name[h.name] for h in hosts])
 
 
