@@ -241,7 +241,7 @@ def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env
         "SGLANG_HS_DUMP_WRITERS": str(writers),
         "SGLANG_HS_DUMP_POLICY": policy,
         "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens),
-        **{k: v for k, v in os.environ.items() if k.startswith("SGLANG_HS_DUMP_")},  # e.g. SGLANG_HS_DUMP_COPY
+        **{k: v for k, v in os.environ.items() if k.startswith("SGLANG_HS_DUMP_")},  # e.g. SGLANG_HS_DUMP_GATHER_TOKENS
         **(extra_env or {}),
     }
     runtime = Runtime("bench", 0, 1, ServerArgsView({"tp_size": 1}), "bench")
@@ -355,10 +355,10 @@ def sustained(step, lens, base, args, writers):
 
 
 def sha256_rate(nbytes=1 << 30):
-    """hashlib sha256 over 1 GiB on one thread: the CPU cost of the manifest digest."""
+    """hashlib sha256 over `nbytes` (1 GiB) on one thread: the CPU cost of the manifest digest."""
     import hashlib
 
-    data = os.urandom(64 << 20)
+    data = os.urandom(min(nbytes, 64 << 20))
     t0 = time.perf_counter()
     h = hashlib.sha256()
     for _ in range(nbytes // len(data)):
@@ -390,8 +390,8 @@ def run(args):
         raw_disk_files(fresh(os.path.join(base, "raw")), w, span_bytes, args.raw_bytes) for w in args.sustained_writers
     ]
     res["raw_disk_files"] = max(res["raw_disk_files_runs"], key=lambda r: r["GBps"])
-    res["sha256_GBps_one_thread"] = sha256_rate()
-    res["safetensors"] = safetensors_throughput(fresh(os.path.join(base, "st")))
+    res["sha256_GBps_one_thread"] = sha256_rate(args.probe_bytes)
+    res["safetensors"] = safetensors_throughput(fresh(os.path.join(base, "st")), args.probe_bytes)
     step = Step(args.tokens, args.hidden, dev, args.target_ms)
     res["matmuls_per_step"] = step.n_mm
     loop_none(step, lens, 3)
@@ -456,6 +456,7 @@ def parse(argv=None):
     p.add_argument("--exact-samples", type=int, default=4)
     p.add_argument("--exact-only", action="store_true", help="only phase 5 (bit-exactness after reuse)")
     p.add_argument("--raw-bytes", type=int, default=4 << 30)
+    p.add_argument("--probe-bytes", type=int, default=1 << 30, help="bytes of the sha256 and save_file probes")
     p.add_argument("--dir", default=os.path.abspath(".bench-dump"))
     p.add_argument("--out", default=None)
     return p.parse_args(argv)

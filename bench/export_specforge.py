@@ -62,7 +62,7 @@ def run_export(dump_dir: Path, dataset: Path, out: Path, jobs: int, probe_mb: in
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "remote_ops" / "specforge_export.py"),
+            str(ROOT / "remote_ops" / "onhost" / "specforge_export.py"),
             "export",
             "--dump-dir",
             str(dump_dir),
