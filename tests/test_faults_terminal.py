@@ -76,6 +76,14 @@ def test_caret_covers_every_c0_and_c1_control():
     assert not any(0x00 <= ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in visible(hidden))
 
 
+def test_visible_is_linear_on_long_host_lines():
+    """A tripwire, not a benchmark: a 1 MB line of escapes and a 16 MB clean one, well in time."""
+    t0 = time.monotonic()
+    assert visible(ESC * (1 << 20), one_line=True) == "^[" * (1 << 20)
+    assert len(visible("x" * (16 << 20))) == 16 << 20
+    assert time.monotonic() - t0 < 2.0
+
+
 # ---------------------------------------------------------------- the console (the only printer)
 def _console(**kw) -> tuple[Console, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
