@@ -199,7 +199,7 @@ def cli() -> None:
     warnings to stderr; --json prints one document (JSON Lines for
     --watch and `logs follow`); -v shows each remote command, -vv SSH events.
 
-    Exit codes are documented in the README (0 ok, 3 config, 4 unreachable,
+    Exit codes are documented in docs/exit-codes.md (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
     failed, 11/12 health warn/fail, 13 not found, 14 no space,
     129/130/143 SIGHUP/SIGINT/SIGTERM).

@@ -3,7 +3,7 @@
 Every expected failure in remote-ops is one of these.  They are raised deep
 inside (the SSH seam, the anchor finder, the inventory loader) and rendered
 exactly once, at the CLI boundary (`remote_ops.cli`), which maps them to the
-exit codes documented in the README.  Unexpected exceptions are bugs and exit
+exit codes documented in docs/exit-codes.md.  Unexpected exceptions are bugs and exit
 with code 1 and a traceback.
 
 The exit codes are API: scripts and CI jobs branch on them.  Never renumber.
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 
 class ExitCode:
-    """The documented exit codes (README: "Exit codes")."""
+    """The documented exit codes (docs/exit-codes.md)."""
 
     OK = 0
     INTERNAL = 1  # a bug in remote-ops: traceback printed

@@ -274,7 +274,7 @@ def _release_order(versions) -> list[str]:
 
 
 @patch_group.command("specs")
-@click.option("--markdown", is_flag=True, help='a Markdown table (the README\'s "Supported models")')
+@click.option("--markdown", is_flag=True, help="a Markdown table (docs/models.md)")
 @app_options
 def specs_cmd(app, markdown) -> None:
     """The supported models: spec name, file, class, config.json architectures, validated releases.

@@ -246,7 +246,7 @@ def for_file(data: bytes | str, model_class: str | None = None) -> PatchSpec:
     if not hits:
         raise Refused(
             f"no patch spec covers class {cls}; specs cover: {', '.join(sorted({m.cls for m in catalog()}))}",
-            hint=f'add a model entry to a spec folder on ${PATH_ENV} (see README "Supported models")',
+            hint=f"add a model entry to a spec folder on ${PATH_ENV} (see docs/models.md)",
             details={"reason": "no_spec"},
         )
     if len(hits) > 1:
@@ -325,7 +325,7 @@ TABLE_HEADERS = ["spec", "models", "file", "class", "config.json architectures",
 
 
 def markdown_table(rows: list[list[str]]) -> str:
-    """The `patch specs` table as Markdown (pasted into the README's "Supported models")."""
+    """The `patch specs` table as Markdown (docs/models.md is generated from it)."""
     lines = ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
     lines += ["| " + " | ".join(f"`{c}`" if i in (0, 2, 3) else c for i, c in enumerate(r)) + " |" for r in rows]
     return "\n".join(lines)
