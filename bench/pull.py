@@ -51,7 +51,7 @@ def make_data(root: Path, big_mib: int, small: int) -> dict[str, list[tuple[str,
     big = root / "big" / "dump.bin"
     if not big.exists() or big.stat().st_size != big_mib << 20:
         subprocess.run(
-            ["dd", "if=/dev/urandom", f"of={big}", "bs=4M", f"count={big_mib // 4}", "status=none"],
+            ["dd", "if=/dev/urandom", f"of={big}", "bs=1M", f"count={big_mib}", "status=none"],
             check=True,
             timeout=600,
         )

@@ -1,0 +1,166 @@
+"""Every script in bench/ runs: a CPU smoke run with tiny sizes, so a move or rename breaks a test.
+
+Each script runs as its operator runs it (a new process from the repository
+root) with the smallest sizes it takes: on CPU torch for the GPU scripts, on
+real lab hosts (their own HostLab, gated by the `lab` fixture) for the lab
+scripts.  The figures mean nothing here; what is asserted is that the script
+gets through its whole path and writes its result.  deploy_noop.py and
+fleet_wan.py deploy a host before they time anything (a BuildKit build, tens of
+seconds), so their smoke run stops short of that: arguments, imports, and the
+helpers they borrow from each other and from startup.py.
+bench/dumper_tp2.py's CPU run is tests/test_dump_capture.py's gloo test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+
+# every bench script -> the test that runs it (a new script needs a smoke run here)
+SMOKED = {
+    "dumper_gpu.py": "test_dumper_gpu_runs_every_phase_on_cpu",
+    "dumper_sweep.py": "test_dumper_sweep_runs_both_step_kinds_on_cpu",
+    "dumper_paired.py": "test_dumper_paired_runs_blocks_and_the_interleave_on_cpu",
+    "dumper_probe.py": "test_dumper_probe_says_it_needs_a_gpu",
+    "dumper_tp2.py": "test_dump_capture.py::test_two_processes_over_gloo_gate_ranks_and_write_bit_identical_spans",
+    "export_specforge.py": "test_export_specforge_runs_the_exporter_against_its_copy_anchor",
+    "startup.py": "test_startup_times_the_cli_and_health_on_a_lab_host",
+    "health_fanout.py": "test_health_fanout_checks_two_lab_hosts",
+    "pull.py": "test_pull_moves_both_data_sets_with_two_methods",
+    "engine_calls.py": "test_engine_calls_measures_every_variant_once",
+    "deploy_noop.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
+    "fleet_wan.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
+}
+
+
+def run_bench(script: str, *args: str, timeout: float = 120, codes=(0,)) -> subprocess.CompletedProcess:
+    """`python bench/SCRIPT ARGS` from the repository root; fails with the script's output tail unless it
+    exits with one of `codes` (pull.py exits 1 when its goal is not met, which tiny sizes may not be)."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode in codes, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_every_bench_script_has_a_smoke_run():
+    scripts = {p.name for p in BENCH.glob("*.py")}
+    assert scripts == set(SMOKED), "bench scripts without a smoke run here: %s" % sorted(scripts - set(SMOKED))
+    here = {name for name in globals() if name.startswith("test_")}
+    assert {t for t in SMOKED.values() if "::" not in t} <= here
+
+
+def test_dumper_gpu_runs_every_phase_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "gpu.json"
+    run_bench(
+        "dumper_gpu.py", "--device", "cpu", "--tokens", "64", "--hidden", "64", "--target-ms", "1",
+        "--steps", "2", "--naive-steps", "1", "--sustained-steps", "2", "--sustained-writers", "2",
+        "--buffers", "2", "--writers", "2", "--exact-samples", "2", "--raw-bytes", str(1 << 20),
+        "--probe-bytes", str(1 << 20), "--dir", str(tmp_path / "work"), "--out", str(out),
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["summary"]["bit_exact"] and result["bit_exact"]["spans_checked"] > 0
+    assert result["sustained"]["file_bytes"] > 0 and result["bit_exact"]["copy_mode"] is None  # CPU: no driver
+
+
+def test_dumper_sweep_runs_both_step_kinds_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "sweep.json"
+    run_bench(
+        "dumper_sweep.py", "--device", "cpu", "--hidden", "64", "--sizes", "64", "--kinds", "compute,launch",
+        "--reps", "1", "--writers", "2", "--min-loop-s", "0.01", "--dir", str(tmp_path / "work"), "--out", str(out),
+    )  # fmt: skip
+    points = json.loads(out.read_text())["points"]
+    assert [(p["kind"], p["tokens"]) for p in points] == [("compute", 64), ("launch", 64)]
+
+
+def test_dumper_paired_runs_blocks_and_the_interleave_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "paired.json"
+    run_bench(
+        "dumper_paired.py", "--device", "cpu", "--hidden", "64", "--points", "compute:64", "--alt", "compute:64",
+        "--alt-captures", "2", "--variants", "default,aa", "--block-s", "0.01", "--min-steps", "2",
+        "--max-steps", "2", "--rounds-min", "2", "--rounds-max", "2", "--point-s", "0", "--settle-s", "0",
+        "--writers", "2", "--dir", str(tmp_path / "work"), "--out", str(out),
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["points"] and result["alt"]
+
+
+def test_dumper_probe_says_it_needs_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe would run for real")
+    out = tmp_path / "probe.json"
+    run_bench("dumper_probe.py", "--out", str(out))
+    assert json.loads(out.read_text())["skipped"] == "needs a CUDA GPU and libcuda.so.1"
+
+
+def test_export_specforge_runs_the_exporter_against_its_copy_anchor(tmp_path):
+    out = tmp_path / "export.json"
+    run_bench(
+        "export_specforge.py", "--dir", str(tmp_path), "--files", "2", "--tokens", "16", "--hidden", "64",
+        "--jobs", "1,2", "--probe-mb", "1", "--json", str(out),
+    )  # fmt: skip
+    results = json.loads(out.read_text())["results"]
+    assert [r["jobs"] for r in results] == [1, 2] and all(r["files"] == 2 and r["ratio"] > 0 for r in results)
+
+
+def test_startup_times_the_cli_and_health_on_a_lab_host(lab, tmp_path):
+    out = tmp_path / "startup.json"
+    run_bench("startup.py", "--repeat", "1", "--json", str(out))
+    walls = json.loads(out.read_text())["wall_s"]
+    assert {"python -c pass", "remote-ops --help", "remote-ops health --host lab1"} <= set(walls)
+
+
+def test_health_fanout_checks_two_lab_hosts(lab, tmp_path):
+    out = tmp_path / "health.json"
+    run_bench("health_fanout.py", "--hosts", "2", "--repeat", "1", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["hosts"] == 2 and result["one_host_s"] > 0 and result["ratio_parallel_vs_one"] > 0
+
+
+def test_pull_moves_both_data_sets_with_two_methods(lab, tmp_path):
+    out = tmp_path / "pull.json"
+    run_bench(
+        "pull.py", "--reps", "1", "--big-mib", "1", "--small", "4", "--methods", "rsync,remote-ops",
+        "--dest-dir", str(tmp_path), "--json", str(out), codes=(0, 1),
+    )  # fmt: skip
+    median = json.loads(out.read_text())["median"]
+    assert all(median[s]["remote-ops"]["x_rsync"] > 0 for s in ("big", "small")), median
+
+
+def test_engine_calls_measures_every_variant_once(lab, tmp_path):
+    out = tmp_path / "engine.json"
+    run_bench("engine_calls.py", "--reps", "1", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert len(result["times"]) == 16 and all(len(runs) == 1 for runs in result["times"].values())
+    assert result["counts"]["channels_opened_by_warm_engine"] == 1
+
+
+def test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers():
+    for script in ("deploy_noop.py", "fleet_wan.py"):
+        assert "usage:" in run_bench(script, "--help").stdout
+    check = (
+        "import sys, yaml; sys.path.insert(0, 'bench'); import deploy_noop, fleet_wan, startup\n"
+        "fields = dict.fromkeys(['name', 'target', 'ref', 'dump_parent', 'container', 'version_py', 'lock'], 'x')\n"
+        "assert isinstance(yaml.safe_load(deploy_noop.PLAYBOOK.format(audit='x', **fields)), list)\n"
+        "assert callable(deploy_noop.bench_openssh) and callable(deploy_noop.bench_ansible)\n"
+        "env = startup.as_installed_env()\n"
+        "with startup._no_server() as server: assert server is None\n"
+        "print('ok', sorted(env)[:1])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
