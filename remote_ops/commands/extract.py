@@ -54,6 +54,12 @@ def _render(console, st: extractplan.ExtractStatus) -> None:
             f"token ids: sent again as new samples (new dumps, nothing skipped)",
         )
     _render_extraction(console, st.summary)
+    if st.summary.no_space:
+        console.status(
+            "fail",
+            f"{st.summary.no_space['message']} (since {st.summary.no_space['since']}; "
+            "the client waits, and goes on once there is room)",
+        )
     if st.missing:
         console.status("warn", f"{len(st.missing)} sample(s) produced no dump file (first: {st.missing[0]})")
 
@@ -102,19 +108,26 @@ class _StartCommand(click.Command):
 def start_cmd(
     app, hosts, forks, dataset, concurrency, retries, max_samples, server_url, wait_s, restart, dry_run, show_plan
 ) -> int:
-    """Start (or resume) the client, detached on each host; a group splits the samples not yet dumped."""
+    """Start (or resume) the client, detached on each host; a group splits the samples not yet dumped.
+
+    A local dataset is checked here first, before any connection, upload or lock:
+    a bad line is exit 3 naming FILE:LINE."""
     local = Path(dataset).expanduser()
+    if local.is_file():
+        extract_mod.check_dataset(local)
     ledger = extract_mod.load_ledger(_dataset_id(local)) if local.is_file() else None
     others = set((ledger or {}).get("hosts", {})) - {h.name for h in hosts}
     if len(hosts) == 1 and not others:
-        kwargs = dict(concurrency=concurrency, retries=retries, limit=max_samples, server_url=server_url)
+        kwargs = dict(
+            concurrency=concurrency, retries=retries, limit=max_samples, server_url=server_url, dataset_checked=True
+        )
         return _start_one(app, hosts[0], dataset, kwargs, wait_s, dry_run, show_plan)
     if not local.is_file():
         raise UsageError(
             f"a group start splits a local dataset file; {dataset} is not one here",
             hint="copy the dataset here, or start each host on its own file",
         )
-    kwargs = dict(concurrency=concurrency, retries=retries, server_url=server_url)
+    kwargs = dict(concurrency=concurrency, retries=retries, server_url=server_url, dataset_checked=True)
     return _start_sharded(app, hosts, forks, local, max_samples, kwargs, wait_s, restart, dry_run, ledger)
 
 

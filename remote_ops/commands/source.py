@@ -83,18 +83,14 @@ def check_request(lines: str | None, grep: str | None, symbol: str | None) -> No
     """Reject bad --lines / --grep / --symbol here, before any connection (exit 2, not 4).
 
     Only what can be judged without the file: the range's form and order (its
-    end against the file's length is checked once the file is read)."""
-    import re
-
+    end against the file's length is checked once the file is read, and the
+    message gives that length), the pattern's ERE syntax."""
     if sum(x is not None for x in (lines, grep, symbol)) != 1:
         raise UsageError("give exactly one of --lines A:B, --grep PATTERN, --symbol Class.method")
     if lines is not None:
-        srcview.parse_range(lines, 2**31)
+        srcview.parse_range(lines, None)
     if grep is not None:
-        try:
-            re.compile(grep)
-        except re.error as exc:
-            raise UsageError(f"bad pattern {grep!r}: {exc}") from None
+        srcview.check_pattern(grep)
     if symbol is not None and not any(p for p in symbol.split(".")):
         raise UsageError(f"bad symbol {symbol!r}: expected Class.method, Class or function")
 
@@ -102,7 +98,12 @@ def check_request(lines: str | None, grep: str | None, symbol: str | None) -> No
 @click.command("inspect-source")
 @target_options
 @click.option("--lines", default=None, metavar="A:B", help="show lines A..B, like sed -n 'A,Bp' (e.g. 2830:2845)")
-@click.option("--grep", default=None, metavar="PATTERN", help="lines matching a Python regex, like grep -n")
+@click.option(
+    "--grep",
+    default=None,
+    metavar="PATTERN",
+    help="lines matching an extended regular expression, like grep -nE (run by grep on the host)",
+)
 @click.option("--symbol", default=None, metavar="Class.method", help="the whole definition, decorators included")
 @hosts_command(local_ok=True)
 def inspect_source(app, hosts, forks, path, local_file, model_class, lines, grep, symbol) -> int:
@@ -114,13 +115,18 @@ def inspect_source(app, hosts, forks, path, local_file, model_class, lines, grep
       remote-ops inspect-source --host gpu-node --grep capture_aux_hidden_states
       remote-ops inspect-source --local-file deepseek_v2.py --symbol DeepseekV2ForCausalLM.forward
 
-    Read-only: one SSH round trip, nothing is changed.  Bad ranges exit 2,
-    a missing file 13.
+    --grep takes a POSIX extended regular expression, as grep -E (with GNU's
+    \\w \\s \\b \\< \\>), matched by grep on the host in the same round trip, so
+    no pattern can hang the tool.  Python-only syntax (\\d, (?i), backreferences)
+    is refused before connecting.
+
+    Read-only: one SSH round trip, nothing is changed.  Bad ranges and
+    patterns exit 2, a missing file 13.
     """
     check_request(lines, grep, symbol)
 
     def work(remote, target):
-        tf = patching.read_target(remote, target)
+        tf = patching.read_target(remote, target, grep=grep)
         return 0, srcview.inspect(
             tf.data,
             path=tf.path,
@@ -131,6 +137,7 @@ def inspect_source(app, hosts, forks, path, local_file, model_class, lines, grep
             lines=lines,
             grep=grep,
             symbol=symbol,
+            grep_hits=srcview.parse_grep(tf.grep_output or "", grep) if grep is not None else None,
         )
 
     return on_targets(app, hosts, forks, path, local_file, work, _show, model_class=model_class, strict=False)

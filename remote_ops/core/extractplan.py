@@ -62,8 +62,12 @@ def launch_command(
     dataset: str,
     limit: int | None = None,
     dump_grace: float = 30.0,
+    dump_bytes_per_token: int | None = None,
 ) -> str:
-    """Start the client detached in its own session; print its PID."""
+    """Start the client detached in its own session; print its PID.
+
+    `dump_bytes_per_token` is the client's estimate of a dump's size until it
+    has dump files of its own to measure (it names a full dump disk with it)."""
     argv = [
         "python3",
         p.client,
@@ -86,9 +90,16 @@ def launch_command(
     ]
     if limit:
         argv += ["--limit", str(limit)]
+    if dump_bytes_per_token:
+        argv += ["--dump-bytes-per-token", str(int(dump_bytes_per_token))]
     out = shell.quote(p.file("client.out"))
     # `cd || exit; cmd &` - not `cd && cmd &`, which backgrounds a subshell holding the channel open
     return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"
+
+
+#: `extract status` reads at most this much of each log line (the host cuts the rest):
+#: a 16 MB line in the log must not travel, nor be parsed (`logparse.LINE_LIMIT`).
+LOG_LINE_BYTES = 64 * 1024
 
 
 def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False, wait_s: float = 0.0) -> str:
@@ -104,7 +115,7 @@ def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = Fals
         + [
             ("alive", alive_check(p)),
             ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
-            ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)}; echo"),
+            ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)} | cut -b 1-{LOG_LINE_BYTES}; echo"),
             ("counts", f"python3 {shell.quote(p.client)} count --workdir {shell.quote(p.workdir)}"),
             ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
             ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
@@ -163,26 +174,36 @@ def parse_status(host: str, output: str) -> ExtractStatus:
     from .logparse import parse_extraction
 
     counts = _json_or_empty(parts.get("counts", (1, ""))[1])
+    log = parts.get("log", (1, ""))[1]
     return ExtractStatus(
         host,
         parts.get("alive", (1, ""))[0] == 0,
-        int(pid_text) if pid_text.isdigit() else None,
-        parse_extraction(parts.get("log", (1, ""))[1]),
-        int(counts.get("done") or 0),
+        _count(pid_text),
+        parse_extraction(log),
+        _count(counts.get("done")) or 0,
         missing,
         parts.get("out", (1, ""))[1],
-        int(counts.get("total") or 0),
-        counts.get("dataset_id"),
-        _reused_ids(parts.get("log", (1, ""))[1]),
+        _count(counts.get("total")) or 0,
+        counts.get("dataset_id") if isinstance(counts.get("dataset_id"), str) else None,
+        _reused_ids(log),
     )
+
+
+def _count(value) -> int | None:
+    """A count the host printed (text or a JSON number): None unless 0..10**18."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    return int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else None
 
 
 def _reused_ids(log_text: str) -> int:
     """`reused_ids=N` of the last `started` line (the current run), 0 if none."""
-    started = [line for line in log_text.splitlines() if " started " in line]
-    field = next((w for w in (started[-1].split() if started else []) if w.startswith("reused_ids=")), "")
-    value = field.partition("=")[2]
-    return int(value) if value.isdigit() else 0
+    from .logparse import bounded_lines
+
+    started = ""
+    for line in bounded_lines(log_text):
+        started = line if " started " in line else started
+    field = next((w for w in started.split() if w.startswith("reused_ids=")), "")
+    return _count(field.partition("=")[2]) or 0
 
 
 def _json_or_empty(text: str) -> dict:
@@ -216,11 +237,15 @@ class Sample:
 
 
 def read_samples(path: Path, max_samples: int | None = None) -> list[Sample]:
-    """The local dataset as `Sample`s (first `max_samples` only), with the client's key rule."""
+    """The local dataset as `Sample`s (first `max_samples` only), with the client's key rule.
+
+    Lines are split as the client splits them (on \\n only); a bad line raises the
+    client's DatasetError (`workflows.extract.check_dataset` names it first)."""
     from ..onhost.extract_onhost import dump_key, read_dataset
 
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     parsed = read_dataset(str(path))
+    with open(path, "rb") as fh:
+        lines = [text.rstrip("\r\n") for raw in fh if (text := raw.decode("utf-8")).strip()]
     samples = [Sample(sid, dump_key(ids), len(ids), line) for (sid, ids), line in zip(parsed, lines)]
     return samples[:max_samples] if max_samples else samples
 

@@ -39,10 +39,13 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import re
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import IO
 
 from ..errors import UsageError
 from . import shell
@@ -50,8 +53,44 @@ from . import shell
 KINDS = ("server", "extraction", "training")
 
 
-#: `extract_onhost.py` writes `<iso time> progress done=.. total=.. tokens=.. errors=.. elapsed=..`.
-_KV = re.compile(r"(\w+)=(\S+)")
+#: The longest line any parser here reads, in characters: the rest of a longer line is
+#: dropped before parsing.  A host can write anything into its logs, and a 16 MB word must
+#: cost no more than a 64 KB one; every regex below is linear in the line's length too.
+LINE_LIMIT = 64 * 1024
+
+#: An error line kept for display (`ExtractionSummary.error_lines`) is cut to this many characters.
+ERROR_LINE_LIMIT = 1000
+
+_LINE = re.compile(r"[^\r\n]+")  # one run per line: linear, no backtracking
+
+
+def bounded_lines(text: str | Iterable[str], limit: int = LINE_LIMIT) -> Iterator[str]:
+    """The non-empty lines of `text` (split on \\n and \\r, as tqdm repaints), each cut to `limit`.
+
+    Slices of the text, one line at a time: a 200 MB log is never copied whole
+    and a 16 MB line costs a scan, not a copy.  `text` may also be an iterable
+    of lines (`stream_lines` of an open file), taken as they come."""
+    if not isinstance(text, str):
+        for line in text:
+            yield from bounded_lines(line, limit)
+        return
+    for m in _LINE.finditer(text):
+        start, end = m.span()
+        yield text[start : min(end, start + limit)]
+
+
+def stream_lines(stream: IO[str], limit: int = LINE_LIMIT) -> Iterator[str]:
+    """The lines of an open text file, each cut to `limit`, read `limit` characters at a time:
+    a file holding one 200 MB line never sits in memory (`parse_extraction(stream_lines(fh))`)."""
+    while line := stream.readline(limit):
+        if not line.endswith("\n"):  # cut: skip the rest of this line
+            while (rest := stream.readline(limit)) and not rest.endswith("\n"):
+                pass
+        yield line.rstrip("\r\n")
+
+
+def _cut(line: str, limit: int = ERROR_LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[:limit] + " ... (cut)"
 
 
 @dataclass
@@ -70,13 +109,41 @@ class ExtractionSummary:
     state: str = "unknown"  # running | finished | stopped | unknown
     last_time: str | None = None
     error_lines: list[str] = field(default_factory=list)
+    no_space: dict | None = None  # the client's last `nospace` line, until it logs `space` again
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _fields(line: str) -> dict[str, str]:
-    return dict(_KV.findall(line))
+    """The `key=value` words of one `extract_onhost.py` log line (`<iso time> <event> k=v ...`;
+    a value with spaces or quotes is a JSON string: `error="HTTP 503 ..."`).
+
+    A scan, not a regex: one pass over at most `LINE_LIMIT` characters.  Keys
+    are word characters; a word without `=` is skipped."""
+    line, i = line[:LINE_LIMIT], 0
+    out: dict[str, str] = {}
+    while i < len(line):
+        end = line.find(" ", i)
+        end = len(line) if end < 0 else end
+        eq = line.find("=", i, end)
+        key = line[i:eq] if eq > i else ""
+        if not (key.replace("_", "a").isalnum() and key.isascii()):
+            i = end + 1
+        elif line.startswith('"', eq + 1):
+            try:
+                value, i = _JSON.raw_decode(line, eq + 1)
+            except ValueError:
+                return out  # an unterminated quote: nothing after it can be read reliably
+            out[key] = str(value)
+        else:
+            if end > eq + 1:
+                out[key] = line[eq + 1 : end]
+            i = end + 1
+    return out
+
+
+_JSON = json.JSONDecoder()
 
 
 def _num(value: str | None, cast=float):
@@ -86,18 +153,55 @@ def _num(value: str | None, cast=float):
         return None
 
 
-def parse_extraction(text: str) -> ExtractionSummary:
-    """Summarise an extraction log: the last progress line wins; errors are counted."""
+def parse_extraction(text: str | Iterable[str]) -> ExtractionSummary:
+    """Summarise an extraction log: the last progress line wins; errors are counted.
+
+    `text` is the log, or its lines (`stream_lines`); lines are cut to `LINE_LIMIT`."""
     s, session = ExtractionSummary(), {}
-    for line in text.splitlines():
+    for line in bounded_lines(text):
         parts = line.split(" ", 2)
         event = parts[1] if len(parts) > 1 else ""
         if event in ("progress", "finished", "stopped", "started"):
             session = _apply_progress(s, line, event)
         elif event in ("error", "failed"):
-            s.error_lines = (s.error_lines + [line])[-20:]
+            s.error_lines = (s.error_lines + [_cut(line)])[-20:]
+        elif event in ("nospace", "space"):
+            s.no_space = _no_space(line, parts[0]) if event == "nospace" else None
     _derive_rates(s, session)
+    if s.no_space:
+        s.eta_s = None  # nothing moves until space returns
     return s
+
+
+def _no_space(line: str, when: str) -> dict | None:
+    """The client's `nospace dir=.. free_bytes=.. needed_bytes=.. pending=..` line, with its sentence."""
+    kv = _fields(line)
+    free, needed = _num(kv.get("free_bytes"), int), _num(kv.get("needed_bytes"), int)
+    if "dir" not in kv or free is None or needed is None:
+        return None
+    return {
+        "dir": kv["dir"],
+        "free_bytes": free,
+        "needed_bytes": needed,
+        "pending": _num(kv.get("pending"), int),
+        "since": when,
+        "message": no_space_message(kv["dir"], free, needed),
+    }
+
+
+def no_space_message(directory: str, free: int, needed: int) -> str:
+    """`no space left on /data/dumps: 1.2 GB free, 40.0 GB needed` (the client logs the same words)."""
+    return f"no space left on {directory}: {human_bytes(free)} free, {human_bytes(needed)} needed"
+
+
+def human_bytes(n: int) -> str:
+    """Decimal units, one decimal: 1.0 KB, 5.0 GB (as `extract_onhost.py` writes them)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
 
 
 def _apply_progress(s: ExtractionSummary, line: str, event: str) -> dict:
@@ -108,6 +212,8 @@ def _apply_progress(s: ExtractionSummary, line: str, event: str) -> dict:
         if name in kv and _num(kv[name], int) is not None:
             setattr(s, name, _num(kv[name], int))
     s.state = {"finished": "finished", "stopped": "stopped"}.get(event, "running")
+    if event != "progress":
+        s.no_space = None  # a new session, or the end of one
     return {
         "elapsed": _num(kv.get("elapsed")),
         "done": _num(kv.get("session_done"), int),
@@ -130,25 +236,29 @@ def _derive_rates(s: ExtractionSummary, session: dict) -> None:
         s.eta_s = round(max(s.total - s.done, 0) / s.rate_samples_s, 1)
 
 
+# Linear on any line: every attempt starts at a literal word (`Train`, `Training Epoch`, `loss=`)
+# or at the first digit of a run (`(?<!\d)`), and numbers read as ints are at most 18 digits
+# (a longer one is no match, rather than a 16 MB int).
 _POSITION = re.compile(
-    r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d+)(?:/(?P<total>\d+))?\],\s*"
-    r"position\s+(?P<pos>\d+),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)"
+    r"(?P<phase>Train|Eval)\s+(?P<unit>Epoch|Step)\s+\[(?P<index>\d{1,18})(?:/(?P<total>\d{1,18}))?\],\s*"
+    r"position\s+(?P<pos>\d{1,9}),\s*(?P<metric>Acc|pLoss):\s*(?P<value>[-+0-9.eEnaif]+)"
 )
 
 
-_STEP_DICT = re.compile(r"^step (?P<step>\d+): (?P<dict>\{.*\})\s*$")
+_STEP_DICT = re.compile(r"^step (?P<step>\d{1,18}): (?P<dict>\{.*\})\s*$")
 
 
 _NONFINITE = re.compile(r"(?<![\w'.])-?(?:nan|inf)(?![\w'])")
 
 
-_POSITION_KEY = re.compile(r"^(?:(?P<ns>train|eval)/)?(?P<metric>acc|ploss|per_position_acc)[_/](?P<pos>\d+)$")
+_POSITION_KEY = re.compile(r"^(?:(?P<ns>train|eval)/)?(?P<metric>acc|ploss|per_position_acc)[_/](?P<pos>\d{1,9})$")
 
 
-_TQDM = re.compile(
-    r"Training Epoch (?P<epoch>\d+):.*?(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?"
-    r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)"
-)
+# The tqdm bar in three steps (one regex with `.*?` between them re-scanned the line from
+# every `Training Epoch`): the head, then each `N/M [..]` after it, then loss/acc inside.
+_TQDM_HEAD = re.compile(r"Training Epoch (?P<epoch>\d{1,9}):")
+_TQDM_COUNT = re.compile(r"(?<!\d)(?P<n>\d{1,18})/(?P<total>\d{1,18})\s*\[(?P<postfix>[^\]]*)")
+_TQDM_POSTFIX = re.compile(r"loss=(?P<loss>[-0-9.eE]+),\s*acc=(?P<acc>[-0-9.eE]+)")
 
 
 @dataclass
@@ -227,11 +337,14 @@ class TrainingSummary:
         }
 
 
-def parse_training(text: str) -> TrainingSummary:
-    """Parse a SpecForge training log (the three formats above; tqdm's \\r updates included)."""
-    out = TrainingSummary(standin="SPECFORGE STAND-IN" in text or "'STAND-IN/synthetic'" in text)
+def parse_training(text: str | Iterable[str]) -> TrainingSummary:
+    """Parse a SpecForge training log (the three formats above; tqdm's \\r updates included).
+
+    `text` is the log, or its lines (`stream_lines`); lines are cut to `LINE_LIMIT`."""
+    out = TrainingSummary()
     index: dict[tuple, TrainRecord] = {}
-    for piece in re.split(r"[\r\n]+", text):
+    for piece in bounded_lines(text):
+        out.standin = out.standin or "SPECFORGE STAND-IN" in piece or "'STAND-IN/synthetic'" in piece
         d = _STEP_DICT.match(piece)
         if d:
             _add_step_dict(out, index, int(d["step"]), d["dict"])
@@ -240,10 +353,23 @@ def parse_training(text: str) -> TrainingSummary:
         if m:
             _add_position(out, index, m)
             continue
-        t = _TQDM.search(piece)
-        if t:
-            _add_step(out, t)
+        point = _tqdm_point(piece)
+        if point:
+            _add_step(out, point)
     return out
+
+
+def _tqdm_point(piece: str) -> StepPoint | None:
+    """`Training Epoch 0:  12%|..| 120/1000 [.., loss=1.23, acc=0.45, ..]` -> its StepPoint."""
+    head = _TQDM_HEAD.search(piece)
+    if not head:
+        return None
+    for count in _TQDM_COUNT.finditer(piece, head.end()):
+        post = _TQDM_POSTFIX.search(count["postfix"])
+        loss, acc = (_num(post["loss"]), _num(post["acc"])) if post else (None, None)
+        if loss is not None and acc is not None:
+            return StepPoint(int(head["epoch"]), int(count["n"]), int(count["total"]), loss, acc)
+    return None
 
 
 def _add_position(out: TrainingSummary, index: dict, m: re.Match) -> None:
@@ -260,7 +386,10 @@ def _add_position(out: TrainingSummary, index: dict, m: re.Match) -> None:
 def step_metrics(text: str) -> dict[str, float | list]:
     """The dict SpecForge 0.2.0 prints after `step N: ` -> {key: float or list} (pure; {} if unreadable).
 
-    Python prints non-finite floats as bare `nan`/`inf`, which are not literals: read as None."""
+    Python prints non-finite floats as bare `nan`/`inf`, which are not literals: read as None.
+    A text longer than `LINE_LIMIT` is not read."""
+    if len(text) > LINE_LIMIT:
+        return {}
     try:
         doc = ast.literal_eval(_NONFINITE.sub("None", text))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -296,8 +425,7 @@ def _put_metric(rec: TrainRecord, key: str, value) -> None:
         rec.metrics[key.removeprefix("train/")] = float(value)
 
 
-def _add_step(out: TrainingSummary, t: re.Match) -> None:
-    point = StepPoint(int(t["epoch"]), int(t["n"]), int(t["total"]), float(t["loss"]), float(t["acc"]))
+def _add_step(out: TrainingSummary, point: StepPoint) -> None:
     if out.steps and (out.steps[-1].epoch, out.steps[-1].step) == (point.epoch, point.step):
         out.steps[-1] = point  # tqdm repaints the same step
     else:
@@ -458,12 +586,12 @@ def split_tagged(line: str) -> tuple[str, str]:
     return (kind, text) if sep and kind in KINDS else ("remote", line)
 
 
-def extraction_points(text: str) -> list[tuple[float, int, int]]:
+def extraction_points(text: str | Iterable[str]) -> list[tuple[float, int, int]]:
     """(seconds since the first line, samples done, tokens) per progress line, for plotting."""
     import calendar
 
     points, first = [], None
-    for line in text.splitlines():
+    for line in bounded_lines(text):
         parts = line.split(" ", 2)
         if len(parts) < 3 or parts[1] not in ("progress", "finished", "stopped", "started"):
             continue

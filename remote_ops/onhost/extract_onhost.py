@@ -27,6 +27,15 @@ hidden states of the prompt), keeping N requests in flight.
   by `remote_ops.core.logparse.parse_extraction`:
   `started`, `progress` (every few seconds), `error` (a retried attempt),
   `failed` (gave up), `finished`/`stopped` (last line).
+- When a request fails and the dump dir's filesystem has less free space than
+  the sample's dumps need (bytes per token measured on its own recent dump
+  files, else `--dump-bytes-per-token`), it logs `nospace dir=.. free_bytes=..
+  needed_bytes=.. says="no space left on DIR: N GB free, M needed"` (needed: for
+  every sample still to do), waits without spending the sample's retries, and
+  logs `space` when there is room again (polled every few seconds; SIGTERM ends
+  the wait).
+- A bad dataset line ends it at start with one line on stderr,
+  `dataset error: FILE:LINE: reason`, exit 2 (rules: `read_dataset`).
 - At the end it checks that each sample's dump file exists
   (`<dump-dir>/rank*/<key>.safetensors`, waiting up to --dump-grace seconds for
   the dumper's writer), and lists the samples without one in `missing.jsonl`.
@@ -48,10 +57,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from queue import Empty, Queue
 
 KEY_HASH_CHARS = 32
 RETRY_HTTP = (429, 500, 502, 503, 504)
+SPACE_MARGIN = 1 << 20  # a failed request with less than a sample's dumps + this free: the disk is full
+SPACE_POLL_S = 2.0
+NOSPACE_REPEAT_S = 60.0  # while waiting, the `nospace` line is logged again this often
 
 
 def dump_key(token_ids, prefix_len=0):
@@ -87,19 +100,111 @@ def _word(value):
     return json.dumps(text) if (not text or any(c.isspace() or c == '"' for c in text)) else text
 
 
+class DatasetError(ValueError):
+    """A dataset line the client cannot send: `path:line: reason` (line numbers from 1)."""
+
+    def __init__(self, path, line, reason):
+        ValueError.__init__(self, "%s:%d: %s" % (path, line, reason))
+        self.line, self.reason = line, reason
+
+
 def read_dataset(path):
-    """[(sample id, token ids)] from JSONL; the id defaults to the line number."""
+    """[(sample id, token ids)] from JSONL; the id defaults to the line's 0-based index.
+
+    The rules are `remote_ops/core/datasetcheck.py`'s (this file is shipped alone,
+    so it keeps its own copy): one UTF-8 JSON object per line, no duplicate key,
+    `input_ids` (or `token_ids`) a non-empty list of int32 token ids, `loss_mask`
+    0/1 per id, `id` a string or an integer.  A bad line raises DatasetError."""
     samples = []
-    with open(path) as fh:
-        for number, line in enumerate(fh):
-            if not line.strip():
-                continue
-            doc = json.loads(line)
-            ids = doc.get("input_ids", doc.get("token_ids"))
-            if not isinstance(ids, list) or not ids:
-                raise ValueError("line %d: no input_ids/token_ids list" % (number + 1))
-            samples.append((str(doc.get("id", number)), [int(x) for x in ids]))
+    with open(path, "rb") as fh:
+        for index, raw in enumerate(fh):
+            doc, reason = parse_record(raw)
+            if reason:
+                raise DatasetError(path, index + 1, reason)
+            if doc is not None:
+                ids = doc["input_ids"] if "input_ids" in doc else doc["token_ids"]
+                samples.append((str(doc.get("id", index)), ids))
     return samples
+
+
+# --- the dataset rules: a copy of remote_ops/core/datasetcheck.py (Python 3.8, stdlib) -------------
+MAX_TOKEN_ID = 2**31 - 1
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate("duplicate key %r" % (key,))
+        seen[key] = value
+    return seen
+
+
+def json_type(value):
+    if isinstance(value, bool):
+        return "true/false"
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
+    return names.get(type(value), "null")
+
+
+def parse_record(raw):
+    """(record, None) for a good line, (None, reason) for a bad one, (None, None) for a blank one."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, "not UTF-8 (byte 0x%02x at column %d)" % (raw[exc.start], exc.start + 1)
+    if not text.strip():
+        return None, None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _Duplicate as exc:
+        return None, str(exc)
+    except json.JSONDecodeError as exc:
+        return None, "not JSON: %s (column %d)" % (exc.msg, exc.colno)
+    except (ValueError, RecursionError) as exc:
+        return None, "not JSON: %s" % (exc,)
+    if not isinstance(doc, dict):
+        return None, "not a JSON object (each line is one {...} record), but %s" % json_type(doc)
+    reason = record_problem(doc)
+    return (None, reason) if reason else (doc, None)
+
+
+def record_problem(doc):
+    name = "input_ids" if "input_ids" in doc else "token_ids"
+    ids = doc.get(name)
+    if name not in doc:
+        return "no input_ids (or token_ids) list"
+    if not isinstance(ids, list):
+        return "%s must be a list of token ids, not %s" % (name, json_type(ids))
+    if not ids:
+        return "%s is empty" % name
+    if not set(map(type, ids)) <= {int} or min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+        return _bad_id(name, ids)
+    if "loss_mask" in doc:
+        mask = doc["loss_mask"]
+        if (
+            not isinstance(mask, list)
+            or len(mask) != len(ids)
+            or not set(map(type, mask)) <= {int}
+            or set(mask) - {0, 1}
+        ):
+            return "loss_mask must be a list of 0/1, one per token id (%d)" % len(ids)
+    if "id" in doc and (isinstance(doc["id"], bool) or not isinstance(doc["id"], (str, int))):
+        return "id must be a string or an integer, not %s" % json_type(doc["id"])
+    return None
+
+
+def _bad_id(name, ids):
+    for k, x in enumerate(ids):
+        if type(x) is not int:
+            return "%s[%d] is %s: token ids are integers" % (name, k, json_type(x))
+        if not 0 <= x <= MAX_TOKEN_ID:
+            return "%s[%d] = %d is out of range: token ids are 0 to %d" % (name, k, x, MAX_TOKEN_ID)
+    return "%s is not a list of token ids" % name
 
 
 def manifest_records(path):
@@ -189,6 +294,91 @@ def generate(url, token_ids, timeout):
         raise Transient("%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc))) from None
 
 
+def human_bytes(n):
+    """Decimal units, one decimal (as remote_ops.core.logparse.human_bytes): 1.0 KB, 5.0 GB."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return "%.0f B" % value if unit == "B" else "%.1f %s" % (value, unit)
+        value /= 1000
+    return "%.1f TB" % value
+
+
+def free_bytes(path):
+    """Free space for an unprivileged writer on `path`'s filesystem, or None if it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+class SpaceWatch:
+    """Is the dump disk full?  Asked after a failed request; names it in the log and waits for room."""
+
+    def __init__(self, run, dump_dir, bytes_per_token):
+        self.run, self.dir, self.fallback = run, dump_dir, bytes_per_token or 0
+        self.lock = threading.Lock()
+        self.waiting = 0  # workers waiting for space
+        self.logged = 0.0
+
+    def bytes_per_token(self):
+        """Measured on the recent dumps of this run (every rank's file of a key), else the fallback."""
+        sizes = tokens = 0
+        for key, n in list(self.run.recent):
+            for path in glob.glob(os.path.join(self.dir, "rank*", key + ".safetensors")):
+                try:
+                    sizes, tokens = sizes + os.path.getsize(path), tokens + n
+                except OSError:
+                    pass
+        return sizes / tokens if tokens else self.fallback
+
+    def short(self, sample_tokens):
+        """(free, bytes per token) when the dump dir cannot hold this sample's dumps, else None."""
+        free = free_bytes(self.dir) if self.dir else None
+        if free is None:
+            return None
+        per_token = self.bytes_per_token()
+        return (free, per_token) if free < sample_tokens * per_token + SPACE_MARGIN else None
+
+    def wait(self, sample_tokens):
+        """Log `nospace` and wait until there is room (True), or return False at once if there is."""
+        short = self.short(sample_tokens)
+        if short is None:
+            return False
+        with self.lock:
+            self.waiting += 1
+        try:
+            while short is not None and not self.run.stop.is_set():
+                self._log(short, sample_tokens)
+                self.run.stop.wait(SPACE_POLL_S)
+                short = self.short(sample_tokens)
+        finally:
+            with self.lock:
+                self.waiting -= 1
+                if not self.waiting and self.logged:
+                    self.logged = 0.0
+                    self.run.log.event("space", dir=self.dir, free_bytes=free_bytes(self.dir))
+        return True
+
+    def _log(self, short, sample_tokens):
+        with self.lock:
+            if self.logged and time.time() - self.logged < NOSPACE_REPEAT_S:
+                return
+            self.logged = time.time()
+        free, per_token = short
+        needed = int(self.run.tokens_left() * per_token)
+        self.run.log.event(
+            "nospace",
+            dir=self.dir,
+            free_bytes=free,
+            needed_bytes=needed,
+            sample_bytes=int(sample_tokens * per_token),
+            pending=self.run.total - self.run.done,
+            says="no space left on %s: %s free, %s needed" % (self.dir, human_bytes(free), human_bytes(needed)),
+        )
+
+
 class Run:
     """One extraction session: a queue of pending samples, N workers, counters."""
 
@@ -205,6 +395,9 @@ class Run:
         self.total = len(samples)
         self.done = len(done)  # of THIS dataset, by dump key
         self.tokens = sum(len(ids) for _, ids, _ in done)
+        self.all_tokens = sum(len(ids) for _, ids in samples)
+        self.recent = deque(maxlen=20)  # (key, tokens) of this session's last ok samples
+        self.space = SpaceWatch(self, args.dump_dir, args.dump_bytes_per_token)
         self.done_keys = [key for _, _, key in done]
         self.errors = self.failed = self.session_done = self.session_tokens = 0
         for sid, ids, key in adopt:  # same content under a new id: no request needed
@@ -226,6 +419,10 @@ class Run:
             elapsed=round(time.time() - self.started, 3),
         )
 
+    def tokens_left(self):
+        with self.lock:
+            return max(self.all_tokens - self.tokens, 0)
+
     def worker(self):
         while not self.stop.is_set():
             try:
@@ -235,7 +432,10 @@ class Run:
             self.one(sid, ids, key)
 
     def one(self, sid, ids, key):
-        """Send one sample with retries; record the outcome in the manifest."""
+        """Send one sample with retries; record the outcome in the manifest.
+
+        A failure while the dump disk is full is not the sample's: the attempt is
+        not counted, and the sample is sent again once there is room."""
         attempt, delay = 0, self.args.backoff
         while True:
             attempt += 1
@@ -243,17 +443,24 @@ class Run:
                 generate(self.url, ids, self.args.request_timeout)
                 return self.record(sid, key, ids, "ok", attempt)
             except Transient as exc:
+                error, transient = str(exc), True
+            except ValueError as exc:
+                error, transient = str(exc), False
+            if transient:
                 with self.lock:
                     self.errors += 1
-                self.log.event("error", id=sid, attempt=attempt, error=str(exc)[:200])
-                if attempt > self.args.retries or self.stop.is_set():
-                    return self.record(
-                        sid, key, ids, "failed" if not self.stop.is_set() else "interrupted", attempt, str(exc)
-                    )
-                self.stop.wait(min(delay, self.args.max_backoff) * (0.5 + random.random()))
-                delay *= 2
-            except ValueError as exc:
-                return self.record(sid, key, ids, "failed", attempt, str(exc))
+                self.log.event("error", id=sid, attempt=attempt, error=error[:200])
+            if self.space.wait(len(ids)):
+                attempt -= 1
+                if self.stop.is_set():
+                    return self.record(sid, key, ids, "interrupted", attempt, error)
+                continue
+            if not transient:
+                return self.record(sid, key, ids, "failed", attempt, error)
+            if attempt > self.args.retries or self.stop.is_set():
+                return self.record(sid, key, ids, "failed" if not self.stop.is_set() else "interrupted", attempt, error)
+            self.stop.wait(min(delay, self.args.max_backoff) * (0.5 + random.random()))
+            delay *= 2
 
     def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False):
         rec = {
@@ -277,6 +484,7 @@ class Run:
         self._append(sid, key, ids, status, attempts, error)
         with self.lock:
             if status == "ok":
+                self.recent.append((key, len(ids)))
                 self.done_keys.append(key)
                 self.done += 1
                 self.tokens += len(ids)
@@ -336,6 +544,12 @@ def parse_args(argv=None):
     ap.add_argument("--progress-every", type=float, default=5.0)
     ap.add_argument("--dump-grace", type=float, default=30.0, help="seconds to wait for late dump files")
     ap.add_argument("--limit", type=int, default=None, help="only the first N samples")
+    ap.add_argument(
+        "--dump-bytes-per-token",
+        type=int,
+        default=None,
+        help="dump size per token until this run has dump files to measure (names a full dump disk)",
+    )
     return ap.parse_args(argv)
 
 
@@ -407,7 +621,14 @@ def main(argv=None):
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "client.pid"), "w") as fh:
         fh.write("%d\n" % os.getpid())
-    samples = read_dataset(args.dataset)[: args.limit]
+    try:
+        samples = read_dataset(args.dataset)[: args.limit]
+    except DatasetError as exc:
+        sys.stderr.write("dataset error: %s\n" % exc)
+        return 2
+    except OSError as exc:
+        sys.stderr.write("dataset error: %s: %s\n" % (args.dataset, exc.strerror or exc))
+        return 2
     dataset_id = file_sha256(args.dataset)[:16]
     describe_run(args, samples, dataset_id)
     run = Run(args, samples, manifest_records(os.path.join(args.workdir, "manifest.jsonl")), dataset_id)

@@ -18,6 +18,10 @@ every wait here has a deadline.
 The pure half (work dir paths, command lines, the status parser, a group's
 split and merged status) is `remote_ops.core.extractplan`; here are the round
 trips, the waits and the group's local record.
+
+A local dataset is checked here (`check_dataset`, the rules of
+`remote_ops.core.datasetcheck`) before anything is uploaded: a bad line is a
+ConfigError (exit 3) naming `FILE:LINE`, never the client's failure on the host.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from .. import onhost
-from ..core import shell
+from ..core import datasetcheck, dumpcheck, shell
 from ..core.extractplan import (
     CLIENT_NAME,
     ExtractPaths,
@@ -42,11 +46,36 @@ from ..core.extractplan import (
     shard_bytes,
     status_command,
 )
-from ..errors import CommandTimedOut, NotFound, Refused
+from ..errors import CommandTimedOut, ConfigError, NotFound, Refused
 
 
 def client_source() -> bytes:
     return onhost.source(CLIENT_NAME)
+
+
+def check_dataset(path: Path) -> None:
+    """ConfigError (exit 3) naming `FILE:LINE` and why, for the first bad line of a local dataset.
+
+    Read line by line (bytes), so a non-UTF-8 line is named, not a decode error;
+    nothing is sent anywhere.  The hint lists the next bad lines, if any."""
+    try:
+        with open(path, "rb") as fh:
+            problems = datasetcheck.check_lines(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the dataset: {exc.strerror or exc}", source=str(path)) from None
+    if problems:
+        first, more = problems[0], problems[1:]
+        rest = f"; more bad lines: {', '.join(str(p.line) for p in more)}" if more else ""
+        raise ConfigError(
+            first.reason,
+            source=f"{path}:{first.line}",
+            hint='each line one JSON object: {"id": ..., "input_ids": [token ids]}' + rest,
+        )
+
+
+def dump_bytes_per_token(host) -> int:
+    """The client's first guess at a dump's size per token (final + 3 aux hidden states, ids, positions)."""
+    return dumpcheck.float_bytes_per_token(host.model.hidden_size) + 8
 
 
 # --------------------------------------------------------------------------- edges
@@ -83,9 +112,14 @@ def start(
     wait_s: float = 30.0,
     local_dataset: bool | None = None,
     dump_grace: float = 30.0,
+    dataset_checked: bool = False,
 ) -> ExtractStatus:
-    """Ship client (+ dataset when it is a local file), refuse if one is running, launch, await `started`."""
+    """Check a local dataset (unless the caller did: `dataset_checked`), ship the client (+ that
+    dataset), refuse if one is running, launch, await `started`."""
     p = paths_for(host)
+    local = Path(dataset).expanduser()
+    if not dataset_checked and (local_dataset is True or (local_dataset is None and local.is_file())):
+        check_dataset(local)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
     if remote.run(alive_check(p), check=False).exit_status == 0:
         raise Refused(
@@ -97,7 +131,9 @@ def start(
     remote_dataset = _place_dataset(remote, p, dataset, local_dataset)
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     before = _log_size(remote, p)
-    remote.run(launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace))
+    remote.run(
+        launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host))
+    )
     _await_started(remote, host, p, before, wait_s)
     return status(remote, host)
 
@@ -158,10 +194,14 @@ def plan_start(
     server_url: str | None = None,
     limit: int | None = None,
     dump_grace: float = 30.0,
+    dataset_checked: bool = False,
 ) -> dict:
-    """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff)."""
+    """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff).
+    A bad local dataset is refused as `start` refuses it."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
+    if not dataset_checked and local.is_file():
+        check_dataset(local)
     remote_dataset = p.dataset if local.is_file() else dataset
     probe = shell.sections(
         [("alive", alive_check(p)), ("client", shell.sha256_of(p.client)), ("dataset", shell.sha256_of(remote_dataset))]
@@ -174,7 +214,9 @@ def plan_start(
         "upload_client": have["client"] != _sha256(client_source()),
         "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
         "dataset_on_host": remote_dataset,
-        "command": launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace),
+        "command": launch_command(
+            p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host)
+        ),
     }
 
 
@@ -276,7 +318,7 @@ def probe_done(remote, host) -> tuple[bool, set[str]]:
 def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
     """Put this host's shard file in its work dir and start its client on it."""
     p = paths_for(host)
-    upload_if_changed(remote, shard_bytes(shard), p.file("shard.jsonl"))
+    upload_if_changed(remote, shard_bytes(shard), p.file("shard.jsonl"))  # lines of a checked dataset
     return start(remote, host, p.file("shard.jsonl"), local_dataset=False, **kwargs)
 
 

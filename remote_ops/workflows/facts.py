@@ -182,7 +182,7 @@ def parse_cpu(text: str) -> tuple[int | None, str]:
 
 
 def parse_meminfo(text: str) -> tuple[int | None, int | None]:
-    values = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d+) kB", text, re.M)}
+    values = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d{1,15}) kB", text, re.M)}
     return values.get("MemTotal"), values.get("MemAvailable")
 
 

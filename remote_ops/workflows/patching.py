@@ -170,6 +170,7 @@ class TargetFile:
     backup_sha256: str | None
     compile_rc: int | None = None
     compile_output: str = ""
+    grep_output: str | None = None  # `srcview.grep_command`'s output, when asked
 
     @property
     def backup_path(self) -> str:
@@ -189,8 +190,9 @@ class TargetFile:
         }
 
 
-def read_probe(target: PatchTarget, compile: bool = False) -> str:
-    """The one command that reads the file and everything around it."""
+def read_probe(target: PatchTarget, compile: bool = False, grep: str | None = None) -> str:
+    """The one command that reads the file and everything around it (and, with `grep`, the
+    numbers of the lines the host's `grep -E` matches: `srcview.grep_command`)."""
     path, backup = target.path, target.path + BACKUP_SUFFIX
     probes: list[tuple[str, str | shell.Argv]] = [
         ("stat", ["stat", "-L", "-c", "%a %U:%G %s", path]),
@@ -207,6 +209,8 @@ def read_probe(target: PatchTarget, compile: bool = False) -> str:
         ]
     if compile:
         probes.append(("compile", ["sh", "-c", COMPILE_SCRIPT, "py_compile", path]))
+    if grep is not None:
+        probes.append(("grep", srcview.grep_command(grep, path)))
     return shell.sections(probes)
 
 
@@ -217,10 +221,10 @@ COMPILE_SCRIPT = (
 )
 
 
-def read_target(remote: Remote, target, compile: bool = False) -> TargetFile:
+def read_target(remote: Remote, target, compile: bool = False, grep: str | None = None) -> TargetFile:
     """Read the target file and its context in one round trip; NotFound if missing."""
     target = _as_target(target)
-    out = shell.split_sections(remote.run(read_probe(target, compile), check=False).stdout)
+    out = shell.split_sections(remote.run(read_probe(target, compile, grep), check=False).stdout)
     return parse_read(out, target, remote.name)
 
 
@@ -250,6 +254,7 @@ def parse_read(sections: dict[str, tuple[int, str]], target: PatchTarget, host: 
         backup[1].split()[0] if backup[0] == 0 and backup[1].strip() else None,
         compile_rc,
         compile_out,
+        sections["grep"][1] if "grep" in sections else None,
     )
 
 
@@ -386,7 +391,7 @@ def _text_or_none(data: bytes) -> srcview.Text | None:
 
 def pre_evidence(text: srcview.Text, spec: PatchSpec, report: CheckReport, path: str) -> list:
     """grep -n of the anchor name, sed -n around each anchor (or around the refusal's lines)."""
-    out = [srcview.grep_view(text, re.escape(spec.grep), path)] if spec.grep else []
+    out = [srcview.fixed_view(text, spec.grep, path)] if spec.grep else []
     for a in report.anchors:
         marks = {a.line: ">", a.prev_line: "<", a.next_line: "v"} if a.prev_line or a.next_line else {a.line: ">"}
         marks.pop(0, None)
@@ -471,7 +476,7 @@ def verify_bytes(
 
 def post_evidence(text: srcview.Text, spec: PatchSpec, report, path: str) -> list:
     """grep -n as the file is now, and sed -n around each block (anchor ">", block "+")."""
-    out = [srcview.grep_view(text, re.escape(spec.grep), path)] if spec.grep else []
+    out = [srcview.fixed_view(text, spec.grep, path)] if spec.grep else []
     for b in report.blocks:
         r, a = b.region, b.anchor
         if r is None:

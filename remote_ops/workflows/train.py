@@ -42,14 +42,17 @@ from pathlib import Path, PurePosixPath
 
 from .. import __version__
 from ..core import shell
-from ..core.logparse import parse_training
+from ..core.logparse import bounded_lines, parse_training
 from ..errors import CommandTimedOut, Refused, RemoteOpsError
 from . import hostlock
 
 STANDIN = "specforge_standin_train.py"
 SPECFORGE_VERSION = "0.2.0"
-_REMAINING = re.compile(r"Training Epoch \d+:.*?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:]+)")
-_STEP_DIR = re.compile(r"^(?P<run>.+)-step(?P<step>\d+)$")
+# The bar's head, then its `[elapsed<remaining` after it: one regex with `.*?` between them
+# re-scanned the line from every `Training Epoch` (quadratic on a hostile log line).
+_BAR_HEAD = re.compile(r"Training Epoch \d{1,9}:")
+_REMAINING = re.compile(r"\[(?P<elapsed>[\d:]{1,20})<(?P<remaining>[\d:]{1,20})")
+_STEP_DIR = re.compile(r"^(?P<run>.+)-step(?P<step>\d{1,18})$")
 
 
 @dataclass(frozen=True)
@@ -268,10 +271,13 @@ def tau_estimate(acc: dict[int, float]) -> float | None:
 
 def parse_eta(log_text: str) -> float | None:
     """Seconds left in the current epoch from the last tqdm bar (`[elapsed<remaining, ...]`)."""
-    found = list(_REMAINING.finditer(log_text))
+    found = None
+    for piece in bounded_lines(log_text):
+        head = _BAR_HEAD.search(piece)
+        found = (_REMAINING.search(piece, head.end()) or found) if head else found
     if not found:
         return None
-    parts = [int(x) for x in found[-1]["remaining"].split(":")]
+    parts = [int(x) for x in found["remaining"].split(":") if x]
     seconds = 0
     for x in parts:
         seconds = seconds * 60 + x
