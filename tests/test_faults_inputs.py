@@ -214,6 +214,17 @@ def test_a_bad_dataset_on_the_host_ends_the_client_with_one_line_not_a_traceback
     assert p.stderr.strip() == f"dataset error: {ds}:2: input_ids must be a list of token ids, not a string"
 
 
+def test_a_bad_dataset_already_on_the_host_is_exit_3_naming_its_line(lab, remote, clean_host, tmp_path):
+    from remote_ops.errors import ConfigError
+
+    ds = clean_host.paths.root / "ds-on-host.jsonl"  # lab hosts share this filesystem
+    ds.write_bytes(GOOD.encode() + BAD_LINES["truncated-json"][0])
+    with pytest.raises(ConfigError) as err:
+        extract.start(remote, lab.spec(clean_host.name), str(ds), local_dataset=False, wait_s=20)
+    assert err.value.exit_code == ExitCode.CONFIG and err.value.host == clean_host.name
+    assert err.value.message.startswith(f"{ds}:2: not JSON: ") and "Traceback" not in str(err.value.to_dict())
+
+
 # --------------------------------------------------------------------------- a full dump disk
 
 TOKENS = 100  # stand-in hidden size 64: ~52 KB per dump file

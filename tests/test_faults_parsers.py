@@ -19,11 +19,12 @@ import subprocess
 import sys
 import time
 
+import jinja2
 import pytest
 from conftest import run_cli_process
 
 from remote_ops.commands import source as source_cmd
-from remote_ops.core import anchors, extractplan, inventory, logparse, secrets, shell, source
+from remote_ops.core import anchors, extractplan, inventory, logparse, rendering, secrets, shell, source
 from remote_ops.remote import sshconfig
 from remote_ops.workflows import drift, facts, patching, train
 
@@ -102,6 +103,7 @@ PARSERS = {
     "sglang-version": lambda s: patching.detect_version({"version": (0, f"__version__ = '{s}")}, None, b""),
     "image-reference": lambda s: _value(lambda: inventory._image_reference(s)),
     "image-name": lambda s: _value(lambda: inventory._image_name(s)),
+    "template-error": lambda s: rendering._undefined_name(jinja2.UndefinedError(f"'{s}' has no attribute '{s}")),
 }
 
 
@@ -186,6 +188,21 @@ def test_a_long_word_does_not_hide_the_lines_after_it():
             assert result.get(WALL_LIMIT_S) == ((7, 9, 70), 30)
         except multiprocessing.TimeoutError:
             pytest.fail(f"parse_extraction still running after {WALL_LIMIT_S:g} s on a 1 MB word")
+
+
+def test_a_log_file_is_read_a_bounded_line_at_a_time(tmp_path):
+    """`stream_lines`: a file holding a 16 MB line is read in `LINE_LIMIT` pieces, the rest of
+    that line skipped, for callers that read local logs (`logs summary`, `dumps status`)."""
+    path = tmp_path / "extraction.log"
+    path.write_text(
+        f"{TS} progress done=1 total=9\n{TS} progress done=2 {_repeat('a', 16 * MB)}\n{TS} progress done=3\n"
+    )
+    with open(path, errors="replace") as fh:
+        lines = list(logparse.stream_lines(fh))
+    assert [len(x) <= logparse.LINE_LIMIT for x in lines] == [True] * 3
+    assert lines[2] == f"{TS} progress done=3"
+    with open(path, errors="replace") as fh:
+        assert logparse.parse_extraction(logparse.stream_lines(fh)).done == 3
 
 
 # --------------------------------------------------------------------------- through the CLI, on a lab host

@@ -34,9 +34,13 @@ def extract_group() -> None:
       remote-ops extract status --host gpu-node
       remote-ops extract stop --host gpu-node
 
-    The dataset is JSONL, one {"id": ..., "input_ids": [...]} per line.  A
-    restarted run skips samples already done, judged by their dump key (the
-    token ids), never by id: a new dataset that reuses ids gets new dumps.
+    The dataset is JSONL, one {"id": ..., "input_ids": [...]} per line: UTF-8,
+    no key twice, token ids integers 0..2147483647, an optional "loss_mask" of
+    0/1 per id.  A local file is checked before anything is sent or locked (a
+    bad line: exit 3, FILE:LINE).  A restarted run skips samples already done,
+    judged by their dump key (the token ids), never by id: a new dataset that
+    reuses ids gets new dumps.  A full dump disk is named in `extract status`
+    ("no space left on DIR: N free, M needed"); the client waits for room.
     """
 
 

@@ -7,7 +7,10 @@ Three kinds of log live on a host:
 - `extraction`: the log of `remote_ops/onhost/extract_onhost.py` (inventory `logs.extraction`);
 - `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
 
-Parsing is pure (text in, summaries out).  Pulling is a pure *plan* (what to
+Parsing is pure (text in, summaries out) and linear in the text: lines are cut
+to `LINE_LIMIT` before any regex sees them, and no regex here re-scans a line
+from every start (a host can write anything into its logs; a 16 MB word once
+made `extract status` quadratic).  Pulling is a pure *plan* (what to
 fetch, from which byte, given what we pulled before: the cursors, the fetch
 command and the parser of its output, here) plus one remote command per pull
 (`remote_ops.workflows.logs`), so every file is fetched in a single round trip

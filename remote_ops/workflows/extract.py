@@ -169,6 +169,7 @@ def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float
         if " started " in parts.get("log", (1, ""))[1]:
             return
         if parts.get("alive", (1, ""))[0] != 0 and time.monotonic() > deadline - wait_s + 2:
+            _raise_dataset_error(host, parts.get("out", (1, ""))[1])
             raise Refused(
                 "the extraction client exited at start",
                 host=host.name,
@@ -182,6 +183,21 @@ def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float
         command="extract start",
         timeout=wait_s,
     )
+
+
+def _raise_dataset_error(host, client_out: str) -> None:
+    """The client's `dataset error: FILE:LINE: reason` (a dataset on the host) as a ConfigError, exit 3."""
+    said = [line for line in client_out.splitlines() if line.startswith(DATASET_ERROR)]
+    if said:
+        err = ConfigError(
+            said[-1][len(DATASET_ERROR) :],
+            hint="the dataset on the host has a bad line (rules: remote-ops extract --help)",
+        )
+        err.host = host.name
+        raise err
+
+
+DATASET_ERROR = "dataset error: "  # how extract_onhost.py names a bad dataset line on stderr
 
 
 def plan_start(
