@@ -125,7 +125,10 @@ def _total_from_log(host_name: str) -> int | None:
     from ..workflows import logs as logs_mod
 
     path = logs_mod.local_log_dir(host_name) / "extraction.log"
-    return logparse.parse_extraction(path.read_text(errors="replace")).total if path.exists() else None
+    if not path.exists():
+        return None
+    with open(path, errors="replace") as fh:
+        return logparse.parse_extraction(logparse.stream_lines(fh)).total
 
 
 @dumps_group.command("verify")

@@ -152,10 +152,10 @@ def _summary_one(app, spec, do_pull: bool, plot: bool) -> LogSummary:
     if do_pull:
         logs_mod.pull_logs(app.remote(spec), spec, ("extraction", "training"))
     local = logs_mod.local_log_dir(spec.name)
-    ext_text, train_text = _read(local / "extraction.log"), _read(local / "training.log")
-    extraction = logparse.parse_extraction(ext_text)
-    training = logparse.parse_training(train_text)
-    plots = _plots(local, spec.name, ext_text, training) if plot else []
+    ext_lines, train_lines = _read(local / "extraction.log"), _read(local / "training.log")
+    extraction = logparse.parse_extraction(ext_lines)
+    training = logparse.parse_training(train_lines)
+    plots = _plots(local, spec.name, ext_lines, training) if plot else []
     return LogSummary(spec.name, extraction, training, [str(p) for p in plots])
 
 
@@ -184,16 +184,21 @@ def _render_summary(console, _spec, s: LogSummary) -> None:
         console.status("ok", f"plot: {p}")
 
 
-def _read(path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+def _read(path) -> list[str]:
+    """A local log's lines, each cut to logparse's line limit as it is read (a file holding one
+    200 MB line never sits in memory)."""
+    if not path.exists():
+        return []
+    with open(path, errors="replace") as fh:
+        return list(logparse.stream_lines(fh))
 
 
-def _plots(local, name, ext_text, training):
+def _plots(local, name, ext_lines, training):
     from ..core import plots
 
     out = local / "plots"
     written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
-    ext = plots.plot_extraction(logparse.extraction_points(ext_text), out, title=name)
+    ext = plots.plot_extraction(logparse.extraction_points(ext_lines), out, title=name)
     return written + ([ext] if ext else [])
 
 
@@ -215,6 +220,8 @@ def _render_extraction(console, s) -> None:
         ["ETA", _fmt_eta(s.eta_s)],
         ["last update", s.last_time or "-"],
     ]
+    if s.no_space:
+        rows.append(["disk", s.no_space["message"]])
     console.table(["extraction", ""], rows, title="Extraction")
 
 
