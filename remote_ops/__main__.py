@@ -1,3 +1,3 @@
-from .launch import run
+from .cli.launch import run
 
 run()

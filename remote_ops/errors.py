@@ -2,7 +2,7 @@
 
 Every expected failure in remote-ops is one of these.  They are raised deep
 inside (the SSH seam, the anchor finder, the inventory loader) and rendered
-exactly once, at the CLI boundary (`remote_ops.cli`), which maps them to the
+exactly once, at the CLI boundary (`remote_ops.cli.main`), which maps them to the
 exit codes documented in docs/exit-codes.md.  Unexpected exceptions are bugs and exit
 with code 1 and a traceback.
 

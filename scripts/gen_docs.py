@@ -6,7 +6,7 @@
 What is generated, and from what:
 
 - docs/commands.md, whole: every click command's usage, help text and options, read from
-  the click objects of `remote_ops.cli` (the same objects `remote-ops X --help` prints).
+  the click objects of `remote_ops.cli.main` (the same objects `remote-ops X --help` prints).
 - docs/models.md, between its GENERATED markers: `remote-ops patch specs --markdown`.
 - docs/inventory.md, between its GENERATED markers: one row per field of
   `remote-ops inventory schema` (path, type, default, description).
@@ -69,8 +69,8 @@ def _read(path: Path) -> str:
 # --- docs/commands.md ---------------------------------------------------------------------
 
 
-#: where the root click group may live (the CLI process may move into a `remote_ops/cli/` folder)
-ROOT_GROUP_AT = ("remote_ops.cli", "remote_ops.cli.cli", "remote_ops.cli.main")
+#: where the root click group lives
+ROOT_GROUP_AT = ("remote_ops.cli.main",)
 
 
 def root_command() -> click.Group:

@@ -16,8 +16,8 @@ import time
 import paramiko
 import pytest
 
-from remote_ops.app import App
-from remote_ops.console import Console
+from remote_ops.cli.app import App
+from remote_ops.cli.console import Console
 from remote_ops.core.inventory import HostSpec
 from remote_ops.errors import Unreachable
 
@@ -91,7 +91,7 @@ def test_a_host_not_preconnected_is_opened_inline(monkeypatch):
 
 def test_the_cli_process_runs_its_first_second_without_cyclic_gc_then_resumes_it():
     probe = (
-        "import gc, sys, time, remote_ops.cli as c\n"
+        "import gc, sys, time, remote_ops.cli.main as c\n"
         "c._defer_gc(); print(gc.isenabled()); time.sleep(c.GC_GRACE_S + 0.5); print(gc.isenabled())"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30).stdout
@@ -104,7 +104,7 @@ def test_console_output_keeps_emoji_codes_as_text(capsys):
 
 
 def test_deploys_build_timeout_default_is_the_workflows():
-    from remote_ops.commands import deploy as deploy_cmd
+    from remote_ops.cli.commands import deploy as deploy_cmd
     from remote_ops.workflows import deploy as deploy_mod
 
     assert deploy_cmd.BUILD_TIMEOUT_S == deploy_mod.BUILD_TIMEOUT_S

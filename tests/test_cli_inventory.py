@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from conftest import run_cli
 
-from remote_ops.commands.inventory import file_problems, file_schema
+from remote_ops.cli.commands.inventory import file_problems, file_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 

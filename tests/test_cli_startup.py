@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from remote_ops import cli as cli_mod
+from remote_ops.cli import main as cli_mod
 
 HEAVY = (
     "fabric",
@@ -23,15 +23,15 @@ HEAVY = (
     "yaml",
     "docker",
     "cryptography",
-    "remote_ops.commands",
+    "remote_ops.cli.commands",
     "remote_ops.remote",
     "remote_ops.core.inventory",
-    "remote_ops.console",
+    "remote_ops.cli.console",
 )
 
 PROBE = """
 import json, sys
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 try:
     rc = main(sys.argv[1:])
 except SystemExit as exc:
@@ -59,15 +59,15 @@ def test_version_imports_no_ssh_pydantic_jinja2_or_rich():
 
 def test_a_command_imports_what_it_uses():
     mods = imported("inventory", "schema")
-    assert "pydantic" in mods and "remote_ops.commands.inventory" in mods
-    assert "fabric" not in mods and "remote_ops.commands.deploy" not in mods
+    assert "pydantic" in mods and "remote_ops.cli.commands.inventory" in mods
+    assert "fabric" not in mods and "remote_ops.cli.commands.deploy" not in mods
 
 
 def test_the_help_table_names_every_command_of_every_module():
     """COMMAND_HELP (what --help shows without importing) agrees with the modules themselves."""
     indexed = {}
     for name in cli_mod.COMMAND_MODULES:
-        module = importlib.import_module(f"remote_ops.commands.{name}")
+        module = importlib.import_module(f"remote_ops.cli.commands.{name}")
         for command in module.commands:
             indexed[command.name] = name
     assert {n: m for n, (m, _) in cli_mod.COMMAND_HELP.items()} == indexed

@@ -12,8 +12,8 @@ import sys
 import pytest
 from conftest import run_cli
 
-from remote_ops.app import App
-from remote_ops.console import Console
+from remote_ops.cli.app import App
+from remote_ops.cli.console import Console
 from remote_ops.workflows import wheels
 
 INVENTORY = """\

@@ -199,7 +199,7 @@ def test_signal_during_deploy_releases_lock_and_records_the_step(spec, lab_env, 
 HOLDER = """
 import sys, time
 from remote_ops.workflows import hostlock
-from remote_ops.app import App
+from remote_ops.cli.app import App
 app = App()
 spec = app.host(sys.argv[1])
 hostlock.take(app.remote(spec), spec, "deploy: killed with -9")

@@ -1,4 +1,4 @@
-"""The warm fork server (`remote-ops daemon`) and the hand-over (`remote_ops.launch`).
+"""The warm fork server (`remote-ops daemon`) and the hand-over (`remote_ops.cli.launch`).
 
 Every test runs the real console entry (`python -m remote_ops`, this checkout)
 against a server started by `remote-ops daemon start` in a private runtime
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli_process
 
-from remote_ops import launch
+from remote_ops.cli import launch
 
 _cli = run_cli_process
 
@@ -218,14 +218,14 @@ def test_a_vanished_client_hangs_up_its_worker(lab_server, host, runtime):
 def test_the_hand_over_imports_only_the_standard_library(runtime):
     """What every run pays before it knows whether a server is there: no click, no SSH."""
     probe = (
-        "import sys; from remote_ops import launch; "
+        "import sys; from remote_ops.cli import launch; "
         "assert launch.hand_over(['hosts']) is None; print(' '.join(sorted(sys.modules)))"
     )
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
     p = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     ours = sorted(m for m in p.stdout.split() if m.startswith("remote_ops"))
-    assert ours == ["remote_ops", "remote_ops.launch"]
+    assert ours == ["remote_ops", "remote_ops.cli", "remote_ops.cli.launch"]
     assert not {"click", "paramiko", "fabric", "pydantic", "rich", "yaml"} & set(p.stdout.split())
 
 
@@ -234,7 +234,7 @@ def test_a_worker_ends_as_the_interpreter_would(tmp_path):
     exit code goes back, as they would in-process."""
     probe = f"""
 import atexit, os, socket, struct, threading, time
-from remote_ops import daemon
+from remote_ops.cli import daemon
 ours, theirs = socket.socketpair()
 pid = os.fork()
 if pid == 0:

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 from remote_ops.core import patchspec
 from remote_ops.workflows import drift
 

@@ -4,7 +4,7 @@ import json
 
 from conftest import run_cli
 
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 from remote_ops.errors import ExitCode
 from remote_ops.workflows import facts
 

@@ -23,7 +23,7 @@ import jinja2
 import pytest
 from conftest import run_cli_process
 
-from remote_ops.commands import source as source_cmd
+from remote_ops.cli.commands import source as source_cmd
 from remote_ops.core import anchors, extractplan, inventory, logparse, rendering, secrets, shell, source
 from remote_ops.remote import sshconfig
 from remote_ops.workflows import drift, facts, patching, train

@@ -19,7 +19,7 @@ import time
 import pytest
 from conftest import run_cli
 
-from remote_ops.console import Console
+from remote_ops.cli.console import Console
 from remote_ops.core.terminal import caret, visible
 from remote_ops.errors import ExitCode, Unreachable
 from remote_ops.workflows import fleet
@@ -152,8 +152,8 @@ def test_a_traceback_and_ssh_events_show_host_text(capsys):
     records (the server's banner is quoted there)."""
     import logging
 
-    from remote_ops import cli
-    from remote_ops.commands import _options
+    from remote_ops.cli import main as cli
+    from remote_ops.cli.commands import _options
 
     try:
         raise RuntimeError(HOSTILE)

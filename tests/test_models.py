@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 from remote_ops.core import anchors as A, patchspec
 from remote_ops.errors import Refused
 from remote_ops.workflows import patching, wheels

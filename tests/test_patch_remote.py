@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 from remote_ops.core import anchors
 from remote_ops.errors import Refused
 from remote_ops.workflows import patching

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from remote_ops.cli import main
+from remote_ops.cli.main import main
 from remote_ops.core import source as S
 from remote_ops.errors import NotFound, UsageError
 from remote_ops.workflows import wheels

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops.commands.spec import spec_host, without_spec_flags
+from remote_ops.cli.commands.spec import spec_host, without_spec_flags
 from remote_ops.workflows import specbench as sb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
 
 
 def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
-    from remote_ops.commands.spec import speculative_settings
+    from remote_ops.cli.commands.spec import speculative_settings
     from remote_ops.core.inventory import HostSpec, load_inventory
     from remote_ops.errors import ConfigError, UsageError
 

@@ -5,7 +5,7 @@ container names) is data.  Written raw, an escape sequence in it is an order
 to the operator's terminal: `ESC[1A ESC[2K` erases the line above, `ESC[2J`
 clears the screen, `ESC]52;c;…BEL` (OSC 52) writes the clipboard.  `visible`
 turns every such character into printable text, so the terminal only ever
-receives characters to draw.  `remote_ops.console` applies it to every
+receives characters to draw.  `remote_ops.cli.console` applies it to every
 human-output path; JSON output keeps the exact strings (JSON escapes them).
 
 The form is `cat -v`'s caret notation:

@@ -518,7 +518,7 @@ class _Lifecycle:
         return None
 
     def _record_doc(self, failure: BaseException | None) -> dict:
-        from ..console import to_jsonable
+        from ..core.jsonable import to_jsonable
 
         error = None
         if failure is not None:

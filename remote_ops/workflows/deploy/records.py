@@ -19,7 +19,7 @@ def write_record(host_name: str, doc: dict) -> Path:
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}-deploy.json")
     tmp = path.with_suffix(".tmp")
-    from ...console import to_jsonable
+    from ...core.jsonable import to_jsonable
 
     tmp.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
     tmp.replace(path)

@@ -522,7 +522,7 @@ class Deploy:
         A lock that cannot be released (connection lost, host frozen) is said
         so in the record and in the error, with how to recover."""
         self.current = "record"
-        from ...console import to_jsonable
+        from ...core.jsonable import to_jsonable
 
         doc = secrets.mask_data(
             to_jsonable(

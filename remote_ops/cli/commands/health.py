@@ -7,20 +7,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..paths import host_dir
+from ...paths import host_dir
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
 if TYPE_CHECKING:
-    from ..workflows.health import HostHealth
+    from ...workflows.health import HostHealth
 
 
 def _expected_image(spec) -> str | None:
     """The image ref deploy builds for this host (None when deploy can't tell); without importing
     the deploy package (~35 ms: health's start-up counts)."""
-    from ..core import patchspec
-    from ..errors import RemoteOpsError
-    from ..workflows import container
+    from ...core import patchspec
+    from ...errors import RemoteOpsError
+    from ...workflows import container
 
     if not spec.sglang.patch:  # a spec derived on the host: the tag is not known here
         return None
@@ -32,7 +32,7 @@ def _expected_image(spec) -> str | None:
 
 def _check(app, spec, deep: bool) -> tuple[int, HostHealth]:
     """One host's tiers (never raises: a connection failure is its failing ssh check)."""
-    from ..workflows import health as health_mod
+    from ...workflows import health as health_mod
 
     r = health_mod.check_host(
         app.remote, spec, deep=deep, expected_image=_expected_image(spec), state_dir=host_dir(spec.name)
@@ -45,7 +45,7 @@ def _document(run) -> dict:
     `hosts[i].checks`), each with its own integer `exit_code`, the command's exit code and the
     hosts that failed.  A host whose check raised (no HostHealth) is still listed, with its
     exit code and error."""
-    from ..workflows import health as health_mod
+    from ...workflows import health as health_mod
 
     results = [o.result for o in run.outcomes if o.result is not None]
     return {
@@ -113,7 +113,7 @@ def health_cmd(app, hosts, forks, deep, watch, watch_for) -> int:
     deadline = time.monotonic() + watch_for
     app.console.streaming = bool(watch)  # --json: JSON Lines, up to an error's last line
     app.preconnect(hosts[:forks])  # the handshakes overlap the imports below
-    from ..workflows import health as health_mod
+    from ...workflows import health as health_mod
 
     emit = app.console.emit_line if watch else None
     while True:

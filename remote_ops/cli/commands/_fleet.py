@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from ..workflows import fleet
+from ...workflows import fleet
 
 Work = Callable[[Any], tuple[int, Any]]
 Render = Callable[[Any, Any, Any], None]  # (console, host spec, result)

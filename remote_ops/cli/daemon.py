@@ -1,6 +1,6 @@
 """The fork server behind `remote-ops daemon start`: imports once, forks a worker per run.
 
-`remote_ops.launch` (the console script) hands a run over to it; see there for
+`remote_ops.cli.launch` (the console script) hands a run over to it; see there for
 the rules the hand-over keeps.  This side:
 
 - `serve()` imports every command module and the libraries they load lazily
@@ -10,7 +10,7 @@ the rules the hand-over keeps.  This side:
 - Each connection from this user becomes one forked worker.  The worker takes
   the client's stdin/stdout/stderr as its fds 0-2, its argv, working directory,
   umask and environment (replacing the server's), answers `launch.ACCEPTED`,
-  and runs `remote_ops.cli.run()`, exactly what the client would have run.
+  and runs `remote_ops.cli.main.run()`, exactly what the client would have run.
   It reads the inventory afresh and opens its own SSH connections.
 - A byte from the client is a signal to raise in the worker; the client's
   socket closing (it was killed) raises SIGHUP, so a run never outlives its
@@ -59,7 +59,7 @@ PRELOAD = (
     "rich.markup",
 )
 #: remote_ops subpackages whose modules the CLI imports (not the dumper or on-host scripts)
-PACKAGES = ("commands", "workflows", "core", "remote", "engine", "hostlab")
+PACKAGES = ("cli.commands", "workflows", "core", "remote", "engine", "hostlab")
 
 
 def pid_file(fp: str) -> Path:
@@ -92,7 +92,7 @@ def preload() -> list[str]:
     import pkgutil
 
     failed = []
-    names = ["remote_ops.cli", *PRELOAD]
+    names = ["remote_ops.cli.main", *PRELOAD]
     for package in PACKAGES:
         module = importlib.import_module(f"remote_ops.{package}")
         names += [m.name for m in pkgutil.walk_packages(module.__path__, prefix=f"remote_ops.{package}.")]
@@ -271,7 +271,7 @@ def _watch_client(conn: socket.socket) -> None:
 
 
 def _run_cli(argv: list[str]) -> int:
-    from .cli import run
+    from .main import run
 
     try:
         run()
@@ -316,7 +316,7 @@ def _cleanup(listener: socket.socket, inode: int, fp: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -c 'from remote_ops.daemon import main; main()' FINGERPRINT IDLE_S` (what `daemon start` runs)."""
+    """`python -c 'from remote_ops.cli.daemon import main; main()' FINGERPRINT IDLE_S` (what `daemon start` runs)."""
     args = sys.argv[1:] if argv is None else argv
     fp = launch.fingerprint()
     if args and args[0] != fp:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..errors import Refused
-from ..workflows import hostlock
+from ...errors import Refused
+from ...workflows import hostlock
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 

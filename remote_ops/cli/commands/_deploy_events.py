@@ -4,7 +4,7 @@ Its own module so that `commands.deploy` loads without the deploy package (see i
 
 from __future__ import annotations
 
-from ..workflows import deploy as deploy_mod
+from ...workflows import deploy as deploy_mod
 
 STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "skip", "failed": "fail"}
 

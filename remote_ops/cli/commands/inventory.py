@@ -40,7 +40,7 @@ def inventory_group() -> None:
 
 def file_schema() -> dict:
     """The JSON Schema of one inventory file, from `HostSpec` (pure)."""
-    from ..core.inventory import HostSpec
+    from ...core.inventory import HostSpec
 
     host = HostSpec.model_json_schema()
     defs = host.pop("$defs", {})
@@ -87,8 +87,8 @@ class Problem:
 
 def file_problems(path: Path) -> tuple[int, list[Problem]]:
     """(hosts that validated, every problem) of one inventory file."""
-    from ..core import inventory as inv
-    from ..errors import ConfigError
+    from ...core import inventory as inv
+    from ...errors import ConfigError
 
     try:
         data, lines = inv.load_yaml(path.read_bytes(), str(path))
@@ -116,7 +116,7 @@ def host_problems(name: str, body, defaults: dict, source: str, lines) -> list[P
     """Every validation error of one host (pydantic reports them all; loading shows the first)."""
     from pydantic import ValidationError
 
-    from ..core import inventory as inv
+    from ...core import inventory as inv
 
     if body is not None and not isinstance(body, dict):
         return [Problem(source, f"hosts.{name}", lines.get(("hosts", name)), "must be a mapping of settings")]
@@ -128,7 +128,7 @@ def host_problems(name: str, body, defaults: dict, source: str, lines) -> list[P
 
 
 def _from_pydantic(err: ErrorDetails, name: str, source: str, lines) -> Problem:
-    from ..core import inventory as inv
+    from ...core import inventory as inv
 
     loc = tuple(str(p) for p in err["loc"])
     message = err["msg"].removeprefix("Value error, ")
@@ -148,7 +148,7 @@ def _from_error(exc, source: str) -> Problem:
 @app_options
 def check_cmd(app) -> int:
     """Validate the inventory files and list every error (file, field, line); exit 3 if any."""
-    from ..core import inventory as inv
+    from ...core import inventory as inv
 
     files = inv._inventory_files(app.inventory_paths or inv.default_inventory_paths())
     problems: list[Problem] = []

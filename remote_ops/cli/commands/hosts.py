@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..core import secrets
+from ...core import secrets
 from ._options import app_options
 
 

@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from ..core import dumpcheck
-from ..errors import ExitCode, Unreachable, VerifyFailed
-from ..remote import transfer
-from ..workflows import dumps as dumps_mod, fleet
+from ...core import dumpcheck
+from ...errors import ExitCode, Unreachable, VerifyFailed
+from ...remote import transfer
+from ...workflows import dumps as dumps_mod, fleet
 
 
 def _each(app, hosts, forks, work):

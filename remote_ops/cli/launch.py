@@ -3,7 +3,7 @@
 A CLI run spends most of its start-up importing (paramiko, invoke, pydantic and
 the inventory models, click, rich: ~0.45 CPU-s on the 2-core lab VM), and an
 operator re-running `health` pays that every time.  `remote-ops daemon start`
-starts a fork server (`remote_ops.daemon`) that has imported all of it once.
+starts a fork server (`remote_ops.cli.daemon`) that has imported all of it once.
 This module is all a run imports before it knows whether one is there (stdlib
 only): it connects to the server's Unix socket, passes its own stdin, stdout
 and stderr (SCM_RIGHTS), argv, working directory, umask and environment, and
@@ -45,7 +45,7 @@ def run() -> None:
         code = hand_over(argv)
         if code is not None:
             sys.exit(code)
-    from .cli import run as run_here
+    from .main import run as run_here
 
     run_here()
 
@@ -92,7 +92,7 @@ def fingerprint() -> str:
             digest.update(f"{entry}\0{os.stat(entry).st_mtime_ns}\n".encode())
         except OSError:
             continue
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # remote_ops/
     for root, dirs, files in os.walk(package):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(f for f in files if f.endswith(".py")):

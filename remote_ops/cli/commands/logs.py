@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import click
 
-from ..core import logparse
-from ..errors import CommandTimedOut
-from ..workflows import logs as logs_mod
+from ...core import logparse
+from ...errors import CommandTimedOut
+from ...workflows import logs as logs_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -194,7 +194,7 @@ def _read(path) -> list[str]:
 
 
 def _plots(local, name, ext_lines, training):
-    from ..core import plots
+    from ...core import plots
 
     out = local / "plots"
     written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)

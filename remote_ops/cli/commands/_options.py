@@ -19,10 +19,10 @@ from pathlib import Path
 
 import click
 
+from ...errors import UsageError
 from ..app import App
-from ..cli import RunConsole
 from ..console import Console
-from ..errors import UsageError
+from ..main import RunConsole
 
 
 def app_options(fn):
@@ -112,7 +112,7 @@ def _ssh_events_to_stderr() -> None:
     shown (`visible`), as on every other human-output path."""
     import logging
 
-    from ..core.terminal import visible
+    from ...core.terminal import visible
 
     class _VisibleFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
@@ -130,7 +130,7 @@ def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
     from click.shell_completion import CompletionItem
 
     try:
-        from ..core.inventory import default_inventory_paths, load_inventory
+        from ...core.inventory import default_inventory_paths, load_inventory
 
         inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
     except Exception:  # completion must never fail loudly: no inventory, no names

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..workflows import container as ctr, deploy, hostlock
+from ...workflows import container as ctr, deploy, hostlock
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
 if TYPE_CHECKING:
-    from ..engine.types import ContainerInfo
+    from ...engine.types import ContainerInfo
 
 
 def _show(console, spec, view: "ContainerView") -> None:
@@ -63,7 +63,7 @@ def _lifecycle_one(app, spec, action: str, grace: int, dry_run: bool, diff: bool
 
     A real run holds the host lock (exit 9 while a deploy or another change holds
     it, nothing touched); a dry run only reads."""
-    from ..workflows import patching
+    from ...workflows import patching
 
     if action == "start" and not spec.sglang.patch:  # the image tag names the patch: derive the spec
         spec = patching.bind_host(app.remote(spec), spec)[0]

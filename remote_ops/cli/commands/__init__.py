@@ -1,4 +1,4 @@
-"""Click command groups, one module per area.  `remote_ops.cli` registers them.
+"""Click command groups, one module per area.  `remote_ops.cli.main` registers them.
 
 Each module exposes `commands`: a list of click commands/groups.  A command
 module parses options, calls a workflow (`remote_ops.workflows.deploy`, `.container`,

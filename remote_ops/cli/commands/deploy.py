@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import Refused
+from ...errors import Refused
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
 if TYPE_CHECKING:
-    from ..workflows.deploy import DeployResult
+    from ...workflows.deploy import DeployResult
 
 #: default of --build-timeout, seconds (the workflow's BUILD_TIMEOUT_S; a test keeps them equal).
 #: Written here so that loading this module imports no workflow: deploy opens its
@@ -100,7 +100,7 @@ class Deployed:
 
 def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_timeout) -> Deployed:
     """One host's deploy: preview and confirm (unless --yes), deploy, show diffs and the summary."""
-    from ..workflows import deploy as deploy_mod, patching
+    from ...workflows import deploy as deploy_mod, patching
     from ._deploy_events import ConsoleEvents
 
     remote = app.remote(spec)

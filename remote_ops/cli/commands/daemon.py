@@ -1,7 +1,7 @@
 """`remote-ops daemon start|stop|status`: the warm fork server that makes runs start at once.
 
-See `remote_ops.launch` (the hand-over, and the rules that keep it transparent)
-and `remote_ops.daemon` (the server).  These commands always run in-process.
+See `remote_ops.cli.launch` (the hand-over, and the rules that keep it transparent)
+and `remote_ops.cli.daemon` (the server).  These commands always run in-process.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import click
 
+from ...errors import Refused, RemoteOpsError, tail
 from .. import launch
 from ..console import Console
-from ..errors import Refused, RemoteOpsError, tail
 
 #: seconds `start` waits for the server to import and listen; `stop` for it to exit
 START_DEADLINE_S = 30.0
@@ -152,7 +152,7 @@ def _spawn(fp: str, idle_timeout: float) -> dict:
     source_root = Path(launch.__file__).resolve().parent.parent
     with open(log, "ab") as sink:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-c", "from remote_ops.daemon import main; main()", fp, str(idle_timeout)],
+            [sys.executable, "-c", "from remote_ops.cli.daemon import main; main()", fp, str(idle_timeout)],
             cwd=source_root,
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -194,7 +194,7 @@ def _alive(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"remote_ops.daemon" in cmdline
+    return b"remote_ops.cli.daemon" in cmdline
 
 
 def _stop(record: dict) -> dict:

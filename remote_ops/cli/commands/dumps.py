@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from ..core import dumpcheck
-from ..errors import NoSpace, VerifyFailed
-from ..remote import transfer
-from ..workflows import dumps as dumps_mod
+from ...core import dumpcheck
+from ...errors import NoSpace, VerifyFailed
+from ...remote import transfer
+from ...workflows import dumps as dumps_mod
 from . import _dumps_group
 from ._options import host_command, hosts_command
 
@@ -121,8 +121,8 @@ def status_cmd(app, hosts, forks, samples) -> int:
 
 
 def _total_from_log(host_name: str) -> int | None:
-    from ..core import logparse
-    from ..workflows import logs as logs_mod
+    from ...core import logparse
+    from ...workflows import logs as logs_mod
 
     path = logs_mod.local_log_dir(host_name) / "extraction.log"
     if not path.exists():
@@ -368,7 +368,7 @@ def _export_progress(advance, name: str):
 @host_command
 def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
     """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
-    from ..workflows import export as export_mod
+    from ...workflows import export as export_mod
 
     spec = app.host(host)
     remote = app.remote(spec)

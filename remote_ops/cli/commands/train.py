@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..workflows import train as train_mod
+from ...workflows import train as train_mod
 from ._options import host_command
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import click
 
-from ..core import extractplan
-from ..errors import CommandTimedOut, Refused, UsageError
-from ..workflows import extract as extract_mod, fleet, hostlock
+from ...core import extractplan
+from ...errors import CommandTimedOut, Refused, UsageError
+from ...workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
 from ._options import hosts_command
 from .logs import _render_extraction

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..core import anchors
-from ..errors import ExitCode, UsageError
-from ..workflows import patching
+from ...core import anchors
+from ...errors import ExitCode, UsageError
+from ...workflows import patching
 from ._options import app_options, hosts_command
 from .source import on_targets, target_options
 
@@ -246,8 +246,8 @@ def drift_cmd(app, versions, spec_name, all_specs, base) -> None:
       remote-ops patch drift --spec llama --versions 0.5.5,0.5.9,0.5.14,0.5.23
       remote-ops patch drift --all-specs
     """
-    from ..core import patchspec
-    from ..workflows import drift
+    from ...core import patchspec
+    from ...workflows import drift
 
     wanted = [v.strip() for v in (versions or "").split(",") if v.strip()]
     if all_specs:
@@ -281,7 +281,7 @@ def specs_cmd(app, markdown) -> None:
 
     Specs are data: templates/patches/<id>/spec.json and the folders under
     $REMOTE_OPS_PATCH_PATH (os.pathsep-separated directories)."""
-    from ..core import patchspec
+    from ...core import patchspec
 
     models = patchspec.catalog()
     rows = patchspec.table(models)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..workflows import sandbox as sandbox_mod
+from ...workflows import sandbox as sandbox_mod
 from ._options import app_options
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..core import source as srcview
-from ..errors import UsageError
-from ..workflows import patching
+from ...core import source as srcview
+from ...errors import UsageError
+from ...workflows import patching
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 

@@ -7,10 +7,10 @@ from pathlib import Path, PurePosixPath
 
 import click
 
-from .. import onhost
-from ..core import shell
-from ..errors import CommandFailed, ConfigError
-from ..onhost import dataset as ds
+from ... import onhost
+from ...core import shell
+from ...errors import CommandFailed, ConfigError
+from ...onhost import dataset as ds
 from ._options import app_options, host_option
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from ..core.rawinv import default_inventory_paths, raw_hosts
+from ..errors import ConfigError
+from ..remote import FabricRemote, Remote
+from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 from .console import Console
-from .core.rawinv import default_inventory_paths, raw_hosts
-from .errors import ConfigError
-from .remote import FabricRemote, Remote
-from .remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 
 if TYPE_CHECKING:
-    from .core.inventory import HostSpec, Inventory
+    from ..core.inventory import HostSpec, Inventory
 
 
 @dataclass
@@ -43,7 +43,7 @@ class App:
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            from .core.inventory import load_inventory  # pydantic: after `speculate` has started
+            from ..core.inventory import load_inventory  # pydantic: after `speculate` has started
 
             self._inventory = load_inventory(self.inventory_paths or default_inventory_paths())
         return self._inventory
@@ -63,7 +63,7 @@ class App:
 
     def select(self, pattern: str | None, *, all_hosts: bool = False, limit: str | None = None) -> list[HostSpec]:
         """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.core.targets`)."""
-        from .core.targets import select
+        from ..core.targets import select
 
         return select(self.inventory(), pattern, all_hosts=all_hosts, limit=limit)
 
@@ -148,7 +148,7 @@ class App:
 
     def _tracer(self, name: str):
         """The -v line for each remote command: host, command (secrets masked), round trip, exit."""
-        from .core.secrets import mask_text
+        from ..core.secrets import mask_text
 
         def trace(command: str, duration_s: float, status: int | None) -> None:
             text = mask_text(command) if self.verbose > 1 else _one_line(mask_text(command))

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..workflows import facts as facts_mod
+from ...workflows import facts as facts_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
 
@@ -39,8 +39,8 @@ class FactsReport:
 @hosts_command(speculate=True)
 def facts_cmd(app, hosts, forks) -> int:
     """Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."""
-    from ..errors import Refused
-    from ..workflows import patching
+    from ...errors import Refused
+    from ...workflows import patching
 
     def work(spec):
         remote = app.remote(spec)

@@ -18,7 +18,7 @@ def render_cmd(app, hosts, forks) -> int:
     released SGLang file of the inventory's version, patched: what deploy
     builds from a pristine checkout.
     """
-    from ..workflows import deploy
+    from ...workflows import deploy
 
     def work(spec):
         return 0, {"host": spec.name, "image": deploy.image_ref(spec), "dockerfile": deploy.render_for_host(spec)}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..workflows import specbench as sb
+from ...workflows import specbench as sb
 from ._options import host_command
 
 
@@ -82,8 +82,8 @@ def speculative_settings(
 ) -> dict:
     """The inventory's `speculative:` section with the CLI's overrides (pure; refused as a usage
     error when no draft dir is known or the combination is one SGLang would rewrite)."""
-    from ..core.inventory import check_speculative
-    from ..errors import UsageError
+    from ...core.inventory import check_speculative
+    from ...errors import UsageError
 
     inv = spec.speculative
     steps = inv.num_steps if num_steps is None else num_steps
@@ -122,7 +122,7 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
 
     The draft dir and the --speculative-* values come from the host's `speculative:`
     inventory section; the options override them for this run."""
-    from ..workflows import deploy as deploy_mod
+    from ...workflows import deploy as deploy_mod
     from ._deploy_events import ConsoleEvents
     from .deploy import _confirm, _summary
 

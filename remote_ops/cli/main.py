@@ -23,10 +23,10 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import ExitCode, Interrupted, RemoteOpsError
+from .. import __version__
+from ..errors import ExitCode, Interrupted, RemoteOpsError
 
-#: Command modules under remote_ops.commands, in help order.  One line per module.
+#: Command modules under remote_ops.cli.commands, in help order.  One line per module.
 COMMAND_MODULES = (
     "hosts",
     "inventory",
@@ -152,7 +152,7 @@ class LazyGroup(click.Group):
     def _load(self, module_name: str) -> list[str]:
         """Import one command module (once) and add its commands; their names."""
         if module_name not in _LOADED:
-            module = importlib.import_module(f"remote_ops.commands.{module_name}")
+            module = importlib.import_module(f"remote_ops.cli.commands.{module_name}")
             _LOADED[module_name] = [c.name for c in getattr(module, "commands", [])]
             for command in getattr(module, "commands", []):
                 self.add_command(command)
@@ -212,7 +212,7 @@ class RunConsole:
     (`Console.for_errors`), so an error after a JSON Lines stream knows it ends a stream."""
 
     def __init__(self) -> None:
-        self.console = None  # a remote_ops.console.Console, once the command made one
+        self.console = None  # a remote_ops.cli.console.Console, once the command made one
 
 
 def _json_requested(argv: list[str]) -> bool:
@@ -222,7 +222,7 @@ def _json_requested(argv: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn every outcome into an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from . import signals
+    from .. import signals
 
     previous = signals.install()
     run = RunConsole()  # the command's console, once it has one (`_options.app_options`)
@@ -309,7 +309,7 @@ def _print_bug() -> None:
     terminal there either."""
     import traceback
 
-    from .core.terminal import visible
+    from ..core.terminal import visible
 
     sys.stderr.write(visible(traceback.format_exc()))
     sys.stderr.flush()
