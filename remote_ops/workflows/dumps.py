@@ -1,18 +1,25 @@
-"""Dumps over a Remote: probe, host-side verify, and the local copies of a pull.
+"""Dumps over a Remote: probe, host-side verify, the pull, and the local copies it leaves.
 
 The decisions (reconcile, projection, pull verdicts, a group's merge) are pure
 in `remote_ops.core.dumpcheck`; `pull_items` / `merged_items` say what
-`remote_ops.remote.transfer` must fetch, and the local manifests are written here.
-Every local path is `remote_ops.core.hostpaths.local_path(root, name)`: the
-reconciliation has already set aside the names that fail its check, and the
-transfer checks each item again before it writes.
+`remote_ops.remote.transfer` must fetch, `pull` (one host) and `pull_merged`
+(a group, round after round until every key has a verified copy or none is
+left) fetch it, and the local manifests are written here.  Every local path
+is `remote_ops.core.hostpaths.local_path(root, name)`: the reconciliation has
+already set aside the names that fail its check, and the transfer checks each
+item again before it writes.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core import hostpaths
 from ..core.dumpcheck import (
@@ -27,9 +34,15 @@ from ..core.dumpcheck import (
     status_command,
     verify_command,
 )
-from ..errors import CommandFailed, NotFound
+from ..errors import CommandFailed, ExitCode, NoSpace, NotFound
 from ..paths import package_file
-from ..remote.transfer import PullItem
+from ..remote import transfer
+from ..remote.transfer import PullItem, PullReport
+from . import fleet
+
+if TYPE_CHECKING:
+    from ..core.inventory import HostSpec
+    from ..remote.sshconfig import SshTarget
 
 # --------------------------------------------------------------------------- local disk (for the projection)
 
@@ -128,6 +141,62 @@ def write_local_manifests(r: Reconciliation, local_root: Path) -> int:
     return sum(len(v) for v in by_rank.values())
 
 
+# --------------------------------------------------------------------------- a pull
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """How a pull runs: the ssh_config file, concurrent ssh streams per host, the stall deadline."""
+
+    ssh_config: str | None = None
+    jobs: int = 2
+    stall_timeout: float = 60.0
+
+
+def check_pull_space(items: list[PullItem], host: str) -> None:
+    """NoSpace (exit 14) before the first byte when the files still to fetch cannot fit here."""
+    transfer.check_space([i for i in items if not transfer.is_complete(i)], host)
+
+
+def pull(
+    target: SshTarget,
+    dump_dir: str,
+    items: list[PullItem],
+    how: PullSettings,
+    local_root: Path,
+    advance: transfer.Advance | None = None,
+) -> PullReport:
+    """Fetch `items` from one host into `local_root`: resumable, sha256-verified, `how.jobs` streams.
+    Failed and unsafe files are in the report (not raised); a lost connection is `Unreachable`."""
+    return transfer.pull(
+        target,
+        dump_dir,
+        items,
+        ssh_config=how.ssh_config,
+        jobs=how.jobs,
+        stall_timeout=how.stall_timeout,
+        advance=advance,
+        strict=False,
+        dest=local_root,
+    )
+
+
+def write_pulled_manifests(r: Reconciliation, local_root: Path, host: str) -> int:
+    """`write_local_manifests` after a pull; a full disk here is NoSpace (exit 14) too."""
+    try:
+        return write_local_manifests(r, local_root)
+    except OSError as exc:
+        if exc.errno not in transfer.NO_SPACE_ERRNOS:
+            raise
+        where, free = transfer.free_space(local_root)
+        raise NoSpace(
+            f"local disk full writing the local manifests: {free:,} bytes free on {where}",
+            host=host,
+            hint="free space there and re-run: the pulled files are kept",
+            details={"needed_bytes": None, "free_bytes": free, "path": str(where)},
+        ) from None
+
+
 # --------------------------------------------------------------------------- a group: one merged tree
 #
 # Dump files are named by their key (content), so the hosts' trees merge into
@@ -160,3 +229,103 @@ def merged_dump_dir() -> Path:
     from ..paths import state_dir
 
     return state_dir() / "merged" / "dumps"
+
+
+@dataclass
+class GroupPull:
+    """What `pull_merged` did: the host each key was kept from, the keys not reached (their only
+    copies were on hosts whose connection was lost), those hosts, each host's pull reports
+    (one per round it took part in), the seconds it took and the rows of the merged manifest."""
+
+    kept: dict[str, str] = field(default_factory=dict)
+    unreached: list[str] = field(default_factory=list)
+    lost_hosts: list[str] = field(default_factory=list)
+    reports: dict[str, list[dict]] = field(default_factory=dict)
+    seconds: float = 0.0
+    written: int = 0
+
+
+def pull_merged(
+    merged: FleetDumps,
+    local_root: Path,
+    hosts: list[HostSpec],
+    target_of: Callable[[HostSpec], SshTarget],
+    how: PullSettings,
+    *,
+    forks: int,
+    advance: transfer.Advance | None = None,
+) -> GroupPull:
+    """Pull every key of `merged` once into `local_root`, then write the merged manifest.
+
+    Round after round, each host (`forks` at a time) pulls the keys whose current
+    copy it holds; a key whose copy fails on arrival moves to its next copy in the
+    next round, until every key is kept or has no copy left.  `advance` may be
+    called from several threads at once (it is serialised here)."""
+    by_name = {h.name: h for h in hosts}
+    out = GroupPull()
+    lost_hosts: set[str] = set()  # connection lost during their pull
+    choice: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def tick(n: int) -> None:
+        if advance is not None:
+            with lock:
+                advance(n)
+
+    round_ = _PullRound(by_name, target_of, how, local_root, tick)
+    t0 = time.monotonic()
+    items = merged_items(merged, local_root, {})
+    while items:
+        failed = round_.run(items, forks, out, lost_hosts)
+        for key in failed:
+            choice[key] = choice.get(key, 0) + 1
+        items = merged_items(merged, local_root, {k: choice[k] for k in failed})
+        items = {h: [i for i in v if _key_of(i) in failed] for h, v in items.items()}
+        items = {h: v for h, v in items.items() if v}
+    out.seconds = time.monotonic() - t0
+    out.written = write_merged_manifests(merged, out.kept, local_root)
+    out.unreached = sorted(
+        k for k in set(merged.copies) - set(out.kept) if any(h in lost_hosts for h, _ in merged.copies[k])
+    )
+    out.lost_hosts = sorted(lost_hosts)
+    return out
+
+
+def _key_of(item: PullItem) -> str:
+    return Path(item.remote).name[: -len(SUFFIX)]
+
+
+@dataclass
+class _PullRound:
+    """One pull per host, in parallel (`fleet.fan_out`)."""
+
+    by_name: dict[str, HostSpec]
+    target_of: Callable[[HostSpec], SshTarget]
+    how: PullSettings
+    local_root: Path
+    tick: transfer.Advance
+
+    def run(self, items: dict[str, list[PullItem]], forks: int, out: GroupPull, lost_hosts: set[str]) -> set[str]:
+        """The keys whose copy failed; every other key of `items` is kept from its host (`out.kept`);
+        a host whose connection was lost joins `lost_hosts`."""
+
+        def work(spec: HostSpec) -> tuple[int, PullReport]:
+            return 0, pull(self.target_of(spec), spec.dump.dir, items[spec.name], self.how, self.local_root, self.tick)
+
+        run = fleet.fan_out([self.by_name[h] for h in items], work, forks=forks)
+        failed: set[str] = set()
+        for o in run.outcomes:
+            out.reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
+            done = o.result.failed + o.result.unsafe if o.result else []
+            bad = {Path(f).name[: -len(SUFFIX)] for f, _ in done}
+            if o.error is not None:
+                bad = {_key_of(i) for i in items[o.host]}
+                if o.error.exit_code == ExitCode.UNREACHABLE:
+                    lost_hosts.add(o.host)
+            for item in items[o.host]:
+                key = _key_of(item)
+                if key in bad:
+                    failed.add(key)
+                else:
+                    out.kept[key] = o.host
+        return failed

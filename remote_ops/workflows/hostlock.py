@@ -26,8 +26,8 @@ single remote shell held it and that PID is gone on the host; anything else
 needs `remote-ops unlock --force`, which writes the release to the host's
 audit log.
 
-Pure builders and parsers first; `take`, `read`, `release`, `held` at the end
-are the only functions that talk to a host.
+Pure builders and parsers first; `take`, `read`, `release`, `release_held` and
+`held` at the end are the only functions that talk to a host.
 """
 
 from __future__ import annotations
@@ -293,6 +293,14 @@ def read(remote: Remote, host) -> Holder | None:
 def release(remote: Remote, host, token: str, audit: dict | None = None) -> None:
     """Release the lock we took (and append `audit` to the host's audit log)."""
     remote.run(release_cmd(host.lock_dir, token, host.audit_log if audit else None, audit))
+
+
+def release_held(remote: Remote, host, holder: Holder, *, forced: bool, reason: str | None) -> None:
+    """`remote-ops unlock`'s release: remove the lock `holder` holds (only that one, by its
+    token, so a run that took the lock meanwhile keeps it) and append the release to the
+    host's audit log (`forced`: released although not proved stale; `reason`: why it is stale)."""
+    audit = audit_record("unlock", host.name, holder, forced=forced, reason=reason)
+    remote.run(release_cmd(host.lock_dir, holder.token or None, host.audit_log, audit))
 
 
 def recovery_hint(host) -> str:

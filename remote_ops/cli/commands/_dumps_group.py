@@ -14,13 +14,10 @@ never pulled, and fail the pull (exit 10).
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 from ...core import dumpcheck
-from ...errors import ExitCode, Unreachable, VerifyFailed
-from ...remote import transfer
+from ...errors import Unreachable, VerifyFailed
 from ...workflows import dumps as dumps_mod, fleet
 
 
@@ -119,92 +116,17 @@ def group_verify(app, hosts, forks, sha: bool) -> int:
 
 
 def group_pull(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int:
-    """Pull every key once into one tree; a copy that fails on arrival is fetched from the next host."""
-    by_name = {h.name: h for h in hosts}
+    """Pull every key once into one tree; a copy that fails on arrival is fetched from the next host
+    (`workflows.dumps.pull_merged`)."""
     run, recons = _each(app, hosts, forks, lambda spec: _recon(app, spec))
     merged = dumpcheck.merge_hosts(recons)
     local_root = Path(dest) if dest else dumps_mod.merged_dump_dir()
-    first = dumps_mod.merged_items(merged, local_root, {})
-    transfer.check_space([i for v in first.values() for i in v if not transfer.is_complete(i)], "group")
-    choice: dict[str, int] = {}
-    kept: dict[str, str] = {}
-    reports: dict[str, list] = {}
-    lost_hosts: set[str] = set()  # connection lost during their pull
-    t0 = time.monotonic()
-    total = sum(i.size for v in first.values() for i in v)
-    with app.console.progress(f"{len(recons)} hosts: dumps", total=total) as advance:
-        lock = threading.Lock()
-
-        def tick(n):
-            with lock:
-                advance(n)
-
-        items = first
-        while items:
-            failed = _pull_round(
-                app, by_name, items, local_root, (forks, jobs, stall_timeout, tick), kept, reports, lost_hosts
-            )
-            for key in failed:
-                choice[key] = choice.get(key, 0) + 1
-            items = dumps_mod.merged_items(merged, local_root, {k: choice[k] for k in failed})
-            items = {h: [i for i in v if _key_of(i) in failed] for h, v in items.items()}
-            items = {h: v for h, v in items.items() if v}
-    seconds = time.monotonic() - t0
-    written = dumps_mod.write_merged_manifests(merged, kept, local_root)
-    unreached = sorted(k for k in set(merged.copies) - set(kept) if any(h in lost_hosts for h, _ in merged.copies[k]))
-    return _pull_result(
-        app,
-        run,
-        recons,
-        merged,
-        (kept, unreached, sorted(lost_hosts)),
-        reports,
-        seconds,
-        written,
-        local_root,
-        allow_missing,
-    )
-
-
-def _key_of(item) -> str:
-    return Path(item.remote).name[: -len(dumpcheck.SUFFIX)]
-
-
-def _pull_round(app, by_name, items, local_root, how, kept, reports, lost_hosts) -> set[str]:
-    """One pull per host (in parallel); returns the keys whose copy failed (`how`: forks, jobs,
-    stall timeout, progress).  A host whose connection was lost joins `lost_hosts`."""
-    forks, jobs, stall_timeout, tick = how
-
-    def work(spec):
-        return 0, transfer.pull(
-            app.target(spec),
-            spec.dump.dir,
-            items[spec.name],
-            ssh_config=app.ssh_config_path,
-            jobs=jobs,
-            stall_timeout=stall_timeout,
-            advance=tick,
-            strict=False,
-            dest=local_root,
-        )
-
-    run = fleet.fan_out([by_name[h] for h in items], work, forks=forks)
-    failed: set[str] = set()
-    for o in run.outcomes:
-        reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
-        done = o.result.failed + o.result.unsafe if o.result else []
-        bad = {Path(f).name[: -len(dumpcheck.SUFFIX)] for f, _ in done}
-        if o.error is not None:
-            bad = {_key_of(i) for i in items[o.host]}
-            if o.error.exit_code == ExitCode.UNREACHABLE:
-                lost_hosts.add(o.host)
-        for item in items[o.host]:
-            key = _key_of(item)
-            if key in bad:
-                failed.add(key)
-            else:
-                kept[key] = o.host
-    return failed
+    first = [i for v in dumps_mod.merged_items(merged, local_root, {}).values() for i in v]
+    dumps_mod.check_pull_space(first, "group")
+    how = dumps_mod.PullSettings(app.ssh_config_path, jobs, stall_timeout)
+    with app.console.progress(f"{len(recons)} hosts: dumps", total=sum(i.size for i in first)) as advance:
+        pulled = dumps_mod.pull_merged(merged, local_root, hosts, app.target, how, forks=forks, advance=advance)
+    return _pull_result(app, run, recons, merged, pulled, local_root, allow_missing)
 
 
 def _unsafe(recons: dict, reports: dict) -> list[str]:
@@ -215,8 +137,9 @@ def _unsafe(recons: dict, reports: dict) -> list[str]:
     return list(dict.fromkeys(refused))
 
 
-def _pull_result(app, run, recons, merged, outcome, reports, seconds, written, local_root, allow_missing) -> int:
-    kept, unreached, lost_hosts = outcome
+def _pull_result(app, run, recons, merged, pulled: dumps_mod.GroupPull, local_root, allow_missing) -> int:
+    kept, unreached, lost_hosts, reports = pulled.kept, pulled.unreached, pulled.lost_hosts, pulled.reports
+    seconds, written = pulled.seconds, pulled.written
     _render_merged(app.console, merged, recons)
     nbytes = sum(int(r.get("bytes", 0)) for v in reports.values() for r in v)
     lost = sorted(set(merged.copies) - set(kept) - set(unreached))

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from ...core import dumpcheck
-from ...errors import NoSpace, VerifyFailed
-from ...remote import transfer
+from ...errors import VerifyFailed
 from ...workflows import dumps as dumps_mod
 from . import _dumps_group
 from ._options import host_command, hosts_command
@@ -212,21 +211,11 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
     _, recon = _reconcile(app, spec)
     local_root = dest or dumps_mod.local_dump_dir(spec.name)
     items = dumps_mod.pull_items(recon, local_root)
-    total = sum(i.size for i in items)
-    transfer.check_space([i for i in items if not transfer.is_complete(i)], spec.name)  # before any output
-    with app.console.progress(f"{spec.name}: dumps", total=total) as advance:
-        report = transfer.pull(
-            app.target(spec),
-            spec.dump.dir,
-            items,
-            ssh_config=app.ssh_config_path,
-            jobs=jobs,
-            stall_timeout=stall_timeout,
-            advance=advance,
-            strict=False,
-            dest=local_root,
-        )
-    written = _write_local_manifests(recon, local_root, spec.name)
+    dumps_mod.check_pull_space(items, spec.name)  # before any output
+    how = dumps_mod.PullSettings(app.ssh_config_path, jobs, stall_timeout)
+    with app.console.progress(f"{spec.name}: dumps", total=sum(i.size for i in items)) as advance:
+        report = dumps_mod.pull(app.target(spec), spec.dump.dir, items, how, local_root, advance)
+    written = dumps_mod.write_pulled_manifests(recon, local_root, spec.name)
     problems = dumpcheck.pull_problems(recon, report.failed, report.unsafe)
     _render_pull(app.console, report, problems, allow_missing, local_root, written)
     result = {
@@ -241,22 +230,6 @@ def pull_cmd(app, hosts, forks, jobs, dest, stall_timeout, allow_missing) -> int
         raise VerifyFailed(_problem_sentence(problems), host=spec.name, details=result, hint=_pull_hint(problems))
     app.console.emit(result)
     return 0
-
-
-def _write_local_manifests(recon, local_root: Path, host: str) -> int:
-    """Local manifests for the verified files; a full disk here is NoSpace too."""
-    try:
-        return dumps_mod.write_local_manifests(recon, local_root)
-    except OSError as exc:
-        if exc.errno not in transfer.NO_SPACE_ERRNOS:
-            raise
-        where, free = transfer.free_space(local_root)
-        raise NoSpace(
-            f"local disk full writing the local manifests: {free:,} bytes free on {where}",
-            host=host,
-            hint="free space there and re-run: the pulled files are kept",
-            details={"needed_bytes": None, "free_bytes": free, "path": str(where)},
-        ) from None
 
 
 def _render_pull(console, report, problems, allow_missing: bool, local_root: Path, written: int) -> None:

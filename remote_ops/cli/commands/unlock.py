@@ -60,9 +60,7 @@ def _unlock(app, spec, force: bool, dry_run: bool) -> dict:
     if dry_run:
         app.console.status("info", "dry run: would release the lock and write it to the audit log")
     else:
-        audit = hostlock.audit_record("unlock", spec.name, holder, forced=force and not stale, reason=stale)
-        # only the lock shown above (its token), so a run that took it meanwhile keeps its lock
-        remote.run(hostlock.release_cmd(spec.lock_dir, holder.token or None, spec.audit_log, audit))
+        hostlock.release_held(remote, spec, holder, forced=force and not stale, reason=stale)
         app.console.status(
             "ok",
             f"released {spec.lock_dir} ("
