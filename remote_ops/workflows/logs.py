@@ -2,7 +2,7 @@
 
 The pure half (log parsing, cursors, the fetch commands and their parsers, the
 follow command) is `remote_ops.core.logparse`; here are the local copies, the
-saved cursors (`PullState`) and the round trips (`pull_logs`).
+saved cursors (`PullState`) and the round trips (`pull_logs`, `follow`).
 
 No local name comes from the host: a pulled log is `<local dir>/<kind>.log`
 (kinds are `logparse.KINDS`), whatever the host's file is called, and rotated
@@ -24,6 +24,7 @@ from ..core.logparse import (
     FileCursor,
     ServerCursor,
     file_fetch_command,
+    follow_command,
     log_sources,
     new_server_lines,
     parse_file_fetch,
@@ -31,6 +32,7 @@ from ..core.logparse import (
     server_fetch_command,
     split_server_fetch,
 )
+from ..errors import CommandTimedOut
 
 # --------------------------------------------------------------------------- incremental pull: plan
 
@@ -183,3 +185,15 @@ def pull_logs(
         else:
             results.append(pull_file(remote, kind, source, local_dir, state, state_path))
     return results
+
+
+def follow(remote, host, kinds: tuple[str, ...], since, lines, duration: float, on_line) -> bool:
+    """Stream `host`'s logs of `kinds` to `on_line(stream, line)` for `duration` seconds; False
+    when the stream was still open at its deadline (the usual end), True when it ended first."""
+    try:
+        remote.run(
+            follow_command(host, kinds, since, lines, duration), timeout=duration + 5, on_line=on_line, check=False
+        )
+    except CommandTimedOut:
+        return False
+    return True

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import click
 
 from ...core import logparse
-from ...errors import CommandTimedOut
 from ...workflows import logs as logs_mod
 from ._fleet import run_on_hosts
 from ._options import hosts_command
@@ -117,14 +116,7 @@ def _follow(app, spec, what, since, lines, duration, raw: bool) -> None:
         else:
             app.console.host_line(spec.name, stream, f"[{kind}] {text}", data=True)
 
-    try:
-        app.remote(spec).run(
-            logparse.follow_command(spec, _kinds(what), since, lines, duration),
-            timeout=duration + 5,
-            on_line=on_line,
-            check=False,
-        )
-    except CommandTimedOut:
+    if not logs_mod.follow(app.remote(spec), spec, _kinds(what), since, lines, duration, on_line):
         app.console.say(f"{spec.name}: followed for {duration:g}s; stopping", style="dim")
 
 
