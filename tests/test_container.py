@@ -1,4 +1,4 @@
-"""container.py: argv builders and JSON parsers, from captured docker output (pure)."""
+"""container.py and the docker CLI's builders: argv builders and JSON parsers, from captured docker output (pure)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 from remote_ops.core import shell
 from remote_ops.core.inventory import parse_inventory_data
+from remote_ops.engine import cli_for
 from remote_ops.workflows import container
 
 CONTAINER_JSON = json.dumps(
@@ -63,19 +64,25 @@ def test_parse_image_inspect():
     assert i.id == "sha256:img1" and i.label("patch.id") == "eagle3-hs-dump"
 
 
+def _choose_builder(buildx_status: int, version_doc: dict) -> str:
+    """The docker CLI's choice from its two builder sections (`DockerCLI.builder_sections`)."""
+    sections = {"buildx": (buildx_status, ""), "version": (0, json.dumps(version_doc))}
+    return cli_for("docker").choose_builder(sections)
+
+
 def test_choose_builder():
     v20 = {"Client": {"Version": "20.10.24+dfsg1"}}
     v28 = {"Client": {"Version": "28.2.2"}}
-    assert container.choose_builder(1, v20) == "buildkit"  # built into the 20.10 CLI
-    assert container.choose_builder(1, v28) == "legacy"  # >= 23 needs the buildx plugin
-    assert container.choose_builder(0, v28) == "buildkit"
-    assert container.choose_builder(1, {}) == "legacy"
+    assert _choose_builder(1, v20) == "buildkit"  # built into the 20.10 CLI
+    assert _choose_builder(1, v28) == "legacy"  # >= 23 needs the buildx plugin
+    assert _choose_builder(0, v28) == "buildkit"
+    assert _choose_builder(1, {}) == "legacy"
 
 
 def test_build_cmd_never_pulls():
-    cmd = container.build_cmd("/ctx", "img:tag", "buildkit", "/ctx/.iid")
+    cmd = cli_for("docker").build_cmd("/ctx", "img:tag", "buildkit", "/ctx/.iid")
     assert cmd.startswith("DOCKER_BUILDKIT=1 docker build --pull=false") and "--progress=plain" in cmd
-    assert container.build_cmd("/ctx", "t", "legacy", "/i").startswith("DOCKER_BUILDKIT=0 ")
+    assert cli_for("docker").build_cmd("/ctx", "t", "legacy", "/i").startswith("DOCKER_BUILDKIT=0 ")
 
 
 def test_run_argv_for_gpu_node():

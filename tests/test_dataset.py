@@ -225,8 +225,8 @@ def test_standalone_script_is_what_runs_on_the_host(tokenizer_dir, tmp_path):
 
 
 def test_on_host_command_runs_the_script_in_a_throwaway_container_of_the_served_image():
-    from remote_ops.cli.commands.dataset import on_host_command
     from remote_ops.core.inventory import HostSpec
+    from remote_ops.workflows.dataset import on_host_command
 
     spec = HostSpec(name="gpu-node", container={"name": "sglang-eagle3"})
     cmd = on_host_command(

@@ -302,16 +302,16 @@ def test_shell_probe_sections_read_back_as_the_api_answers(engine, remote, busyb
 
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
     for image in (busybox_image, None):  # known ref, or the container's own
-        sections = engine.probe_sections(name, image, runtimes=True)
+        sections = engine.cli.probe_sections(name, image, runtimes=True)
         out = remote.run(shell.parallel_sections(sections), check=False, timeout=30).stdout
-        snap = engine.parse_probe(shell.split_sections(out))
+        snap = engine.cli.parse_probe(shell.split_sections(out))
         assert snap.error is None and snap.client_version and snap.runtimes == engine.info().runtimes
         assert snap.version.server == engine.version().server and snap.version.api == engine.version().api
         assert snap.container == engine.container(name) and snap.image == engine.image(busybox_image)
     out = remote.run(
-        shell.sections(engine.probe_sections("ro-engine-none", "remote-ops/none:x")), check=False, timeout=30
+        shell.sections(engine.cli.probe_sections("ro-engine-none", "remote-ops/none:x")), check=False, timeout=30
     ).stdout
-    snap = engine.parse_probe(shell.split_sections(out))
+    snap = engine.cli.parse_probe(shell.split_sections(out))
     assert snap.container is None and snap.image is None and snap.version is not None
 
 
@@ -333,8 +333,9 @@ def test_probe_over_the_engine_socket_reads_the_same_records_as_the_cli(engine, 
     context selected (or no curl, no unix socket) the same sections fall back to the CLI.
     Both read back as the same records, absent objects included; the id/pid one-liners agree."""
     from remote_ops.core import shell
-    from remote_ops.engine import probe
+    from remote_ops.engine import cli_for
 
+    probe = cli_for("docker")
     engine.run(RunSpec(name, busybox_image, ("sh", "-c", "exec sleep 600")))
     want = engine.container(name)
     for image in (busybox_image, None):

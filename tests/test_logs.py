@@ -187,7 +187,7 @@ def test_follow_command_tags_each_source_and_quotes_paths():
     from remote_ops.core.inventory import HostSpec
 
     spec = HostSpec(name="h", logs={"extraction": "/data/a b.log"}, container={"name": "c1"})
-    cmd = logparse.follow_command(spec, ("server", "extraction"), None, 5, duration=60)
+    cmd = logs.follow_command(spec, ("server", "extraction"), None, 5, duration=60)
     assert cmd.startswith("timeout -k 2 60 sh -c ")
     assert "docker logs -f --tail 5 c1" in cmd and "/data/a b.log" in cmd
     assert "s/^/server|/" in cmd and "s/^/extraction|/" in cmd

@@ -125,7 +125,7 @@ def test_follow_streams_new_lines_tagged_with_their_log(remote, spec, host):
     t = threading.Thread(target=writer)
     t.start()
     result = remote.run(
-        logparse.follow_command(spec, ("extraction",), None, 5, duration=3),
+        logs.follow_command(spec, ("extraction",), None, 5, duration=3),
         timeout=10,
         check=False,
         on_line=lambda stream, line: got.append(logparse.split_tagged(line)),

@@ -255,6 +255,7 @@ class HostSpec(_Spec):
     known_hosts: Line | None = Field(None, description="path on this machine (~ allowed)")
     source: str | None = Field(None, description="file this host came from")
     groups: tuple[str, ...] = ()
+    engine: Literal["docker", "podman"] = Field("docker", description="container engine on the host (docs/ENGINES.md)")
     gpus: GpuSpec = GpuSpec()
     sglang: SglangSpec = SglangSpec()
     container: ContainerSpec = ContainerSpec()

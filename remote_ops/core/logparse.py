@@ -2,8 +2,8 @@
 
 Three kinds of log live on a host:
 
-- `server`: the SGLang container's output (`docker logs`), container name from
-  the inventory (`container.name`);
+- `server`: the SGLang container's output (the engine's `logs`), container name
+  from the inventory (`container.name`);
 - `extraction`: the log of `remote_ops/onhost/extract_onhost.py` (inventory `logs.extraction`);
 - `training`: the log of an EAGLE-3 trainer (inventory `logs.training`).
 
@@ -11,10 +11,11 @@ Parsing is pure (text in, summaries out) and linear in the text: lines are cut
 to `LINE_LIMIT` before any regex sees them, and no regex here re-scans a line
 from every start (a host can write anything into its logs; a 16 MB word once
 made `extract status` quadratic).  Pulling is a pure *plan* (what to
-fetch, from which byte, given what we pulled before: the cursors, the fetch
-command and the parser of its output, here) plus one remote command per pull
-(`remote_ops.workflows.logs`), so every file is fetched in a single round trip
-and only its new bytes travel.
+fetch, from which byte, given what we pulled before: the cursors, the file
+fetch command and the parsers of the fetches' output, here) plus one remote
+command per pull (`remote_ops.workflows.logs`, which asks the host's engine
+for the server log's command line), so every file is fetched in a single round
+trip and only its new bytes travel.
 
 Training log format: SpecForge (sgl-project/SpecForge), the most used open
 EAGLE-3 trainer.  Three of its outputs are understood:
@@ -511,16 +512,6 @@ def parse_file_fetch(output: str) -> FileChunk | None:
     return FileChunk(inode, int(size), int(start), data)
 
 
-def server_fetch_command(container: str, cursor: ServerCursor, since: str | None) -> str:
-    """Container id, then `docker logs --timestamps` from the last timestamp we hold (or `since`)."""
-    c = shell.quote(container)
-    start = since or cursor.last_ts or "0"
-    return (
-        f"docker inspect --format '{{{{.Id}}}}' {c} || exit 3; "
-        f"docker logs --timestamps --since {shell.quote(start)} {c} 2>&1"
-    )
-
-
 def split_server_fetch(output: str) -> tuple[str, list[str]]:
     head, _, rest = output.partition("\n")
     return head.strip(), [l for l in rest.splitlines() if l]
@@ -533,7 +524,8 @@ def new_server_lines(
 
     docker's `--since` is inclusive at the second's resolution it is given, so the
     lines at exactly the last timestamp we hold come back again; we skip as many
-    as we already have.  A new container id starts over.
+    as we already have (podman's is exclusive: none come back, none are skipped).
+    A new container id starts over.
     """
     if container_id != cursor.container_id:
         cursor = ServerCursor(container_id, "", 0, cursor.generation + (1 if cursor.container_id else 0))
@@ -559,28 +551,6 @@ def log_sources(host, kinds: tuple[str, ...]) -> dict[str, str]:
     if unknown:
         raise UsageError(f"unknown log kind(s) {unknown}; use {', '.join(KINDS)} or all")
     return {k: table[k] for k in kinds}
-
-
-def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20, duration: float = 3600.0) -> str:
-    """One remote command streaming every chosen log, each line tagged `<kind>|`.
-
-    The whole thing runs under `timeout` on the host too: when the local
-    deadline closes the channel, nothing (no `tail -F`, no `docker logs -f`)
-    is left running there.
-    """
-    parts = []
-    for kind, source in log_sources(host, kinds).items():
-        if kind == "server":
-            src = (
-                f"docker logs -f --since {shell.quote(since)} {shell.quote(source)} 2>&1"
-                if since
-                else f"docker logs -f --tail {int(lines)} {shell.quote(source)} 2>&1"
-            )
-        else:
-            src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
-        parts.append(f"{src} | sed -u 's/^/{kind}|/'")
-    script = " & ".join(parts) + " & wait"
-    return shell.join(["timeout", "-k", "2", f"{max(duration, 1):g}", "sh", "-c", script])
 
 
 def split_tagged(line: str) -> tuple[str, str]:

@@ -1,11 +1,13 @@
-"""The host's Engine API as HTTP over one SSH channel running `docker system dial-stdio`.
+"""The host's Engine API as HTTP over one SSH channel running the engine kind's dial command.
 
-`docker system dial-stdio` connects its stdin/stdout to the daemon the host's
-docker CLI would use (it honours `DOCKER_HOST` and the current context there);
-it is what the docker CLI itself runs for `ssh://` hosts.  Here it runs on an
-exec channel of remote-ops' own strict paramiko transport (`open_stream`), so
-the Engine API is reached with the host key already checked and without a new
-TCP connection or a CLI process per call.
+The dial command (`DockerEngine.dial`) connects its stdin/stdout to the
+engine's API socket on the host: for docker, `docker system dial-stdio`, which
+reaches the daemon the host's docker CLI would use (it honours `DOCKER_HOST`
+and the current context there; it is what the docker CLI itself runs for
+`ssh://` hosts); for podman, a relay to its API socket (engine/podman.py).
+Here it runs on an exec channel of remote-ops' own strict paramiko transport
+(`open_stream`), so the Engine API is reached with the host key already
+checked and without a new TCP connection or a CLI process per call.
 
 The layers, bottom up:
 
@@ -34,9 +36,6 @@ import urllib3.connection
 import urllib3.connectionpool
 
 from ..errors import tail
-
-#: What the engine runs on the host: Docker's own SSH-transport helper.
-DOCKER_DIAL = ("docker", "system", "dial-stdio")
 
 
 class StreamOpener(Protocol):
@@ -141,7 +140,7 @@ class DialStdioAdapter(requests.adapters.HTTPAdapter):
     prove a request was never made (no pull).
     """
 
-    def __init__(self, opener: StreamOpener, dial: tuple[str, ...] = DOCKER_DIAL, *, maxsize: int = 2) -> None:
+    def __init__(self, opener: StreamOpener, dial: tuple[str, ...], *, maxsize: int = 2) -> None:
         super().__init__(pool_connections=1, pool_maxsize=maxsize, max_retries=0)
         self._opener, self._dial = opener, dial
         self._pool = DialStdioPool(self._new_socket, maxsize=maxsize)

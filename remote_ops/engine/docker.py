@@ -17,6 +17,11 @@ kept alive across requests.  What this module adds on top of the SDK:
 
 One engine per host connection.  Its calls are serialised by a lock: they
 share one channel, which carries one request at a time anyway.
+
+The SDK (and requests/urllib3) is imported when an engine is made, not with
+this module: the registry (`remote_ops.engine.engine_class`) imports it to
+hand out `DockerEngine.cli` to shell-probe paths (health, a no-op deploy),
+which must not pay the SDK's ~0.4 s import.
 """
 
 from __future__ import annotations
@@ -25,20 +30,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
-
-import docker
-import docker.errors
-import requests.exceptions
-import urllib3.exceptions
-from docker.constants import DEFAULT_DOCKER_API_VERSION
-from docker.utils import version_lt
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import CommandFailed, CommandTimedOut, NotFound, RemoteOpsError, Unreachable, tail
-from . import probe, types
-from .dialstdio import DOCKER_DIAL, DialStdioAdapter, StreamOpener
+from . import types
+from .cli import DockerCLI
 from .spec import RunSpec, create_request
 from .types import ContainerInfo, EngineEvent, EngineInfo, EngineVersion, ImageInfo, LogLine
+
+if TYPE_CHECKING:
+    import docker
+
+    from .dialstdio import DialStdioAdapter, StreamOpener
 
 T = TypeVar("T")
 #: Placeholder API version until the daemon has told us its own (no request at construction).
@@ -46,12 +49,26 @@ BOOTSTRAP_API = "1.24"
 
 
 class DockerEngine:
-    """The host's Docker daemon, over `remote`'s SSH connection."""
+    """The host's Docker daemon, over `remote`'s SSH connection.
+
+    An engine kind (the inventory's `engine: docker`): `cli` builds its command
+    lines and reads their output (pure, usable without an instance: see
+    `remote_ops.engine.cli_for`), `dial` is the host command whose stdin/stdout
+    reach its Engine API, and an instance is that API over one channel.
+    """
 
     kind = "docker"
-    dial: tuple[str, ...] = DOCKER_DIAL
+    cli: DockerCLI = DockerCLI()
+    #: What the engine runs on the host to reach its API: Docker's own SSH-transport helper.
+    dial: tuple[str, ...] = ("docker", "system", "dial-stdio")
+    #: The dial command as errors name it.
+    dial_label = "docker system dial-stdio"
+    #: What to check on the host when the dial fails (the error's hint).
+    dial_hint = "is the docker daemon running on the host, and `docker` on its PATH?"
 
     def __init__(self, remote: StreamOpener, *, timeout: float | None = None) -> None:
+        from .dialstdio import DialStdioAdapter
+
         self.host = remote.name
         target = getattr(remote, "target", None)
         self.timeout = timeout or (target.timeouts.command if target is not None else 120.0)
@@ -74,6 +91,9 @@ class DockerEngine:
         """First use: ask the daemon its API version and speak min(its, the SDK's)."""
         if self._version is not None:
             return
+        from docker.constants import DEFAULT_DOCKER_API_VERSION
+        from docker.utils import version_lt
+
         self._api.timeout = timeout
         with self._errors("GET /version", timeout):
             doc = self._api.version(api_version=False)
@@ -84,6 +104,10 @@ class DockerEngine:
 
     @contextmanager
     def _errors(self, what: str, timeout: float) -> Iterator[None]:
+        import docker.errors
+        import requests.exceptions
+        import urllib3.exceptions
+
         try:
             yield
         except RemoteOpsError:
@@ -124,13 +148,13 @@ class DockerEngine:
             )
         status, err = self.adapter.dial_diagnostics()
         return CommandFailed(
-            f"engine API {what} failed: {' '.join(self.dial)} "
+            f"engine API {what} failed: {self.dial_label} "
             f"{'exited ' + str(status) if status is not None else 'dropped the connection'}",
             host=self.host,
-            command=" ".join(self.dial),
+            command=self.dial_label,
             exit_status=status,
             stderr_tail=err or tail(str(exc), 3),
-            hint="is the docker daemon running on the host, and `docker` on its PATH?",
+            hint=self.dial_hint,
         )
 
     # -- version / info -----------------------------------------------------------------------
@@ -271,17 +295,7 @@ class DockerEngine:
 
         return types.parse_events(self._call("GET /events", get, (timeout or self.timeout) + wait))
 
-    # -- probes -------------------------------------------------------------------------------
-    def probe_sections(
-        self, container: str, image: str | None = None, *, runtimes: bool = False
-    ) -> list[tuple[str, str]]:
-        """The same questions as shell sections, for a caller's one-round-trip probe (pure)."""
-        return probe.probe_sections(container, image, cli="docker", runtimes=runtimes)
-
-    def parse_probe(self, sections: dict[str, tuple[int, str]]) -> probe.Snapshot:
-        """Read those sections back into the records the API gives (pure)."""
-        return probe.parse_probe(sections, self.kind)
-
+    # -- both objects ---------------------------------------------------------------------------
     def objects(
         self, container: str, image: str, *, timeout: float | None = None
     ) -> tuple[ContainerInfo | None, ImageInfo | None]:
@@ -303,6 +317,7 @@ class DockerEngine:
 def _api_client(adapter: DialStdioAdapter, timeout: float) -> docker.APIClient:
     """An APIClient whose every request goes through `adapter`; no environment proxies or
     ~/.docker/config.json proxies (the laptop's settings must not reach the host's containers)."""
+    import docker
     from docker.utils.proxy import ProxyConfig
 
     api = docker.APIClient(base_url="tcp://localhost:2375", version=BOOTSTRAP_API, timeout=timeout)
@@ -319,6 +334,9 @@ def _explain(exc: docker.errors.APIError) -> str:
 
 def _is_timeout(exc: BaseException) -> bool:
     """requests reports a read timeout mid-body as ConnectionError(ReadTimeoutError): look inside."""
+    import requests.exceptions
+    import urllib3.exceptions
+
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)):

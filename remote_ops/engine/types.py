@@ -171,7 +171,7 @@ def parse_container(d: dict[str, Any]) -> ContainerInfo:
         image_id=d.get("Image", ""),
         image_ref=config.get("Image", ""),
         status=state.get("Status", "unknown"),
-        health=health.get("Status"),
+        health=health.get("Status") or None,  # podman: "" when the image has no health check
         restart_count=int(d.get("RestartCount") or 0),
         oom_killed=bool(state.get("OOMKilled")),
         exit_code=state.get("ExitCode"),

@@ -1,12 +1,12 @@
 """The SGLang server container on a host: lifecycle, image builds, in-image patch verification.
 
-Everything docker-specific lives behind the engine seam (`remote_ops.engine`):
+Everything engine-specific lives behind the engine seam (`remote_ops.engine`):
 the run spec (`engine.spec.for_host`: settings, labels, run-config hash), the
 records (`engine.types.ImageInfo` / `ContainerInfo`), the API calls
-(`engine.container`, `remote`, `run`, `start`, `stop`, `restart`), the shell
-probes (`engine.probe`) and the CLI command lines that remain
-(`engine.cli`: BuildKit builds, the in-image verifier, `--dry-run` text).
-This module decides (pure: `lifecycle_steps`, `choose_builder`, parsers) and
+(`engine.container`, `remove`, `run`, `start`, `stop`, `restart`) and the
+command lines of the host's engine kind with their parsers
+(`engine.cli_for(host)`: inspect, builds, the in-image verifier, `--dry-run`
+text).  This module decides (pure: `lifecycle_steps`, `lifecycle_plan`) and
 drives those over one `Remote`.
 
 Lifecycle (start/stop/restart) is check -> act -> verify over one engine
@@ -16,8 +16,8 @@ the same and keeps the Docker SDK out of the process (its import is the
 larger cost for a short command).
 
 Safety: images we built are never pulled: the engine creates containers
-with `POST /containers/create` (a missing image is NotFound), and builds run
-with `--pull=false`.
+with `POST /containers/create` (a missing image is NotFound), and builds and
+throwaway containers never pull (`DockerCLI.build_cmd`, `throwaway_command`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,9 @@ from typing import Any
 
 from ..core import secrets, shell
 from ..core.inventory import HostSpec
-from ..engine import labels, probe as engine_probe
-from ..engine.cli import (
-    TOOL_DIR,
-    build_cmd,
-    buildx_cmd,
-    remove_cmd,
-    restart_cmd,
-    start_cmd,
-    stop_cmd,
-    verify_in_container_cmd,
-    verify_in_image_cmd,
-)
-from ..engine.spec import cli_argv, dump_env, for_host, gpu_flags, server_args
+from ..engine import DEFAULT_KIND, cli_for, labels
+from ..engine.cli import TOOL_DIR
+from ..engine.spec import dump_env, for_host, gpu_flags, server_args
 from ..engine.types import ContainerInfo, ImageInfo
 from ..errors import NotFound, RemoteOpsError
 from ..remote import LineSink, Remote, command_deadline
@@ -65,31 +55,14 @@ class PatchInImage:
 
 
 # -- parsers (pure) -----------------------------------------------------------------------------
-def parse_image_inspect(status: int, text: str) -> ImageInfo | None:
-    """`docker image inspect REF` -> ImageInfo, or None when the image does not exist."""
-    return engine_probe.parse_inspect(text)[0] if status == 0 else None
+def parse_image_inspect(status: int, text: str, kind: str = DEFAULT_KIND) -> ImageInfo | None:
+    """An engine's `image inspect REF` -> ImageInfo, or None when the image does not exist."""
+    return cli_for(kind).parse_inspect(status, text)[0]
 
 
-def parse_container_inspect(status: int, text: str) -> ContainerInfo | None:
-    """`docker container inspect NAME` -> ContainerInfo, or None when there is no such container."""
-    return engine_probe.parse_inspect(text)[1] if status == 0 else None
-
-
-def client_major(version_doc: dict[str, Any]) -> int | None:
-    """Major version of the docker CLI from a `docker version` JSON document."""
-    version = ((version_doc.get("Client") or {}).get("Version") or "").split(".")[0]
-    return int(version) if version.isdigit() else None
-
-
-def choose_builder(buildx_status: int, version_doc: dict[str, Any]) -> str:
-    """'buildkit' when the host's CLI can use it, else 'legacy'.
-
-    Docker >= 23 needs the buildx plugin for BuildKit; 20.10-22.x CLIs have it built in.
-    """
-    if buildx_status == 0:
-        return "buildkit"
-    major = client_major(version_doc)
-    return "buildkit" if major is not None and major < 23 else "legacy"
+def parse_container_inspect(status: int, text: str, kind: str = DEFAULT_KIND) -> ContainerInfo | None:
+    """An engine's `container inspect NAME` -> ContainerInfo, or None when there is no such container."""
+    return cli_for(kind).parse_inspect(status, text)[1]
 
 
 def parse_patch_verification(where: str, status: int, text: str, expected_sha256: str | None) -> PatchInImage:
@@ -131,8 +104,8 @@ def gpu_args(host: HostSpec) -> list[str]:
 
 
 def run_argv(host: HostSpec, image: str) -> list[str]:
-    """The `docker run` command line of the host's container (`engine.spec.for_host`, as flags)."""
-    return cli_argv(for_host(host, image))
+    """The `run` command line of the host's container in its engine's CLI (`engine.spec.for_host`, as flags)."""
+    return cli_for(host).run_argv(for_host(host, image))
 
 
 def expected_run_config(host: HostSpec, image: str) -> str:
@@ -166,57 +139,55 @@ def lifecycle_steps(action: str, host: HostSpec, info: ContainerInfo | None, ima
 def lifecycle_plan(
     action: str, host: HostSpec, info: ContainerInfo | None, image: str | None, grace_s: int = 30
 ) -> list[str | list[str]]:
-    """`lifecycle_steps` as the equivalent docker command lines (what `--dry-run` prints; pure)."""
-    name = host.container.name
+    """`lifecycle_steps` as the equivalent engine command lines (what `--dry-run` prints; pure)."""
+    name, cli = host.container.name, cli_for(host)
     as_cli: dict[str, Callable[[], str | list[str]]] = {
-        "remove": lambda: remove_cmd(name),
+        "remove": lambda: cli.remove_cmd(name),
         "run": lambda: run_argv(host, image or ""),
-        "start": lambda: start_cmd(name),
-        "stop": lambda: stop_cmd(name, grace_s),
-        "restart": lambda: restart_cmd(name, grace_s),
+        "start": lambda: cli.start_cmd(name),
+        "stop": lambda: cli.stop_cmd(name, grace_s),
+        "restart": lambda: cli.restart_cmd(name, grace_s),
     }
     return [as_cli[step]() for step in lifecycle_steps(action, host, info, image)]
 
 
 # -- over a Remote ------------------------------------------------------------------------------
 @contextmanager
-def engine_for(remote: Remote, engine: Any = None) -> Iterator[Any]:
-    """`engine` if the caller has a warm one, else a new engine on `remote`'s connection (closed after)."""
+def engine_for(remote: Remote, engine: Any = None, kind: str = DEFAULT_KIND) -> Iterator[Any]:
+    """`engine` if the caller has a warm one, else a new engine of `kind` on `remote`'s
+    connection (closed after)."""
     if engine is not None:
         yield engine
         return
     from ..engine import open_engine
 
-    fresh = open_engine(remote)
+    fresh = open_engine(remote, kind)
     try:
         yield fresh
     finally:
         fresh.close()
 
 
-def inspect_image(remote: Remote, ref: str) -> ImageInfo | None:
+def inspect_image(remote: Remote, ref: str, kind: str = DEFAULT_KIND) -> ImageInfo | None:
     """One shell round trip (no engine channel needed for a one-shot read)."""
-    r = remote.run(engine_probe.inspect_argv("image", ref), check=False)
-    return parse_image_inspect(r.exit_status, r.stdout)
+    r = remote.run(cli_for(kind).inspect_argv("image", ref), check=False)
+    return parse_image_inspect(r.exit_status, r.stdout, kind)
 
 
-def inspect_container(remote: Remote, name: str, engine: Any = None) -> ContainerInfo | None:
+def inspect_container(remote: Remote, name: str, engine: Any = None, kind: str = DEFAULT_KIND) -> ContainerInfo | None:
     """The container's state: over `engine` when one is warm, else one shell round trip."""
     if engine is not None:
         return engine.container(name)
-    r = remote.run(engine_probe.inspect_argv("container", name), check=False)
-    return parse_container_inspect(r.exit_status, r.stdout)
+    r = remote.run(cli_for(kind).inspect_argv("container", name), check=False)
+    return parse_container_inspect(r.exit_status, r.stdout, kind)
 
 
-def detect_builder(remote: Remote) -> str:
-    """One round trip: buildx presence + CLI version -> 'buildkit' | 'legacy'."""
-    out = remote.run(
-        shell.sections([("buildx", buildx_cmd()), ("version", engine_probe.version_command())]), check=False
-    ).stdout
-    sec = shell.split_sections(out)
-    return choose_builder(
-        sec.get("buildx", (1, ""))[0], engine_probe.parse_version_line(sec.get("version", (1, ""))[1])
-    )
+def detect_builder(remote: Remote, kind: str = DEFAULT_KIND) -> str:
+    """The builder the host's engine CLI has (docker: one round trip, 'buildkit' | 'legacy')."""
+    cli = cli_for(kind)
+    asked = cli.builder_sections()
+    out = remote.run(shell.sections(asked), check=False).stdout if asked else ""
+    return cli.choose_builder(shell.split_sections(out))
 
 
 def build(
@@ -227,16 +198,17 @@ def build(
     *,
     on_line: LineSink | None = None,
     timeout: float = 3600.0,
+    kind: str = DEFAULT_KIND,
 ) -> str:
-    """Build on the host, streaming output; return the new image id."""
-    iidfile = f"{context_dir}/.image-id"
-    remote.run(build_cmd(context_dir, tag, builder, iidfile), timeout=timeout, on_line=on_line)
-    return remote.run(["cat", iidfile]).stdout.strip()
+    """Build on the host with its engine's CLI, streaming output; return the new image id."""
+    cli, iidfile = cli_for(kind), f"{context_dir}/.image-id"
+    remote.run(cli.build_cmd(context_dir, tag, builder, iidfile), timeout=timeout, on_line=on_line)
+    return cli.image_id(remote.run(["cat", iidfile]).stdout)
 
 
 def run(remote: Remote, host: HostSpec, image: str, *, engine: Any = None) -> str:
     """Replace the container with a fresh one from `image`; return the new container id."""
-    with engine_for(remote, engine) as e:
+    with engine_for(remote, engine, host.engine) as e:
         return _act(e, host, "run", image, 30, command_deadline(remote)) or ""
 
 
@@ -257,7 +229,7 @@ def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int
 
 
 def _run_masked(remote: Remote, command: str | list[str], timeout: float):
-    """Run a command that may carry secret values (`docker run -e HF_TOKEN=…`); an error
+    """Run a command that may carry secret values (`run -e HF_TOKEN=…`); an error
     raised by it shows the command with those values masked (`remote_ops.core.secrets`)."""
     try:
         return remote.run(command, timeout=timeout)
@@ -278,8 +250,8 @@ def lifecycle(
     engine: Any = None,
 ) -> tuple[list[str], ContainerInfo | None, ContainerInfo | None]:
     """Check -> act -> verify for start/stop/restart over one engine channel:
-    (the equivalent docker commands, state before, state after)."""
-    with engine_for(remote, engine) as e:
+    (the equivalent engine commands, state before, state after)."""
+    with engine_for(remote, engine, host.engine) as e:
         before = e.container(host.container.name)
         plan = lifecycle_plan(action, host, before, image, grace_s)
         shown = [secrets.mask_text(c) if isinstance(c, str) else shell.join(secrets.mask_argv(c)) for c in plan]
@@ -317,17 +289,24 @@ def restart(remote: Remote, host: HostSpec, grace_s: int = 30) -> ContainerInfo:
 
 
 def status(remote: Remote, host: HostSpec) -> ContainerInfo | None:
-    return inspect_container(remote, host.container.name)
+    return inspect_container(remote, host.container.name, kind=host.engine)
 
 
 def verify_patch(
-    remote: Remote, *, image: str | None = None, container_name: str | None = None, expected_sha256: str | None = None
+    remote: Remote,
+    *,
+    image: str | None = None,
+    container_name: str | None = None,
+    expected_sha256: str | None = None,
+    kind: str = DEFAULT_KIND,
 ) -> PatchInImage:
     """Run the anchor verification with the image's / container's own python3."""
+    cli = cli_for(kind)
+    argv: str | list[str]
     if image:
-        where, argv = f"image {image}", verify_in_image_cmd(image, expected_sha256)
+        where, argv = f"image {image}", cli.verify_in_image_cmd(image, expected_sha256)
     else:
-        where, argv = f"container {container_name}", verify_in_container_cmd(container_name or "", expected_sha256)
+        where, argv = f"container {container_name}", cli.verify_in_container_cmd(container_name or "", expected_sha256)
     r = remote.run(argv, check=False)
     return parse_patch_verification(where, r.exit_status, r.stdout + "\n" + r.stderr, expected_sha256)
 
@@ -350,7 +329,6 @@ __all__ = [
     "ContainerInfo",
     "PatchInImage",
     "TOOL_DIR",
-    "build_cmd",
     "dump_env",
     "server_args",
     "lifecycle",

@@ -1,8 +1,10 @@
 """Log pulls: fetch the new bytes of a host's logs into its local run directory.
 
-The pure half (log parsing, cursors, the fetch commands and their parsers, the
-follow command) is `remote_ops.core.logparse`; here are the local copies, the
-saved cursors (`PullState`) and the round trips (`pull_logs`, `follow`).
+The pure half (log parsing, cursors, the file fetch command and the parsers) is
+`remote_ops.core.logparse`; here are the server log's and the follow's command
+lines (the host's engine gives its `logs` part: `engine.cli_for`), the local
+copies, the saved cursors (`PullState`) and the round trips (`pull_logs`,
+`follow`).
 
 No local name comes from the host: a pulled log is `<local dir>/<kind>.log`
 (kinds are `logparse.KINDS`), whatever the host's file is called, and rotated
@@ -17,22 +19,48 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..core import hostpaths
+from ..core import hostpaths, shell
 from ..core.logparse import (
     HEAD_BYTES,
     FileChunk,
     FileCursor,
     ServerCursor,
     file_fetch_command,
-    follow_command,
     log_sources,
     new_server_lines,
     parse_file_fetch,
     reset_needed,
-    server_fetch_command,
     split_server_fetch,
 )
+from ..engine import DEFAULT_KIND, cli_for
 from ..errors import CommandTimedOut
+
+# --------------------------------------------------------------------------- command lines (pure)
+
+
+def server_fetch_command(container: str, cursor: ServerCursor, since: str | None, kind: str = DEFAULT_KIND) -> str:
+    """Container id, then its log lines with the engine's timestamps from the last timestamp we
+    hold (or `since`): `new_server_lines` reads them."""
+    return cli_for(kind).logs_since_command(container, since or cursor.last_ts or "0")
+
+
+def follow_command(host, kinds: tuple[str, ...], since: str | None, lines: int = 20, duration: float = 3600.0) -> str:
+    """One remote command streaming every chosen log, each line tagged `<kind>|`.
+
+    The whole thing runs under `timeout` on the host too: when the local
+    deadline closes the channel, nothing (no `tail -F`, no engine `logs -f`)
+    is left running there.
+    """
+    parts = []
+    for kind, source in log_sources(host, kinds).items():
+        if kind == "server":
+            src = f"{cli_for(host).logs_follow_command(source, since, lines)} 2>&1"
+        else:
+            src = f"tail -n {int(lines)} -F {shell.quote(source)} 2>/dev/null"
+        parts.append(f"{src} | sed -u 's/^/{kind}|/'")
+    script = " & ".join(parts) + " & wait"
+    return shell.join(["timeout", "-k", "2", f"{max(duration, 1):g}", "sh", "-c", script])
+
 
 # --------------------------------------------------------------------------- incremental pull: plan
 
@@ -146,12 +174,18 @@ def pull_file(
 
 
 def pull_server(
-    remote, container: str, local_dir: Path, state: PullState, state_path: Path, since: str | None = None
+    remote,
+    container: str,
+    local_dir: Path,
+    state: PullState,
+    state_path: Path,
+    since: str | None = None,
+    kind: str = DEFAULT_KIND,
 ) -> PulledLog:
-    """Append the container's new log lines (with docker's timestamps) to `server.log`."""
+    """Append the container's new log lines (with the engine's timestamps) to `server.log`."""
     local = local_copy(local_dir, "server")
-    result = PulledLog("server", f"docker logs {container}", str(local))
-    run = remote.run(server_fetch_command(container, state.server, since), check=False)
+    result = PulledLog("server", cli_for(kind).logs_hint(container), str(local))
+    run = remote.run(server_fetch_command(container, state.server, since, kind), check=False)
     if run.exit_status == 3 or not run.stdout.strip():
         result.missing = True
         return result
@@ -181,7 +215,7 @@ def pull_logs(
     results = []
     for kind, source in log_sources(host, kinds).items():
         if kind == "server":
-            results.append(pull_server(remote, source, local_dir, state, state_path, since))
+            results.append(pull_server(remote, source, local_dir, state, state_path, since, host.engine))
         else:
             results.append(pull_file(remote, kind, source, local_dir, state, state_path))
     return results

@@ -43,6 +43,8 @@ from pathlib import Path, PurePosixPath
 from .. import __version__
 from ..core import shell
 from ..core.logparse import bounded_lines, parse_training
+from ..engine import cli_for
+from ..engine.spec import RunSpec
 from ..errors import CommandTimedOut, Refused, RemoteOpsError
 from . import hostlock
 
@@ -160,39 +162,31 @@ def image_ref(spec) -> str:
     return f"{spec.container.image}-train:specforge-{SPECFORGE_VERSION}"
 
 
+def trainer_spec(spec, p: TrainPaths) -> RunSpec:
+    """The trainer container: all GPUs, the export read-only, the checkpoint dir read-write."""
+    return RunSpec(
+        name=container_name(spec),
+        image=image_ref(spec),
+        labels={"io.remote-ops.managed": "1"},
+        init=False,
+        gpus="all",
+        ipc="host",
+        shm_size=spec.container.shm_size,
+        volumes=(f"{p.data}:{p.data}:ro", f"{p.output}:{p.output}", f"{spec.model.path}:{spec.model.path}:ro"),
+    )
+
+
 def real_commands(spec, p: TrainPaths) -> list[str]:
-    """Build the training image (never pulls our own image) and run it detached with GPUs."""
-    ctx = shell.quote(p.file("context"))
-    build = f"docker build --pull=false -t {shell.quote(image_ref(spec))} {ctx}"
-    leftover = f"docker rm -f {shell.quote(container_name(spec))} >/dev/null 2>&1 || true"  # a finished run's
-    run = [
-        "docker",
-        "run",
-        "-d",
-        "--pull=never",
-        "--name",
-        container_name(spec),
-        "--gpus",
-        "all",
-        "--ipc",
-        "host",
-        "--shm-size",
-        spec.container.shm_size,
-        "-v",
-        f"{p.data}:{p.data}:ro",
-        "-v",
-        f"{p.output}:{p.output}",
-        "-v",
-        f"{spec.model.path}:{spec.model.path}:ro",
-        "--label",
-        "io.remote-ops.managed=1",
-        image_ref(spec),
-    ]
+    """Build the training image (never pulls our own image) and run it detached with GPUs, with
+    the host's engine CLI (`engine.cli_for`); its log is copied to the training log."""
+    cli = cli_for(spec)
+    build = cli.build_cmd(p.file("context"), image_ref(spec))
+    leftover = cli.remove_cmd(container_name(spec))  # a finished run's
     logs = (
-        f"setsid nohup docker logs -f {shell.quote(container_name(spec))} >> {shell.quote(p.log)} 2>&1 "
+        f"setsid nohup {cli.logs_follow_command(container_name(spec))} >> {shell.quote(p.log)} 2>&1 "
         f"< /dev/null & echo $! > {shell.quote(p.file('logs.pid'))}"
     )
-    return [build, leftover, shell.join(run), logs]
+    return [build, leftover, shell.join(cli.run_argv(trainer_spec(spec, p))), logs]
 
 
 @dataclass(frozen=True)
@@ -244,10 +238,7 @@ def status_command(p: TrainPaths, spec) -> str:
         [
             ("lock", hostlock.read_cmd(spec.lock_dir)),
             ("alive", alive_check(p)),
-            (
-                "container",
-                f"docker inspect -f '{{{{.State.Running}}}}' {shell.quote(container_name(spec))} 2>/dev/null",
-            ),
+            ("container", cli_for(spec).running_command(container_name(spec))),
             ("run", f"cat {shell.quote(p.file('run.json'))} 2>/dev/null"),
             ("log", f"tail -c 200000 {shell.quote(p.log)} 2>/dev/null"),
             ("ckpt", f"ls -1 {shell.quote(p.output)} 2>/dev/null"),
@@ -706,7 +697,7 @@ def _wait_started(remote, spec, p: TrainPaths, plan: RunPlan, wait_s: float) -> 
 def stop(
     remote, spec, p: TrainPaths | None = None, *, dry_run: bool = False, wait_s: float = 60.0, events=None
 ) -> TrainResult:
-    """SIGTERM the stand-in by its recorded PID (KILL at the deadline), or `docker stop` the trainer.
+    """SIGTERM the stand-in by its recorded PID (KILL at the deadline), or stop the trainer container.
     Nothing running: a no-op (the lock is still taken, so a start cannot race it)."""
     p = p or paths_for(spec)
     if dry_run:
@@ -734,7 +725,7 @@ def stop(
 def stop_commands(spec, p: TrainPaths) -> list[str]:
     pidfile = shell.quote(p.file("train.pid"))
     return [
-        f"docker stop -t 30 {shell.quote(container_name(spec))} >/dev/null 2>&1 || true",
+        f"{shell.join(cli_for(spec).stop_cmd(container_name(spec), 30))} >/dev/null 2>&1 || true",
         f"{alive_check(p)} && kill -TERM $(cat {pidfile})",
     ]
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import click
 
-from ... import onhost
-from ...core import shell
-from ...errors import CommandFailed, ConfigError
+from ...errors import ConfigError
 from ...onhost import dataset as ds
 from ._options import app_options, host_option
 
@@ -103,57 +100,18 @@ def prepare_cmd(app, source, output, tokenizer, max_length, overflow, trust_remo
 # --------------------------------------------------------------------------- on the host
 
 
-def host_workdir(spec) -> str:
-    return str(PurePosixPath(spec.logs.dir) / "dataset")
-
-
-def on_host_command(
-    spec, workdir: str, tok_dir: str, src: str, dest: str, max_length, overflow, trust_remote_code: bool
-) -> str:
-    """`docker run --rm -i` of the running container's image, dataset.py on stdin (pure)."""
-    image = f"$(docker inspect -f '{{{{.Config.Image}}}}' {shell.quote(spec.container.name)})"
-    argv = ["-", "prepare", "--tokenizer", tok_dir, "--input", src, "--output", dest, "--overflow", overflow]
-    argv += ["--max-length", str(max_length)] if max_length else []
-    argv += ["--trust-remote-code"] if trust_remote_code else []
-    mounts = ["-v", f"{tok_dir}:{tok_dir}:ro", "-v", f"{workdir}:{workdir}"]
-    run = ["docker", "run", "--rm", "-i", "--pull=never", "--network", "none", "--entrypoint", "python3", *mounts]
-    return f'{shell.join(run)} "{image}" {shell.join(argv)}'
-
-
 def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust_remote_code, host) -> int:
+    from ...workflows import dataset as dataset_wf
+
     if not host:
         raise ConfigError("--on-host needs --host", field="--host")
     spec = app.host(host)
-    remote = app.remote(spec)
-    workdir = host_workdir(spec)
-    src, dest = f"{workdir}/source.jsonl", output or f"{workdir}/prepared.jsonl"
-    remote.run(["mkdir", "-p", workdir])
-    remote.put(source, src)
-    cmd = on_host_command(
-        spec, workdir, tokenizer or spec.model.path, src, dest, max_length, overflow, trust_remote_code
+    dest, report = dataset_wf.prepare_on_host(
+        app.remote(spec), spec, source, output, tokenizer, max_length, overflow, trust_remote_code
     )
-    result = remote.run(cmd, input=onhost.source("dataset.py"), check=False, timeout=3600)
-    report = _host_report(result, remote.name)
     _render(app.console, report, f"{spec.name}:{dest}")
     app.console.emit({"host": spec.name, "output": dest, **report})
     return 0
-
-
-def _host_report(result, host: str) -> dict:
-    try:
-        report = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        report = None
-    if result.exit_status != 0 or not isinstance(report, dict) or "error" in report:
-        why = report.get("error") if isinstance(report, dict) else "no report"
-        raise CommandFailed(
-            f"dataset prepare on the host failed: {why}",
-            host=host,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
-    return report
 
 
 commands = [dataset_group]

@@ -1,22 +1,29 @@
 """deploy's decision: one batched probe (one SSH round trip) and the plan it implies (pure).
 
-`probe_commands` builds the probe: host facts, the host lock (taken in the
-same round trip, atomic `mkdir`), the target file's sha256, and the engine's
-answer for container + image (`engine.probe`: one `inspect` of both).
-`parse_probe` reads it into a `Probe`; `preflight_problems` and `make_plan`
-decide from that alone what is out of date.
+`probes_for` picks the probe units (`remote_ops.probes`): the host facts a
+deploy decides on (GPUs, the engine's version, free space), the host lock
+(taken in the same round trip, atomic `mkdir`), the target file's sha256, and
+the engine's answer for container + image (one `inspect` of both).
+`parse_probe` reads their answers into a `Probe`; `preflight_problems` and
+`make_plan` decide from that alone what is out of date.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
-from ...core import shell
 from ...core.inventory import HostSpec
-from ...engine import labels, probe as engine_probe
+from ...engine import labels
 from ...engine.types import ContainerInfo, ImageInfo
-from ...remote import Remote, command_deadline
+from ...probes import base, batch
+from ...probes.disk import DiskFree
+from ...probes.engine import EngineObjects, EngineVersion
+from ...probes.gpu import GpuQuery
+from ...probes.lock import Holder, LockRead, LockTake
+from ...probes.sglang import PatchTarget
+from ...remote import Remote
 from .. import container, facts, hostlock
 from .context import context_hash
 
@@ -47,78 +54,73 @@ class Probe:
     lock: dict | None
     raw: dict[str, tuple[int, str]] = field(default_factory=dict)
     took_lock: bool = False
-    holder: hostlock.Holder | None = None
+    holder: Holder | None = None
 
 
-#: facts probes a deploy does not need to decide anything (reported by `facts` and `health`): each
-#: is a process or three on the host, and a fleet's no-op deploy pays them on every host.
-SKIPPED_FACTS = {"runtimes", "nvidia_ctk", "os", "kernel", "cpu", "mem", "sglang_version"}
-#: The engine's section for container + image in the deploy probe (`engine.probe`).
-ENGINE_SECTIONS = engine_probe.SectionNames(version=None, objects="objects", runtimes=None)
+def probes_for(
+    host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None
+) -> list[base.Probe[Any]]:
+    """Preflight facts, the lock, then the state under the lock: target sha, container + image.
 
-
-def probe_commands(
-    host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None, probe_s: float | None = None
-) -> list[tuple[str, str]]:
-    """Preflight facts, the lock, then the state under the lock: target sha, container + image (pure).
-
-    One engine inspect of NAME and REF answers for both objects (each docker CLI
-    call costs ~0.1-0.25 s on the host; `engine.probe.objects_command`).  With `lock_why`, a section takes the host
-    lock (`hostlock.take_cmd`, atomic mkdir) before the state is read, so a
-    no-op deploy needs no separate lock round trip; otherwise (dry run) it
-    only reads the lock (`hostlock.read_cmd`).  With `probe_s`, each docker
-    probe is bounded on the host (a frozen dockerd is that probe's failure).
+    Only the facts a deploy decides on (each other fact is a process or three on
+    the host, and a fleet's no-op deploy pays them on every host), the engine's
+    over its socket when it can be.  One engine inspect of NAME and REF answers
+    for both objects (each engine CLI call costs ~0.1-0.25 s on the host).  With
+    `lock_why`, a probe takes the host lock (`LockTake`, atomic mkdir) before
+    the state is read, so a no-op deploy needs no separate lock round trip;
+    otherwise (dry run) it only reads the lock (`LockRead`).
     """
-    lock = (
-        hostlock.take_cmd(host.lock_dir, hostlock.info_text(f"deploy: {lock_why}", token))
+    lock: base.Probe[Any] = (
+        LockTake(host.lock_dir, hostlock.info_text(f"deploy: {lock_why}", token))
         if lock_why
-        else hostlock.read_cmd(host.lock_dir)
+        else LockRead(host.lock_dir)
     )
-    found = [(n, c) for n, c in facts.probes(host, api=True) if n not in SKIPPED_FACTS]
-    preflight = [(n, c) for n, c in found if n != "target"]
-    objects = engine_probe.probe_sections(host.container.name, ref, names=ENGINE_SECTIONS, api=True)[0][1]
-    if probe_s:
-        preflight = facts.bounded(preflight, probe_s)
-        objects = facts.bounded([("objects", objects)], probe_s)[0][1]
-    return [*preflight, ("lock", lock), *[(n, c) for n, c in found if n == "target"], ("objects", objects)]
+    target = facts.target_of(host)
+    return [
+        GpuQuery(),
+        EngineVersion(host, api=True),
+        DiskFree(host.dump.dir),
+        lock,
+        *([PatchTarget(target)] if target else []),
+        EngineObjects(host, ref, api=True),
+    ]
 
 
-def parse_probe(host: HostSpec, sec: dict[str, tuple[int, str]], locking: bool = False) -> Probe:
-    """Turn the probe's sections into a `Probe` (pure).
+def parse_probe(host: HostSpec, sec: base.Sections, locking: bool = False) -> Probe:
+    """Turn the probes' answers into a `Probe` (pure).
 
     When `locking`, `lock` is None if this probe took the lock, else the holder;
     otherwise (dry run) it is the holder, if any."""
     f = facts.parse(host, sec)
-    snap = engine_probe.parse_probe(sec, names=ENGINE_SECTIONS)
-    image, ctr = snap.image, snap.container
-    lock_status, lock_text = sec.get("lock", (1, ""))
+    found = EngineObjects(host).read(sec)
     if locking:
-        took = lock_status == 0
-        holder = None if took else (hostlock.parse_info(lock_text) if lock_text.strip() else None)
+        taken = LockTake(host.lock_dir, "").read(sec)
+        took, holder = taken.took, taken.holder
     else:
-        took, holder = False, hostlock.parse_read(lock_status, lock_text)
+        took, holder = False, LockRead(host.lock_dir).read(sec)
     lock = holder.to_dict() if holder else (None if took or not locking else {"info": "none"})
-    return Probe(f, "", image, ctr, lock, sec, took_lock=took, holder=holder)
+    return Probe(f, "", found.image, found.container, lock, dict(sec), took_lock=took, holder=holder)
 
 
 def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None) -> Probe:
     """One round trip under the run's command deadline: facts, container + image, and the
-    lock: taken with `token` when `lock_why` is given (sections in order: the state is read
-    under the lock), else only read (sections concurrently on the host)."""
-    if lock_why is None:  # read-only: the sections run at once on the host
-        commands = probe_commands(host, ref, None, None, facts.probe_deadline(command_deadline(remote)))
-        out = remote.run(shell.parallel_sections(commands), check=False).stdout
-        return parse_probe(host, shell.split_sections(out), locking=False)
-    probe_s = facts.probe_deadline(command_deadline(remote)) / 2  # its two docker probes run one after the other
-    out = remote.run(shell.sections(probe_commands(host, ref, lock_why, token, probe_s)), check=False).stdout
-    return parse_probe(host, shell.split_sections(out), locking=lock_why is not None)
+    lock: taken with `token` when `lock_why` is given (probes in order: the state is read
+    under the lock), else only read (probes concurrently on the host).  Each probe but the
+    lock and the target's sha is bounded on the host (a frozen daemon is that probe's failure)."""
+    asked = probes_for(host, ref, lock_why, token)
+    if lock_why is None:  # read-only: the probes run at once on the host
+        sec = batch.run(remote, asked, parallel=True, probe_s=batch.deadline_of(remote), unbounded=[PatchTarget])
+        return parse_probe(host, sec, locking=False)
+    probe_s = batch.deadline_of(remote) / 2  # its two engine probes run one after the other
+    sec = batch.run(remote, asked, probe_s=probe_s, unbounded=[PatchTarget])
+    return parse_probe(host, sec, locking=True)
 
 
 def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
     """Reasons not to deploy: no engine, wrong GPU count, no disk, no target file."""
     f, problems = p.facts, []
     if f.docker.get("error") or not f.docker.get("server"):
-        problems.append(f"docker engine not usable: {f.docker.get('error', 'no server version')}")
+        problems.append(f"{host.engine} engine not usable: {f.docker.get('error', 'no server version')}")
     if host.gpus.count and len(f.gpus) != host.gpus.count:
         problems.append(
             f"inventory expects {host.gpus.count} GPUs, nvidia-smi shows {len(f.gpus)}"

@@ -12,7 +12,7 @@ and run-config label, the lock) what is out of date, and does only that:
 - wait    until the container answers the cheap endpoints (deadline, progress).
 
 The first probe only reads.  A re-run with nothing changed stops there: one
-round trip (two when docker's health check is still `starting`: the wait),
+round trip (two when the engine's health check is still `starting`: the wait),
 nothing written on the host (no lock, no audit line; the local run record says
 it was up to date), no engine channel.  When something must change, the probe
 runs again taking the lock (`hostlock`, atomic) and the plan is made again from
@@ -53,7 +53,7 @@ from typing import Any
 from ... import __version__
 from ...core import secrets, shell
 from ...core.inventory import HostSpec
-from ...engine import labels
+from ...engine import cli_for, labels
 from ...errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from ...remote import Remote
 from .. import container, hostlock
@@ -175,10 +175,10 @@ def build_image(
     remote.run(copy_tree_cmd(host, stage))
     events.progress(f"building {ref} with {builder}")
     try:
-        return container.build(remote, stage, ref, builder, on_line=events.line, timeout=timeout)
+        return container.build(remote, stage, ref, builder, on_line=events.line, timeout=timeout, kind=host.engine)
     except CommandFailed as exc:
         raise CommandFailed(
-            f"build: docker build of {ref} failed (exit {exc.exit_status})",
+            f"build: {host.engine} build of {ref} failed (exit {exc.exit_status})",
             host=host.name,
             command=exc.command,
             exit_status=exc.exit_status,
@@ -189,7 +189,7 @@ def build_image(
 
 #: Seconds between state polls on the engine channel (one API request, ~3 ms on a warm channel).
 POLL_S = 0.5
-#: Seconds between full checks (one shell round trip with every probe) while docker says "starting".
+#: Seconds between full checks (one shell round trip with every probe) while the engine says "starting".
 FULL_CHECK_S = 2.0
 
 
@@ -201,9 +201,10 @@ def wait_until_healthy(
     The container's state is polled every `POLL_S` on the engine channel (a
     dead container ends the wait within that).  A full check
     (`health.probe_checks`: container, patch, cheap endpoints) runs as soon as
-    docker's own health check says `healthy`, and every `FULL_CHECK_S` while it
-    says `starting` (its first probe runs one interval, 15 s, after the start;
-    the endpoints usually answer before).  Ready = no `fail` in the container,
+    the engine's own health check says `healthy`, and every `FULL_CHECK_S`
+    while it says `starting` or the image has none (docker's first probe runs
+    one interval, 15 s, after the start; the endpoints usually answer before;
+    podman builds carry no health check, docs/ENGINES.md).  Ready = no `fail` in the container,
     patch and sglang tiers of a full check: what `health` calls ok (it treats
     "starting" with answering endpoints as ok), so `health` right after agrees.
     Each call runs under the run's command deadline; one the host does not
@@ -211,14 +212,14 @@ def wait_until_healthy(
     """
     what = f"container {host.container.name} to be healthy"
     deadline, last_full, reasons = time.monotonic() + timeout_s, float("-inf"), "no check ran yet"
-    with container.engine_for(remote, engine) as e:
+    with container.engine_for(remote, engine, host.engine) as e:
         while True:
             info = _answer(lambda: e.container(host.container.name), what)
             if info is None or info.status in ("exited", "dead"):
                 raise VerifyFailed(
                     "wait: container stopped while starting: " + _stopped(host, info),
                     host=host.name,
-                    hint=f"see `docker logs {host.container.name}` on the host",
+                    hint=f"see `{cli_for(host).logs_hint(host.container.name)}` on the host",
                 )
             due = info.health == "healthy" or time.monotonic() - last_full >= FULL_CHECK_S
             if info.running and due:
@@ -303,7 +304,7 @@ class Deploy:
         if self._engine is None:
             from ...engine import open_engine
 
-            self._engine = open_engine(self.remote)
+            self._engine = open_engine(self.remote, self.host.engine)
         return self._engine
 
     def _step(self, name: str, status: str, detail: str = "", since: float | None = None) -> StepResult:
@@ -375,7 +376,8 @@ class Deploy:
     def _preflight(self, p: Probe, t: float) -> None:
         self.result.versions = {
             "remote_ops": __version__,
-            "docker": p.facts.docker,
+            "engine": self.host.engine,
+            "docker": p.facts.docker,  # the engine's versions (the key predates the engine field)
             "sglang": self.host.sglang.version,
             "patch": f"{self.patch.id}@{self.patch.hash}",
         }
@@ -386,7 +388,7 @@ class Deploy:
         self._step(
             "preflight",
             "ok",
-            f"docker {p.facts.docker.get('server')}, {len(p.facts.gpus)} GPUs, "
+            f"{self.host.engine} {p.facts.docker.get('server')}, {len(p.facts.gpus)} GPUs, "
             f"{(p.facts.dump_dir_free_bytes or 0) / 1e9:.0f} GB free for dumps",
             t,
         )
@@ -446,13 +448,14 @@ class Deploy:
             assert p.image is not None, "the plan builds when there is no image"
             self._step("build", "ok", f"{self.ref} up to date ({p.image.id[:19]})")
             return p.image.id
-        builder = container.detect_builder(self.remote)
+        builder = container.detect_builder(self.remote, self.host.engine)
         self.result.versions["builder"] = builder
         image_id = build_image(
             self.remote, self.host, self.patch, stage, self.ref, builder, shas, self.events, timeout=self.build_timeout
         )
         verification = container.require_ok(
-            container.verify_patch(self.remote, image=image_id, expected_sha256=shas["after"]), self.host.name
+            container.verify_patch(self.remote, image=image_id, expected_sha256=shas["after"], kind=self.host.engine),
+            self.host.name,
         )
         self.result.image_id = image_id
         self._step(
@@ -497,7 +500,7 @@ class Deploy:
     def _wait(self, plan: Plan) -> None:
         t, self.current = time.monotonic(), "wait"
         if not plan.wait:
-            self._step("wait", "ok", "container healthy (docker health check)")
+            self._step("wait", "ok", f"container healthy ({self.host.engine} health check)")
             return
         checks = wait_until_healthy(
             self.remote, self.host, self.ref, self.timeout, self.events.progress, engine=self.engine()
@@ -505,7 +508,10 @@ class Deploy:
         verified = (
             container.require_ok(
                 container.verify_patch(
-                    self.remote, container_name=self.host.container.name, expected_sha256=self.result.shas.get("after")
+                    self.remote,
+                    container_name=self.host.container.name,
+                    expected_sha256=self.result.shas.get("after"),
+                    kind=self.host.engine,
                 ),
                 self.host.name,
             )
@@ -602,7 +608,7 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
         after = hashlib.sha256(text.encode()).hexdigest()
         diffs["Dockerfile"] = render_dockerfile(host, patch, before, after)
     if plan.start:
-        diffs["docker run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
+        diffs[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
     return diffs
 
 
