@@ -1,27 +1,53 @@
 #!/usr/bin/env python3
-"""SGLang STAND-IN server: speaks SGLang's HTTP API, runs no model, needs no GPU.
+"""SGLang STAND-IN server: speaks SGLang's HTTP API and computes a tiny real network on the CPU.
 
-This is NOT SGLang.  It exists so the sandbox and the tests can run remote-ops'
-real code path (build, start, health, dumps, logs) on a machine without GPUs.
-Every answer carries `"standin": true`.  Standard library only.
+This is NOT SGLang and NOT the served model.  It exists so the sandbox and the tests can run
+remote-ops' real code path (build, start, health, extract, dumps, logs, audit) on a machine without
+GPUs.  Every answer carries `"standin": true`; every dump file's metadata says `standin: true`.
+Standard library plus numpy (Debian's python3-numpy in the stand-in image).
+
+The network (`standin_model.py` beside this file, STAND-IN): embedding, `num_hidden_layers` residual
+blocks (RMSNorm -> causal running mean -> projection, RMSNorm -> SwiGLU MLP), final RMSNorm and
+`lm_head`, float64, with the bf16 weights of the model dir (`config.json`, two safetensors shards and
+`model.safetensors.index.json`, written by `remote-ops sandbox up`), or, when the model dir has no
+index, the same weights made from the config's seed in memory (said in the banner and /model_info).
 
 It accepts SGLang's `launch_server` arguments (unknown ones are ignored) and serves:
 - GET  /health, /health_generate        200 (cheap here; in SGLang 0.5.x /health generates)
-- GET  /model_info, /get_model_info     model path, architectures, hidden size
+- GET  /model_info, /get_model_info     model path, architectures, hidden size, vocab size, weights
 - GET  /server_info, /get_server_info   `version` = the SGLang version of the installed tree
 - GET  /v1/models                       the served model name
-- POST /generate                        `input_ids` (list or list of lists) or `text`,
-                                        `sampling_params.max_new_tokens`
-With SGLANG_HS_DUMP_DIR set, each request writes a dump file in the format of
-the dump contract (remote_ops_dump.dumpfile), with deterministic pseudo-random
-bf16 "hidden states" of a small hidden size (model config.json's hidden_size,
-default 64), so the logs/dumps tooling can be exercised end to end.
+- POST /generate                        `input_ids` (list or list of lists) or `text` (UTF-8 bytes as
+                                        ids: the stand-in has no tokenizer), `sampling_params.
+                                        max_new_tokens` (default 16).  Answers SGLang's shape:
+                                        `output_ids` = the network's greedy tokens (argmax: every
+                                        temperature is treated as 0), `text`, `meta_info`.  Ids >=
+                                        vocab_size are refused with HTTP 400, as SGLang does.
+With SGLANG_HS_DUMP_DIR set, each request's prefill writes one dump file through the dump contract's
+writer (remote_ops_dump.dumpfile): `aux_hidden_states` = the network's residual stream entering each
+layer of `layers_to_capture` (SGLANG_HS_DUMP_LAYERS, default [2, L//2, L-3]) and `hidden_states` =
+the post-norm final state, rounded to bf16.  The server's first generated token is
+argmax(lm_head . hidden_states[last]) of that very file.
 
-Environment: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
+Faults, for testing a dump audit (each is also named in /server_info `standin_faults`, in the banner
+and in the dump metadata `standin_fault`; the tensors' norm labels are left as a real dumper would
+write them, so only the data shows the fault):
+- STANDIN_FINAL_NORM=pre      `hidden_states` holds the final state BEFORE the final norm (default
+                              `post`); the answer's token still comes from the post-norm state.
+- STANDIN_DROP_AUX=1          the last layer of `layers_to_capture` is dropped from
+                              `aux_hidden_states` ([n, 2H]; the metadata still lists 3 layers), like
+                              vllm-project/vllm#46973's lost final aux state.
+- STANDIN_NAN_KEYS=K1,K2      the dumps of these keys (full dump keys, or prefixes of 8+ hex
+                              characters) have NaN in token 0's row of both tensors (a capture
+                              fault: the network and the answer are untouched).  Chosen by key, not
+                              by request order, so that it is deterministic under concurrency.
+
+Environment, otherwise: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
 STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes),
 STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep, one request at a time
 like one GPU; default 0: benchmarks of several stand-in hosts on one machine set it, so that
-what they measure is the tool and not the machine's shared CPU).
+what they measure is the tool and not the machine's shared CPU).  numpy runs single-threaded
+(OPENBLAS_NUM_THREADS / OMP_NUM_THREADS default to 1): requests are small and run side by side.
 """
 
 import argparse
@@ -86,35 +112,13 @@ def verify_patch_or_exit():
         sys.exit(3)
 
 
-def model_config(model_path):
-    """hidden_size / num_hidden_layers / architectures from the model's config.json, if any."""
-    cfg = {
-        "hidden_size": 64,
-        "num_hidden_layers": 8,
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-    }
-    path = os.path.join(model_path or "", "config.json")
-    if model_path and os.path.isfile(path):
-        with open(path) as fh:
-            loaded = json.load(fh)
-        cfg.update({k: loaded[k] for k in cfg if k in loaded})
-    return cfg
-
-
-# -- fake hidden states and dumps -----------------------------------------------------------------
-_LOW = bytes(b & 0x7F for b in range(256))  # mantissa bits, exponent LSB clear
-_HIGH = bytes(0x3F if b & 1 else 0xBF for b in range(256))  # sign, exponent near 1.0
-
-
-def pseudo_bf16(seed, count):
-    """`count` deterministic bf16 values (finite, |x| < 2) as bytes, from a SHAKE-256 stream
-    (C speed: a stand-in's CPU must not stand for the GPU's work)."""
-    raw = hashlib.shake_256(seed.encode()).digest(2 * count)
-    out = bytearray(2 * count)
-    out[0::2] = raw[0::2].translate(_LOW)
-    out[1::2] = raw[1::2].translate(_HIGH)
-    return bytes(out)
+def load_model_module():
+    """standin_model.py, the STAND-IN network, from this file's folder (also when imported by path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_model.py")
+    spec = importlib.util.spec_from_file_location("standin_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 GPU = threading.Lock()  # one simulated GPU per server: prefills run one at a time
@@ -131,43 +135,114 @@ def simulated_prefill(n_tokens):
 
 
 def capture_layers(num_layers):
+    """SGLang's layers_to_capture: SGLANG_HS_DUMP_LAYERS, else [2, L//2, L-3]."""
     env = os.environ.get("SGLANG_HS_DUMP_LAYERS", "")
-    if env.strip():
-        return [int(x) for x in env.split(",") if x.strip()]
-    return [2, num_layers // 2, num_layers - 3]
+    layers = [int(x) for x in env.split(",") if x.strip()] if env.strip() else [2, num_layers // 2, num_layers - 3]
+    bad = [l for l in layers if not 0 <= l < num_layers]
+    if bad or len(layers) != 3:
+        raise SystemExit(
+            "%s: layers_to_capture %s: want 3 layers in 0..%d (the residual stream entering each)"
+            % (STANDIN, layers, num_layers - 1)
+        )
+    return layers
+
+
+class Faults:
+    """The STANDIN_* fault switches (see the module docstring)."""
+
+    def __init__(self, env):
+        self.final_norm = (env.get("STANDIN_FINAL_NORM") or "post").strip().lower()
+        if self.final_norm not in ("pre", "post"):
+            raise SystemExit("%s: STANDIN_FINAL_NORM=%r: want pre or post" % (STANDIN, self.final_norm))
+        self.drop_aux = (env.get("STANDIN_DROP_AUX") or "").strip().lower() in ("1", "true", "yes", "on")
+        self.nan_keys = [k.strip() for k in (env.get("STANDIN_NAN_KEYS") or "").split(",") if k.strip()]
+        short = [k for k in self.nan_keys if len(k) < 8]
+        if short:
+            raise SystemExit("%s: STANDIN_NAN_KEYS: %s: want dump keys or prefixes of 8+ characters" % (STANDIN, short))
+
+    def nan(self, key):
+        return any(key.startswith(k) for k in self.nan_keys)
+
+    def names(self):
+        """The faults that are on, as words (empty when none)."""
+        out = []
+        if self.final_norm == "pre":
+            out.append("final_norm=pre")
+        if self.drop_aux:
+            out.append("drop_aux=last")
+        if self.nan_keys:
+            out.append("nan_keys=" + "|".join(self.nan_keys))
+        return out
 
 
 class Dumper:
     """Writes one dump file per request under $SGLANG_HS_DUMP_DIR via remote_ops_dump.dumpfile."""
 
-    def __init__(self, directory, hidden_size, num_layers, tp, version="unknown", arch="DeepseekV3ForCausalLM"):
+    def __init__(self, directory, config, tp, faults, version="unknown"):
         import remote_ops_dump.dumpfile as dumpfile  # the dumper's stdlib-only format module (dump contract)
 
-        self.dumpfile, self.dir, self.hidden, self.tp = dumpfile, directory, hidden_size, tp
-        self.version, self.arch = version, arch
-        self.layers = capture_layers(num_layers)
+        self.dumpfile, self.dir, self.tp, self.faults = dumpfile, directory, tp, faults
+        self.hidden, self.num_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        self.version, self.arch = version, config["architectures"][0]
+        self.layers = capture_layers(self.num_layers)
         all_ranks = os.environ.get("SGLANG_HS_DUMP_ALL_RANKS") == "1"
         self.ranks = list(range(tp)) if all_ranks else [0]
         self.lock = threading.Lock()
-        self.num_layers = num_layers
 
-    def dump(self, ids):
-        """One span per request (prefill only, prefix 0), on rank 0 or on every rank."""
+    def dump(self, np, model, ids, states, pre, post):
+        """One span per request (prefill only, prefix 0), on rank 0 or on every rank: the captured
+        residual stream and the final state, as bf16, with the switched-on faults applied."""
         dumpfile, n = self.dumpfile, len(ids)
         ids_le = dumpfile.token_ids_bytes(ids)
         key = dumpfile.dump_key(ids_le, 0)
-        hidden = pseudo_bf16(key + ":final", n * self.hidden)
-        aux = pseudo_bf16(key + ":aux", n * 3 * self.hidden)
+        layers = self.layers[:-1] if self.faults.drop_aux else self.layers
+        final = model.round_bf16(np, pre if self.faults.final_norm == "pre" else post)
+        aux = model.round_bf16(np, np.concatenate([states[l] for l in layers], axis=1))
+        if self.faults.nan(key):
+            final[0, :] = aux[0, :] = 0x7FC0  # bf16 NaN
         positions = dumpfile.token_ids_bytes(range(n))
+        meta = self.metadata()
         for rank in self.ranks:
             with self.lock:
-                dumpfile.write_span(
-                    self.dir, rank, ids_le, positions, hidden, aux, self.hidden, metadata=self.metadata(), fsync=False
-                )
+                if len(layers) == 3:
+                    dumpfile.write_span(
+                        self.dir,
+                        rank,
+                        ids_le,
+                        positions,
+                        final.tobytes(),
+                        aux.tobytes(),
+                        self.hidden,
+                        metadata=meta,
+                        fsync=False,
+                    )
+                else:
+                    self.write_short_aux(rank, key, ids_le, positions, final, aux, meta)
+
+    def write_short_aux(self, rank, key, ids_le, positions, final, aux, meta):
+        """write_span's steps with an aux tensor of fewer than 3 layers (STANDIN_DROP_AUX), which
+        write_span's fixed [n, 3H] shape cannot carry."""
+        dumpfile, n = self.dumpfile, len(ids_le) // 4
+        folder = os.path.join(self.dir, dumpfile.rank_dir_name(rank))
+        os.makedirs(folder, exist_ok=True)
+        tensors = {
+            "hidden_states": ("BF16", [n, self.hidden], final.tobytes()),
+            "aux_hidden_states": ("BF16", [n, aux.shape[1]], aux.tobytes()),
+            "input_ids": ("I32", [n], ids_le),
+            "positions": ("I32", [n], positions),
+        }
+        written = dumpfile.write_dump_file(
+            os.path.join(folder, dumpfile.dump_file_name(key)),
+            tensors,
+            dumpfile.span_metadata(meta, key, n, 0, rank),
+            False,
+        )
+        record = dumpfile.manifest_record(self.dir, written, key, n, 0, rank, self.hidden, "BF16")
+        dumpfile.append_manifest(os.path.join(folder, dumpfile.MANIFEST_NAME), record, False)
 
     def metadata(self):
         """Run-wide file metadata (dump contract), marked as stand-in data."""
-        return {
+        meta = {
             "standin": "true",
             "sglang_version": self.version,
             "hidden_size": str(self.hidden),
@@ -181,6 +256,9 @@ class Dumper:
             "tp_size": str(self.tp),
             "model_arch": self.arch,
         }
+        if self.faults.names():
+            meta["standin_fault"] = ",".join(self.faults.names())
+        return meta
 
 
 # -- speculative decoding (STAND-IN acceptance and timing model) ----------------------------------
@@ -250,25 +328,19 @@ def speculative_meta(args, ids, max_new):
 # -- HTTP ---------------------------------------------------------------------------------------
 class State:
     def __init__(self, args):
+        import numpy
+
         self.args = args
         self.tree = sglang_dir()
         self.version = sglang_version(self.tree)
-        self.config = model_config(args.model_path)
+        self.np, self.model = numpy, load_model_module()
+        self.network, self.weights = self.model.Network.load(args.model_path)
+        self.config = self.network.cfg
+        self.faults = Faults(os.environ)
         self.started = time.time()
         self.requests = 0
         d = os.environ.get("SGLANG_HS_DUMP_DIR")
-        self.dumper = (
-            Dumper(
-                d,
-                int(self.config["hidden_size"]),
-                int(self.config["num_hidden_layers"]),
-                args.tp,
-                self.version,
-                self.config["architectures"][0],
-            )
-            if d
-            else None
-        )
+        self.dumper = Dumper(d, self.config, args.tp, self.faults, self.version) if d else None
 
     def model_info(self):
         return {
@@ -281,7 +353,9 @@ class State:
             "model_type": self.config["model_type"],
             "hidden_size": self.config["hidden_size"],
             "num_hidden_layers": self.config["num_hidden_layers"],
+            "vocab_size": self.config["vocab_size"],
             "standin": True,
+            "standin_weights": self.weights,
         }
 
     def server_info(self):
@@ -301,15 +375,26 @@ class State:
             "uptime_s": round(time.time() - self.started, 3),
             "requests": self.requests,
             "internal_states": [{"standin": True}],
+            "standin_faults": self.faults.names(),
             **speculative_info(a),
         }
 
+    def check_ids(self, ids):
+        """SGLang's refusal of ids outside the vocabulary (tokenizer_manager), as a ValueError."""
+        vocab = self.network.vocab
+        if not ids:
+            raise ValueError("input_ids is empty")
+        if any(i < 0 or i >= vocab for i in ids):
+            raise ValueError("The input_ids %s contains values greater than the vocab size (%d)." % (ids, vocab))
+
     def generate_one(self, ids, max_new):
+        """Prefill (dumped when dumps are on) and greedy decoding through the STAND-IN network."""
         self.requests += 1
         simulated_prefill(len(ids))
-        if self.dumper is not None and ids:
-            self.dumper.dump(ids)
-        out_ids = [(sum(ids) + i) % 32000 for i in range(max_new)]
+        capture = self.dumper.layers if self.dumper is not None else ()
+        states, pre, post, out_ids = self.network.generate(ids, max_new, capture)
+        if self.dumper is not None:
+            self.dumper.dump(self.np, self.model, ids, states, pre, post)
         started = time.time()
         meta = {
             "id": uuid.uuid4().hex,
@@ -320,7 +405,7 @@ class State:
         }
         meta.update(speculative_meta(self.args, ids, max_new))
         meta["e2e_latency"] = time.time() - started
-        return {"text": " standin" * max_new, "output_ids": out_ids, "meta_info": meta}
+        return {"text": "".join(" standin:%d" % t for t in out_ids), "output_ids": out_ids, "meta_info": meta}
 
 
 def _prompts(body):
@@ -382,6 +467,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             prompts, batch = _prompts(body)
             max_new = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
+            for ids in prompts:
+                self.state.check_ids(ids)
         except (ValueError, TypeError, KeyError) as exc:
             return self._send(400, {"error": str(exc), "standin": True})
         results = [self.state.generate_one(ids, max_new) for ids in prompts]
@@ -392,7 +479,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog=STANDIN, description="SGLang stand-in (no model, no GPU)")
+    ap = argparse.ArgumentParser(prog=STANDIN, description="SGLang stand-in (a tiny CPU network, no GPU)")
     ap.add_argument("--model-path", default="/models/standin")
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1)
@@ -409,10 +496,24 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     verify_patch_or_exit()
-    Handler.state = State(args)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")  # before numpy loads: small requests, run side by side
+    Handler.state = st = State(args)
     print(
         "%s: NOT SGLang; stand-in for sglang %s, model %s, tp %d, ignoring %s"
-        % (STANDIN, Handler.state.version, args.model_path, args.tp, args.ignored),
+        % (STANDIN, st.version, args.model_path, args.tp, args.ignored),
+        flush=True,
+    )
+    print(
+        "%s: STAND-IN network (%d layers, hidden %d, vocab %d), weights: %s; faults: %s"
+        % (
+            STANDIN,
+            st.config["num_hidden_layers"],
+            st.config["hidden_size"],
+            st.config["vocab_size"],
+            st.weights,
+            ", ".join(st.faults.names()) or "none",
+        ),
         flush=True,
     )
     time.sleep(float(os.environ.get("STANDIN_LOAD_SECONDS", "1")))  # a "model load"

@@ -2,11 +2,15 @@
 
 - `busybox_image`: a ~2 MB image from Debian's busybox-static (sh, httpd, wget…),
   built in about a second.
-- `base_python_image`: a Debian bookworm minbase rootfs with python3 and
-  ca-certificates made by debootstrap (~45 s on 2 cores), built once and cached
-  as a tarball under `cache_dir()/rootfs/`, then `docker import`ed as
-  `remote-ops/base-python:bookworm`.  It stands in for the SGLang base image's
-  userland (python3, a shell, coreutils) in tests and the sandbox.
+- `base_python_image`: a Debian bookworm minbase rootfs with `PACKAGES`
+  (python3, ca-certificates, python3-numpy for the SGLang stand-in's network)
+  made by debootstrap (~55-70 s on 2 cores), built once and cached as a tarball
+  under `cache_dir()/rootfs/` named by the package list (`packages_key`), then
+  `docker import`ed as `remote-ops/base-python:bookworm` with the list in the
+  label `org.remote-ops.base-packages`: an image imported from another list is
+  imported again, so a changed list never runs on a stale image.  It stands in
+  for the SGLang base image's userland (python3, a shell, coreutils) in tests
+  and the sandbox.
 - `import_tar`: import any rootfs tarball as an image.
 
 Nothing here pulls from a registry.
@@ -15,7 +19,9 @@ Nothing here pulls from a registry.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -31,7 +37,8 @@ from ._proc import LabError, run
 BUSYBOX_TAG = "remote-ops/busybox:lab"
 BASE_PYTHON_TAG = "remote-ops/base-python:bookworm"
 SUITE = "bookworm"
-PACKAGES = ("python3", "ca-certificates")
+PACKAGES = ("python3", "ca-certificates", "python3-numpy")  # numpy: the SGLang stand-in computes a tiny network
+PACKAGES_LABEL = "org.remote-ops.base-packages"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -164,13 +171,18 @@ def busybox_image(socket_path: str | Path, tag: str = BUSYBOX_TAG) -> str:
 
 
 # -- debootstrap python ----------------------------------------------------
+def packages_key() -> str:
+    """Names the rootfs of `PACKAGES` (12 hex of their sha256): another list is another tarball."""
+    return hashlib.sha256(",".join(PACKAGES).encode()).hexdigest()[:12]
+
+
 def base_python_tarball(mirror: str | None = None, timeout: float = 900.0) -> Path:
-    """The cached bookworm+python3 rootfs tarball, built with debootstrap on first use.
+    """The cached bookworm+python3 rootfs tarball (of `PACKAGES`), built with debootstrap on first use.
 
     A file lock makes concurrent runs build it once; the tarball is written
     under a temporary name and renamed, so a half-built file is never used.
     """
-    tarball = rootfs_cache() / f"{SUITE}-minbase-python3.tar"
+    tarball = rootfs_cache() / f"{SUITE}-minbase-{packages_key()}.tar"
     if tarball.exists():
         return tarball
     rootfs_cache().mkdir(parents=True, exist_ok=True)
@@ -233,7 +245,12 @@ def _file_lock(path: Path, timeout: float):
 
 
 def base_python_image(socket_path: str | Path, tag: str = BASE_PYTHON_TAG) -> str:
-    """Import the bookworm+python3 rootfs as `tag` (building the tarball if needed)."""
-    if not image_exists(socket_path, tag):
-        import_tar(socket_path, base_python_tarball(), tag)
+    """Import the bookworm+python3 rootfs as `tag` (building the tarball if needed), unless `tag`
+    already holds the rootfs of this package list (its `PACKAGES_LABEL`)."""
+    want = ",".join(PACKAGES)
+    label = "{{ index .Config.Labels %s }}" % json.dumps(PACKAGES_LABEL)
+    have = docker(socket_path, "image", "inspect", "-f", label, tag, check=False, timeout=30)
+    if have.returncode != 0 or have.stdout.decode().strip() != want:
+        change = f"LABEL {PACKAGES_LABEL}={want}"
+        docker(socket_path, "import", "--change", change, str(base_python_tarball()), tag, timeout=300)
     return tag

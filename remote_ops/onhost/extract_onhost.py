@@ -3,12 +3,19 @@
 
 For every sample of a JSONL dataset (`{"id": ..., "input_ids": [...]}`, or
 `token_ids`) it sends the token ids to the server's `/generate` with
-`sampling_params.max_new_tokens = 1` (prefill-only: the patched model dumps the
-hidden states of the prompt), keeping N requests in flight.
+`sampling_params = {"max_new_tokens": 1, "temperature": 0}` (prefill-only: the
+patched model dumps the hidden states of the prompt; greedy, so the one token
+generated is the argmax of the logits of the prompt's last position), keeping N
+requests in flight.
 
 - Its own manifest (`<workdir>/manifest.jsonl`, one O_APPEND line per sample)
   maps the sample id to the dump key (`sha256(int32-LE token ids)[:32] + "-p0"`,
   the dump contract's key) and names the dataset (sha256 of the file, 16 hex).
+  An `ok` line of a sample that was sent carries `generated_token`, the server's
+  `output_ids[0]` (absent when the answer had none): a dump audit on the host
+  compares it with argmax(lm_head . the dump's final state at the last position).
+  An `ok` line with `"reused_dump": true` sent nothing and has none: the token
+  is on the earlier `ok` line of the same key.
 - Done-ness is decided by that key, i.e. by content, never by the sample id: on
   restart a sample is skipped only when an `ok` line carries its key, so the run
   resumes where it stopped (a killed run loses at most the requests in flight,
@@ -278,9 +285,12 @@ class Transient(Exception):
     """An error worth retrying (server restarting, overloaded, link hiccup)."""
 
 
+GENERATE_SAMPLING = {"max_new_tokens": 1, "temperature": 0}  # greedy: the recorded token is the argmax
+
+
 def generate(url, token_ids, timeout):
-    """POST one prompt to /generate with max_new_tokens=1; raise Transient or ValueError."""
-    body = json.dumps({"input_ids": token_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
+    """POST one prompt to /generate (GENERATE_SAMPLING); return the answer; raise Transient or ValueError."""
+    body = json.dumps({"input_ids": token_ids, "sampling_params": GENERATE_SAMPLING}).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -292,6 +302,14 @@ def generate(url, token_ids, timeout):
         raise ValueError("HTTP %d %s" % (exc.code, detail)) from None
     except (urllib.error.URLError, socket.timeout, ConnectionError, TimeoutError) as exc:
         raise Transient("%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc))) from None
+
+
+def generated_token(answer):
+    """The token the server generated (SGLang's `output_ids[0]`), or None if the answer has none."""
+    ids = answer.get("output_ids") if isinstance(answer, dict) else None
+    if isinstance(ids, list) and ids and type(ids[0]) is int:
+        return ids[0]
+    return None
 
 
 def human_bytes(n):
@@ -440,8 +458,8 @@ class Run:
         while True:
             attempt += 1
             try:
-                generate(self.url, ids, self.args.request_timeout)
-                return self.record(sid, key, ids, "ok", attempt)
+                answer = generate(self.url, ids, self.args.request_timeout)
+                return self.record(sid, key, ids, "ok", attempt, token=generated_token(answer))
             except Transient as exc:
                 error, transient = str(exc), True
             except ValueError as exc:
@@ -462,7 +480,7 @@ class Run:
             self.stop.wait(min(delay, self.args.max_backoff) * (0.5 + random.random()))
             delay *= 2
 
-    def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False):
+    def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False, token=None):
         rec = {
             "id": sid,
             "key": key,
@@ -476,12 +494,14 @@ class Run:
             rec["error"] = error[:300]
         if reused_dump:
             rec["reused_dump"] = True
+        if token is not None:
+            rec["generated_token"] = token
         append_line(self.manifest, rec, self.mlock)
 
-    def record(self, sid, key, ids, status, attempts, error=None):
+    def record(self, sid, key, ids, status, attempts, error=None, token=None):
         if status == "interrupted":
             return  # not recorded: the next run sends it again
-        self._append(sid, key, ids, status, attempts, error)
+        self._append(sid, key, ids, status, attempts, error, token=token)
         with self.lock:
             if status == "ok":
                 self.recent.append((key, len(ids)))

@@ -11,9 +11,12 @@ hosts form the group `sandbox`.  It then:
 - imports the python3 base image (debootstrap, cached) and builds on top of it
   a STAND-IN for `lmsysorg/sglang:v<version>-*`: the real SGLang python tree
   from the PyPI wheel at `/sgl-workspace/sglang/python` plus the SGLang
-  stand-in server (`docker/standin/`, no model, no GPU, says `"standin": true`);
+  stand-in server (`docker/standin/`: a tiny network on the CPU, no GPU, says
+  `"standin": true`);
 - puts the real SGLang tree (a git checkout layout) at the host's checkout path
-  and a tiny model config (hidden size 64) at its model path;
+  and the stand-in's tiny model at its model path (`write_model_config`:
+  config.json, seeded bf16 safetensors shards and their index; hidden size 64,
+  8 layers, vocab 32000), which the stand-in server computes with;
 - writes the inventory entry `sandbox` to `paths.sandbox_inventory_file()`,
   which the inventory loader picks up automatically.
 
@@ -54,8 +57,12 @@ MODEL_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
     "hidden_size": 64,
+    "intermediate_size": 64,
     "num_hidden_layers": 8,
+    "vocab_size": 32000,  # token ids < 32000: the demo's random ids, the demo tokenizer's 300
+    "tie_word_embeddings": False,
     "standin": True,
+    "standin_seed": 0,
 }
 
 
@@ -99,13 +106,30 @@ def build_standin_base(docker: Callable[..., Any], version: str, base_image: str
     return tag
 
 
-def write_model_config(model_dir: Path, architectures: list[str] | None = None) -> Path:
-    """A model directory the stand-in reads: config.json only (hidden size 64, 8 layers)."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    path = model_dir / "config.json"
-    doc = dict(MODEL_CONFIG, **({"architectures": architectures} if architectures else {}))
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
+def standin_model_module() -> Any:
+    """docker/standin/standin_model.py (the stand-in network and its weights writer, stdlib to write)."""
+    import importlib.util
+
+    path = repo_resource("docker", "standin", "standin_model.py")
+    spec = importlib.util.spec_from_file_location("standin_model", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_model_config(
+    model_dir: Path, architectures: list[str] | None = None, *, tie_word_embeddings: bool = False, seed: int = 0
+) -> Path:
+    """The stand-in's model directory: config.json, two bf16 safetensors shards with weights made
+    from `seed` (stdlib, ~9 MB) and `model.safetensors.index.json` (the second shard holds
+    `model.norm.weight` and `lm_head.weight`; none when `tie_word_embeddings`).  Each file is
+    replaced atomically; the same arguments give the same bytes.  Returns config.json's path."""
+    cfg = dict(MODEL_CONFIG, tie_word_embeddings=tie_word_embeddings, standin_seed=seed)
+    if architectures:
+        cfg["architectures"] = architectures
+    standin_model_module().write_model(str(model_dir), cfg)
+    return model_dir / "config.json"
 
 
 def standin_overrides(entry: dict, base_tag: str) -> dict:
