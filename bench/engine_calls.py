@@ -40,16 +40,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from remote_ops.core import shell  # noqa: E402
 from remote_ops.engine import labels  # noqa: E402
 from remote_ops.engine.docker import DockerEngine  # noqa: E402
 from remote_ops.hostlab import HostLab, busybox_image  # noqa: E402
 from remote_ops.hostlab.images import docker as lab_docker  # noqa: E402
+from remote_ops.probes import batch  # noqa: E402
+from remote_ops.probes.engine import EngineObjects, EngineVersion  # noqa: E402
 from remote_ops.remote import FabricRemote  # noqa: E402
 from remote_ops.workflows import container, deploy, health  # noqa: E402
 
 NAME = "bench"
-DOCKER_SECTIONS = {"docker", "objects", "container"}  # the engine's part of deploy's / health's probe
+ENGINE_PROBES = (EngineVersion, EngineObjects)  # the engine's part of deploy's / health's probe
 
 
 def setup(tmp: Path):
@@ -86,10 +87,13 @@ def cold_engine(remote, fn):
 
 def variants(remote, spec, ref, warm: DockerEngine) -> dict:
     name = spec.container.name
-    deploy_probe = deploy.probe_commands(spec, ref)  # read-only form (no lock taken)
-    deploy_rest = [(n, c) for n, c in deploy_probe if n not in DOCKER_SECTIONS]
-    health_probe = health.probes(spec, expected_image=ref)
-    health_rest = [(n, c) for n, c in health_probe if n not in DOCKER_SECTIONS]
+    deploy_probe = batch.script(deploy.probes_for(spec, ref))  # read-only form (no lock taken)
+    deploy_rest = batch.script([p for p in deploy.probes_for(spec, ref) if not isinstance(p, ENGINE_PROBES)])
+    health_units = health.units(spec, expected_image=ref).all()
+    health_probe = batch.script(health_units, parallel=True, probe_s=96.0)
+    health_rest = batch.script(
+        [p for p in health_units if not isinstance(p, ENGINE_PROBES)], parallel=True, probe_s=96.0
+    )
     api_objects = lambda e: (e.version(), e.objects(name, ref))  # noqa: E731
 
     def split(script: str):
@@ -109,26 +113,18 @@ def variants(remote, spec, ref, warm: DockerEngine) -> dict:
         ),
         "probe objects: API cold (version + container + image)": lambda: cold_engine(remote, api_objects),
         "probe objects: API warm (container + image)": lambda: warm.objects(name, ref),
-        "deploy probe: as now (sections, docker CLI inside)": lambda: remote.run(
-            shell.sections(deploy_probe), check=False, timeout=60
-        ),
-        "deploy probe: without its docker sections": lambda: remote.run(
-            shell.sections(deploy_rest), check=False, timeout=60
-        ),
-        "deploy probe: without docker sections || API cold": lambda: split(shell.sections(deploy_rest)),
+        "deploy probe: as now (sections, docker CLI inside)": lambda: remote.run(deploy_probe, check=False, timeout=60),
+        "deploy probe: without its docker sections": lambda: remote.run(deploy_rest, check=False, timeout=60),
+        "deploy probe: without docker sections || API cold": lambda: split(deploy_rest),
         "container start, no-op (check+verify): CLI, container.lifecycle": lambda: container.lifecycle(
             remote, spec, "start"
         ),
         "container start, no-op (check+verify): API cold": lambda: cold_engine(
             remote, lambda e: (e.container(name), e.container(name))
         ),
-        "health probe: as now (parallel, docker CLI inside)": lambda: remote.run(
-            shell.parallel_sections(health_probe), check=False, timeout=90
-        ),
-        "health probe: without its docker sections": lambda: remote.run(
-            shell.parallel_sections(health_rest), check=False, timeout=90
-        ),
-        "health probe: without docker sections || API cold": lambda: split(shell.parallel_sections(health_rest)),
+        "health probe: as now (parallel, docker CLI inside)": lambda: remote.run(health_probe, check=False, timeout=90),
+        "health probe: without its docker sections": lambda: remote.run(health_rest, check=False, timeout=90),
+        "health probe: without docker sections || API cold": lambda: split(health_rest),
     }
 
 

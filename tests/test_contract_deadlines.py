@@ -19,23 +19,23 @@ import pytest
 from test_contract_locks import cli, inventory_env, lock_info, records, slow_spec, start_deploy, wait_for_text
 
 from remote_ops.errors import ExitCode
-from remote_ops.workflows import facts, health
+from remote_ops.probes import batch, endpoints
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 # -- pure / local --------------------------------------------------------------------------------------
 def test_probe_deadline_follows_the_command_timeout():
-    assert facts.probe_deadline(6) == 4.8 and facts.probe_deadline(120) == 96 and facts.probe_deadline(1) == 1
-    call_s, generate_s = health.http_budget(4.8)
+    assert batch.probe_deadline(6) == 4.8 and batch.probe_deadline(120) == 96 and batch.probe_deadline(1) == 1
+    call_s, generate_s = endpoints.http_budget(4.8)
     assert call_s * 4 + generate_s <= 4.8 + 1e-9
 
 
 def test_bounded_probe_times_out_alone():
-    """`facts.bounded` on a real local sh: the hung probe ends at its deadline, the other answers."""
+    """`batch.bounded` on a real local sh: the hung probe ends at its deadline, the other answers."""
     from remote_ops.core import shell
 
-    script = shell.parallel_sections(facts.bounded([("hung", "sleep 30"), ("ok", "echo fine")], 2))
+    script = shell.parallel_sections(batch.bounded([("hung", "sleep 30"), ("ok", "echo fine")], 2))
     t = time.monotonic()
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20).stdout
     took = time.monotonic() - t

@@ -28,6 +28,7 @@ import yaml
 from conftest import connect, run_cli_process
 
 from remote_ops.errors import ExitCode
+from remote_ops.probes import lock
 from remote_ops.workflows import container, hostlock
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -36,15 +37,15 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 # -- pure --------------------------------------------------------------------------------------------
 def test_info_parses_back_and_stale_needs_proof():
     text = hostlock.info_text("deploy: x", "tok", user="alice", client="laptop", client_pid=4242, now=0)
-    h = hostlock.parse_info(text)
+    h = lock.parse_info(text)
     assert (h.user, h.client, h.client_pid, h.what, h.token) == ("alice", "laptop", 4242, "deploy: x", "tok")
     assert "alice on laptop (PID 4242) since 1970-01-01T00:00:00Z: deploy: x" == h.describe()
     assert hostlock.stale_reason(h, "laptop", lambda pid: False) == "stale lock: holder PID 4242 is gone"
     assert hostlock.stale_reason(h, "laptop", lambda pid: True) is None
     assert hostlock.stale_reason(h, "other-machine", lambda pid: False) is None  # cannot prove it from here
-    old = hostlock.parse_info("who=bob@box\nwhat=deploy\n")  # pre-hostlock info files
+    old = lock.parse_info("who=bob@box\nwhat=deploy\n")  # pre-hostlock info files
     assert (old.user, old.client) == ("bob", "box")
-    assert hostlock.parse_read(0, "free\n") is None
+    assert lock.parse_read(0, "free\n") is None
     assert "\n" not in hostlock.info_text("a\nb").split("what=")[1].split("\n")[0]
 
 

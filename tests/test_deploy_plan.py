@@ -95,6 +95,6 @@ def test_image_is_found_when_the_container_is_absent():
 
     h = host()
     img = {"Id": "sha256:i", "RepoTags": ["r:t"], "Config": {"Labels": {"a": "b"}}}
-    sec = {"objects": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"), "lock": (0, "")}
+    sec = {"container": (1, json.dumps([img], indent=4) + "\nError: No such object: sglang-eagle3\n"), "lock": (0, "")}
     p = deploy.parse_probe(h, sec, locking=True)
     assert p.container is None and p.image is not None and p.image.id == "sha256:i"

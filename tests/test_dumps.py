@@ -6,6 +6,8 @@ import base64
 import json
 
 from remote_ops.core import dumpcheck, shell
+from remote_ops.probes import batch
+from remote_ops.probes.dumps import DumpStatus, DumpVerify
 from remote_ops.workflows import dumps
 
 
@@ -93,13 +95,13 @@ def test_probe_output_parses_files_manifest_and_free_space():
             shell.SECTION + "df:end 0",
         ]
     )
-    p = dumpcheck.parse_probe(out)
+    p = DumpStatus("/d").read(batch.split(out))
     assert p.exists and p.files == {"rank0/a-p0.safetensors": 123, "rank0/manifest.jsonl": 9}
     assert p.free_bytes == 600 and "a-p0" in p.manifest_text
 
 
 def test_verify_command_ships_format_py_on_stdin():
-    cmd = dumpcheck.verify_command("/data/d x", 7168, check_sha=False)
+    cmd = DumpVerify("/data/d x", 7168, check_sha=False).command()
     assert cmd == "python3 - verify '/data/d x' --json --hidden-size 7168 --no-sha"
     assert b"def verify_dir" in dumps.format_script()
 

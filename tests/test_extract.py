@@ -17,6 +17,7 @@ import pytest
 
 from remote_ops.core import extractplan
 from remote_ops.onhost import extract_onhost
+from remote_ops.probes.extract import ExtractAlive, WaitExit
 from remote_ops.workflows import extract
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_launch_command_runs_detached_in_its_own_session_and_quotes():
     cmd = extractplan.launch_command(p, "http://127.0.0.1:30000", 8, 5, p.dataset, limit=3, dump_grace=1)
     assert cmd.startswith("cd '/data/logs x/extract' || exit 1; setsid nohup python3 ")
     assert "--limit 3" in cmd and "--dump-grace 1" in cmd and cmd.endswith("& echo $!")
-    assert "/proc/$pid/cmdline" in extractplan.alive_check(p)
+    assert "/proc/$pid/cmdline" in ExtractAlive(p).command()
 
 
 # --------------------------------------------------------------------------- on a lab host
@@ -237,16 +238,16 @@ def test_cli_extract_dry_run_changes_nothing_then_wait_runs_to_completion(
 def test_a_status_that_waits_returns_when_the_client_exits_not_at_its_bound(tmp_path):
     """`extract start --wait` polls with statuses that wait on the host: the wait ends when the
     recorded client exits (checked as the real alive test checks it: PID + its command line)."""
-    from remote_ops.core.extractplan import CLIENT_NAME, ExtractPaths, wait_exit_command
+    from remote_ops.core.extractplan import CLIENT_NAME, ExtractPaths
 
     p = ExtractPaths(str(tmp_path), str(tmp_path / "x.log"), str(tmp_path / "dumps"))
     client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)", CLIENT_NAME])
     Path(p.file("client.pid")).write_text(f"{client.pid}\n")
     t = time.monotonic()
-    subprocess.run(["/bin/sh", "-c", wait_exit_command(p, 20)], check=True, timeout=30)
+    subprocess.run(["/bin/sh", "-c", WaitExit(p, 20).command()], check=True, timeout=30)
     waited = time.monotonic() - t
     client.wait(timeout=5)
     assert waited < 10, f"returned after {waited:.1f}s: the 20 s bound, not the client's exit"
     t = time.monotonic()
-    subprocess.run(["/bin/sh", "-c", wait_exit_command(p, 20)], check=True, timeout=30)
+    subprocess.run(["/bin/sh", "-c", WaitExit(p, 20).command()], check=True, timeout=30)
     assert time.monotonic() - t < 5, "no client running: no wait"

@@ -1,6 +1,8 @@
 """Facts parsers from captured text (pure)."""
 
 from remote_ops.core.inventory import HostSpec
+from remote_ops.probes.gpu import parse_gpus
+from remote_ops.probes.sglang import parse_sglang_version
 from remote_ops.workflows import facts
 
 NVSMI = (
@@ -10,14 +12,14 @@ NVSMI = (
 
 
 def test_parse_gpus():
-    gpus, err = facts.parse_gpus(0, NVSMI)
+    gpus, err = parse_gpus(0, NVSMI)
     assert err is None and len(gpus) == 2
     assert gpus[0].compute_cap == "12.0" and gpus[1].memory_used_mib == 90000
     assert gpus[1].ecc_uncorrected is None
 
 
 def test_no_driver():
-    gpus, err = facts.parse_gpus(127, "no NVIDIA driver")
+    gpus, err = parse_gpus(127, "no NVIDIA driver")
     assert gpus == [] and err == "no NVIDIA driver"
 
 
@@ -51,6 +53,6 @@ def test_sglang_version_ignores_indented_fallback():
         'try:\n    from sglang._version import __version__\nexcept ImportError:\n    __version__ = "0.0.0.dev0"\n'
     )
     scm = "__version__ = version = '0.5.9'\n__version_tuple__ = (0, 5, 9)\n"
-    assert facts.parse_sglang_version(version_py + scm) == "0.5.9"
-    assert facts.parse_sglang_version(version_py) is None
-    assert facts.parse_sglang_version('__version__ = "0.4.6.post1"\n') == "0.4.6.post1"
+    assert parse_sglang_version(version_py + scm) == "0.5.9"
+    assert parse_sglang_version(version_py) is None
+    assert parse_sglang_version('__version__ = "0.4.6.post1"\n') == "0.4.6.post1"

@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 from conftest import require, run_cli_process
 
-from remote_ops.core import extractplan, logparse, source
+from remote_ops.core import logparse, source
+from remote_ops.core.extractplan import ExtractPaths
 from remote_ops.errors import ExitCode, UsageError
 from remote_ops.onhost import extract_onhost
+from remote_ops.probes.extract import ExtractStatusProbes
 from remote_ops.workflows import extract
 
 REPO = Path(__file__).resolve().parents[1]
@@ -332,4 +334,4 @@ def test_the_no_space_lines_are_parsed_and_cleared():
     }
     assert s.eta_s is None and s.state == "running"
     assert logparse.parse_extraction(f"{line}\n{ts} space dir=/data/d free_bytes=9\n").no_space is None
-    assert extractplan.parse_status("h", "").summary.no_space is None
+    assert ExtractStatusProbes(ExtractPaths("/w", "/w/x.log", "/d")).read("h", {}).summary.no_space is None

@@ -24,9 +24,12 @@ import pytest
 from conftest import run_cli_process
 
 from remote_ops.cli.commands import source as source_cmd
-from remote_ops.core import anchors, extractplan, inventory, logparse, rendering, secrets, shell, source
+from remote_ops.core import anchors, inventory, logparse, rendering, secrets, shell, source
+from remote_ops.core.extractplan import ExtractPaths
+from remote_ops.probes import batch, system
+from remote_ops.probes.extract import ExtractStatusProbes, parse_keys
 from remote_ops.remote import sshconfig
-from remote_ops.workflows import drift, facts, patching, train
+from remote_ops.workflows import drift, patching, train
 
 MB = 1 << 20
 CPU_LIMIT_S = 1.0  # per parser and shape, CPU seconds of the child
@@ -82,8 +85,10 @@ PARSERS = {
     "server-lines": lambda s: logparse.new_server_lines(
         logparse.ServerCursor("c", TS, 1), "c", [s, TS + " " + s], None
     ),
-    "extract-status": lambda s: extractplan.parse_status("h", _sections(log=f"{TS} started reused_ids={s}\n{s}")),
-    "extract-keys": lambda s: extractplan.parse_keys(s),
+    "extract-status": lambda s: ExtractStatusProbes(ExtractPaths("/w", "/w/x.log", "/d")).read(
+        "h", batch.split(_sections(log=f"{TS} started reused_ids={s}\n{s}"))
+    ),
+    "extract-keys": lambda s: parse_keys(s),
     "sections": lambda s: shell.split_sections(_sections(a=s)),
     "train-status": lambda s: train.parse_status("h", _sections(log=s, ckpt=s, run=s)),
     "train-eta": lambda s: train.parse_eta(s),
@@ -96,8 +101,8 @@ PARSERS = {
     "inspect-request": lambda s: _usage(lambda: source_cmd.check_request(None, s, None)),
     "inspect-pattern": lambda s: _usage(lambda: source.check_pattern(s[: source.PATTERN_LIMIT])),
     "inspect-grep-output": lambda s: _usage(lambda: source.parse_grep(f"{s}\n{s}:1\n{source.GREP_RC} 1\n", "x")),
-    "os-release": lambda s: facts.parse_os_release(f"PRETTY_NAME={s}\n{s}"),
-    "meminfo": lambda s: facts.parse_meminfo(f"{s}\nMemTotal: {s} kB\n"),
+    "os-release": lambda s: system.parse_os_release(f"PRETTY_NAME={s}\n{s}"),
+    "meminfo": lambda s: system.parse_meminfo(f"{s}\nMemTotal: {s} kB\n"),
     "patch-markers": lambda s: anchors.MARKER_RE.match(f"# >>> remote-ops:{s}"),
     "patch-hunks": lambda s: list(drift.HUNK_RE.finditer(f"Hunk #1 succeeded at {s}")),
     "sglang-version": lambda s: patching.detect_version({"version": (0, f"__version__ = '{s}")}, None, b""),

@@ -210,7 +210,9 @@ def test_host_names_are_checked_by_one_pure_validator():
 
 
 def test_the_listing_is_nul_separated_so_a_newline_cannot_forge_an_entry():
-    from remote_ops.core import dumpcheck, shell
+    from remote_ops.core import shell
+    from remote_ops.probes import batch
+    from remote_ops.probes.dumps import DumpStatus
 
     listing = b"rankZ\n../PWN.safetensors\x009437184\x00rank0/a-p0.safetensors\x00123\x00rank0/\xff.bin\x004\x00"
     import base64
@@ -224,7 +226,7 @@ def test_the_listing_is_nul_separated_so_a_newline_cannot_forge_an_entry():
             shell.SECTION + "files:end 0",
         ]
     )
-    p = dumpcheck.parse_probe(out)
+    p = DumpStatus("/d").read(batch.split(out))
     assert p.files == {"rank0/a-p0.safetensors": 123}
     assert p.unsafe == ["rankZ\n../PWN.safetensors: control character", "rank0/\\xff.bin: not UTF-8"]
 

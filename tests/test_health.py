@@ -5,6 +5,7 @@ import json
 from remote_ops.core.inventory import HostSpec
 from remote_ops.engine import labels
 from remote_ops.errors import ExitCode
+from remote_ops.probes import endpoints, gpu as gpu_probes
 from remote_ops.workflows import health
 
 HOST = HostSpec(name="gpu-node", gpus={"count": 2}, dump={"dir": "/data/d", "min_free_gb": 100})
@@ -134,19 +135,19 @@ def test_exit_codes_follow_worst():
 
 
 def test_allreduce_fusion_window_from_real_gpus_tp_and_version():
-    from remote_ops.workflows.facts import Gpu
+    from remote_ops.probes.gpu import Gpu
 
     def gpu(cc):
         return Gpu(0, "GPU", 1, 1, 40, 0, cc, "580")
 
     tp8 = HostSpec(name="h", server={"tp": 8})
-    assert health.check_fusion(tp8, [gpu("12.0")]).status == "ok"  # RTX PRO 6000 (sm120)
-    assert health.check_fusion(tp8, [gpu("9.0")]).status == "warn"  # H100/H200 (sm90)
-    assert health.check_fusion(tp8, [gpu("10.0")]).status == "warn"  # B200 (sm100)
-    assert health.check_fusion(tp8, []).status == "skip"
-    assert health.check_fusion(HostSpec(name="h", server={"tp": 1}), [gpu("9.0")]).status == "ok"
+    assert gpu_probes.check_fusion(tp8, [gpu("12.0")]).status == "ok"  # RTX PRO 6000 (sm120)
+    assert gpu_probes.check_fusion(tp8, [gpu("9.0")]).status == "warn"  # H100/H200 (sm90)
+    assert gpu_probes.check_fusion(tp8, [gpu("10.0")]).status == "warn"  # B200 (sm100)
+    assert gpu_probes.check_fusion(tp8, []).status == "skip"
+    assert gpu_probes.check_fusion(HostSpec(name="h", server={"tp": 1}), [gpu("9.0")]).status == "ok"
     newer = HostSpec(name="h", server={"tp": 8}, sglang={"version": "0.5.14"})
-    assert health.check_fusion(newer, [gpu("9.0")]).status == "ok"
+    assert gpu_probes.check_fusion(newer, [gpu("9.0")]).status == "ok"
 
 
 # -- the HTTP probe: curl on the host, python3 where there is no curl ----------------------------
@@ -161,11 +162,11 @@ CURL_OUTPUT = (
 
 
 def test_curl_output_parses_to_the_python_probe_records():
-    res = health.parse_http(CURL_OUTPUT)
+    res = endpoints.parse_http(CURL_OUTPUT)
     assert res["/model_info"] == {"path": "/model_info", "status": 200, "ms": 1.2, "body": '{"model_path": "m"}'}
     assert res["/server_info"]["path"] == "/get_server_info" and res["/server_info"]["status"] == 200
     assert res["/v1/models"]["error"].startswith("curl exit 7: curl: (7) Failed to connect")
-    by = by_name(health.check_http(HOST, (0, CURL_OUTPUT), None))
+    by = by_name(endpoints.check_http(HOST, (0, CURL_OUTPUT), None))
     assert by["sglang/model_info"].status == "ok" and by["sglang/version"].status == "ok"
     assert by["sglang/v1_models"].status == "fail" and "Failed to connect" in by["sglang/v1_models"].reason
 
@@ -212,7 +213,7 @@ def test_http_probe_gives_the_same_records_with_curl_and_with_python_only(tmp_pa
         runs = {}
         for name, path in (("curl", os.environ["PATH"]), ("python", str(only_python))):
             proc = subprocess.run(
-                ["/bin/sh", "-c", health.http_probe(host, deep=True, probe_s=20)],
+                ["/bin/sh", "-c", endpoints.HttpEndpoints(host, deep=True, probe_s=20).command()],
                 env={"PATH": path},
                 capture_output=True,
                 text=True,
@@ -220,7 +221,7 @@ def test_http_probe_gives_the_same_records_with_curl_and_with_python_only(tmp_pa
             )
             assert proc.returncode == 0, (name, proc.stderr)
             assert ("@@http" in proc.stdout) == (name == "curl")
-            runs[name] = health.parse_http(proc.stdout)
+            runs[name] = endpoints.parse_http(proc.stdout)
     finally:
         server.shutdown()
     strip = {g: {k: v for k, v in r.items() if k != "ms"} for g, r in runs["curl"].items()}

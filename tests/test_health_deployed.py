@@ -10,6 +10,7 @@ import pytest
 
 from remote_ops.core import shell
 from remote_ops.errors import ExitCode
+from remote_ops.probes.patch import PatchInContainer, exec_patch_probe
 from remote_ops.workflows import deploy, health
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -73,8 +74,8 @@ def test_patch_probe_reads_the_same_file_through_proc_root_and_through_docker_ex
     `docker exec` fallback (a user who may not read /proc/PID/root) see the same file."""
     sha = shell.sha256_of_word('"$f"')
     count = "grep -c '>>> remote-ops' \"$f\""
-    fast = sglang_remote.run(health.patch_probe(deployed)).stdout.split()
-    slow = sglang_remote.run(health._exec_patch_probe(deployed, sha, count)).stdout.split()
+    fast = sglang_remote.run(PatchInContainer(deployed).command()).stdout.split()
+    slow = sglang_remote.run(exec_patch_probe(deployed, sha, count)).stdout.split()
     assert fast == slow and len(fast[0]) == 64 and fast[-1] == "2", (fast, slow)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from remote_ops.core import logparse
+from remote_ops.probes import logs as fetch
 from remote_ops.workflows import logs
 
 DATA = Path(__file__).parent / "data" / "logs"
@@ -112,7 +113,7 @@ def test_train_eagle3_progress_bar_gives_one_point_per_step_across_carriage_retu
 
 
 def _chunk(inode, size, start, data):
-    return logparse.FileChunk(inode, size, start, data)
+    return fetch.FileChunk(inode, size, start, data)
 
 
 def test_chunks_append_and_the_cursor_advances(tmp_path):
@@ -161,11 +162,11 @@ def test_fetch_output_is_byte_exact_through_gzip_and_base64():
 
     payload = bytes(range(256)) * 3
     out = "11 900 100 768\n" + base64.b64encode(gzip.compress(payload)).decode()
-    chunk = logparse.parse_file_fetch(out)
-    assert chunk == logparse.FileChunk("11", 900, 100, payload)
-    assert logparse.parse_file_fetch("missing\n") is None
+    chunk = fetch.parse_file_fetch(out)
+    assert chunk == fetch.FileChunk("11", 900, 100, payload)
+    assert fetch.parse_file_fetch("missing\n") is None
     with pytest.raises(ValueError):
-        logparse.parse_file_fetch("11 900 100 5\n" + base64.b64encode(gzip.compress(b"abc")).decode())
+        fetch.parse_file_fetch("11 900 100 5\n" + base64.b64encode(gzip.compress(b"abc")).decode())
 
 
 def test_server_lines_already_pulled_at_the_last_timestamp_are_skipped():

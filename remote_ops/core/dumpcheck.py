@@ -1,21 +1,17 @@
-"""Dumps (pure): what a dump dir holds against its manifest; the commands that read it and their parsers.
+"""Dumps (pure): what a dump dir holds against its manifest, and the verdicts built on that.
 
 The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
 `remote_ops/dumper/FORMAT.md`: `<dir>/rank<R>/<key>.safetensors`,
 `<dir>/rank<R>/manifest.jsonl` (last line of a key wins), `.tmp-*` never listed.
 
-- `status`: one round trip lists the files (name + size), reads every manifest
-  and the free space; `reconcile` (pure) compares them: counts, tokens, bytes,
-  bytes per token (4 * H * 2 = 57,344 for H = 7168 in bf16), files missing from
-  the manifest, manifest rows with no file, size mismatches, temp leftovers.
-  Every name the host gives (a listed file, a manifest row's `file`) passes
-  `remote_ops.core.hostpaths.problem` or is set aside as *unsafe*: named in
-  `unsafe`, never counted, never pulled.  The listing is NUL-separated
-  (`find -printf '%P\0%s\0'`, base64 on the wire so the section framing
-  holds), so a name holding a newline stays one (refused) name.
-- `verify`: the same, plus the host-side header check *without torch*: the
-  stdlib-only `remote_ops/dumper/dumpfile.py` is sent on stdin to the host's
-  `python3` (`python3 - verify DIR --json`), one round trip, nothing installed.
+- `reconcile` compares the manifest with the files that `dumps status` listed
+  (the probes that list them and read the manifests are `remote_ops.probes.dumps`):
+  counts, tokens, bytes, bytes per token (4 * H * 2 = 57,344 for H = 7168 in
+  bf16), files missing from the manifest, manifest rows with no file, size
+  mismatches, temp leftovers.  Every name the host gives (a listed file, a
+  manifest row's `file`) passes `remote_ops.core.hostpaths.problem` or is set
+  aside as *unsafe*: named in `unsafe`, never counted, never pulled.
+- `errors_of`: the error-level problems of the host-side check (`dumps verify`).
 - `project`: space for the remaining samples against free space on the host and
   locally.
 - `pull_problems`, `merge_hosts`: the verdicts of a pull and a group's merged tree.
@@ -25,13 +21,11 @@ The round trips and the local copies are `remote_ops.workflows.dumps`.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from . import hostpaths, shell
+from . import hostpaths
 
 SUFFIX = ".safetensors"
 
@@ -42,7 +36,7 @@ TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.jsonl"
 
 
-SOURCE_MARK = "#== "  # probe output: the manifest file the following lines come from
+SOURCE_MARK = "#== "  # in the manifests' probe output: the manifest file the following lines come from
 
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
@@ -54,72 +48,6 @@ TYPICAL_TOKENS_PER_SAMPLE = 1730  # the user's run: 17.3 M tokens / 10,000 sampl
 def float_bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
     """4 vectors (3 aux + final) of H values: 57,344 for H = 7168 in bf16."""
     return 4 * hidden_size * dtype_bytes
-
-
-def status_command(dump_dir: str) -> str:
-    """One round trip: file listing, all manifests, stats files, free bytes of the dump dir."""
-    d = shell.quote(dump_dir.rstrip("/") or "/")
-    return shell.sections(
-        [
-            ("exists", f"test -d {d}"),
-            # name NUL size NUL ...: any byte but NUL and / may be in a name (a newline too)
-            (
-                "files",
-                f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\0%s\\0' | base64 -w0",
-            ),
-            # a marker line before each manifest (and a newline after it, so a torn last line
-            # never joins the next marker): torn lines can then be named by file and line; the
-            # marker's control characters (a rank dir named `rankZ<newline>..`) are shown as `?`
-            (
-                "manifest",
-                f'for f in {d}/rank*/{MANIFEST}; do [ -f "$f" ] && '
-                f"{{ printf '%s' \"{SOURCE_MARK}$f\" | tr '[:cntrl:]' '?'; echo; cat \"$f\"; echo; }}; done; true",
-            ),
-            ("stats", f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ echo "$f"; cat "$f"; echo; }}; done; true'),
-            ("df", f"df -PB1 {d} | tail -n 1"),
-        ]
-    )
-
-
-@dataclass
-class Probe:
-    """Raw facts about a dump dir, parsed from `status_command` output."""
-
-    exists: bool
-    files: dict[str, int]  # relative path -> size (names that pass `hostpaths.problem`)
-    manifest_text: str
-    free_bytes: int | None
-    unsafe: list[str] = field(default_factory=list)  # listed names refused: "<name>: <reason>"
-
-
-def parse_probe(output: str) -> Probe:
-    parts = shell.split_sections(output)
-    exists = parts.get("exists", (1, ""))[0] == 0
-    files, unsafe = parse_listing(parts.get("files", (0, ""))[1])
-    df = parts.get("df", (1, ""))[1].split()
-    free = int(df[3]) if len(df) >= 4 and df[3].isdigit() else None
-    return Probe(exists, files, parts.get("manifest", (0, ""))[1], free, unsafe)
-
-
-def parse_listing(text: str) -> tuple[dict[str, int], list[str]]:
-    """The base64 of `name NUL size NUL ...` -> ({name: size}, refused "<name>: <reason>") (pure).
-
-    Every name is checked (`hostpaths`): a name with a newline, `..`, a leading
-    `/` or bytes that are not UTF-8 is refused, never split into entries.
-    """
-    try:
-        raw = base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError):
-        return {}, []  # no readable listing: every manifest row shows as missing
-    fields = raw.split(b"\0")
-    files, unsafe = {}, []
-    for name_bytes, size in zip(fields[0::2], fields[1::2]):
-        name, reason = hostpaths.decode_name(name_bytes)
-        if reason is not None:
-            unsafe.append(hostpaths.Unsafe(name, reason).entry)
-        elif size.isdigit():
-            files[name] = int(size)
-    return files, unsafe
 
 
 @dataclass
@@ -211,7 +139,7 @@ def reconcile(
 ) -> Reconciliation:
     """Compare the manifest with the files present (pure).
 
-    `unsafe`: the listing's refused names (`Probe.unsafe`); manifest rows whose
+    `unsafe`: the listing's refused names (`DumpDirState.unsafe`); manifest rows whose
     `file` is refused (or whose `bytes` is not a whole number) join them and are
     left out of everything else.
     """
@@ -326,15 +254,6 @@ def project(
         None if local_free is None else local_free >= local_needed,
         basis,
     )
-
-
-def verify_command(dump_dir: str, hidden_size: int | None, check_sha: bool) -> str:
-    argv = ["python3", "-", "verify", dump_dir, "--json"]
-    if hidden_size:
-        argv += ["--hidden-size", str(hidden_size)]
-    if not check_sha:
-        argv.append("--no-sha")
-    return shell.join(argv)
 
 
 def errors_of(report: dict) -> list[dict]:

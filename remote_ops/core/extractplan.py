@@ -1,14 +1,15 @@
-"""Extraction (pure): the work dir layout, the command lines that start and read the
-on-host client (`remote_ops/onhost/extract_onhost.py`), the parser of its status,
-and a group's split (samples -> shards by dump key) and merged status.
+"""Extraction (pure): the work dir layout, the command line that starts the on-host
+client (`remote_ops/onhost/extract_onhost.py`), its status record, and a group's
+split (samples -> shards by dump key) and merged status.
 
-Nothing here runs anything; `remote_ops.workflows.extract` ships the client,
-runs these commands over a `Remote` and keeps the group's local record.
+The probes that ask the client how it stands (alive, status, done keys) and
+read the answers back are `remote_ops.probes.extract`.  Nothing here runs
+anything; `remote_ops.workflows.extract` ships the client, runs the commands
+over a `Remote` and keeps the group's local record.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -43,15 +44,6 @@ class ExtractPaths:
 
 def paths_for(host) -> ExtractPaths:
     return ExtractPaths(str(PurePosixPath(host.logs.dir) / "extract"), host.logs.extraction, host.dump.dir)
-
-
-def alive_check(p: ExtractPaths) -> str:
-    """Shell test: the recorded PID is alive and still runs our client (not a reused PID)."""
-    pidfile = shell.quote(p.file("client.pid"))
-    return (
-        f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && '
-        f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(CLIENT_NAME)}"
-    )
 
 
 def launch_command(
@@ -97,50 +89,6 @@ def launch_command(
     return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"
 
 
-#: `extract status` reads at most this much of each log line (the host cuts the rest):
-#: a 16 MB line in the log must not travel, nor be parsed (`logparse.LINE_LIMIT`).
-LOG_LINE_BYTES = 64 * 1024
-
-
-def status_command(p: ExtractPaths, log_lines: int = 400, with_keys: bool = False, wait_s: float = 0.0) -> str:
-    """One round trip: alive, pid, log tail, counts, missing, client output (+ every done key).
-
-    With `wait_s`, the host first waits up to that long for a running client to exit
-    (`wait_exit_command`), so a `--wait` loop sees the end within 0.1 s, not at its next poll."""
-    keys = [("keys", done_keys_command(p))] if with_keys else []
-    waited = [("waited", wait_exit_command(p, wait_s))] if wait_s > 0 else []
-    return shell.sections(
-        waited
-        + keys
-        + [
-            ("alive", alive_check(p)),
-            ("pid", f"cat {shell.quote(p.file('client.pid'))}; echo"),
-            ("log", f"tail -n {int(log_lines)} {shell.quote(p.log)} | cut -b 1-{LOG_LINE_BYTES}; echo"),
-            ("counts", f"python3 {shell.quote(p.client)} count --workdir {shell.quote(p.workdir)}"),
-            ("missing", f"cat {shell.quote(p.file('missing.jsonl'))}; echo"),
-            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
-        ]
-    )
-
-
-def wait_exit_command(p: ExtractPaths, wait_s: float) -> str:
-    """Return when the running client exits, or after `wait_s` seconds.  Exit 0 either way.
-
-    Each 0.1 s step reads the PID's state: it must exist and not be a zombie (an exited
-    client whose parent has not reaped it yet is gone for us; `kill -0` would still see it)."""
-    steps = max(1, int(wait_s * 10))
-    running = "grep -q '^State:[[:space:]]*[^Z[:space:]]' /proc/$pid/status 2>/dev/null"
-    return (
-        f"if {alive_check(p)}; then n=0; "
-        f"while {running} && [ $n -lt {steps} ]; do sleep 0.1; n=$((n+1)); done; fi; true"
-    )
-
-
-def done_keys_command(p: ExtractPaths) -> str:
-    """Every dump key with an `ok` line in the host's manifest, one a line (empty without a manifest)."""
-    return f"python3 {shell.quote(p.client)} done-keys --workdir {shell.quote(p.workdir)}"
-
-
 @dataclass
 class ExtractStatus:
     host: str
@@ -158,62 +106,6 @@ class ExtractStatus:
         d = asdict(self)
         d["summary"] = self.summary.to_dict()
         return d
-
-
-def parse_status(host: str, output: str) -> ExtractStatus:
-    import json
-
-    parts = shell.split_sections(output)
-    pid_text = parts.get("pid", (1, ""))[1].strip()
-    missing = []
-    for line in parts.get("missing", (1, ""))[1].splitlines():
-        try:
-            missing.append(json.loads(line))
-        except ValueError:
-            pass
-    from .logparse import parse_extraction
-
-    counts = _json_or_empty(parts.get("counts", (1, ""))[1])
-    log = parts.get("log", (1, ""))[1]
-    return ExtractStatus(
-        host,
-        parts.get("alive", (1, ""))[0] == 0,
-        _count(pid_text),
-        parse_extraction(log),
-        _count(counts.get("done")) or 0,
-        missing,
-        parts.get("out", (1, ""))[1],
-        _count(counts.get("total")) or 0,
-        counts.get("dataset_id") if isinstance(counts.get("dataset_id"), str) else None,
-        _reused_ids(log),
-    )
-
-
-def _count(value) -> int | None:
-    """A count the host printed (text or a JSON number): None unless 0..10**18."""
-    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    return int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else None
-
-
-def _reused_ids(log_text: str) -> int:
-    """`reused_ids=N` of the last `started` line (the current run), 0 if none."""
-    from .logparse import bounded_lines
-
-    started = ""
-    for line in bounded_lines(log_text):
-        started = line if " started " in line else started
-    field = next((w for w in started.split() if w.startswith("reused_ids=")), "")
-    return _count(field.partition("=")[2]) or 0
-
-
-def _json_or_empty(text: str) -> dict:
-    import json
-
-    try:
-        doc = json.loads(text.strip() or "{}")
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 # --------------------------------------------------------------------------- a group: sharded (pure)
@@ -272,14 +164,6 @@ def split_pending(samples: list[Sample], done: set[str], hosts: list[str]) -> di
 
 def shard_bytes(samples: list[Sample]) -> bytes:
     return "".join(s.line + "\n" for s in samples).encode()
-
-
-_KEY = re.compile(r"[0-9a-f]{32}-p\d+")
-
-
-def parse_keys(text: str) -> set[str]:
-    """Dump keys, one a line (anything else, e.g. an error message, is ignored)."""
-    return {ln.strip() for ln in text.splitlines() if _KEY.fullmatch(ln.strip())}
 
 
 @dataclass

@@ -11,11 +11,11 @@ Parsing is pure (text in, summaries out) and linear in the text: lines are cut
 to `LINE_LIMIT` before any regex sees them, and no regex here re-scans a line
 from every start (a host can write anything into its logs; a 16 MB word once
 made `extract status` quadratic).  Pulling is a pure *plan* (what to
-fetch, from which byte, given what we pulled before: the cursors, the file
-fetch command and the parsers of the fetches' output, here) plus one remote
-command per pull (`remote_ops.workflows.logs`, which asks the host's engine
-for the server log's command line), so every file is fetched in a single round
-trip and only its new bytes travel.
+fetch, from which byte, given what we pulled before: the cursors and the
+server log's parsers, here; the file fetch probe, `remote_ops.probes.logs`)
+plus one remote command per pull (`remote_ops.workflows.logs`, which asks the
+host's engine for the server log's command line), so every file is fetched in
+a single round trip and only its new bytes travel.
 
 Training log format: SpecForge (sgl-project/SpecForge), the most used open
 EAGLE-3 trainer.  Three of its outputs are understood:
@@ -42,17 +42,14 @@ EAGLE-3 trainer.  Three of its outputs are understood:
 from __future__ import annotations
 
 import ast
-import base64
 import json
 import re
 import time
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import IO
 
 from ..errors import UsageError
-from . import shell
 
 KINDS = ("server", "extraction", "training")
 
@@ -443,7 +440,7 @@ class FileCursor:
     inode: str = ""
     offset: int = 0
     generation: int = 0  # bumped each time the remote file was rotated/truncated
-    head: str = ""  # sha256 of the file's first min(offset, HEAD_BYTES) bytes
+    head: str = ""  # sha256 of the file's first min(offset, probes.logs.HEAD_BYTES) bytes
 
 
 @dataclass
@@ -456,16 +453,6 @@ class ServerCursor:
     generation: int = 0
 
 
-@dataclass(frozen=True)
-class FileChunk:
-    """What one pull fetched of a file: the remote identity, where the bytes start, the bytes."""
-
-    inode: str
-    size: int
-    start: int
-    data: bytes
-
-
 def reset_needed(cursor: FileCursor, inode: str, size: int) -> str | None:
     """Why the remote file must be re-read from byte 0, or None to continue (pure)."""
     if cursor.inode and inode != cursor.inode:
@@ -473,43 +460,6 @@ def reset_needed(cursor: FileCursor, inode: str, size: int) -> str | None:
     if size < cursor.offset:
         return "truncated"
     return None
-
-
-HEAD_BYTES = 4096
-
-
-def file_fetch_command(path: str, cursor: FileCursor, max_bytes: int) -> str:
-    """One round trip: print `inode size start count`, then the new bytes, gzip+base64 (byte-exact).
-
-    The host decides where to start from the cursor: same inode, size >= offset
-    and the same first bytes (a copytruncate'd file that regrew differs here):
-    continue at the offset; otherwise start at 0.  So the bytes always match the
-    identity printed with them.  At most `max_bytes` are sent per call.
-    """
-    q = shell.quote(path)
-    known = shell.quote(cursor.inode or "-")
-    k = min(cursor.offset, HEAD_BYTES)
-    return (
-        f'f={q}; [ -f "$f" ] || {{ echo missing; exit 0; }}; '
-        f"set -- $(stat -Lc '%i %s' \"$f\"); s=0; "
-        f'if [ "$1" = {known} ] && [ "$2" -ge {int(cursor.offset)} ] && '
-        f'[ "$(head -c {k} "$f" | sha256sum | cut -c1-64)" = {shell.quote(cursor.head or "-")} ]; '
-        f"then s={int(cursor.offset)}; fi; "
-        f"n=$(( $2 - s )); [ $n -le {int(max_bytes)} ] || n={int(max_bytes)}; "
-        f'echo "$1 $2 $s $n"; tail -c +$((s + 1)) "$f" | head -c $n | gzip -1c | base64 -w0'
-    )
-
-
-def parse_file_fetch(output: str) -> FileChunk | None:
-    """Parse `file_fetch_command` output (pure); None when the remote file does not exist."""
-    head, _, payload = output.partition("\n")
-    if head.strip() == "missing":
-        return None
-    inode, size, start, count = head.split()
-    data = zlib.decompress(base64.b64decode(payload.strip()), 31) if payload.strip() else b""
-    if len(data) != int(count):
-        raise ValueError(f"expected {count} bytes, got {len(data)}")
-    return FileChunk(inode, int(size), int(start), data)
 
 
 def split_server_fetch(output: str) -> tuple[str, list[str]]:

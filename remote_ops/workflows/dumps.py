@@ -1,7 +1,8 @@
 """Dumps over a Remote: probe, host-side verify, the pull, and the local copies it leaves.
 
-The decisions (reconcile, projection, pull verdicts, a group's merge) are pure
-in `remote_ops.core.dumpcheck`; `pull_items` / `merged_items` say what
+The status and verify probes (commands and parsers) are units in
+`remote_ops.probes.dumps`; the decisions (reconcile, projection, pull verdicts,
+a group's merge) are pure in `remote_ops.core.dumpcheck`; `pull_items` / `merged_items` say what
 `remote_ops.remote.transfer` must fetch, `pull` (one host) and `pull_merged`
 (a group, round after round until every key has a verified copy or none is
 left) fetch it, and the local manifests are written here.  Every local path
@@ -22,20 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core import hostpaths
-from ..core.dumpcheck import (
-    MANIFEST,
-    SUFFIX,
-    TMP_PREFIX,
-    FleetDumps,
-    Probe,
-    Reconciliation,
-    parse_probe,
-    reconcile,
-    status_command,
-    verify_command,
-)
+from ..core.dumpcheck import MANIFEST, SUFFIX, TMP_PREFIX, FleetDumps, Reconciliation, reconcile
 from ..errors import CommandFailed, ExitCode, NoSpace, NotFound
 from ..paths import package_file
+from ..probes import batch
+from ..probes.dumps import DumpDirState, DumpStatus, DumpVerify
 from ..remote import transfer
 from ..remote.transfer import PullItem, PullReport
 from . import fleet
@@ -65,10 +57,11 @@ def local_bytes(root: Path) -> int:
 # --------------------------------------------------------------------------- edges
 
 
-def probe(remote, dump_dir: str, timeout: float | None = None) -> Probe:
-    """Run the status probe on the host (one round trip); refused names are in `Probe.unsafe`."""
-    result = remote.run(status_command(dump_dir), timeout=timeout)
-    found = parse_probe(result.stdout)
+def probe(remote, dump_dir: str, timeout: float | None = None) -> DumpDirState:
+    """Ask the status probes on the host (one round trip: `probes.dumps.DumpStatus`); refused
+    names are in `DumpDirState.unsafe`."""
+    status = DumpStatus(dump_dir)
+    found = status.read(batch.run(remote, status.probes, check=True, timeout=timeout))
     if not found.exists:
         raise NotFound(
             f"dump dir {dump_dir} does not exist",
@@ -86,20 +79,20 @@ def format_script() -> bytes:
 def host_verify(
     remote, dump_dir: str, hidden_size: int | None, check_sha: bool = False, timeout: float | None = None
 ) -> dict:
-    """Header (and optionally sha256) check on the host with its own python3, no torch."""
-    result = remote.run(
-        verify_command(dump_dir, hidden_size, check_sha), input=format_script(), check=False, timeout=timeout
-    )
-    try:
-        return json.loads(result.stdout)
-    except ValueError:
+    """Header (and optionally sha256) check on the host with its own python3, no torch
+    (`probes.dumps.DumpVerify`: the checker on stdin)."""
+    verify = DumpVerify(dump_dir, hidden_size, check_sha)
+    result = remote.run(verify.command(), input=format_script(), check=False, timeout=timeout)
+    report = verify.parse(result.exit_status, result.stdout)
+    if report is None:
         raise CommandFailed(
             "host-side dump check gave no report (is python3 on the host?)",
             host=remote.name,
             command=result.command,
             exit_status=result.exit_status,
             stderr_tail=result.stderr[-2000:],
-        ) from None
+        )
+    return report
 
 
 def local_dump_dir(host_name: str) -> Path:
@@ -108,7 +101,7 @@ def local_dump_dir(host_name: str) -> Path:
     return host_dir(host_name) / "dumps"
 
 
-def reconcile_probe(probe: Probe, dump_dir: str, hidden_size: int | None = None) -> Reconciliation:
+def reconcile_probe(probe: DumpDirState, dump_dir: str, hidden_size: int | None = None) -> Reconciliation:
     """`dumpcheck.reconcile` of a probe, its listing's refused names included."""
     return reconcile(dump_dir, probe.files, probe.manifest_text, hidden_size, unsafe=probe.unsafe)
 

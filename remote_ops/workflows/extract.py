@@ -15,9 +15,10 @@ It is started detached in its own session (`setsid`), its PID recorded, and
 stopped by that PID (after checking the PID still belongs to the client);
 every wait here has a deadline.
 
-The pure half (work dir paths, command lines, the status parser, a group's
-split and merged status) is `remote_ops.core.extractplan`; here are the round
-trips, the waits and the group's local record.
+The pure half is `remote_ops.core.extractplan` (work dir paths, the launch
+command, a group's split and merged status) and the probe units of
+`remote_ops.probes.extract` (alive, status, done keys: commands and parsers);
+here are the round trips, the waits and the group's local record.
 
 A local dataset is checked here (`check_dataset`, the rules of
 `remote_ops.core.datasetcheck`) before anything is uploaded: a bad line is a
@@ -32,21 +33,17 @@ from pathlib import Path, PurePosixPath
 
 from .. import onhost
 from ..core import datasetcheck, dumpcheck, shell
-from ..core.extractplan import (
-    CLIENT_NAME,
-    ExtractPaths,
-    ExtractStatus,
-    Sample,
-    alive_check,
-    done_keys_command,
-    launch_command,
-    parse_keys,
-    parse_status,
-    paths_for,
-    shard_bytes,
-    status_command,
-)
+from ..core.extractplan import CLIENT_NAME, ExtractPaths, ExtractStatus, Sample, launch_command, paths_for, shard_bytes
 from ..errors import CommandTimedOut, ConfigError, NotFound, Refused
+from ..probes import batch
+from ..probes.extract import (
+    ClientLogSince,
+    ClientOutput,
+    DoneKeys,
+    ExtractAlive,
+    ExtractStatusProbes,
+    FileSha,
+)
 
 
 def client_source() -> bytes:
@@ -84,7 +81,8 @@ def dump_bytes_per_token(host) -> int:
 def status(remote, host, wait_s: float = 0.0) -> ExtractStatus:
     """One round trip: is the client alive, the log's tail, manifest and missing counts (after
     waiting up to `wait_s` on the host for a running client to exit)."""
-    return parse_status(host.name, remote.run(status_command(paths_for(host), wait_s=wait_s)).stdout)
+    asked = ExtractStatusProbes(paths_for(host), wait_s=wait_s)
+    return asked.read(host.name, batch.run(remote, asked.probes, check=True))
 
 
 def _sha256(data: bytes) -> str:
@@ -121,7 +119,7 @@ def start(
     if not dataset_checked and (local_dataset is True or (local_dataset is None and local.is_file())):
         check_dataset(local)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
-    if remote.run(alive_check(p), check=False).exit_status == 0:
+    if batch.ask(remote, ExtractAlive(p)):
         raise Refused(
             "an extraction client is already running on this host",
             host=host.name,
@@ -157,24 +155,19 @@ def _log_size(remote, p: ExtractPaths) -> int:
 def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float) -> None:
     """Wait (bounded) for the client's `started` line; a client that died shows its output."""
     deadline = time.monotonic() + wait_s
-    probe = shell.sections(
-        [
-            ("log", f"tail -c +{log_offset + 1} {shell.quote(p.log)}"),
-            ("alive", alive_check(p)),
-            ("out", f"tail -n 20 {shell.quote(p.file('client.out'))}"),
-        ]
-    )
+    log, alive, out = ClientLogSince(p, log_offset), ExtractAlive(p), ClientOutput(p)
     while time.monotonic() < deadline:
-        parts = shell.split_sections(remote.run(probe, check=False).stdout)
-        if " started " in parts.get("log", (1, ""))[1]:
+        sec = batch.run(remote, [log, alive, out])
+        if " started " in log.read(sec):
             return
-        if parts.get("alive", (1, ""))[0] != 0 and time.monotonic() > deadline - wait_s + 2:
-            _raise_dataset_error(host, parts.get("out", (1, ""))[1])
+        if not alive.read(sec) and time.monotonic() > deadline - wait_s + 2:
+            client_out = out.read(sec)
+            _raise_dataset_error(host, client_out)
             raise Refused(
                 "the extraction client exited at start",
                 host=host.name,
-                details={"client_out": parts.get("out", (1, ""))[1]},
-                hint=parts.get("out", (1, ""))[1][-300:] or None,
+                details={"client_out": client_out},
+                hint=client_out[-300:] or None,
             )
         time.sleep(0.3)
     raise CommandTimedOut(
@@ -219,16 +212,13 @@ def plan_start(
     if not dataset_checked and local.is_file():
         check_dataset(local)
     remote_dataset = p.dataset if local.is_file() else dataset
-    probe = shell.sections(
-        [("alive", alive_check(p)), ("client", shell.sha256_of(p.client)), ("dataset", shell.sha256_of(remote_dataset))]
-    )
-    sec = shell.split_sections(remote.run(probe, check=False).stdout)
-    have = {k: sec.get(k, (1, ""))[1].strip() for k in ("client", "dataset")}
+    alive, client, on_host = ExtractAlive(p), FileSha(p.client, "client"), FileSha(remote_dataset, "dataset")
+    sec = batch.run(remote, [alive, client, on_host])
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     return {
-        "already_running": sec.get("alive", (1, ""))[0] == 0,
-        "upload_client": have["client"] != _sha256(client_source()),
-        "upload_dataset": local.is_file() and have["dataset"] != _sha256(local.read_bytes()),
+        "already_running": alive.read(sec),
+        "upload_client": client.read(sec) != _sha256(client_source()),
+        "upload_dataset": local.is_file() and on_host.read(sec) != _sha256(local.read_bytes()),
         "dataset_on_host": remote_dataset,
         "command": launch_command(
             p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host)
@@ -259,16 +249,17 @@ def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: fl
 def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
     """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline."""
     p = paths_for(host)
-    if remote.run(alive_check(p), check=False).exit_status != 0:
+    alive = ExtractAlive(p)
+    if not batch.ask(remote, alive):
         return status(remote, host)
     pidfile = shell.quote(p.file("client.pid"))
     remote.run(f"kill -TERM $(cat {pidfile})", check=False)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if remote.run(alive_check(p), check=False).exit_status != 0:
+        if not batch.ask(remote, alive):
             return status(remote, host)
         time.sleep(0.3)
-    remote.run(f"{alive_check(p)} && kill -KILL $(cat {pidfile})", check=False)
+    remote.run(f"{alive.command()} && kill -KILL $(cat {pidfile})", check=False)
     return status(remote, host)
 
 
@@ -325,10 +316,9 @@ def probe_done(remote, host) -> tuple[bool, set[str]]:
     p = paths_for(host)
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
     upload_if_changed(remote, client_source(), p.client, 0o755)
-    parts = shell.split_sections(
-        remote.run(shell.sections([("alive", alive_check(p)), ("keys", done_keys_command(p))])).stdout
-    )
-    return parts.get("alive", (1, ""))[0] == 0, parse_keys(parts.get("keys", (1, ""))[1])
+    alive, keys = ExtractAlive(p), DoneKeys(p)
+    sec = batch.run(remote, [alive, keys], check=True)
+    return alive.read(sec), keys.read(sec)
 
 
 def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
@@ -340,5 +330,6 @@ def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
 
 def status_with_keys(remote, host, wait_s: float = 0.0) -> tuple[ExtractStatus, set[str]]:
     """`status` plus every done key, in the same round trip (`wait_s`: as `status`)."""
-    out = remote.run(status_command(paths_for(host), with_keys=True, wait_s=wait_s)).stdout
-    return parse_status(host.name, out), parse_keys(shell.split_sections(out).get("keys", (1, ""))[1])
+    asked = ExtractStatusProbes(paths_for(host), with_keys=True, wait_s=wait_s)
+    sec = batch.run(remote, asked.probes, check=True)
+    return asked.read(host.name, sec), asked.keys.read(sec) if asked.keys else set()

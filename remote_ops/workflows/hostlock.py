@@ -26,8 +26,11 @@ single remote shell held it and that PID is gone on the host; anything else
 needs `remote-ops unlock --force`, which writes the release to the host's
 audit log.
 
-Pure builders and parsers first; `take`, `read`, `release`, `release_held` and
-`held` at the end are the only functions that talk to a host.
+Reading and taking the lock are probe units (`remote_ops.probes.lock`: the
+commands, the `info` parser, `Holder`), also asked inside deploy's batched
+probe.  Here is the policy: who we are (`info_text`), the stale proof, the
+refusal, the release and its audit line.  `take`, `read`, `release`,
+`release_held` and `held` at the end are the only functions that talk to a host.
 """
 
 from __future__ import annotations
@@ -40,78 +43,17 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
 from .. import __version__
 from ..core import shell
 from ..errors import Refused, RemoteOpsError
+from ..probes import batch
+from ..probes.lock import Holder, LockRead, LockTake
 from ..remote import Remote
-
-#: Exit status of `take_cmd` when someone else holds the lock.
-RC_HELD = 75
 
 
 # -- the holder (pure) ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock, as its `info` file says (fields may be empty for old or torn files)."""
-
-    user: str = ""
-    client: str = ""
-    client_pid: int | None = None
-    pid: int | None = None  # remote shell PID, when one command holds the lock
-    when: str = ""
-    what: str = ""
-    tool: str = ""
-    token: str = ""
-    remote_pid_alive: bool | None = None  # from `read_cmd`, when `pid` is set
-
-    def describe(self) -> str:
-        """`alice on laptop (PID 4242) since 2026-...: deploy: why` for messages."""
-        who = self.user or "unknown user"
-        where = f" on {self.client}" if self.client else ""
-        pid = f" (PID {self.client_pid})" if self.client_pid else (f" (host PID {self.pid})" if self.pid else "")
-        since = f" since {self.when}" if self.when else ""
-        return f"{who}{where}{pid}{since}: {self.what or 'no reason given'}"
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("token")
-        return d
-
-
-def _int(value: str | None) -> int | None:
-    return int(value) if value and value.strip().isdigit() else None
-
-
-def parse_info(text: str) -> Holder:
-    """`info` file text (+ `remote_pid_alive=` from `read_cmd`) -> Holder (pure, lenient)."""
-    kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    user, client = kv.get("user", ""), kv.get("client", "")
-    if not user and "@" in kv.get("who", ""):  # older info files: who=user@client
-        user, client = kv["who"].split("@", 1)
-    alive = kv.get("remote_pid_alive")
-    return Holder(
-        user=user,
-        client=client,
-        client_pid=_int(kv.get("client_pid")),
-        pid=_int(kv.get("pid")),
-        when=kv.get("when", ""),
-        what=kv.get("what", ""),
-        tool=kv.get("tool", ""),
-        token=kv.get("token", ""),
-        remote_pid_alive=None if alive is None else alive == "1",
-    )
-
-
-def parse_read(status: int, text: str) -> Holder | None:
-    """Output of `read_cmd` -> the holder, or None when the lock is free (pure)."""
-    if status != 0 or "free" == text.strip():
-        return None
-    return parse_info(text)
-
-
 def stale_reason(holder: Holder, this_client: str, pid_alive) -> str | None:
     """Why `holder` is provably gone, or None (pure but for the `pid_alive(pid)` callback).
 
@@ -164,28 +106,6 @@ def info_text(
 
 def new_token() -> str:
     return secrets.token_hex(8)
-
-
-def take_cmd(lock_dir: str, info: str) -> str:
-    """Atomic `mkdir` of the lock, then its `info`; exit RC_HELD (and print the holder) if held."""
-    d = shell.quote(lock_dir)
-    parent = shell.quote(str(PurePosixPath(lock_dir).parent))
-    write = shell.redirect(["printf", "%s", info], stdout=f"{lock_dir}/info")
-    return (
-        f"mkdir -p {parent} && if mkdir {d} 2>/dev/null; then {write}; "
-        f"else cat {d}/info 2>/dev/null; exit {RC_HELD}; fi"
-    )
-
-
-def read_cmd(lock_dir: str) -> str:
-    """Print `info` (and whether a remote holder PID is alive), or `free` (read-only, never waits)."""
-    d = shell.quote(lock_dir)
-    return (
-        f"if [ -d {d} ]; then cat {d}/info 2>/dev/null; echo; "
-        f"p=$(sed -n 's/^pid=//p' {d}/info 2>/dev/null); "
-        f'if [ -n "$p" ]; then [ -d /proc/$p ] && echo remote_pid_alive=1 || echo remote_pid_alive=0; fi; '
-        f"else echo free; fi"
-    )
 
 
 def audit_append_cmd(audit_log: str, record: dict) -> str:
@@ -268,10 +188,12 @@ def held_refusal(host, holder: Holder | None, what: str) -> Refused:
 def take(remote: Remote, host, what: str) -> str:
     """Take the host lock (no waiting) and return its token, or raise `held_refusal`."""
     token = new_token()
-    r = remote.run(take_cmd(host.lock_dir, info_text(what, token)), check=False)
-    if r.exit_status == RC_HELD:
-        raise held_refusal(host, parse_info(r.stdout) if r.stdout.strip() else None, what)
-    if r.exit_status != 0:
+    probe = LockTake(host.lock_dir, info_text(what, token))
+    r = remote.run(probe.command(), check=False)
+    taken = probe.parse(r.exit_status, r.stdout)
+    if taken.held:
+        raise held_refusal(host, taken.holder, what)
+    if not taken.took:
         from ..errors import CommandFailed
 
         raise CommandFailed(
@@ -286,8 +208,7 @@ def take(remote: Remote, host, what: str) -> str:
 
 def read(remote: Remote, host) -> Holder | None:
     """The current holder, or None (one read-only round trip)."""
-    r = remote.run(read_cmd(host.lock_dir), check=False)
-    return parse_read(r.exit_status, r.stdout)
+    return batch.ask(remote, LockRead(host.lock_dir))
 
 
 def release(remote: Remote, host, token: str, audit: dict | None = None) -> None:

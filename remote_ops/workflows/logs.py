@@ -1,7 +1,7 @@
 """Log pulls: fetch the new bytes of a host's logs into its local run directory.
 
-The pure half (log parsing, cursors, the file fetch command and the parsers) is
-`remote_ops.core.logparse`; here are the server log's and the follow's command
+The pure half is `remote_ops.core.logparse` (log parsing, cursors) and the
+file fetch probe `remote_ops.probes.logs` (command and parser); here are the server log's and the follow's command
 lines (the host's engine gives its `logs` part: `engine.cli_for`), the local
 copies, the saved cursors (`PullState`) and the round trips (`pull_logs`,
 `follow`).
@@ -21,19 +21,17 @@ from pathlib import Path
 
 from ..core import hostpaths, shell
 from ..core.logparse import (
-    HEAD_BYTES,
-    FileChunk,
     FileCursor,
     ServerCursor,
-    file_fetch_command,
     log_sources,
     new_server_lines,
-    parse_file_fetch,
     reset_needed,
     split_server_fetch,
 )
 from ..engine import DEFAULT_KIND, cli_for
 from ..errors import CommandTimedOut
+from ..probes import batch
+from ..probes.logs import HEAD_BYTES, FileChunk, FileFetch
 
 # --------------------------------------------------------------------------- command lines (pure)
 
@@ -159,8 +157,7 @@ def pull_file(
     result = PulledLog(kind, path, str(local))
     while True:
         cursor = state.files.get(kind, FileCursor())
-        out = remote.run(file_fetch_command(path, cursor, max_bytes), timeout=None).stdout
-        chunk = parse_file_fetch(out)
+        chunk = batch.ask(remote, FileFetch(path, cursor, max_bytes), check=True)
         if chunk is None:
             result.missing = True
             return result

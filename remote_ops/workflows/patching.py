@@ -49,6 +49,7 @@ from typing import Any
 from ..core import anchors, patchspec, shell, source as srcview
 from ..core.anchors import AnchorRefusal, PatchSpec
 from ..errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
+from ..probes.lock import parse_info
 from ..remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
 from . import hostlock
 
@@ -596,7 +597,7 @@ def _write(
 def _write_outcome(result: RunResult, host: str, target: PatchTarget) -> WriteOutcome:
     out = result.stdout
     if result.exit_status == RC_LOCK_HELD:
-        holder = hostlock.parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
+        holder = parse_info(_field(out, "lock-held: ").replace("\t", "\n"))
         raise Refused(
             f"host lock {target.lock_dir} is held by {holder.describe()}; waited {LOCK_WAIT_S:g}s",
             host=host,

@@ -46,6 +46,7 @@ from ..core.logparse import bounded_lines, parse_training
 from ..engine import cli_for
 from ..engine.spec import RunSpec
 from ..errors import CommandTimedOut, Refused, RemoteOpsError
+from ..probes.lock import LockRead, parse_read
 from . import hostlock
 
 STANDIN = "specforge_standin_train.py"
@@ -236,7 +237,7 @@ def status_command(p: TrainPaths, spec) -> str:
     """One read-only round trip: lock holder, stand-in PID, trainer container, run.json, log tail, checkpoints."""
     return shell.sections(
         [
-            ("lock", hostlock.read_cmd(spec.lock_dir)),
+            ("lock", LockRead(spec.lock_dir).command()),
             ("alive", alive_check(p)),
             ("container", cli_for(spec).running_command(container_name(spec))),
             ("run", f"cat {shell.quote(p.file('run.json'))} 2>/dev/null"),
@@ -327,7 +328,7 @@ def parse_status(host: str, output: str) -> TrainStatus:
         run_id=run.get("run_id"),
         fingerprint=run.get("fingerprint"),
     )
-    holder = hostlock.parse_read(*parts.get("lock", (1, "")))
+    holder = parse_read(*parts.get("lock", (1, "")))
     st.lock = holder.to_dict() if holder else None
     summary = parse_training(log_text)
     _from_records(st, summary, run)

@@ -27,7 +27,6 @@ from .context import (
     staging_dir,
 )
 from .plan import (
-    SKIPPED_FACTS,
     Plan,
     Probe,
     lock_info,
@@ -36,7 +35,7 @@ from .plan import (
     parse_probe,
     preflight_problems,
     probe,
-    probe_commands,
+    probes_for,
 )
 from .records import write_record
 from .workflow import (
@@ -63,7 +62,6 @@ __all__ = [
     "HEALTHCHECK_PATH",
     "Plan",
     "Probe",
-    "SKIPPED_FACTS",
     "StepResult",
     "apply_patch",
     "build_image",
@@ -84,7 +82,7 @@ __all__ = [
     "patch_spec_path",
     "preflight_problems",
     "probe",
-    "probe_commands",
+    "probes_for",
     "push",
     "render_dockerfile",
     "render_for_host",
