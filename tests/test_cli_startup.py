@@ -1,15 +1,21 @@
-"""Start-up: `--help` and `--version` import no SSH, pydantic, Jinja2 or rich (issue 13, item 1).
+"""Start-up: each command imports only what it uses.
 
-The time goal (<= 0.15 s) is measured in bench/README.md "Start-up"; here only the import set."""
+`--help` and `--version` import no SSH, pydantic, Jinja2 or rich; `hosts` no SSH
+library; a module that only names `Remote` or the transfer no SSH library; a
+run whose output goes to pipes no rich (unless it prints a table); `health` on
+a host no docker SDK.  The times are measured in bench/README.md "startup.py";
+here only the import sets."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
 import click
+import pytest
 
 from remote_ops.cli import main as cli_mod
 
@@ -40,9 +46,13 @@ print("\\n@@" + json.dumps(sorted(sys.modules)), file=sys.stderr)
 """
 
 
-def imported(*argv: str) -> set[str]:
-    p = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=60)
+def imported(*argv: str, env: dict | None = None) -> set[str]:
+    """The modules a whole run of `remote-ops ARGV` imported, its output on pipes."""
+    p = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, env=env)
     return set(json.loads(p.stderr.rsplit("@@", 1)[1]))
+
+
+SSH_STACK = ("fabric", "paramiko", "invoke", "cryptography")
 
 
 def heavy(modules: set[str]) -> list[str]:
@@ -81,11 +91,77 @@ def test_help_lists_every_command_and_a_command_still_loads():
     assert isinstance(cli_mod.cli.get_command(click.Context(cli_mod.cli), "health"), click.Command)
 
 
-def test_the_ssh_seam_imports_invoke_without_unittest_mock_or_asyncio():
-    """remote_ops.remote imports invoke with a stand-in `unittest.mock` (30-45 ms of every run);
-    afterwards the real module is importable and invoke's MockContext still works."""
+def test_hosts_imports_no_ssh_library(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("hosts:\n  gpu-a: {address: 127.0.0.11}\n")
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(tmp_path), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    mods = imported("hosts", env=env)
+    assert "pydantic" in mods and "remote_ops.cli.commands.hosts" in mods
+    assert [m for m in SSH_STACK + ("docker", "jinja2") if m in mods] == []
+
+
+def test_naming_the_seam_imports_no_ssh_library():
+    """A workflow that names `Remote` or the transfer, and a command's help, load no SSH library."""
     probe = (
-        "import sys; import remote_ops.remote; "
+        "import sys; import remote_ops.remote, remote_ops.remote.transfer, remote_ops.remote.sshconfig, "
+        "remote_ops.workflows.dumps, remote_ops.workflows.hostlock; from remote_ops.remote import Remote; "
+        "print(sorted(m for m in %r if m in sys.modules))" % (SSH_STACK,)
+    )
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.split() == ["[]"], p.stderr
+    assert [m for m in SSH_STACK if m in imported("dumps", "pull", "--help")] == []
+
+
+def test_the_seam_still_exports_the_connection_on_first_use():
+    import remote_ops.remote as seam
+    from remote_ops.remote.fabric import FabricRemote
+
+    assert seam.FabricRemote is FabricRemote and callable(seam.connect) and callable(seam.fingerprint)
+    with pytest.raises(AttributeError):
+        seam.nothing_of_that_name  # noqa: B018
+
+
+LINES = """
+import sys
+from remote_ops.cli.console import Console
+c = Console()
+c.say("note :fire:"); c.status("ok", "[b]done[/b]"); c.error("bad", "hint"); c.host_line("h", "stdout", "x", data=True)
+print("@@" + " ".join(m for m in ("rich", "rich.console") if m in sys.modules), file=sys.stderr)
+"""
+
+
+def test_lines_to_pipes_are_written_without_rich():
+    p = subprocess.run([sys.executable, "-c", LINES], capture_output=True, text=True, timeout=60, env=_no_force())
+    err, mods = p.stderr.rsplit("@@", 1)
+    assert mods.strip() == "" and p.stdout == "h | x\n"
+    assert err.splitlines() == ["note :fire:", "[ ok ] [b]done[/b]", "error: bad", "hint: hint"]
+
+
+def test_forced_colour_still_goes_through_rich():
+    env = {**_no_force(), "FORCE_COLOR": "1"}
+    p = subprocess.run([sys.executable, "-c", LINES], capture_output=True, text=True, timeout=60, env=env)
+    err, mods = p.stderr.rsplit("@@", 1)
+    assert mods.split() == ["rich", "rich.console"]
+    assert "\x1b[" in err and "[b]done[/b]" in err and ":fire:" in err  # styled, markup and emoji codes as text
+
+
+def _no_force() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR")}
+
+
+def test_health_on_a_host_imports_no_docker_sdk_and_no_rich(lab_env, host):
+    """health's probes are shell commands: the Engine API client (the docker SDK) is not loaded, and
+    its lines on pipes need no rich."""
+    mods = imported("health", "--host", "lab1", env={k: v for k, v in lab_env.items() if k != "FORCE_COLOR"})
+    assert "remote_ops.workflows.health" in mods and "paramiko" in mods
+    assert [m for m in ("docker", "rich", "jinja2") if m in mods] == []
+
+
+def test_the_ssh_seam_imports_invoke_without_unittest_mock_or_asyncio():
+    """The connection (remote_ops.remote.fabric) imports invoke with a stand-in `unittest.mock`
+    (30-45 ms of every run); afterwards the real module is importable and invoke's MockContext
+    still works."""
+    probe = (
+        "import sys; import remote_ops.remote.fabric; "
         "print(sorted(m for m in ('unittest.mock', 'asyncio') if m in sys.modules)); "
         "import unittest.mock, invoke; "
         "print(unittest.mock.Mock.__module__, invoke.MockContext(run=invoke.Result('x')).run('true').stdout)"

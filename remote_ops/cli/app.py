@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from ..core.rawinv import default_inventory_paths, raw_hosts
 from ..errors import ConfigError
-from ..remote import FabricRemote, Remote
-from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_target
 from .console import Console
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the SSH stack (paramiko, Fabric, invoke) is imported on the first connection
     from ..core.inventory import HostSpec, Inventory
+    from ..remote import FabricRemote, Remote
+    from ..remote.sshconfig import SshTarget, Timeouts
 
 
 @dataclass
@@ -69,6 +69,8 @@ class App:
 
     def target(self, host: HostSpec) -> SshTarget:
         """Resolve inventory + ssh_config + command-line overrides for `host`."""
+        from ..remote.sshconfig import load_ssh_config, resolve_target
+
         if self._ssh_config is None:
             self._ssh_config = load_ssh_config(self.ssh_config_path)
         target = resolve_target(host, self._ssh_config, policy=self.host_key_policy)
@@ -141,6 +143,8 @@ class App:
         return self._open_target(self.target(host), host.name)
 
     def _open_target(self, target: SshTarget, name: str) -> FabricRemote:
+        from ..remote.fabric import FabricRemote
+
         remote = FabricRemote(target)
         if self.verbose:
             remote.on_command = self._tracer(name)

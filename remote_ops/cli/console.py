@@ -22,9 +22,13 @@ is the one way to write host bytes as they came.
 
 Colour only on a terminal and never with NO_COLOR set (rich's own rules).
 
-rich is imported on first output, or earlier in the background (`warm`): a
-command that opens connections first (health) imports it while the handshake
-waits on the network instead of before the first packet.
+A line for a stream that rich would leave unstyled (not a terminal, and
+neither FORCE_COLOR nor TTY_COMPATIBLE set: `plain_stream`) is written as it
+is, without rich: a command whose output goes to a pipe or a file and prints
+no table never imports it.  Otherwise rich is imported on first output, or
+earlier in the background (`warm`): a command that opens connections first
+(health) imports it while the handshake waits on the network instead of
+before the first packet.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..core.jsonable import to_jsonable
 from ..core.terminal import visible
@@ -74,7 +78,10 @@ class Console:
     def warm(self) -> None:
         """Import rich in a daemon thread now, so the first line does not pay for it.  Worth
         calling just before the run waits on the network (`App.preconnect`); the import lock
-        makes a first print during the import wait for it."""
+        makes a first print during the import wait for it.  Not when both streams are plain
+        (`plain_stream`): lines need no rich there, and a table imports it when it prints."""
+        if plain_stream(self._stdout) and plain_stream(self._stderr):
+            return
         threading.Thread(target=_import_rich, name="import rich", daemon=True).start()
 
     @property
@@ -99,7 +106,7 @@ class Console:
         control characters and newlines are shown (`visible`)."""
         if not self.quiet:
             text = visible(text, one_line=True)
-            self._line(self.err, escape(text), text, style)
+            self._line(False, text, lambda: escape(text), style)
 
     def step(self, text: str) -> None:
         self.say(f"==> {text}", style="bold")
@@ -108,11 +115,9 @@ class Console:
         """`[ ok ] text` style line, coloured by status; `data`: a result line (stdout), not progress."""
         label = f"[{status:^4}]"
         text = visible(text, one_line=True)
-        line = f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}"
-        if data:
-            self._line(self.data, line, f"{label} {text}")
-        elif not self.quiet:
-            self._line(self.err, line, f"{label} {text}")
+        if data or not self.quiet:
+            markup = lambda: f"[{STATUS_STYLE.get(status, '')}]{escape(label)}[/] {escape(text)}"  # noqa: E731
+            self._line(data, f"{label} {text}", markup)
 
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}", style="yellow")
@@ -121,10 +126,10 @@ class Console:
         """`error: text` and `hint: hint` on stderr, even with --quiet.  Messages may span lines
         (an inventory's errors); their control characters are shown (`visible`)."""
         text = visible(text)
-        self._line(self.err, f"[red bold]error:[/] {escape(text)}", f"error: {text}")
+        self._line(False, f"error: {text}", lambda: f"[red bold]error:[/] {escape(text)}")
         if hint:
             hint = visible(hint)
-            self._line(self.err, f"[dim]hint: {escape(hint)}[/]", f"hint: {hint}")
+            self._line(False, f"hint: {hint}", lambda: f"[dim]hint: {escape(hint)}[/]")
 
     def host_line(self, host: str, stream: str, line: str, data: bool = False) -> None:
         """A live line of remote output, prefixed by its host: progress (a build's output) on
@@ -133,8 +138,7 @@ class Console:
         if (data or not self.quiet) and not self.ended:
             host, line = visible(host, one_line=True), visible(line, one_line=True)
             style = "dim" if stream == "stderr" else None
-            target = self.data if data else self.err
-            self._line(target, f"[cyan]{escape(host)}[/] | {escape(line)}", f"{host} | {line}", style)
+            self._line(data, f"{host} | {line}", lambda: f"[cyan]{escape(host)}[/] | {escape(line)}", style)
 
     def raw_line(self, host: str, line: str) -> None:
         """A followed log line exactly as the host sent it, prefixed by its host, on stdout, never
@@ -145,16 +149,18 @@ class Console:
         self._stdout.write(f"{visible(host, one_line=True)} | {line}\n")
         self._stdout.flush()
 
-    @staticmethod
-    def _line(target: RichConsole, markup: str, plain: str, style: str | None = None) -> None:
-        """One line on `target`.  Where rich would not style it (not a terminal, no colour) the
-        plain text is written as is: rich would only drop the markup (no wrapping: soft_wrap)
-        and expand tabs, at ~0.7 ms a line on the lab VM (health prints 16 lines a host)."""
-        if target.color_system is None and not target.is_terminal:
-            target.file.write(plain + "\n")
-            target.file.flush()
+    def _line(self, data: bool, plain: str, markup: Callable[[], str], style: str | None = None) -> None:
+        """One line of data (`data`: stdout, stderr with --json) or progress (stderr).  Where rich
+        would not style it the plain text is written as is, rich not even imported: rich would
+        only drop the markup (no wrapping: soft_wrap) and expand tabs, at ~0.7 ms a line on the
+        lab VM (health prints 16 lines a host)."""
+        file = self._stdout if data and not self.json_mode else self._stderr
+        target = None if plain_stream(file) else (self.data if data else self.err)
+        if target is None or (target.color_system is None and not target.is_terminal):
+            file.write(plain + "\n")
+            file.flush()
         else:
-            target.print(markup, style=style)
+            target.print(markup(), style=style)
 
     def table(self, columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
         """A table of data (stdout; stderr with --json)."""
@@ -180,7 +186,7 @@ class Console:
     def trace(self, text: str) -> None:
         """A `-v` line (each remote command and its time) on stderr, even with --quiet."""
         text = visible(text, one_line=True)
-        self._line(self.err, escape(text), text, "dim")
+        self._line(False, text, lambda: escape(text), "dim")
 
     @contextmanager
     def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
@@ -235,6 +241,17 @@ class Console:
         text = visible(text)
         self._stdout.write(text if text.endswith("\n") else text + "\n")
         self._stdout.flush()
+
+
+def plain_stream(file: Any) -> bool:
+    """True when rich would write to `file` without any styling, by rich's own test of a
+    terminal: not a tty, and neither TTY_COMPATIBLE nor FORCE_COLOR says otherwise."""
+    if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
+        return False
+    try:
+        return not file.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed file: rich says "not a terminal"
+        return True
 
 
 def escape(text: str) -> str:

@@ -10,15 +10,34 @@ fabric, paramiko, docker, or starts ssh as a process.
     local.py     LocalRemote: the same protocol with /bin/sh here (`--local-file`)
     hostkeys.py  HostKeyPolicy: known_hosts + strict/accept-new, for paramiko and for ssh
     transfer.py  bulk pull over the system ssh (resumable, verified, parallel)
+
+The SSH libraries load with the first module that needs them (`fabric.py`,
+`sshconfig.load_ssh_config`), not with this package: a workflow that only names
+`Remote` or `transfer`, and a command that never connects (`render`, `hosts`),
+import none of paramiko, invoke or Fabric.
 """
 
 from __future__ import annotations
 
-from . import _lean  # noqa: F401 - first: imports invoke without unittest.mock (see _lean)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import BaseRemote, CommandHook, LineSink, Remote, RunResult, command_deadline
-from .fabric import FabricRemote, connect
-from .hostkeys import HostKeyPolicy, fingerprint
 from .local import LocalRemote
+
+if TYPE_CHECKING:
+    from .fabric import FabricRemote, connect
+    from .hostkeys import HostKeyPolicy, fingerprint
+
+#: names exported from a module that imports the SSH stack, loaded on first use
+_ON_USE = {"FabricRemote": "fabric", "connect": "fabric", "HostKeyPolicy": "hostkeys", "fingerprint": "hostkeys"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_USE:
+        return getattr(importlib.import_module(f"{__name__}.{_ON_USE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BaseRemote",

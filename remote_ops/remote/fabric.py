@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core import shell
 from ..errors import AuthFailed, CommandFailed, CommandTimedOut, HostKeyChanged, RemoteOpsError, Unreachable
+from . import _lean  # noqa: F401 - before Fabric and paramiko: invoke without unittest.mock (see _lean)
 from .base import BaseRemote, LineSink
 from .hostkeys import HostKeyPolicy, fingerprint
 from .sshconfig import SshTarget

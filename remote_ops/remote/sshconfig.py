@@ -13,13 +13,13 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import paramiko
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    import paramiko
+
     from ..core.inventory import HostSpec
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -62,6 +62,7 @@ class SshTarget:
 
 def load_ssh_config(path: str | Path | None) -> paramiko.SSHConfig:
     """Parse `path`, or ~/.ssh/config when it exists, or nothing."""
+    paramiko = _paramiko()
     if path is None:
         default = Path("~/.ssh/config").expanduser()
         return parse_ssh_config(default.read_bytes(), str(default)) if default.exists() else paramiko.SSHConfig()
@@ -84,9 +85,19 @@ def parse_ssh_config(raw: bytes, source: str) -> paramiko.SSHConfig:
         raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x}", source=f"{source}:{line}") from None
     check_numbers(text, source)
     try:
-        return paramiko.SSHConfig.from_text(text)
+        return _paramiko().SSHConfig.from_text(text)
     except Exception as exc:  # paramiko raises several types for bad files
         raise ConfigError(f"cannot parse ssh_config: {exc}", source=source) from None
+
+
+def _paramiko() -> Any:
+    """paramiko, imported on first use (after `_lean`: invoke without `unittest.mock`)."""
+    from ._lean import import_invoke
+
+    import_invoke()
+    import paramiko
+
+    return paramiko
 
 
 #: Options remote-ops reads as numbers: name (lowercase) -> (smallest, largest) allowed.
