@@ -121,8 +121,9 @@ def test_export_specforge_runs_the_exporter_against_its_copy_anchor(tmp_path):
 def test_startup_times_the_cli_and_health_on_a_lab_host(lab, tmp_path):
     out = tmp_path / "startup.json"
     run_bench("startup.py", "--repeat", "1", "--json", str(out))
-    walls = json.loads(out.read_text())["wall_s"]
-    assert {"python -c pass", "remote-ops --help", "remote-ops health --host lab1"} <= set(walls)
+    rows = json.loads(out.read_text())["rows"]
+    assert {"python -c pass", "remote-ops --help", "remote-ops hosts", "remote-ops health --host lab1"} <= set(rows)
+    assert all(r["wall_s"] > 0 for r in rows.values())
 
 
 def test_health_fanout_checks_two_lab_hosts(lab, tmp_path):
