@@ -24,7 +24,7 @@ Since = float | datetime
 class EngineVersion:
     """The daemon's `/version`: what runs on the host (the CLI client is not involved)."""
 
-    engine: str  # "docker" | "podman"
+    engine: str  # the engine kind (`remote_ops.engine.KINDS`)
     server: str  # e.g. "20.10.24+dfsg1"
     api: str  # the daemon's API version, e.g. "1.41"
     min_api: str = ""
@@ -120,12 +120,10 @@ class EngineEvent:
 
 
 # -- parsers (pure) ------------------------------------------------------------------------------
-def parse_version(doc: dict[str, Any], engine: str = "docker", negotiated: str = "") -> EngineVersion:
-    """`/version` JSON -> EngineVersion; podman's compat API names itself in Components."""
-    names = " ".join(str(c.get("Name", "")) for c in doc.get("Components") or [])
-    kind = "podman" if "podman" in names.lower() else engine
+def parse_version(doc: dict[str, Any], engine: str, negotiated: str = "") -> EngineVersion:
+    """`/version` JSON of engine kind `engine` -> EngineVersion."""
     return EngineVersion(
-        engine=kind,
+        engine=engine,
         server=str(doc.get("Version", "")),
         api=str(doc.get("ApiVersion", "")),
         min_api=str(doc.get("MinAPIVersion", "")),

@@ -1,4 +1,4 @@
-"""`HostLab`: N real sshd hosts on loopback plus one dockerd, with client files.
+"""`HostLab`: N real sshd hosts on loopback plus one dockerd (or one podman), with client files.
 
 A lab directory holds everything: the client key, `known_hosts`,
 `ssh_config`, an `inventory/` directory (one YAML file per host, the format of
@@ -14,6 +14,9 @@ Typical use (tests and `remote-ops sandbox`)::
     with HostLab(hosts=3) as lab:
         remote = lab.connect("lab1")
         remote.run(["docker", "ps"])          # reaches the lab dockerd
+
+`HostLab(engine="podman", docker=False)` gives hosts whose inventory says
+`engine: podman`, served by one lab podman (hostlab/podman.py) instead.
 
 Addresses are random in 127.0.0.0/8 (never 127.0.0.x/127.0.1.x), checked free,
 so parallel labs do not clash.  Stopping is by PID, with deadlines, idempotent,
@@ -44,6 +47,7 @@ from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_tar
 from ._proc import LabError, alive, can_bind, free_port, kill_tree, same_root
 from .delay import DelayProxy
 from .dockerd import Dockerd, dockerd_available, pick_subnet
+from .podman import LabPodman
 from .sshd import DEFAULT_PATH, KeyPair, SshdHost, make_key, sshd_available
 
 #: Timeouts for lab connections: loopback, so short connects; commands as usual.
@@ -119,6 +123,7 @@ class LabHost:
             "user": "root",
             "identity_file": str(lab.client_key.private),
             "known_hosts": str(lab.known_hosts),
+            "engine": lab.engine,
             "gpus": {"count": 0},
             "sglang": {
                 "checkout": str(p.checkout),
@@ -193,12 +198,15 @@ class HostLab:
         sglang_version: str = "0.5.9",
         port: int | None = None,
         patch: str = "deepseek-v2",
+        engine: str = "docker",
     ) -> None:
         self.id = secrets.token_hex(3)
         self._owns_dir = dir is None
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="ro-lab-", dir="/tmp"))
         self.names = names or [f"lab{i + 1}" for i in range(hosts)]
         self.use_docker = docker
+        self.engine = engine  # the hosts' inventory `engine`; "podman": a lab podman serves them
+        self.podman: LabPodman | None = None
         self.keep = keep
         self.base_image = base_image
         self.sglang_version = sglang_version
@@ -247,6 +255,7 @@ class HostLab:
         make_key(self.client_key.private, "remote-ops-lab-client")
         try:
             self._start_dockerd()
+            self._start_podman()
             self._write_session_bin()
             self._start_hosts()
             self.write_client_files()
@@ -262,6 +271,11 @@ class HostLab:
             self.dockerd = Dockerd(self.dir / "docker", bridge=f"rolab{self.id}", subnet=pick_subnet())
             self.dockerd.start()
 
+    def _start_podman(self) -> None:
+        if self.engine == "podman":
+            self.podman = LabPodman(self.dir / "podman", bridge=f"ropm{self.id}", subnet=pick_subnet())
+            self.podman.start()
+
     def _write_session_bin(self) -> None:
         self.session_bin.mkdir(parents=True, exist_ok=True)
         link = self.session_bin / "docker"
@@ -273,6 +287,8 @@ class HostLab:
         env = {"PATH": f"{self.session_bin}:{DEFAULT_PATH}"}
         if self.docker_host:
             env["DOCKER_HOST"] = self.docker_host
+        if self.podman is not None:
+            env.update(self.podman.env())
         return env
 
     def _start_hosts(self) -> None:
@@ -356,6 +372,8 @@ class HostLab:
             h.sshd.stop()
         if self.dockerd is not None:
             self.dockerd.stop()
+        if self.podman is not None:
+            self.podman.stop()
         self._stopped = True
         self.write_state()
         if self._owns_dir and not self.keep:

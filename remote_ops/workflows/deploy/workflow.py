@@ -500,7 +500,7 @@ class Deploy:
     def _wait(self, plan: Plan) -> None:
         t, self.current = time.monotonic(), "wait"
         if not plan.wait:
-            self._step("wait", "ok", f"container healthy ({self.host.engine} health check)")
+            self._step("wait", "ok", f"container running; its {self.host.engine} health check healthy or none")
             return
         checks = wait_until_healthy(
             self.remote, self.host, self.ref, self.timeout, self.events.progress, engine=self.engine()
