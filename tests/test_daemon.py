@@ -249,3 +249,11 @@ print(struct.unpack("!i", ours.recv(4))[0], os.waitpid(pid, 0)[1] >> 8)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["7", "7"]
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "ran"
+
+
+def test_the_server_starts_in_the_folder_holding_this_package():
+    """`-c` puts the server's working directory first on sys.path: it must hold remote_ops/ (the
+    code this process runs), not be remote_ops/ itself (whose modules would shadow top-level ones)."""
+    from remote_ops.cli.commands.daemon import source_root
+
+    assert (source_root() / "remote_ops" / "cli" / "launch.py").resolve() == Path(launch.__file__).resolve()

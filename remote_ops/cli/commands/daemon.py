@@ -143,17 +143,21 @@ def _read(path: Path) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
 
 
+def source_root() -> Path:
+    """The folder holding this very `remote_ops` package: the server's working directory, which
+    `-c` puts first on sys.path, so the server imports the code this process runs (a source
+    checkout run with `python -m`, too)."""
+    return Path(launch.__file__).resolve().parents[2]  # remote_ops/cli/launch.py -> the folder
+
+
 def _spawn(fp: str, idle_timeout: float) -> dict:
     """Start the server in its own session; wait (bounded) until it answers."""
     directory = _runtime_dir()
     log = directory / f"{fp}.log"
-    # `-c` puts its working directory first on sys.path: the folder holding this very package, so
-    # the server imports the code this process runs (a source checkout run with `python -m`, too).
-    source_root = Path(launch.__file__).resolve().parent.parent
     with open(log, "ab") as sink:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-c", "from remote_ops.cli.daemon import main; main()", fp, str(idle_timeout)],
-            cwd=source_root,
+            cwd=source_root(),
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=sink,
