@@ -89,7 +89,7 @@ def variants(remote, spec, ref, warm: DockerEngine) -> dict:
     name = spec.container.name
     deploy_probe = batch.script(deploy.probes_for(spec, ref))  # read-only form (no lock taken)
     deploy_rest = batch.script([p for p in deploy.probes_for(spec, ref) if not isinstance(p, ENGINE_PROBES)])
-    health_units = health.units(spec, expected_image=ref).all()
+    health_units = health.probes(spec, expected_image=ref)
     health_probe = batch.script(health_units, parallel=True, probe_s=96.0)
     health_rest = batch.script(
         [p for p in health_units if not isinstance(p, ENGINE_PROBES)], parallel=True, probe_s=96.0

@@ -5,9 +5,9 @@ patterns typed by the operator) goes through `quote`/`join` here.  Modules
 build argv lists and combine them with the helpers below (`and_then`, `seq`,
 `sections`, ...).  Where a probe needs shell syntax these helpers do not
 cover (a loop, `$(...)`, a redirection), its module writes that part as an
-f-string, and still passes every value through `quote`: `facts`, `health`,
-`hostlock`, `extract`, `logs` and `engine.probe` do.  The result is a plain
-`str` run by `/bin/sh -c` on the host (sshd's exec request).
+f-string, and still passes every value through `quote`: the probe units in
+`remote_ops.probes` and the engine's command lines (`engine.cli`) do.  The
+result is a plain `str` run by `/bin/sh -c` on the host (sshd's exec request).
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def sections(named: Iterable[tuple[str, str | Argv]]) -> str:
 
     Output looks like `@@remote-ops:NAME:begin`, the probe's stdout, then
     `@@remote-ops:NAME:end RC`.  Each probe runs in a subshell, so an `exit`
-    or `cd` in one cannot affect the others.  `split_sections` parses it back.  One SSH
-    round trip instead of one per probe is what keeps `facts`, `health` and a
-    no-op `deploy` fast.
+    or `cd` in one cannot affect the others.  `split_sections` parses it back.
+    This is the framing only: probe units are batched by `remote_ops.probes.batch`,
+    which names each section after its probe and hands each probe its answer.
     """
     parts = []
     for name, command in named:
@@ -118,7 +118,7 @@ def parallel_sections(named: Iterable[tuple[str, str | Argv]]) -> str:
     on exit); one `cat` prints the files in order once all have finished, so
     the output parses with `split_sections` exactly as before.  Wall time is
     the slowest probe instead of the sum: what makes `health` cheap when
-    every `docker` CLI call costs 0.1-0.25 s.  Processes: mktemp, one cat, rm,
+    every engine CLI call costs 0.1-0.25 s.  Processes: mktemp, one cat, rm,
     and the probes' own (a cat per file cost 2 per probe: 16 of health's ~50).
     """
     named = list(named)

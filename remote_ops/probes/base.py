@@ -16,7 +16,7 @@ callers read a probe's answer with `probe.read(sections)`, never by its name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -26,6 +26,7 @@ Output = tuple[int, str]
 Sections = Mapping[str, Output]
 
 T = TypeVar("T")
+P = TypeVar("P", bound="Probe[Any]")
 
 
 class Probe(ABC, Generic[T]):
@@ -54,6 +55,35 @@ class Probe(ABC, Generic[T]):
     def read(self, sections: Sections) -> T:
         """This probe's parsed answer in a round trip's sections."""
         return self.parse(*self.output(sections))
+
+
+class Answers:
+    """A round trip's answers, looked up by probe class: `answers.read(GpuQuery)`.
+
+    Built from the probes that were asked (or would have been: an evaluator over
+    captured text) and their sections; a probe whose section did not come back
+    reads as its `absent` answer."""
+
+    def __init__(self, probes: Iterable[Probe[Any]], sections: Sections) -> None:
+        self.sections = sections
+        self._by_kind: dict[type[Probe[Any]], Probe[Any]] = {type(p): p for p in probes}
+
+    def probe(self, kind: type[P]) -> P:
+        found = self._by_kind[kind]
+        assert isinstance(found, kind)
+        return found
+
+    def output(self, kind: type[Probe[Any]]) -> Output:
+        """The probe's raw answer (exit status, text)."""
+        return self.probe(kind).output(self.sections)
+
+    def read(self, kind: type[Probe[T]]) -> T:
+        """The probe's parsed answer."""
+        return self.probe(kind).read(self.sections)
+
+    def came(self, kind: type[Probe[Any]]) -> bool:
+        """Did the probe's section come back (it ran, whatever its exit status)?"""
+        return self.probe(kind).name in self.sections
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.inventory import HostSpec
 from ..probes import batch
-from ..probes.base import Probe, Sections
+from ..probes.base import Answers, Probe, Sections
 from ..probes.disk import DiskFree
 from ..probes.engine import EngineRuntimes, EngineVersion, NvidiaToolkit, engine_summary
 from ..probes.gpu import Gpu, GpuQuery
@@ -86,16 +86,17 @@ def gather(remote: Remote, host: HostSpec) -> Facts:
 def parse(host: HostSpec, sec: Sections) -> Facts:
     """The probes' answers -> `Facts` (pure; tested from captured text).  Probes that did not
     run read as unknown (`deploy` asks only some)."""
+    a = Answers([PatchTarget(""), *probes(host)], sec)  # no target asked: it reads as unreadable
     f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=target_of(host) or "")
-    f.os = OsRelease().read(sec)
-    f.kernel = Kernel().read(sec)
-    f.cpus, f.cpu_model = Cpu().read(sec)
-    f.mem_total_bytes, f.mem_available_bytes = Memory().read(sec)
-    f.gpus, f.gpu_error = GpuQuery().read(sec)
-    f.docker = engine_summary(EngineVersion(host).read(sec))
-    f.docker_runtimes = list(EngineRuntimes(host).read(sec).runtimes)
-    f.nvidia_runtime = "nvidia" in f.docker_runtimes or NvidiaToolkit().read(sec)
-    f.dump_dir_free_bytes = DiskFree(host.dump.dir).read(sec)
-    f.sglang_version = SglangVersion(host.sglang.checkout).read(sec)
-    f.target_sha256, f.target_lines, f.target_error = PatchTarget(target_of(host) or "").read(sec)
+    f.os = a.read(OsRelease)
+    f.kernel = a.read(Kernel)
+    f.cpus, f.cpu_model = a.read(Cpu)
+    f.mem_total_bytes, f.mem_available_bytes = a.read(Memory)
+    f.gpus, f.gpu_error = a.read(GpuQuery)
+    f.docker = engine_summary(a.read(EngineVersion))
+    f.docker_runtimes = list(a.read(EngineRuntimes).runtimes)
+    f.nvidia_runtime = "nvidia" in f.docker_runtimes or a.read(NvidiaToolkit)
+    f.dump_dir_free_bytes = a.read(DiskFree)
+    f.sglang_version = a.read(SglangVersion)
+    f.target_sha256, f.target_lines, f.target_error = a.read(PatchTarget)
     return f

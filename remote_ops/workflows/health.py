@@ -1,7 +1,7 @@
 """Tiered, read-only health checks, cheap first, in one SSH round trip.
 
 Orchestration only: the probes (each one's command, parser and evaluator side
-by side) are units in `remote_ops.probes`; here `units` picks them for a host,
+by side) are units in `remote_ops.probes`; here `probes` picks them for a host,
 `probe_checks` asks them in one round trip, concurrently on the host
 (`probes.batch`), and `evaluate` turns their answers into `Check(tier, name,
 status, reason)` with status ok / warn / fail / skip, plus the rules that span
@@ -40,7 +40,8 @@ Exit codes: a host that cannot be connected to is listed as the failing
 unreachable, 5 auth, 6 host key) rather than 12, as every other command does.
 
 A new check is a probe unit (command, parser, evaluator) in `remote_ops/probes/`
-and one line each in `units` and `evaluate` (docs/CONTRIBUTING.md).
+plus one line in `probes` (ask it) and one in `evaluate` (judge its answer);
+docs/CONTRIBUTING.md has the recipe.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from ..core.extractplan import paths_for
 from ..core.inventory import HostSpec
 from ..errors import ExitCode
 from ..probes import batch
-from ..probes.base import Check, Probe, Sections, last_line
+from ..probes.base import Answers, Check, Probe, Sections, last_line
 from ..probes.dumps import DumpUsage, check_dumps
 from ..probes.endpoints import HttpEndpoints, check_http
 from ..probes.engine import EngineObjects, EngineVersion, check_container, check_engine
@@ -111,50 +112,24 @@ def exit_code(results: list[HostHealth]) -> int:
     return {0: ExitCode.OK, 1: ExitCode.HEALTH_WARN, 2: ExitCode.HEALTH_FAIL}[worst]
 
 
-# -- which probes ---------------------------------------------------------------------------
+# -- which probes, and their verdicts ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Units:
-    """The probes of one health run (building them costs nothing: commands are built when asked)."""
-
-    engine: EngineVersion
-    gpus: GpuQuery
-    gpu_procs: GpuProcesses
-    objects: EngineObjects
-    patch: PatchInContainer
-    http: HttpEndpoints
-    dumps: DumpUsage
-    extraction: ExtractAlive
-
-    def all(self) -> list[Probe[Any]]:
-        return [
-            self.engine,
-            self.gpus,
-            self.gpu_procs,
-            self.objects,
-            self.patch,
-            self.http,
-            self.dumps,
-            self.extraction,
-        ]
-
-
-def units(host: HostSpec, deep: bool = False, expected_image: str | None = None, probe_s: float = 96.0) -> Units:
-    """Every probe of a health run for `host` (the engine's over its socket when it can be)."""
-    return Units(
-        engine=EngineVersion(host, api=True),
-        gpus=GpuQuery(),
-        gpu_procs=GpuProcesses(host),
-        objects=EngineObjects(host, expected_image, api=True),
-        patch=PatchInContainer(host),
-        http=HttpEndpoints(host, deep, probe_s),
-        dumps=DumpUsage(host.dump.dir),
-        extraction=ExtractAlive(paths_for(host)),
-    )
-
-
-# -- evaluation (pure) ----------------------------------------------------------------------
+def probes(
+    host: HostSpec, deep: bool = False, expected_image: str | None = None, probe_s: float = 96.0
+) -> list[Probe[Any]]:
+    """Every probe of a health run for `host` (the engine's over its socket when it can be);
+    building them costs nothing: each command is built when the round trip is."""
+    return [
+        EngineVersion(host, api=True),
+        GpuQuery(),
+        GpuProcesses(host),
+        EngineObjects(host, expected_image, api=True),
+        PatchInContainer(host),
+        HttpEndpoints(host, deep, probe_s),
+        DumpUsage(host.dump.dir),
+        ExtractAlive(paths_for(host)),
+    ]
 
 
 def evaluate(
@@ -165,23 +140,23 @@ def evaluate(
     last_dumps: dict | None = None,
     now: float | None = None,
 ) -> list[Check]:
-    """All checks after the SSH tier, from the probes' captured answers."""
-    u = units(host, expected_image=expected_image)
-    found = u.objects.read(sec)
+    """All checks after the SSH tier, from the probes' captured answers (pure)."""
+    a = Answers(probes(host, expected_image=expected_image), sec)
+    found = a.read(EngineObjects)
     container, image = found.container, found.image
-    checks = [check_engine(u.engine.read(sec))]
-    checks += check_gpus(host, u.gpus.output(sec), u.gpu_procs.output(sec))
-    checks.append(check_fusion(host, u.gpus.read(sec)[0]))
-    status, text = u.objects.output(sec)
+    checks = [check_engine(a.read(EngineVersion))]
+    checks += check_gpus(host, a.output(GpuQuery), a.output(GpuProcesses))
+    checks.append(check_fusion(host, a.read(GpuQuery)[0]))
+    status, text = a.output(EngineObjects)
     if status == 124:  # the probe ran out of time: not "absent"
         checks.append(Check("container", "state", "fail", f"{host.engine} inspect: {last_line(text)}"))
     else:
         checks += check_container(host, container, image, expected_image)
-    checks.append(check_patch(u.patch.output(sec), container, image))
-    checks += check_http(host, u.http.output(sec), container)
+    checks.append(check_patch(a.output(PatchInContainer), container, image))
+    checks += check_http(host, a.output(HttpEndpoints), container)
     checks = starting_but_answering(checks)
-    extracting = u.extraction.read(sec) if u.extraction.name in sec else None  # None: the probe did not say
-    checks += check_dumps(host, u.dumps.output(sec), last_dumps, now or time.time(), extracting=extracting)
+    extracting = a.read(ExtractAlive) if a.came(ExtractAlive) else None  # None: the probe did not say
+    checks += check_dumps(host, a.output(DumpUsage), last_dumps, now or time.time(), extracting=extracting)
     return checks
 
 
@@ -234,8 +209,7 @@ def probe_checks(
     Raises the SSH seam's typed error when the host does not answer at all
     (timeout, connection lost); a single hung probe is only its own failure."""
     probe_s = batch.deadline_of(remote)
-    asked = units(host, deep, expected_image, probe_s).all()
-    sec = batch.run(remote, asked, parallel=True, probe_s=probe_s)
+    sec = batch.run(remote, probes(host, deep, expected_image, probe_s), parallel=True, probe_s=probe_s)
     return evaluate(host, sec, expected_image=expected_image, last_dumps=last_dumps)
 
 
