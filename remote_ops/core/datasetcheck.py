@@ -50,7 +50,7 @@ def _no_duplicates(pairs: list) -> dict:
     return seen
 
 
-def json_type(value) -> str:
+def json_type(value: object) -> str:
     """`value`'s JSON type, as an operator reads it: a string, an object, true/false..."""
     if isinstance(value, bool):
         return "true/false"

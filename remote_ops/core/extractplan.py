@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from . import shell
 
 if TYPE_CHECKING:  # logparse's regexes are compiled on import; health's probe builder needs none of them
+    from .inventory import HostSpec
     from .logparse import ExtractionSummary
 
 CLIENT_NAME = "extract_onhost.py"
@@ -42,7 +43,7 @@ class ExtractPaths:
         return str(PurePosixPath(self.workdir) / name)
 
 
-def paths_for(host) -> ExtractPaths:
+def paths_for(host: HostSpec) -> ExtractPaths:
     return ExtractPaths(str(PurePosixPath(host.logs.dir) / "extract"), host.logs.extraction, host.dump.dir)
 
 

@@ -45,11 +45,14 @@ import ast
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .inventory import HostSpec
 
 KINDS = ("server", "extraction", "training")
 
@@ -147,7 +150,7 @@ def _fields(line: str) -> dict[str, str]:
 _JSON = json.JSONDecoder()
 
 
-def _num(value: str | None, cast=float):
+def _num(value: str | None, cast: Callable[[str], Any] = float) -> Any:
     try:
         return cast(value) if value not in (None, "", "-") else None
     except ValueError:
@@ -413,7 +416,7 @@ def _add_step_dict(out: TrainingSummary, index: dict, step: int, text: str) -> N
         _put_metric(rec, str(key), value)
 
 
-def _put_metric(rec: TrainRecord, key: str, value) -> None:
+def _put_metric(rec: TrainRecord, key: str, value: object) -> None:
     if isinstance(value, list) and key.endswith("per_position_acc"):
         rec.acc.update({i: float(v) for i, v in enumerate(value) if isinstance(v, (int, float))})
         return
@@ -494,7 +497,7 @@ def new_server_lines(
     return fresh, ServerCursor(container_id, last_ts, at_last, cursor.generation)
 
 
-def log_sources(host, kinds: tuple[str, ...]) -> dict[str, str]:
+def log_sources(host: HostSpec, kinds: tuple[str, ...]) -> dict[str, str]:
     """kind -> remote source (file path, or container name for `server`) from the inventory."""
     table = {"server": host.container.name, "extraction": host.logs.extraction, "training": host.logs.training}
     unknown = [k for k in kinds if k not in table]

@@ -22,11 +22,15 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, NotFound, Refused
 from ..paths import repo_resource
 from . import anchors
 from .anchors import AnchorRefusal, PatchSpec
+
+if TYPE_CHECKING:
+    from .inventory import HostSpec
 
 DEFAULT_PATCH = "eagle3-hs-dump"
 PATH_ENV = "REMOTE_OPS_PATCH_PATH"
@@ -205,7 +209,7 @@ def load(name_or_path: str | Path) -> PatchSpec:
     return resolve(str(name_or_path))
 
 
-def for_host(host) -> PatchSpec:
+def for_host(host: HostSpec) -> PatchSpec:
     """The bound spec an inventory host names (`sglang.patch`), or ConfigError when it is
     still to be derived on the host (`patching.bind_host` does that)."""
     if not host.sglang.patch:

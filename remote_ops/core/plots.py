@@ -18,6 +18,7 @@ What a practitioner reads first, so each plot answers one question:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from .logparse import TrainingSummary
@@ -25,7 +26,7 @@ from .logparse import TrainingSummary
 PHASE_STYLE = {"train": "-", "eval": "--"}
 
 
-def _pyplot():
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -51,13 +52,13 @@ def plot_training(summary: TrainingSummary, out_dir: Path, title: str = "") -> l
     return written
 
 
-def _position_colours(plt, count: int) -> list:
+def _position_colours(plt: Any, count: int) -> list:
     """`count` distinct colours in order (position 0 darkest), readable for up to ~20 lines."""
     cmap = plt.get_cmap("viridis")
     return [cmap(i / max(count - 1, 1) * 0.9) for i in range(count)]
 
 
-def _integer_ticks(axis) -> None:
+def _integer_ticks(axis: Any) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
@@ -195,7 +196,7 @@ def plot_extraction(points: list[tuple[float, int, int]], out_dir: Path, title: 
     return _save(fig, plt, out_dir / "extraction.png")
 
 
-def _save(fig, plt, path: Path) -> Path:
+def _save(fig: Any, plt: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -18,7 +18,7 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 
@@ -83,7 +83,7 @@ def dockerfile_comment(value: Any) -> str:
     return _escape_controls(str(value))
 
 
-def _strict(fn):
+def _strict(fn: Callable[[Any], str]) -> Callable[[Any], str]:
     """A filter given an undefined value raises StrictUndefined's error (naming the variable)."""
 
     def wrapped(value: Any) -> str:

@@ -28,7 +28,7 @@ from ..errors import CommandFailed, ExitCode, NoSpace, NotFound
 from ..paths import package_file
 from ..probes import batch
 from ..probes.dumps import DumpDirState, DumpStatus, DumpVerify
-from ..remote import transfer
+from ..remote import Remote, transfer
 from ..remote.transfer import PullItem, PullReport
 from . import fleet
 
@@ -57,7 +57,7 @@ def local_bytes(root: Path) -> int:
 # --------------------------------------------------------------------------- edges
 
 
-def probe(remote, dump_dir: str, timeout: float | None = None) -> DumpDirState:
+def probe(remote: Remote, dump_dir: str, timeout: float | None = None) -> DumpDirState:
     """Ask the status probes on the host (one round trip: `probes.dumps.DumpStatus`); refused
     names are in `DumpDirState.unsafe`."""
     status = DumpStatus(dump_dir)
@@ -77,7 +77,7 @@ def format_script() -> bytes:
 
 
 def host_verify(
-    remote, dump_dir: str, hidden_size: int | None, check_sha: bool = False, timeout: float | None = None
+    remote: Remote, dump_dir: str, hidden_size: int | None, check_sha: bool = False, timeout: float | None = None
 ) -> dict:
     """Header (and optionally sha256) check on the host with its own python3, no torch
     (`probes.dumps.DumpVerify`: the checker on stdin)."""

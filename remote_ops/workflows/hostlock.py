@@ -41,9 +41,10 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..core import shell
@@ -52,9 +53,12 @@ from ..probes import batch
 from ..probes.lock import Holder, LockRead, LockTake
 from ..remote import Remote
 
+if TYPE_CHECKING:
+    from ..core.inventory import HostSpec
+
 
 # -- the holder (pure) ---------------------------------------------------------------------------
-def stale_reason(holder: Holder, this_client: str, pid_alive) -> str | None:
+def stale_reason(holder: Holder, this_client: str, pid_alive: Callable[[int], bool]) -> str | None:
     """Why `holder` is provably gone, or None (pure but for the `pid_alive(pid)` callback).
 
     Proof is only possible for a holder on this machine (its PID is checked
@@ -169,7 +173,7 @@ def audit_record(action: str, host: str, holder: Holder | None, *, forced: bool,
 
 
 # -- the edge -------------------------------------------------------------------------------------
-def held_refusal(host, holder: Holder | None, what: str) -> Refused:
+def held_refusal(host: HostSpec, holder: Holder | None, what: str) -> Refused:
     """Refused (exit 9) naming the holder, whether it is stale, and how to recover."""
     stale = stale_reason(holder, this_client(), pid_alive) if holder else None
     desc = holder.describe() if holder else "no info file"
@@ -185,7 +189,7 @@ def held_refusal(host, holder: Holder | None, what: str) -> Refused:
     )
 
 
-def take(remote: Remote, host, what: str) -> str:
+def take(remote: Remote, host: HostSpec, what: str) -> str:
     """Take the host lock (no waiting) and return its token, or raise `held_refusal`."""
     token = new_token()
     probe = LockTake(host.lock_dir, info_text(what, token))
@@ -206,17 +210,17 @@ def take(remote: Remote, host, what: str) -> str:
     return token
 
 
-def read(remote: Remote, host) -> Holder | None:
+def read(remote: Remote, host: HostSpec) -> Holder | None:
     """The current holder, or None (one read-only round trip)."""
     return batch.ask(remote, LockRead(host.lock_dir))
 
 
-def release(remote: Remote, host, token: str, audit: dict | None = None) -> None:
+def release(remote: Remote, host: HostSpec, token: str, audit: dict | None = None) -> None:
     """Release the lock we took (and append `audit` to the host's audit log)."""
     remote.run(release_cmd(host.lock_dir, token, host.audit_log if audit else None, audit))
 
 
-def release_held(remote: Remote, host, holder: Holder, *, forced: bool, reason: str | None) -> None:
+def release_held(remote: Remote, host: HostSpec, holder: Holder, *, forced: bool, reason: str | None) -> None:
     """`remote-ops unlock`'s release: remove the lock `holder` holds (only that one, by its
     token, so a run that took the lock meanwhile keeps it) and append the release to the
     host's audit log (`forced`: released although not proved stale; `reason`: why it is stale)."""
@@ -224,7 +228,7 @@ def release_held(remote: Remote, host, holder: Holder, *, forced: bool, reason: 
     remote.run(release_cmd(host.lock_dir, holder.token or None, host.audit_log, audit))
 
 
-def recovery_hint(host) -> str:
+def recovery_hint(host: HostSpec) -> str:
     """What to do when a run could not release its lock (connection lost, host frozen)."""
     return (
         f"the host lock {host.lock_dir} may still be held by this run; once {host.name} answers, "
@@ -234,7 +238,7 @@ def recovery_hint(host) -> str:
 
 
 @contextmanager
-def held(remote: Remote, host, what: str) -> Iterator[str]:
+def held(remote: Remote, host: HostSpec, what: str) -> Iterator[str]:
     """Hold the host lock around a block; released on success, error and signals.
 
     If the release itself fails (connection lost), the original error wins and
@@ -256,7 +260,7 @@ def held(remote: Remote, host, what: str) -> Iterator[str]:
                 release(remote, host, token)
 
 
-def _release_quietly(remote: Remote, host, token: str, exc: BaseException) -> None:
+def _release_quietly(remote: Remote, host: HostSpec, token: str, exc: BaseException) -> None:
     try:
         release(remote, host, token)
     except RemoteOpsError:
