@@ -38,7 +38,9 @@ import re
 import sys
 import textwrap
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 MARKER_RE = re.compile(
     r"^(?P<indent>[ \t]*)# (?P<kind>>>>|<<<) remote-ops:(?P<patch>[\w.-]+):"
@@ -66,20 +68,20 @@ class AnchorRefusal(Exception):
     not_found, ambiguous, wrong_scope, nested, broken_markers, modified_by_hand,
     unmarked_block, capture_before_reset."""
 
-    def __init__(self, reason, message, lines=None):
+    def __init__(self, reason: str, message: str, lines: Iterable[int] | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.lines = list(lines or [])  # [line number, ...] worth showing as evidence
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {"reason": self.reason, "message": self.message, "lines": self.lines}
 
 
 class SpecError(ValueError):
     """The patch spec itself is invalid; `field` names the offending key."""
 
-    def __init__(self, message, field=""):
+    def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
 
@@ -94,10 +96,10 @@ class Anchor:
     statement: str  # source text of the statement, parsed and compared as a tree
 
     @property
-    def scope(self):
+    def scope(self) -> str:
         return "%s.%s" % (self.cls, self.method)
 
-    def pattern(self):
+    def pattern(self) -> ast.stmt:
         """The anchor statement as a tree (exactly one statement)."""
         body = parse_python(textwrap.dedent(self.statement).strip("\n") + "\n").body
         if len(body) != 1:
@@ -115,14 +117,14 @@ class Block:
     text: str
     anchor: Anchor
     after_assignments_to: str = ""
-    enabler_assigns: tuple = ()
-    enabler_calls: tuple = ()
+    enabler_assigns: tuple[str, ...] = ()
+    enabler_calls: tuple[str, ...] = ()
 
     @property
-    def hash(self):
+    def hash(self) -> str:
         return content_hash(self.text.split("\n"))
 
-    def statements(self):
+    def statements(self) -> list[ast.stmt]:
         return parse_python(self.text).body
 
 
@@ -135,31 +137,31 @@ class PatchSpec:
 
     id: str
     target: str
-    blocks: tuple
+    blocks: tuple[Block, ...]
     description: str = ""
     grep: str = ""
-    validated_versions: tuple = ()
-    known_sha256: dict = field(default_factory=dict)
+    validated_versions: tuple[str, ...] = ()
+    known_sha256: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     model_class: str = ""
-    architectures: tuple = ()
+    architectures: tuple[str, ...] = ()
 
-    def block(self, name):
+    def block(self, name: str) -> Block:
         return next(b for b in self.blocks if b.name == name)
 
     @property
-    def hash(self):
+    def hash(self) -> str:
         """One hash over every block: names the patch content (image tags, records)."""
         joined = "\n".join("%s:%s" % (b.name, b.hash) for b in self.blocks)
         return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
-def spec_from_dict(data, base_dir=""):
+def spec_from_dict(data: dict[str, Any], base_dir: str = "") -> PatchSpec:
     """Build a PatchSpec from its JSON form; block text inline (`text`) or in `file`.
 
     An anchor without "class" takes the spec's top-level "class" (one patch, many models)."""
 
-    def need(obj, key, where):
+    def need(obj: Any, key: str, where: str) -> Any:
         if not isinstance(obj, dict) or key not in obj:
             raise SpecError("missing key %r" % key, where + key)
         return obj[key]
@@ -207,7 +209,7 @@ def spec_from_dict(data, base_dir=""):
     )
 
 
-def _check_block(block, where):
+def _check_block(block: Block, where: str) -> None:
     """Block text and anchor must parse; a bad spec is caught before any file is read."""
     if not re.match(r"^[\w.-]+$", block.name):
         raise SpecError("block name must be [A-Za-z0-9_.-]+", where + "name")
@@ -218,7 +220,7 @@ def _check_block(block, where):
         raise SpecError("does not parse as Python: %s" % exc, where + "text") from exc
 
 
-def spec_to_dict(spec):
+def spec_to_dict(spec: PatchSpec) -> dict[str, Any]:
     """The self-contained JSON form (block text inline): what gets shipped to hosts."""
     return {
         "id": spec.id,
@@ -243,7 +245,7 @@ def spec_to_dict(spec):
     }
 
 
-def load_spec(path):
+def load_spec(path: str) -> PatchSpec:
     with open(path, encoding="utf-8") as fh:
         try:
             data = json.load(fh)
@@ -252,7 +254,7 @@ def load_spec(path):
     return spec_from_dict(data, os.path.dirname(os.path.abspath(path)))
 
 
-def normalise_block(text):
+def normalise_block(text: str) -> str:
     """Dedent, LF endings, no trailing whitespace or blank lines: the hashed form."""
     lines = [ln.rstrip() for ln in textwrap.dedent(text.replace("\r\n", "\n")).split("\n")]
     while lines and not lines[-1]:
@@ -262,13 +264,13 @@ def normalise_block(text):
     return "\n".join(lines)
 
 
-def content_hash(lines):
+def content_hash(lines: list[str]) -> str:
     """16 hex chars of sha256 over normalised block lines (what markers carry)."""
     return hashlib.sha256(normalise_block("\n".join(lines)).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------ source
-def split_lines(text):
+def split_lines(text: str) -> list[str]:
     """Lines with their endings, split on "\\n" only (as Python's tokenizer counts)."""
     parts = text.split("\n")
     lines = [p + "\n" for p in parts[:-1]]
@@ -280,17 +282,17 @@ class Source:
     """Parsed file: text, lines (with endings), tree and a statement index."""
 
     text: str
-    lines: list
-    tree: object
-    stmts: list
+    lines: list[str]
+    tree: ast.Module
+    stmts: list[Stmt]
 
     @property
-    def newline(self):
+    def newline(self) -> str:
         first = self.lines[0] if self.lines else "\n"
         return "\r\n" if first.endswith("\r\n") else "\n"
 
 
-def decode(data):
+def decode(data: str | bytes) -> str:
     """bytes -> str, refusing binary or non-UTF-8 content (named reason not_text)."""
     if isinstance(data, str):
         return data
@@ -305,7 +307,7 @@ def decode(data):
 _PARSE_LOCK = threading.Lock()
 
 
-def parse_python(text, filename="<unknown>"):
+def parse_python(text: str, filename: str = "<unknown>") -> ast.Module:
     """`ast.parse` under one lock: CPython 3.11.7's parser is not thread-safe (gh-106905: parallel
     parses raise "SystemError: AST constructor recursion depth mismatch"), and `deploy`/`patch`
     on a group of hosts parse in threads."""
@@ -313,7 +315,7 @@ def parse_python(text, filename="<unknown>"):
         return ast.parse(text, filename=filename)
 
 
-def parse_source(data, name="<file>"):
+def parse_source(data: str | bytes | Source, name: str = "<file>") -> Source:
     """Decode and parse; a syntax error is a refusal naming line and message.
 
     Given a `Source` already, returns it (callers parse a file once)."""
@@ -333,29 +335,29 @@ def parse_source(data, name="<file>"):
 class Stmt:
     """A statement with where it sits: its scope (class/def names), body and index."""
 
-    node: object
-    scope: tuple
-    body: list
+    node: ast.stmt
+    scope: tuple[str, ...]
+    body: list[ast.stmt]
     index: int
     nested: bool  # inside an if/for/with/try of its function, not a direct statement
 
     @property
-    def line(self):
+    def line(self) -> int:
         return self.node.lineno
 
     @property
-    def end(self):
-        return self.node.end_lineno
+    def end(self) -> int:
+        return self.node.end_lineno or self.node.lineno  # always set by ast.parse (3.8+)
 
     @property
-    def scope_name(self):
+    def scope_name(self) -> str:
         return ".".join(self.scope) or "<module>"
 
 
-def iter_statements(tree):
+def iter_statements(tree: ast.Module) -> Iterator[Stmt]:
     """Every statement of the module, depth first, with its enclosing def/class scope."""
 
-    def visit(body, scope, nested):
+    def visit(body: list[ast.stmt], scope: tuple[str, ...], nested: bool) -> Iterator[Stmt]:
         for i, node in enumerate(body):
             yield Stmt(node, scope, body, i, nested)
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -369,7 +371,7 @@ def iter_statements(tree):
     return visit(tree.body, (), False)
 
 
-def _child_bodies(node):
+def _child_bodies(node: ast.stmt) -> Iterator[list[ast.stmt]]:
     """Statement lists under a compound statement (if/for/while/with/try/match)."""
     for _name, value in ast.iter_fields(node):
         if isinstance(value, list) and value:
@@ -380,7 +382,7 @@ def _child_bodies(node):
                     yield item.body
 
 
-def scope_of_lines(src):
+def scope_of_lines(src: Source) -> list[str]:
     """For each line (index 0 = line 1) its enclosing `Class.method` ("" = module level)."""
     names = [""] * (len(src.lines) + 1)
     for s in src.stmts:
@@ -392,7 +394,7 @@ def scope_of_lines(src):
     return names[: len(src.lines)]
 
 
-def dotted(node):
+def dotted(node: ast.expr) -> str:
     """`self.model.layers_to_capture` for a Name/Attribute chain, else ""."""
     parts = []
     while isinstance(node, ast.Attribute):
@@ -403,11 +405,11 @@ def dotted(node):
     return ""
 
 
-def first_line(src, line):
+def first_line(src: Source, line: int) -> str:
     return src.lines[line - 1].rstrip("\r\n") if 0 < line <= len(src.lines) else ""
 
 
-def capture_classes(data, flag="self.capture_aux_hidden_states"):
+def capture_classes(data: str | bytes | Source, flag: str = "self.capture_aux_hidden_states") -> list[tuple[str, int]]:
     """[(class name, line)] of every class whose `__init__` directly assigns `flag = False`.
 
     The model class of an SGLang file with EAGLE-3 capture is the one such class;
@@ -426,7 +428,7 @@ def capture_classes(data, flag="self.capture_aux_hidden_states"):
     return out
 
 
-def pick_class(data, wanted=None):
+def pick_class(data: str | bytes | Source, wanted: str | None = None) -> str:
     """The model class of the file: the one capture class, or `wanted` if it is one; else refuse."""
     found = capture_classes(data)
     names = [c for c, _ in found]
@@ -471,11 +473,11 @@ class AnchorMatch:
     next_line: int = 0
     next_text: str = ""
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def _key(node):
+def _key(node: ast.stmt) -> tuple[Any, ...]:
     """A cheap pre-filter before comparing whole dumps (If tests, Assign targets)."""
     if isinstance(node, (ast.If, ast.While)):
         test = node.test.func if isinstance(node.test, ast.Call) else node.test
@@ -485,12 +487,12 @@ def _key(node):
     return (type(node).__name__,)
 
 
-def _signatures(patterns):
+def _signatures(patterns: list[ast.stmt]) -> list[tuple[type, tuple[Any, ...], str]]:
     """(type, key, dump) per pattern: compare cheap parts before whole dumps."""
     return [(type(p), _key(p), ast.dump(p)) for p in patterns]
 
 
-def matches_any(node, signatures):
+def matches_any(node: ast.stmt, signatures: list[tuple[type, tuple[Any, ...], str]]) -> bool:
     """True when `node` equals (as a tree, formatting ignored) one of the patterns."""
     for kind, key, dumped in signatures:
         if type(node) is kind and _key(node) == key and ast.dump(node) == dumped:
@@ -498,13 +500,13 @@ def matches_any(node, signatures):
     return False
 
 
-def find_statement(src, pattern):
+def find_statement(src: Source, pattern: ast.stmt) -> list[Stmt]:
     """Every statement in the file equal (as a tree) to `pattern`."""
     sig = _signatures([pattern])
     return [s for s in src.stmts if matches_any(s.node, sig)]
 
 
-def find_anchor(src, block):
+def find_anchor(src: Source, block: Block) -> AnchorMatch:
     """The one direct statement of `Class.method` matching the block's anchor, or refuse."""
     anchor = block.anchor
     _require_scope(src, anchor)
@@ -531,7 +533,7 @@ def find_anchor(src, block):
     return _match(src, block.name, hit)
 
 
-def _require_scope(src, anchor):
+def _require_scope(src: Source, anchor: Anchor) -> None:
     """The class must exist exactly once and hold the method."""
     classes = [s for s in src.stmts if isinstance(s.node, ast.ClassDef) and s.node.name == anchor.cls]
     if not classes:
@@ -543,9 +545,10 @@ def _require_scope(src, anchor):
             "class %s is defined %d times (lines %s)" % (anchor.cls, len(classes), _join(lines)),
             lines,
         )
+    cls = classes[0].node
     methods = [
         n
-        for n in classes[0].node.body
+        for n in (cls.body if isinstance(cls, ast.ClassDef) else [])
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == anchor.method
     ]
     if len(methods) != 1:
@@ -558,7 +561,7 @@ def _require_scope(src, anchor):
         )
 
 
-def _missing(src, anchor, hits):
+def _missing(src: Source, anchor: Anchor, hits: list[Stmt]) -> AnchorRefusal:
     """Refusal for zero matches in scope: elsewhere (wrong scope) or not code at all."""
     if hits:
         where = ", ".join("line %d in %s" % (s.line, s.scope_name) for s in hits)
@@ -573,7 +576,7 @@ def _missing(src, anchor, hits):
     return AnchorRefusal("not_found", "anchor `%s` not found in %s%s" % (needle, anchor.scope, extra), textual)
 
 
-def _match(src, block_name, hit):
+def _match(src: Source, block_name: str, hit: Stmt) -> AnchorMatch:
     body, i = hit.body, hit.index
     prev = body[i - 1] if i > 0 else None
     nxt = body[i + 1] if i + 1 < len(body) else None
@@ -592,11 +595,11 @@ def _match(src, block_name, hit):
     )
 
 
-def _short(anchor):
+def _short(anchor: Anchor) -> str:
     return textwrap.dedent(anchor.statement).strip().split("\n")[0]
 
 
-def _join(lines):
+def _join(lines: Iterable[int]) -> str:
     return ", ".join(str(n) for n in lines)
 
 
@@ -613,14 +616,14 @@ class Region:
     indent: str
 
     @property
-    def hand_modified(self):
+    def hand_modified(self) -> bool:
         return self.marker_hash != self.body_hash
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def find_regions(src, spec):
+def find_regions(src: Source, spec: PatchSpec) -> list[Region]:
     """Marked blocks of this patch id, paired begin/end; broken pairs refuse."""
     regions, open_ = [], None
     for n, line in enumerate(src.lines, 1):
@@ -645,29 +648,29 @@ def find_regions(src, spec):
     return regions
 
 
-def _region(src, begin, end, m):
+def _region(src: Source, begin: int, end: int, m: re.Match[str]) -> Region:
     indent = m.group("indent")
     body = [ln.rstrip("\r\n") for ln in src.lines[begin : end - 1]]
     body = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in body]
     return Region(m.group("block"), begin, end, m.group("hash"), content_hash(body), indent)
 
 
-def render_block(patch_id, block, indent):
+def render_block(patch_id: str, block: Block, indent: str) -> list[str]:
     """Marker + body + marker lines (no endings), in the file's indentation."""
     tag = "remote-ops:%s:%s %s" % (patch_id, block.name, block.hash)
     body = [(indent + ln) if ln else "" for ln in block.text.split("\n")]
     return ["%s# >>> %s%s" % (indent, tag, BEGIN_NOTE)] + body + ["%s# <<< %s%s" % (indent, tag, END_NOTE)]
 
 
-def strip_text(src, regions):
+def strip_text(src: Source, regions: list[Region]) -> str:
     """The file with the given regions' lines removed (exactly what insert added)."""
-    drop = set()
+    drop: set[int] = set()
     for r in regions:
         drop.update(range(r.begin, r.end + 1))
     return "".join(ln for n, ln in enumerate(src.lines, 1) if n not in drop)
 
 
-def strip(data, spec):
+def strip(data: str | bytes | Source, spec: PatchSpec) -> str:
     """Revert: the text with every marked block of `spec` removed."""
     src = parse_source(data)
     return strip_text(src, find_regions(src, spec))
@@ -681,13 +684,13 @@ class Finding:
     kind: str  # misplaced | modified | outdated | absent | duplicate
     block: str
     message: str
-    lines: list = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def capture_findings(src, spec, regions):
+def capture_findings(src: Source, spec: PatchSpec, regions: list[Region]) -> list[Finding]:
     """Capture code (blocks, marked or not, and enablers) that runs before the flag reset.
 
     This is the story's bug in tree terms: in `__init__`, anything that turns
@@ -714,11 +717,11 @@ def capture_findings(src, spec, regions):
     return out
 
 
-def _method_stmts(src, anchor):
+def _method_stmts(src: Source, anchor: Anchor) -> list[Stmt]:
     return [s for s in src.stmts if s.scope[:2] == (anchor.cls, anchor.method)]
 
 
-def _flag_assignments(src, block):
+def _flag_assignments(src: Source, block: Block) -> list[int]:
     """Lines assigning the block's flag to False in the anchor's method."""
     lines = []
     for s in _method_stmts(src, block.anchor):
@@ -729,7 +732,7 @@ def _flag_assignments(src, block):
     return lines
 
 
-def _enablers(src, block, regions):
+def _enablers(src: Source, block: Block, regions: list[Region]) -> Iterator[tuple[int, str]]:
     """(line, description) of statements in the method that turn capture on."""
     marked = {n for r in regions for n in range(r.begin, r.end + 1)}
     sigs = _signatures(_distinctive(block))
@@ -740,7 +743,7 @@ def _enablers(src, block, regions):
             yield s.line, tag
 
 
-def _enabler_kind(node, block, sigs):
+def _enabler_kind(node: ast.stmt, block: Block, sigs: list[tuple[type, tuple[Any, ...], str]]) -> str:
     if isinstance(node, ast.Assign):
         names = [dotted(t) for t in node.targets]
         if block.after_assignments_to in names and not (
@@ -758,13 +761,13 @@ def _enabler_kind(node, block, sigs):
     return ""
 
 
-def _distinctive(block):
+def _distinctive(block: Block) -> list[ast.stmt]:
     """Block statements worth recognising elsewhere (not imports, pass, ...)."""
     trivial = (ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue)
     return [b for b in block.statements() if not isinstance(b, trivial)]
 
 
-def unmarked_copies(src, spec, regions):
+def unmarked_copies(src: Source, spec: PatchSpec, regions: list[Region]) -> list[Finding]:
     """Statements equal to a block's code that sit outside any marked region."""
     marked = {n for r in regions for n in range(r.begin, r.end + 1)}
     out = []
@@ -790,16 +793,16 @@ class Plan:
 
     pristine: str
     new_text: str
-    anchors: list
-    regions: list
+    anchors: list[AnchorMatch]
+    regions: list[Region]
     state: str
 
     @property
-    def changes(self):
+    def changes(self) -> bool:
         return self.state != APPLIED
 
 
-def plan(data, spec):
+def plan(data: str | bytes | Source, spec: PatchSpec) -> Plan:
     """Strip our blocks, find every anchor in the pristine tree, insert fresh blocks.
 
     Refuses (AnchorRefusal) on any anchor problem, hand-modified blocks,
@@ -822,7 +825,7 @@ def plan(data, spec):
     return Plan(pristine.text, new_text, anchors, regions, APPLIED if new_text == src.text else state)
 
 
-def _refuse_foreign_capture(pristine, spec):
+def _refuse_foreign_capture(pristine: Source, spec: PatchSpec) -> None:
     """Unmarked block code or capture enabled before the reset: a human must look."""
     bad = unmarked_copies(pristine, spec, []) + capture_findings(pristine, spec, [])
     if bad:
@@ -831,7 +834,7 @@ def _refuse_foreign_capture(pristine, spec):
         raise AnchorRefusal(reason, "; ".join(f.message for f in bad), lines)
 
 
-def insert_blocks(src, spec, anchors):
+def insert_blocks(src: Source, spec: PatchSpec, anchors: list[AnchorMatch]) -> str:
     """Insert each block right after its anchor's last line (bottom-up keeps numbers valid)."""
     lines = list(src.lines)
     for match in sorted(anchors, key=lambda a: a.end, reverse=True):
@@ -849,11 +852,11 @@ class BlockReport:
     name: str
     state: str  # absent | applied | outdated | modified | misplaced
     spec_hash: str
-    anchor: object = None  # AnchorMatch or None
-    region: object = None  # Region or None
-    findings: list = field(default_factory=list)
+    anchor: AnchorMatch | None = None
+    region: Region | None = None
+    findings: list[Finding] = field(default_factory=list)
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "state": self.state,
@@ -869,17 +872,17 @@ class Report:
     """verify_placement()/status: overall status, per-block reports and every finding."""
 
     status: str
-    blocks: list
-    findings: list
-    refusal: object = None  # AnchorRefusal when the file could not be analysed
+    blocks: list[BlockReport]
+    findings: list[Finding]
+    refusal: AnchorRefusal | None = None  # when the file could not be analysed
     sha256: str = ""
     pristine_sha256: str = ""
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return self.status == APPLIED
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "ok": self.ok,
@@ -891,7 +894,7 @@ class Report:
         }
 
 
-def verify_placement(data, spec):
+def verify_placement(data: str | bytes | Source, spec: PatchSpec) -> Report:
     """Prove each block sits right after its anchor, in scope, after every flag reset.
 
     Also reports hand edits (body hash != marker hash), outdated content
@@ -912,7 +915,7 @@ def verify_placement(data, spec):
     return Report(_overall(blocks, findings), blocks, findings, None, sha, pristine)
 
 
-def _attach(blocks, findings):
+def _attach(blocks: list[BlockReport], findings: list[Finding]) -> None:
     """Whole-method findings mark their block: misplaced wins over modified."""
     for f in findings:
         for b in blocks:
@@ -923,7 +926,7 @@ def _attach(blocks, findings):
                 b.state = f.kind
 
 
-def _overall(blocks, findings):
+def _overall(blocks: list[BlockReport], findings: list[Finding]) -> str:
     states = {b.state for b in blocks}
     if MISPLACED in states:
         return MISPLACED
@@ -936,7 +939,7 @@ def _overall(blocks, findings):
     return OUTDATED if OUTDATED in states else APPLIED
 
 
-def _block_report(src, spec, block, regions):
+def _block_report(src: Source, spec: PatchSpec, block: Block, regions: list[Region]) -> BlockReport:
     mine = [r for r in regions if r.block == block.name]
     report = BlockReport(block.name, "absent", block.hash)
     try:
@@ -961,7 +964,7 @@ def _block_report(src, spec, block, regions):
     return report
 
 
-def _region_state(src, block, region, report):
+def _region_state(src: Source, block: Block, region: Region, report: BlockReport) -> str:
     """applied / outdated / modified / misplaced for the one marked region of a block."""
     if region.hand_modified:
         report.findings.append(
@@ -981,7 +984,7 @@ def _region_state(src, block, region, report):
     return APPLIED if region.marker_hash == block.hash else OUTDATED
 
 
-def block_placement_problem(src, block, region, anchor):
+def block_placement_problem(src: Source, block: Block, region: Region, anchor: AnchorMatch | None) -> Finding | None:
     """None when the region's first statement is the anchor's next sibling, else a Finding."""
     before = _statement_before(src, region.begin)
     if anchor is None:
@@ -1016,7 +1019,7 @@ def block_placement_problem(src, block, region, anchor):
     )
 
 
-def _statement_before(src, line):
+def _statement_before(src: Source, line: int) -> Stmt | None:
     """The outermost statement that ends last before `line` (ties: the enclosing one)."""
     best = None
     for s in src.stmts:
@@ -1026,7 +1029,7 @@ def _statement_before(src, line):
 
 
 # ------------------------------------------------------------------- standalone
-def _write_atomic(path, text):
+def _write_atomic(path: str, text: str) -> None:
     """Same-directory temp file, fsync, keep mode, rename: the file is old or new, never half."""
     tmp = os.path.join(
         os.path.dirname(os.path.abspath(path)), ".%s.remote-ops-tmp.%d" % (os.path.basename(path), os.getpid())
@@ -1044,7 +1047,7 @@ def _write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """`python3 anchors.py verify|status|check|apply --spec SPEC.json FILE` -> JSON on stdout."""
     import argparse  # here: importing anchors (health, deploy) should not pay for it
 
@@ -1063,7 +1066,7 @@ def main(argv=None):
     return _act(args.action, args.file, data, spec)
 
 
-def _act(action, path, data, spec):
+def _act(action: str, path: str, data: bytes, spec: PatchSpec) -> int:
     if action in ("verify", "status"):
         report = verify_placement(data, spec)
         print(json.dumps(report.to_dict(), indent=2))

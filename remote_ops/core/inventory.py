@@ -373,7 +373,7 @@ Lines = dict[tuple[str, ...], int]
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class StrictLoader(_SafeLoader):  # type: ignore[misc,valid-type]
+class StrictLoader(_SafeLoader):
     """A safe YAML loader that refuses duplicate keys and remembers the line of every key.
 
     PyYAML silently keeps the last of two equal keys, so a host name repeated in

@@ -20,6 +20,7 @@ syntax it would silently read otherwise (`\\d`, `(?i)`, backreferences).
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:[:,]\s*(\d+)\s*)?$")  # anchored, one sta
 #: A line number longer than this many digits is past the end of any file (int() of a
 #: 5000-digit string raises; this never converts one).
 _MAX_DIGITS = 18
+#: the statements a symbol names (they carry decorators and a name)
+_DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @dataclass
@@ -334,7 +337,7 @@ def symbol_view(text: Text, symbol: str, path: str = "FILE") -> list[Listing]:
     found = []
     for s in text.src.stmts:
         node = s.node
-        if hasattr(node, "decorator_list") and (s.scope + (node.name,))[-len(wanted) :] == wanted:
+        if isinstance(node, _DEFINITIONS) and (s.scope + (node.name,))[-len(wanted) :] == wanted:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
             name = ".".join(s.scope + (node.name,))
             found.append(Listing(name, f"sed -n '{first},{s.end}p' {path}", text.rows(first, s.end)))
