@@ -28,9 +28,9 @@ Isolation and safety, as for the lab dockerd (hostlab/dockerd.py):
   registry and blocks docker.io, and the sessions' proxies point at a closed
   loopback port.
 
-Stopping (`stop`): every container (`rm -af`), every image, then by PID the
-API service and anything else whose command line names this lab dir (conmon),
-leftover mounts, the firewall rule and the bridge.
+Stopping (`stop`): every container (`rm -af`), then by PID the API service and
+anything else whose command line names this lab dir (conmon), leftover mounts,
+the firewall rule and the bridge; the images go with the lab dir.
 """
 
 from __future__ import annotations
@@ -173,10 +173,9 @@ class LabPodman:
         wait_for(lambda: not self.service_pids(), timeout, f"podman API service on {self.socket} to exit")
 
     def stop(self) -> None:
-        """Remove containers and images, stop the service and conmons by PID, unmount, unroute."""
+        """Remove the containers, stop the service and conmons by PID, unmount, unroute."""
         if self.dir.exists() and (self.dir / "storage.conf").exists():
             self.podman("rm", "-a", "-f", "-t", "0", check=False, timeout=60)
-            self.podman("rmi", "-a", "-f", check=False, timeout=60)
         self.stop_service()
         for pid in pids_with_arg(str(self.dir)):
             kill_tree(pid, term_timeout=5, timeout=10)
