@@ -1,14 +1,18 @@
-"""Inventory: one YAML file per host or group, validated at load.
+"""Inventory: YAML files of hosts and groups, validated at load.
 
 An inventory is a directory of `*.yaml` files (or a single file).  Each file
-holds an optional `defaults:` mapping (applied to every host of that file) and
-a `hosts:` mapping of name -> host settings.  A file with several hosts is a
-group; its name (the file stem) can be given to `--host` as well.
+holds an optional `defaults:` mapping (applied to every host of that file), a
+`hosts:` mapping of name -> host settings, and an optional `groups:` mapping of
+name -> `hosts:` and `children:` (Ansible's groups: a host may be in several,
+a group may hold other groups).  A file with several hosts is also a group,
+named by the file stem.  A host is defined once (in one file); a group may be
+named in several places and is the union of them.
 
 Everything here is pure data: loading turns text into `HostSpec` records and
-any problem into a `ConfigError` naming the file and the field.  SSH settings
-come from three layers, strongest first: the inventory, the ssh_config entry
-for the host, built-in defaults (see `remote_ops.remote.sshconfig`).
+any problem into a `ConfigError` naming the file, the field and the line.  SSH
+settings come from three layers, strongest first: the inventory, the
+ssh_config entry for the host, built-in defaults (see
+`remote_ops.remote.sshconfig`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import difflib
 import ipaddress
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -281,11 +286,17 @@ class HostSpec(_Spec):
 
 
 class Inventory(BaseModel):
-    """All hosts by name, plus groups (file stems of multi-host files)."""
+    """All hosts by name, plus groups.
+
+    `groups` maps each group to every host in it, its children's included, in
+    inventory order; `children` holds each group's direct child groups and
+    `group_sources` the files that name it (for listing)."""
 
     model_config = ConfigDict(frozen=True)
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    children: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    group_sources: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     sources: tuple[str, ...] = ()
 
     def resolve(self, ref: str) -> list[HostSpec]:
@@ -331,23 +342,50 @@ def adhoc_host(ref: str) -> HostSpec:
 
 
 def load_inventory(paths: list[Path] | None = None) -> Inventory:
-    """Load and validate every inventory file under `paths` (files or directories)."""
+    """Load and validate every inventory file under `paths` (files or directories): hosts,
+    then groups (file stems and `groups:` sections) resolved over all files."""
     files = _inventory_files(paths if paths is not None else default_inventory_paths())
     hosts: dict[str, HostSpec] = {}
-    groups: dict[str, tuple[str, ...]] = {}
+    definitions: list[GroupDef] = []
     for file in files:
-        file_hosts = load_inventory_file(file)
+        data, lines = load_yaml(file.read_bytes(), str(file))
+        file_hosts = parse_inventory_data(data, source=str(file), lines=lines)
         for host in file_hosts:
             if host.name in hosts:
-                raise ConfigError(
+                err = _config_error(
                     f"host '{host.name}' is also defined in {hosts[host.name].source}",
-                    source=str(file),
-                    field=f"hosts.{host.name}",
+                    str(file),
+                    ("hosts", host.name),
+                    lines,
                 )
+                err.hint = "define a host once; to put it in several groups, list it under groups: (docs/inventory.md)"
+                raise err
             hosts[host.name] = host
         if len(file_hosts) > 1:
-            groups[file.stem] = tuple(h.name for h in file_hosts)
-    return Inventory(hosts=hosts, groups=groups, sources=tuple(str(f) for f in files))
+            definitions.append(GroupDef(file.stem, str(file), None, tuple((h.name, None) for h in file_hosts), ()))
+        definitions += parse_group_data(data, source=str(file), lines=lines)
+    groups, children, group_sources = resolve_groups(list(hosts), definitions)
+    hosts = _with_groups(hosts, groups)
+    return Inventory(
+        hosts=hosts,
+        groups=groups,
+        children=children,
+        group_sources=group_sources,
+        sources=tuple(str(f) for f in files),
+    )
+
+
+def _with_groups(hosts: dict[str, HostSpec], groups: dict[str, tuple[str, ...]]) -> dict[str, HostSpec]:
+    """Each host with `groups` set to every group it is in (children's members included), sorted."""
+    member_of: dict[str, list[str]] = {name: [] for name in hosts}
+    for group, members in groups.items():
+        for name in members:
+            member_of[name].append(group)
+    out = {}
+    for name, host in hosts.items():
+        names = tuple(sorted(member_of[name]))
+        out[name] = host if host.groups == names else host.model_copy(update={"groups": names})
+    return out
 
 
 def _inventory_files(paths: list[Path]) -> list[Path]:
@@ -363,6 +401,11 @@ def load_inventory_file(file: Path) -> list[HostSpec]:
     data, lines = load_yaml(file.read_bytes(), str(file))
     return parse_inventory_data(data, source=str(file), lines=lines)
 
+
+#: The keys of an inventory file, of one of its groups, and the HostSpec fields the loader fills in.
+FILE_KEYS = ("defaults", "hosts", "groups")
+GROUP_KEYS = ("hosts", "children")
+_LOADER_FIELDS = ("name", "source", "groups")
 
 #: Where each key of a YAML document sits: ("hosts", "h1", "server", "port") -> line (1-based).
 Lines = dict[tuple[str, ...], int]
@@ -439,11 +482,11 @@ def parse_inventory_data(data: Any, source: str, lines: Lines | None = None) -> 
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping with 'hosts:', not {_kind(data)}", source=source)
-    unknown = sorted(set(map(str, data)) - {"defaults", "hosts"})
+    unknown = sorted(set(map(str, data)) - set(FILE_KEYS))
     if unknown:
         raise _config_error(
-            f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], ['defaults', 'hosts'])}; "
-            "expected 'defaults' and 'hosts'",
+            f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], list(FILE_KEYS))}; "
+            "expected 'defaults', 'hosts' and 'groups'",
             source,
             (unknown[0],),
             lines,
@@ -455,6 +498,180 @@ def parse_inventory_data(data: Any, source: str, lines: Lines | None = None) -> 
         _host(name, _merge(defaults, _mapping(entries, name, source, lines, ("hosts",))), source, group, lines)
         for name in entries
     ]
+
+
+@dataclass(frozen=True)
+class GroupDef:
+    """One place that names a group: a `groups:` entry of one file, or a file of several hosts
+    (its stem).  Members and children carry the line they are written on (None for a stem)."""
+
+    name: str
+    source: str
+    line: int | None
+    hosts: tuple[tuple[str, int | None], ...]
+    children: tuple[tuple[str, int | None], ...]
+
+    @property
+    def field(self) -> str:
+        return f"groups.{self.name}" if self.line is not None else "hosts"
+
+
+#: What a group name may not hold: pattern syntax (`,` `:` `!` `&`, globs), spaces, `@`.
+_GROUP_NAME = re.compile(r"[^\s\x00-\x1f\x7f,:!&*?\[\]@~]+")
+
+
+def parse_group_data(data: Any, source: str, lines: Lines | None = None) -> list[GroupDef]:
+    """The `groups:` section of a loaded inventory document (pure): each group's `hosts:` and
+    `children:`, written as lists of names or as Ansible's mappings of names to nothing.
+    Shape errors name the file, the field and the line; names are checked across all files
+    by `resolve_groups`."""
+    lines = lines or {}
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for name, body in _mapping(data, "groups", source, lines).items():
+        name, path = str(name), ("groups", str(name))
+        if not _GROUP_NAME.fullmatch(name) or name in ("all",):
+            raise _config_error(
+                f"bad group name {name!r}: 'all' is every host, and a name holds no spaces or pattern "
+                "characters (, : ! & * ? [ ] @ ~)",
+                source,
+                path,
+                lines,
+            )
+        body = {} if body is None else body
+        if not isinstance(body, dict):
+            raise _config_error(
+                f"a group is a mapping with 'hosts:' and/or 'children:', not {_kind(body)}", source, path, lines
+            )
+        unknown = sorted(set(map(str, body)) - set(GROUP_KEYS))
+        if unknown:
+            raise _config_error(
+                f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], list(GROUP_KEYS))}; a group has "
+                "'hosts' and 'children' (shared settings go under a file's 'defaults:')",
+                source,
+                (*path, unknown[0]),
+                lines,
+            )
+        hosts = _names(body.get("hosts"), source, (*path, "hosts"), lines)
+        children = _names(body.get("children"), source, (*path, "children"), lines)
+        out.append(GroupDef(name, source, lines.get(path), hosts, children))
+    return out
+
+
+def _names(value: Any, source: str, path: tuple[str, ...], lines: Lines) -> tuple[tuple[str, int | None], ...]:
+    """A group's `hosts:` or `children:`: a list of names, or a mapping of names to nothing
+    (Ansible's YAML form), as (name, line) pairs."""
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        items = [(item, (*path, str(i))) for i, item in enumerate(value)]
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if v is not None:
+                raise _config_error(
+                    "a group lists names only; a host's settings go under the top-level 'hosts:'",
+                    source,
+                    (*path, str(key)),
+                    lines,
+                )
+        items = [(key, (*path, str(key))) for key in value]
+    else:
+        raise _config_error(f"must be a list of names, not {_kind(value)}", source, path, lines)
+    out: list[tuple[str, int | None]] = []
+    for item, where in items:
+        if not isinstance(item, (str, int)) or isinstance(item, bool) or not str(item).strip():
+            raise _config_error(f"must be a name, not {_kind(item)}", source, where, lines)
+        if str(item) not in (n for n, _ in out):
+            out.append((str(item), lines.get(where)))
+    return tuple(out)
+
+
+def resolve_groups(
+    host_names: list[str], definitions: list[GroupDef]
+) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """(every host of each group, children included, in inventory order; each group's direct
+    children; the files that name each group) from all definitions (pure).
+
+    Refused, each naming the file, field and line where it is written: a group that is also a
+    host's name, a member host or child group that does not exist, and a cycle of children."""
+    known = set(host_names)
+    own: dict[str, list[str]] = {}
+    children: dict[str, list[tuple[str, GroupDef, int | None]]] = {}
+    sources: dict[str, list[str]] = {}
+    for d in definitions:
+        if d.name in known:
+            raise _located(_clash(d), d.source, d.field, d.line)
+        own.setdefault(d.name, [])
+        children.setdefault(d.name, [])
+        if d.source not in sources.setdefault(d.name, []):
+            sources[d.name].append(d.source)
+    for d in definitions:
+        for host, line in d.hosts:
+            if host not in known:
+                raise _located(_unknown_member(host, "host", d, host_names, own), d.source, f"{d.field}.hosts", line)
+            if host not in own[d.name]:
+                own[d.name].append(host)
+        for child, line in d.children:
+            if child not in own:
+                raise _located(
+                    _unknown_member(child, "group", d, list(own), {n: [] for n in host_names}),
+                    d.source,
+                    f"{d.field}.children",
+                    line,
+                )
+            if child not in (c for c, _, _ in children[d.name]):
+                children[d.name].append((child, d, line))
+    _refuse_cycles(children)
+    order = {name: i for i, name in enumerate(host_names)}
+    flat: dict[str, tuple[str, ...]] = {}
+
+    def members(group: str) -> tuple[str, ...]:
+        if group not in flat:
+            found = set(own[group]).union(*(members(c) for c, _, _ in children[group]))
+            flat[group] = tuple(sorted(found, key=order.__getitem__))
+        return flat[group]
+
+    groups = {g: members(g) for g in own}
+    return (
+        groups,
+        {g: tuple(c for c, _, _ in kids) for g, kids in children.items()},
+        {g: tuple(f) for g, f in sources.items()},
+    )
+
+
+def _clash(d: GroupDef) -> str:
+    if d.line is None:
+        return f"the file name makes a group '{d.name}' of its hosts, and '{d.name}' is also a host: rename one"
+    return f"'{d.name}' is a host's name and cannot also name a group: rename one"
+
+
+def _unknown_member(name: str, kind: str, d: GroupDef, choices: list[str], other: dict[str, Any]) -> str:
+    where = "children" if kind == "group" else "hosts"
+    message = f"group '{d.name}' lists unknown {kind} '{name}' under {where}:"
+    if name in other:
+        return message + (
+            " it is a group: list it under children:" if kind == "host" else " it is a host: list it under hosts:"
+        )
+    return message + _did_you_mean(name, choices)
+
+
+def _refuse_cycles(children: dict[str, list[tuple[str, GroupDef, int | None]]]) -> None:
+    """A group that contains itself through `children:` is refused where the loop closes."""
+    done: set[str] = set()
+
+    def visit(group: str, path: list[str]) -> None:
+        for child, d, line in children[group]:
+            if child in path:
+                loop = " -> ".join([*path[path.index(child) :], child])
+                raise _located(f"group cycle: {loop}", d.source, f"{d.field}.children", line)
+            if child not in done:
+                visit(child, [*path, child])
+        done.add(group)
+
+    for group in children:
+        if group not in done:
+            visit(group, [group])
 
 
 def _mapping(parent: dict, key: Any, source: str, lines: Lines, path: tuple[str, ...] = ()) -> dict:
@@ -474,6 +691,9 @@ def _kind(value: Any) -> str:
 
 
 def _host(name: Any, body: dict, source: str, groups: tuple[str, ...], lines: Lines) -> HostSpec:
+    refused = loader_field_error(str(name), body, source, lines)
+    if refused:
+        raise refused
     try:
         return HostSpec(name=str(name), source=source, groups=groups, **{str(k): v for k, v in body.items()})
     except ValidationError as exc:
@@ -485,6 +705,17 @@ def _host(name: Any, body: dict, source: str, groups: tuple[str, ...], lines: Li
         raise _config_error(message, source, ("hosts", str(name), *loc), lines, also=("defaults", *loc)) from None
     except TypeError as exc:
         raise _config_error(str(exc), source, ("hosts", str(name)), lines) from None
+
+
+def loader_field_error(name: str, body: dict, source: str, lines: Lines) -> ConfigError | None:
+    """The error for a host that sets a field the loader fills in (`name`, `source`, `groups`)."""
+    internal = sorted(set(map(str, body)) & set(_LOADER_FIELDS))
+    if not internal:
+        return None
+    hint = " (list the host under the top-level 'groups:' instead)" if internal[0] == "groups" else ""
+    return _config_error(
+        f"unknown field '{internal[0]}': the loader sets it{hint}", source, ("hosts", name, internal[0]), lines
+    )
 
 
 def _config_error(
@@ -499,7 +730,12 @@ def _config_error(
     (n_path, line), (n_also, line_also) = deepest(path), deepest(also)
     if also and line_also and n_also > n_path - 1:  # hosts.<name> is one key deeper than defaults
         line = line_also
-    err = ConfigError(message + (f" (line {line})" if line else ""), source=source, field=".".join(path))
+    return _located(message, source, ".".join(path), line)
+
+
+def _located(message: str, source: str, field: str, line: int | None) -> ConfigError:
+    """A ConfigError naming `file:field`, with the line (in the message and in its details)."""
+    err = ConfigError(message + (f" (line {line})" if line else ""), source=source, field=field)
     err.details["line"] = line
     return err
 
@@ -512,7 +748,7 @@ def _fields_at(loc: tuple[str, ...]) -> list[str]:
         model = field.annotation if field else None
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
-    return [f for f in model.model_fields if f not in ("name", "source", "groups")]
+    return [f for f in model.model_fields if f not in _LOADER_FIELDS]
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:

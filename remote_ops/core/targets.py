@@ -3,19 +3,25 @@
 A pattern is Ansible's host pattern, kept to the parts operators use:
 
 - `gpu-node`            a host name
-- `fleet`               a group (every host of that group)
+- `fleet`               a group: every host in it, its child groups' included
 - `gpu-0*`, `*-a100`    a glob over host and group names
 - `a,b,c` or `a:b:c`    a union, in the order given
-- `fleet,!gpu-03`       minus a host, group or glob
-- `fleet,&rack-2`       intersection with a host, group or glob
+- `fleet:!gpu-03`       minus a host, group or glob
+- `fleet:&rack-2`       intersection with a host, group or glob
 - `all` / `*`           every inventory host (same as `--all`)
-- `!gpu-03`             every host but one (a pattern of exclusions starts from all)
+- `!gpu-03`             every host but one (a pattern of only `&`/`!` terms starts from all)
+
+Terms are applied in Ansible's order, whatever order they are written in:
+the plain terms (union) first, then each `&` term, then each `!` term; so
+`a:b:&c:!d` == `!d:&c:a:b` == hosts in (a or b) and in c and not in d.  `,`
+and `:` both separate terms; a term that is an address with a port
+(`addr:port`, `user@addr:port`, `[v6]:port`) or an IPv6 literal is kept whole.
 
 `--limit` narrows the selection with a second pattern, as `ansible --limit`.
 An unknown bare name is an error that lists the closest inventory names; a
 value that can only be an address (`user@addr`, `addr:port`, an IP literal) is
 an ad-hoc host with defaults, as ssh itself would treat it.  Hosts come back
-in inventory order (union terms in the order given), each once.
+in inventory order within each union term (terms in the order given), each once.
 """
 
 from __future__ import annotations
@@ -53,8 +59,12 @@ def select(inventory: _Inventory, pattern: str | None, *, all_hosts: bool = Fals
 
 
 def _match(inventory: _Inventory, pattern: str, adhoc: bool = True) -> list:
-    """Union of the plain terms, minus `!terms`, intersected with `&terms`."""
+    """The union of the plain terms, then kept only where in every `&` term, then without
+    any `!` term: Ansible's order, whatever the order written."""
     terms = split_pattern(pattern)
+    bare = next((t for t in terms if t in ("!", "&")), None)
+    if bare:
+        raise UsageError(f"{bare!r} in {pattern!r} needs a host, group or glob right after it")
     plain = [t for t in terms if t[0] not in "!&"] or ["all"]  # only exclusions: start from all
     names: list[str] = []
     for term in plain:
@@ -69,18 +79,32 @@ def _match(inventory: _Inventory, pattern: str, adhoc: bool = True) -> list:
 
 
 def split_pattern(pattern: str) -> list[str]:
-    """`a,b:!c` -> ['a', 'b', '!c'].  ':' separates only where it cannot be an addr:port."""
-    parts = [p.strip() for p in pattern.split(",") if p.strip()]
+    """`a,b:!c` -> ['a', 'b', '!c'] (pure).  `,` and `:` separate terms; `:` does not split a
+    term that is an address with a port or an IPv6 literal."""
     out: list[str] = []
-    for part in parts:
-        pieces = part.split(":")
-        if len(pieces) == 2 and pieces[1].isdigit():  # host:port, not a union
+    for part in (p.strip() for p in pattern.split(",")):
+        if not part:
+            continue
+        if _one_address(part.lstrip("!&")):
             out.append(part)
         else:
-            out += [p for p in pieces if p]
+            out += [p.strip() for p in part.split(":") if p.strip()]
     if not out:
         raise UsageError(f"empty host pattern {pattern!r}")
     return out
+
+
+def _one_address(term: str) -> bool:
+    """`host:port`, `user@host:port`, `[v6]` or `[v6]:port`, or an IPv6 literal: one term."""
+    if term.startswith("["):
+        return True
+    head, sep, port = term.rpartition(":")
+    if sep and head and ":" not in head and port.isdigit():
+        return True
+    try:
+        return ipaddress.ip_address(term).version == 6
+    except ValueError:
+        return False
 
 
 def _term(inventory: _Inventory, term: str, adhoc: bool) -> list[str]:

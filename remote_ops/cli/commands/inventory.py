@@ -1,13 +1,16 @@
 """`remote-ops inventory schema|check`: the inventory's JSON Schema, and every error of its files.
 
-`schema` prints the JSON Schema of one inventory file (`defaults:` and `hosts:`,
-each host's settings), generated from the pydantic models in
+`schema` prints the JSON Schema of one inventory file (`defaults:`, `hosts:`
+with each host's settings, and `groups:`), generated from the pydantic models in
 `remote_ops.core.inventory`, so it is never out of date: editors that speak JSON
 Schema (the YAML language server: `# yaml-language-server: $schema=...`)
 complete and check fields with it.
 
 `check` validates every file and lists ALL errors (each with file, field and
 line), not only the first one that loading stops at; exit 3 if there is any.
+What spans files (a host defined twice, a group's unknown member or child, a
+cycle of children, a name both host and group) is checked by loading the whole
+inventory once the files are valid one by one.
 """
 
 from __future__ import annotations
@@ -51,18 +54,38 @@ def file_schema() -> dict:
         "description": "A host's settings; every key is optional.",
         "properties": {k: v for k, v in host["properties"].items() if k not in _INTERNAL},
     }
+    names_are = "a list of names, or a mapping of names to nothing (Ansible's YAML form)"
+    names = {
+        "anyOf": [
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "object", "additionalProperties": {"type": "null"}},
+            {"type": "null"},
+        ]
+    }
+    group = {
+        "type": ["object", "null"],
+        "title": "Group",
+        "additionalProperties": False,
+        "description": "A group: inventory hosts and other groups (children); a host may be in several groups.",
+        "properties": {
+            "hosts": {**names, "description": f"hosts of the inventory (any file) in this group: {names_are}"},
+            "children": {**names, "description": f"groups whose hosts are in this group: {names_are}"},
+        },
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "remote-ops inventory file",
-        "description": "One file per host or group (a file with several hosts is a group named after "
-        "the file).  `defaults` apply to every host of the file; a host's own keys win.",
+        "description": "Hosts and groups.  A file with several hosts is also a group named after the file.  "
+        "`defaults` apply to every host of the file; a host's own keys win.  `groups` name hosts of any "
+        "file, and other groups as `children`.",
         "type": "object",
         "additionalProperties": False,
         "properties": {
             "defaults": {"$ref": "#/$defs/HostSettings"},
             "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/HostSettings"}},
+            "groups": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Group"}},
         },
-        "$defs": {**defs, "HostSettings": settings},
+        "$defs": {**defs, "HostSettings": settings, "Group": group},
     }
 
 
@@ -96,14 +119,18 @@ def file_problems(path: Path) -> tuple[int, list[Problem]]:
         if not isinstance(data, dict):
             return 0, [Problem(str(path), "", None, "top level must be a mapping with 'hosts:'")]
         problems = [
-            Problem(str(path), k, lines.get((k,)), "unknown key; expected 'defaults' and 'hosts'")
+            Problem(str(path), k, lines.get((k,)), "unknown key; expected 'defaults', 'hosts' and 'groups'")
             for k in map(str, data)
-            if k not in ("defaults", "hosts")
+            if k not in inv.FILE_KEYS
         ]
         defaults = inv._mapping(data, "defaults", str(path), lines)
         entries = inv._mapping(data, "hosts", str(path), lines)
     except ConfigError as exc:
         return 0, [_from_error(exc, str(path))]
+    try:
+        inv.parse_group_data(data, str(path), lines)
+    except ConfigError as exc:
+        problems.append(_from_error(exc, str(path)))
     good = 0
     for name, body in entries.items():
         found = host_problems(str(name), body, defaults, str(path), lines)
@@ -120,8 +147,12 @@ def host_problems(name: str, body, defaults: dict, source: str, lines) -> list[P
 
     if body is not None and not isinstance(body, dict):
         return [Problem(source, f"hosts.{name}", lines.get(("hosts", name)), "must be a mapping of settings")]
+    merged = inv._merge(defaults, body or {})
+    refused = inv.loader_field_error(name, merged, source, lines)
+    if refused:
+        return [_from_error(refused, source)]
     try:
-        inv.HostSpec(name=name, source=source, **{str(k): v for k, v in inv._merge(defaults, body or {}).items()})
+        inv.HostSpec(name=name, source=source, **{str(k): v for k, v in merged.items()})
         return []
     except ValidationError as exc:
         return [_from_pydantic(err, name, source, lines) for err in exc.errors()]
@@ -156,7 +187,7 @@ def check_cmd(app) -> int:
     for path in files:
         good, found = file_problems(path)
         hosts, problems = hosts + good, problems + found
-    if not problems:  # files valid one by one; the whole (duplicate names) is checked on load
+    if not problems:  # files valid one by one; the whole (duplicate hosts, groups) is checked on load
         try:
             app.inventory()
         except Exception as exc:  # a ConfigError: the cross-file problem
