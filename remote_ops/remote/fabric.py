@@ -8,7 +8,15 @@ Its choices, and why:
   `accept-new`, which records them; changed keys are always refused.
   Fabric's default (AutoAddPolicy, no known_hosts) is replaced.
 - Connect, banner and auth timeouts, a per-command deadline and keepalive are
-  always set: a dead link becomes a typed error, never a hang.
+  always set: a dead link becomes a typed error, never a hang.  A port that
+  accepts TCP but never sends an SSH banner is one `Unreachable` (exit 4,
+  reason `no_banner`) with a hint, and the half-open transport is closed.
+- paramiko logs a failed handshake at ERROR, with a traceback, from its
+  transport thread; with no handler configured, Python's last-resort handler
+  would print that on stderr before remote-ops' one-line error, even under
+  `-q --json`.  A NullHandler on the `paramiko` logger keeps it off stderr;
+  `-vv` adds a stderr handler to that logger and shows it
+  (`cli/commands/_options.py`).
 - One connection serves every command of a run; TCP_NODELAY is set on it
   (Nagle + delayed ACK otherwise cost ~40 ms per command).
 - Local stdin is never read.  Input for a remote command is passed as bytes.
@@ -19,6 +27,7 @@ Its choices, and why:
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import time
@@ -31,6 +40,8 @@ from . import _lean  # noqa: F401 - before Fabric and paramiko: invoke without u
 from .base import BaseRemote, LineSink
 from .hostkeys import HostKeyPolicy, fingerprint
 from .sshconfig import SshTarget
+
+logging.getLogger("paramiko").addHandler(logging.NullHandler())  # see the module doc
 
 
 class FabricRemote(BaseRemote):
@@ -68,7 +79,9 @@ class FabricRemote(BaseRemote):
         try:
             conn.open()
         except Exception as exc:  # paramiko raises a zoo; translate once, here
-            raise self._translate_connect_error(exc, conn) from None
+            error = self._translate_connect_error(exc, conn)
+            _close_quietly(conn)  # a transport still waiting for a banner: stop its thread now
+            raise error from None
         transport = conn.client.get_transport()
         transport.set_keepalive(t.timeouts.keepalive)
         _nodelay(transport.sock)
@@ -107,8 +120,27 @@ class FabricRemote(BaseRemote):
                 host=self.name,
                 hint="check User and IdentityFile (inventory or ssh_config)",
             )
+        if not _banner_seen(conn) and isinstance(exc, (paramiko.SSHException, EOFError)):
+            return self._no_banner(exc)
         reason, text = _unreachable_reason(exc, self.target)
         return Unreachable(text, host=self.name, details={"reason": reason})
+
+    def _no_banner(self, exc: Exception) -> Unreachable:
+        """The port took the TCP connection but sent no SSH banner: within the deadline (paramiko's
+        banner timeout, or the connect deadline ending the handshake: "No existing session"), or
+        it closed first.  Not a host key or auth problem: the handshake never began."""
+        t = self.target
+        if isinstance(exc, EOFError) or isinstance(exc.__context__, (EOFError, ConnectionError)):  # EOF, reset
+            what = "closed the connection before sending an SSH banner"
+        else:
+            what = f"sent no SSH banner within {min(t.timeouts.connect, t.timeouts.banner):g}s"
+        return Unreachable(
+            f"SSH handshake with {t.display} failed: the port accepts TCP connections but {what}",
+            host=self.name,
+            hint=f"is {t.port} the host's SSH port (`port` in the inventory, `Port` in ssh_config)? "
+            "An overloaded sshd (MaxStartups) or a frozen host also sends none",
+            details={"reason": "no_banner"},
+        )
 
     def _host_key_changed(self, exc: Any) -> HostKeyChanged:
         offered, expected = fingerprint(exc.key), fingerprint(exc.expected_key)
@@ -281,6 +313,20 @@ def _unreachable_reason(exc: Exception, t: SshTarget) -> tuple[str, str]:
     if isinstance(exc, (paramiko.SSHException, EOFError)):
         return "handshake", f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
     return "other", f"cannot connect to {where}: {type(exc).__name__}: {exc}"
+
+
+def _banner_seen(conn: Any) -> bool:
+    """Did the server send its SSH version banner before the connect failed?"""
+    transport = conn.client.get_transport() if conn.client is not None else None
+    return bool(transport is not None and transport.remote_version)
+
+
+def _close_quietly(conn: Any) -> None:
+    """Close a connection whose open failed (its transport thread may still be reading)."""
+    try:
+        conn.client.close()
+    except Exception:  # closing what never opened: nothing to report
+        pass
 
 
 def _chain(hops: tuple[SshTarget, ...]) -> FabricRemote | None:

@@ -5,10 +5,15 @@ options that matter for a strict, non-interactive connection are honoured:
 HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile,
 ConnectTimeout, ServerAliveInterval.  Parsing uses paramiko's SSHConfig so
 `Match`/`Host` patterns behave as OpenSSH users expect.
+
+The defaults are OpenSSH's: port 22, and the login user is the local user
+(`local_user`, what `ssh HOST` logs in as) when neither the inventory nor
+ssh_config's `User` names one; a ProxyJump hop likewise.  Nothing assumes root.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -36,6 +41,31 @@ class Timeouts:
     keepalive: int = 15
 
 
+def local_user() -> str:
+    """The local login name, OpenSSH's default remote user (`$LOGNAME`, `$USER`, ..., else the
+    password database).  A ConfigError (exit 3) when there is none: name a user instead."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login variable and no passwd entry for this uid
+        raise _no_local_user() from None
+
+
+def _no_local_user() -> ConfigError:
+    return ConfigError(
+        "no local user name to log in as (no $LOGNAME/$USER and no passwd entry for this uid)",
+        hint="set `user:` in the inventory or `User` in ssh_config",
+    )
+
+
+def _lookup(config: paramiko.SSHConfig, host: str) -> Any:
+    """ssh_config's options for `host`.  paramiko expands `%u` tokens with the local user name
+    even where none is used, so a machine without one is the same ConfigError."""
+    try:
+        return config.lookup(host)
+    except (KeyError, OSError):  # getpass.getuser() inside paramiko's token expansion
+        raise _no_local_user() from None
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """Everything needed to open one SSH connection, already resolved."""
@@ -43,7 +73,7 @@ class SshTarget:
     name: str  # inventory name (what the user calls it)
     hostname: str  # what we connect to
     port: int = 22
-    user: str = "root"
+    user: str = field(default_factory=local_user)  # OpenSSH's default: the local user
     identity_files: tuple[str, ...] = ()
     known_hosts: tuple[str, ...] = (DEFAULT_KNOWN_HOSTS,)
     jump: tuple["SshTarget", ...] = ()
@@ -124,7 +154,7 @@ def resolve_target(
     host: HostSpec, config: paramiko.SSHConfig, *, policy: str = "strict", timeouts: Timeouts | None = None
 ) -> SshTarget:
     """Combine an inventory host with its ssh_config entry into an `SshTarget`."""
-    entry = config.lookup(host.connect_address)
+    entry = _lookup(config, host.connect_address)
     timeouts = timeouts or _timeouts_from(entry)
     known = _known_hosts(host.known_hosts, entry)
     jumps = tuple(
@@ -136,7 +166,7 @@ def resolve_target(
         name=host.name,
         hostname=entry.get("hostname", host.connect_address) if not host.address else host.address,
         port=host.port or int(entry.get("port", 22)),
-        user=host.user or entry.get("user") or "root",
+        user=host.user or entry.get("user") or local_user(),
         identity_files=tuple(os.path.expanduser(i) for i in identities),
         known_hosts=known,
         jump=jumps,
@@ -153,12 +183,12 @@ def _jump_target(
     hostpart, _, port = rest.partition(":")
     if port and not port.isdigit():
         raise ConfigError(f"bad port in ProxyJump hop '{spec}'", field="ProxyJump")
-    entry = config.lookup(hostpart)
+    entry = _lookup(config, hostpart)
     return SshTarget(
         name=hostpart,
         hostname=entry.get("hostname", hostpart),
         port=int(port or entry.get("port", 22)),
-        user=user or entry.get("user") or "root",
+        user=user or entry.get("user") or local_user(),
         identity_files=tuple(os.path.expanduser(i) for i in entry.get("identityfile", ())),
         known_hosts=_known_hosts(None, entry) if "userknownhostsfile" in entry else known,
         host_key_policy=policy,
