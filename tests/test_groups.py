@@ -287,6 +287,20 @@ def test_hosts_lists_what_a_pattern_names(tmp_path):
     assert rc == 3 and "unknown host or group 'rack-3'" in err and "Traceback" not in err
 
 
+def test_a_host_command_works_on_what_a_group_pattern_names(lab, lab_env, tmp_path):
+    """Over the real lab sshd: `facts` on `gpu:!lab1`, gpu holding lab3 and, as a child, rack-a."""
+    groups = tmp_path / "groups.yaml"
+    groups.write_text(
+        "groups:\n  rack-a:\n    hosts: [lab1, lab2]\n  gpu:\n    children: [rack-a]\n    hosts: [lab3]\n"
+    )
+    env = {**lab_env, "REMOTE_OPS_INVENTORY": os.pathsep.join([lab_env["REMOTE_OPS_INVENTORY"], str(groups)])}
+    rc, out, err = run_cli(env, "facts", "--host", "gpu:!lab1", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [h["host"] for h in doc["hosts"]] == ["lab2", "lab3"]
+    assert all(h["result"]["host"] == h["host"] and h["result"]["os"] for h in doc["hosts"])
+
+
 def test_inventory_check_lists_group_errors_and_the_schema_describes_groups(tmp_path):
     from remote_ops.cli.commands.inventory import file_problems, file_schema
 
