@@ -49,15 +49,21 @@ class EngineInfo:
     storage_driver: str = ""
 
 
+#: The image env variables kept (`ImageInfo.cuda_env`): what the NVIDIA container toolkit checks.
+CUDA_ENV = ("CUDA_VERSION", "NVIDIA_REQUIRE_CUDA")
+
+
 @dataclass(frozen=True)
 class ImageInfo:
-    """One image: id, tags, labels (the deploy labels live here)."""
+    """One image: id, tags, labels (the deploy labels live here), its CUDA env (health's
+    driver check; only `CUDA_ENV`, so no other env value, a secret maybe, is kept)."""
 
     id: str
     tags: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     created: str = ""
     size: int | None = None
+    cuda_env: dict[str, str] = field(default_factory=dict)
 
     def label(self, name: str) -> str | None:
         return self.labels.get(LABEL_PREFIX + name)
@@ -86,6 +92,7 @@ class ContainerInfo:
     health_failing_streak: int = 0
     health_last_output: str = ""
     init: bool = False
+    cuda_env: dict[str, str] = field(default_factory=dict)  # its image's CUDA env, as it runs (`CUDA_ENV`)
 
     @property
     def running(self) -> bool:
@@ -155,7 +162,13 @@ def parse_image(d: dict[str, Any]) -> ImageInfo:
         labels=dict(config.get("Labels") or {}),
         created=d.get("Created", ""),
         size=d.get("Size"),
+        cuda_env=_cuda_env(config),
     )
+
+
+def _cuda_env(config: dict[str, Any]) -> dict[str, str]:
+    """The `CUDA_ENV` variables of an inspect document's `Config.Env` (no other value is kept)."""
+    return {k: v for k, _, v in (e.partition("=") for e in config.get("Env") or ()) if k in CUDA_ENV}
 
 
 def parse_container(d: dict[str, Any]) -> ContainerInfo:
@@ -180,6 +193,7 @@ def parse_container(d: dict[str, Any]) -> ContainerInfo:
         health_failing_streak=int(health.get("FailingStreak") or 0),
         health_last_output=(log[-1].get("Output", "") if log else "").strip(),
         init=bool((d.get("HostConfig") or {}).get("Init")),
+        cuda_env=_cuda_env(config),
     )
 
 

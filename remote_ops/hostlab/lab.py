@@ -84,6 +84,11 @@ class HostPaths:
     def model_dir(self) -> Path:
         return self.root / "models" / "standin-model"
 
+    @property
+    def bin(self) -> Path:
+        """This host's own programs, first on its SSH sessions' PATH (the GPU stand-in goes here)."""
+        return self.root / "bin"
+
     def create(self) -> None:
         for d in (self.dump_dir, self.logs_dir, self.audit_log.parent, self.lock_dir.parent, self.model_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -282,9 +287,11 @@ class HostLab:
         if os.path.exists("/usr/bin/docker") and not link.is_symlink():
             link.symlink_to("/usr/bin/docker")
 
-    def session_env(self) -> dict[str, str]:
-        """Environment every SSH session gets (sshd_config SetEnv)."""
-        env = {"PATH": f"{self.session_bin}:{DEFAULT_PATH}"}
+    def session_env(self, paths: HostPaths | None = None) -> dict[str, str]:
+        """Environment every SSH session of a host gets (sshd_config SetEnv): its own bin dir
+        (`paths.bin`), then the lab's, first on PATH."""
+        own = f"{paths.bin}:" if paths else ""
+        env = {"PATH": f"{own}{self.session_bin}:{DEFAULT_PATH}"}
         if self.docker_host:
             env["DOCKER_HOST"] = self.docker_host
         if self.podman is not None:
@@ -296,10 +303,11 @@ class HostLab:
         for name in self.names:
             address, port = pick_endpoint(self.port, taken)
             taken.add(address)
+            paths = HostPaths(self.dir / "hosts" / name)
             sshd = SshdHost(
-                name, address, port, self.dir / "hosts" / name / "sshd", self.client_key, env=self.session_env()
+                name, address, port, self.dir / "hosts" / name / "sshd", self.client_key, env=self.session_env(paths)
             )
-            host = LabHost(name, sshd, HostPaths(self.dir / "hosts" / name), free_port())
+            host = LabHost(name, sshd, paths, free_port())
             host.paths.create()
             sshd.start()
             self.hosts.append(host)
@@ -418,6 +426,21 @@ class HostLab:
     def connect(self, name: str, **kwargs) -> FabricRemote:
         """A connected FabricRemote to `name` (caller closes it)."""
         return FabricRemote(self.target(name, **kwargs)).connect()
+
+    def fake_gpus(self, name: str, *cases: str, state: dict | None = None) -> dict:
+        """Give host `name` the STAND-IN nvidia-smi (and dmesg/journalctl) with the named fault
+        cases (`gpu_standin.CASES`; none: healthy), or exactly `state`; returns the case data."""
+        from . import gpu_standin
+
+        data = state if state is not None else gpu_standin.case(*cases)
+        gpu_standin.install(self.host(name).paths.bin, data)
+        return data
+
+    def no_fake_gpus(self, name: str) -> None:
+        """Take the GPU stand-in away from host `name` (no NVIDIA driver again)."""
+        from . import gpu_standin
+
+        gpu_standin.remove(self.host(name).paths.bin)
 
     def install_sglang(self, name: str, version: str | None = None, git: bool = True) -> Path:
         """Put the real SGLang `version` tree (from the PyPI wheel) in `name`'s checkout.

@@ -9,8 +9,10 @@ evaluate, and return result objects.
 
     base.py       Probe, Check, Output / Sections
     batch.py      several probes in one round trip; the per-probe deadline on the host
-    system.py     OS, kernel, CPUs, memory (facts)
+    system.py     OS, kernel, CPUs, memory (facts); python3 for the on-host tools (preflight)
     gpu.py        nvidia-smi's GPUs and compute processes; count / ECC / temperature / fusion checks
+    gpuhealth.py  nvidia-smi's SRE fields: PCIe link, memory rows, throttle, persistence, driver vs CUDA
+    kernlog.py    NVIDIA Xid events in the kernel log since the container started
     engine.py     the engine's version, container + image, runtimes (built and read by engine/)
     patch.py      the patched file inside the running container
     endpoints.py  SGLang's HTTP endpoints (curl, or python3's urllib)

@@ -25,7 +25,7 @@ from ..probes.disk import DiskFree
 from ..probes.engine import EngineRuntimes, EngineVersion, NvidiaToolkit, engine_summary
 from ..probes.gpu import Gpu, GpuQuery
 from ..probes.sglang import PatchTarget, SglangVersion
-from ..probes.system import Cpu, Kernel, Memory, OsRelease
+from ..probes.system import Cpu, HostPython, Kernel, Memory, OsRelease, python_problem
 from ..remote import Remote
 
 
@@ -50,6 +50,8 @@ class Facts:
     target_sha256: str | None = None
     target_lines: int | None = None
     target_error: str | None = None
+    python3: str | None = None  # the host's python3 version (None: missing)
+    python3_problem: str | None = None  # why the on-host tools cannot run, naming them (None: they can)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +75,7 @@ def probes(host: HostSpec) -> list[Probe[Any]]:
         EngineRuntimes(host),
         NvidiaToolkit(),
         DiskFree(host.dump.dir),
+        HostPython(),
         SglangVersion(host.sglang.checkout),
         *([PatchTarget(target)] if target else []),
     ]
@@ -99,4 +102,8 @@ def parse(host: HostSpec, sec: Sections) -> Facts:
     f.dump_dir_free_bytes = a.read(DiskFree)
     f.sglang_version = a.read(SglangVersion)
     f.target_sha256, f.target_lines, f.target_error = a.read(PatchTarget)
+    if a.came(HostPython):  # not asked: unknown, not missing
+        version, error = a.read(HostPython)
+        f.python3 = ".".join(map(str, version)) if version else None
+        f.python3_problem = python_problem(version, error)
     return f

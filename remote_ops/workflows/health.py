@@ -39,6 +39,12 @@ Exit codes: a host that cannot be connected to is listed as the failing
 `ssh/connect` check, and the run exits with that error's own code (4
 unreachable, 5 auth, 6 host key) rather than 12, as every other command does.
 
+The GPU checks an SRE runs beyond count, ECC, stray processes and temperature
+(PCIe link under load, Xids since the container started, pending row remaps,
+throttle reasons, persistence mode, the driver against the image's CUDA) are
+`probes.gpuhealth` and `probes.kernlog`; each rule is in its module's docstring
+and in docs/deploy.md.
+
 A new check is a probe unit (command, parser, evaluator) in `remote_ops/probes/`
 plus one line in `probes` (ask it) and one in `evaluate` (judge its answer);
 docs/CONTRIBUTING.md has the recipe.
@@ -54,6 +60,7 @@ from typing import Any
 
 from ..core.extractplan import paths_for
 from ..core.inventory import HostSpec
+from ..engine.types import unix_time
 from ..errors import ExitCode
 from ..probes import batch
 from ..probes.base import Answers, Check, Probe, Sections, last_line
@@ -62,6 +69,8 @@ from ..probes.endpoints import HttpEndpoints, check_http
 from ..probes.engine import EngineObjects, EngineVersion, check_container, check_engine
 from ..probes.extract import ExtractAlive
 from ..probes.gpu import GpuProcesses, GpuQuery, check_fusion, check_gpus
+from ..probes.gpuhealth import GpuHealthQuery, bus_key, check_gpu_health
+from ..probes.kernlog import KernelXids, check_xid, window
 from ..probes.patch import PatchInContainer, check_patch
 
 ORDER = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
@@ -124,6 +133,8 @@ def probes(
         EngineVersion(host, api=True),
         GpuQuery(),
         GpuProcesses(host),
+        GpuHealthQuery(),
+        KernelXids(),
         EngineObjects(host, expected_image, api=True),
         PatchInContainer(host),
         HttpEndpoints(host, deep, probe_s),
@@ -146,6 +157,15 @@ def evaluate(
     container, image = found.container, found.image
     checks = [check_engine(a.read(EngineVersion))]
     checks += check_gpus(host, a.output(GpuQuery), a.output(GpuProcesses))
+    cuda_from = image if image and image.cuda_env else container or image  # the deploy's image, else what runs
+    checks += check_gpu_health(a.output(GpuHealthQuery), cuda_from.cuda_env if cuda_from else None)
+    gpu_health = a.read(GpuHealthQuery)
+    started = unix_time(container.started_at) if container else None
+    checks += check_xid(
+        a.output(KernelXids),
+        window(started, {bus_key(g.bus_id): g.index for g in gpu_health.gpus}),
+        driver=not gpu_health.missing,
+    )
     checks.append(check_fusion(host, a.read(GpuQuery)[0]))
     status, text = a.output(EngineObjects)
     if status == 124:  # the probe ran out of time: not "absent"

@@ -1,4 +1,4 @@
-"""`remote-ops facts`: what the host is (OS, CPU, memory, GPUs, docker, disk, SGLang)."""
+"""`remote-ops facts`: what the host is (OS, CPU, memory, GPUs, docker, disk, python3, SGLang)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def render(console, f: facts_mod.Facts, where: str, fingerprint: str, derivation
         ["docker", f"{docker} (runtimes: {', '.join(f.docker_runtimes) or '-'})"],
         ["nvidia runtime", "present" if f.nvidia_runtime else "absent"],
         ["dump dir", f"{f.dump_dir}: {_gib(f.dump_dir_free_bytes)} free"],
+        ["python3", f.python3_problem or f.python3 or "-"],
         ["sglang", f.sglang_version or "not found"],
         ["patch spec", str(derivation) if derivation else "-"],
         ["patch target", f"{f.target_file}: {target}"],

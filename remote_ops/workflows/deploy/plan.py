@@ -23,6 +23,7 @@ from ...probes.engine import EngineObjects, EngineVersion
 from ...probes.gpu import GpuQuery
 from ...probes.lock import Holder, LockRead, LockTake
 from ...probes.sglang import PatchTarget
+from ...probes.system import HostPython
 from ...remote import Remote
 from .. import container, facts, hostlock
 from .context import context_hash
@@ -80,6 +81,7 @@ def probes_for(
         GpuQuery(),
         EngineVersion(host, api=True),
         DiskFree(host.dump.dir),
+        HostPython(),
         lock,
         *([PatchTarget(target)] if target else []),
         EngineObjects(host, ref, api=True),
@@ -117,7 +119,8 @@ def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None,
 
 
 def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
-    """Reasons not to deploy: no engine, wrong GPU count, no disk, no target file."""
+    """Reasons not to deploy: no engine, wrong GPU count, no disk, no target file, no python3 for
+    the on-host tools (`probes.system.python_problem` names them)."""
     f, problems = p.facts, []
     if f.docker.get("error") or not f.docker.get("server"):
         problems.append(f"{host.engine} engine not usable: {f.docker.get('error', 'no server version')}")
@@ -131,6 +134,8 @@ def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
         problems.append(f"{free_gb:.1f} GB free under {host.dump.dir}, inventory wants {host.dump.min_free_gb:g} GB")
     if f.target_error or not f.target_sha256:
         problems.append(f"cannot read {host.sglang.target_file}: {f.target_error or 'no sha'}")
+    if f.python3_problem:
+        problems.append(f.python3_problem)
     return problems
 
 
