@@ -296,8 +296,12 @@ def test_cli_health_xid_since_the_container_started_and_driver_vs_image(lab, gpu
     assert driver["status"] == "warn" and driver["data"]["cuda"] == "12.9" and driver["data"]["driver"] == "535.104.05"
 
 
-def test_cli_facts_and_deploy_preflight_name_an_old_python3(lab, host, lab_env):
-    """A STAND-IN python3 3.6.9 first on the host's PATH: facts names it, deploy refuses (exit 9)."""
+def test_cli_facts_deploy_and_extract_preflight_name_an_old_python3(lab, host, lab_env, tmp_path):
+    """A STAND-IN python3 3.6.9 first on the host's PATH: facts names it, deploy and extract start
+    refuse (exit 9, a dry run too) before anything is written on the host."""
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text('{"id": "a", "input_ids": [1, 2]}\n')
+    workdir_before = (host.paths.logs_dir / "extract").exists()
     shim = host.paths.bin / "python3"
     host.paths.bin.mkdir(parents=True, exist_ok=True)
     shim.write_text("#!/bin/sh\n# STAND-IN python3 (tests/test_gpu_checks.py): an interpreter too old\necho 3.6.9\n")
@@ -310,6 +314,11 @@ def test_cli_facts_and_deploy_preflight_name_an_old_python3(lab, host, lab_env):
         assert doc["python3_problem"].startswith("python3 3.6.9 is older than 3.8, which the extraction client")
         rc, out, err = run_cli(lab_env, "deploy", "--host", host.name, "--dry-run", timeout=120)
         assert rc == 9 and "python3 3.6.9 is older than 3.8" in err and "Traceback" not in err, err
+        for dry in ((), ("--dry-run",)):
+            rc, out, err = run_cli(lab_env, "extract", "start", "--host", host.name, "--dataset", str(dataset), *dry)
+            assert rc == 9 and "preflight: python3 3.6.9 is older than 3.8, which the extraction client" in err, err
+            assert "hint: install python3 (3.8 or newer)" in err
+        assert (host.paths.logs_dir / "extract").exists() == workdir_before  # refused before making it
     finally:
         shim.unlink(missing_ok=True)
     rc, out, _ = run_cli(lab_env, "facts", "--host", host.name, "--json", timeout=120)

@@ -44,6 +44,7 @@ from ..probes.extract import (
     ExtractStatusProbes,
     FileSha,
 )
+from ..probes.system import HostPython, python_problem
 
 
 def client_source() -> bytes:
@@ -112,14 +113,18 @@ def start(
     dump_grace: float = 30.0,
     dataset_checked: bool = False,
 ) -> ExtractStatus:
-    """Check a local dataset (unless the caller did: `dataset_checked`), ship the client (+ that
-    dataset), refuse if one is running, launch, await `started`."""
+    """Check a local dataset (unless the caller did: `dataset_checked`), refuse without a usable
+    python3 on the host (the client runs with it) or if a client is running, ship the client
+    (+ that dataset), launch, await `started`."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
     if not dataset_checked and (local_dataset is True or (local_dataset is None and local.is_file())):
         check_dataset(local)
+    alive, python = ExtractAlive(p), HostPython()
+    sec = batch.run(remote, [python, alive])
+    _refuse_without_python(host, python.read(sec))
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
-    if batch.ask(remote, ExtractAlive(p)):
+    if alive.read(sec):
         raise Refused(
             "an extraction client is already running on this host",
             host=host.name,
@@ -134,6 +139,18 @@ def start(
     )
     _await_started(remote, host, p, before, wait_s)
     return status(remote, host)
+
+
+def _refuse_without_python(host, found: tuple[tuple[int, ...] | None, str | None]) -> None:
+    """Preflight: the client runs with the host's python3 (3.8+); missing or older is exit 9,
+    naming what needs it (`probes.system.python_problem`)."""
+    problem = python_problem(*found)
+    if problem:
+        raise Refused(
+            f"preflight: {problem}",
+            host=host.name,
+            hint="install python3 (3.8 or newer) on the host, on the SSH session's PATH",
+        )
 
 
 def _place_dataset(remote, p: ExtractPaths, dataset: str, local: bool | None) -> str:
@@ -206,14 +223,16 @@ def plan_start(
     dataset_checked: bool = False,
 ) -> dict:
     """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff).
-    A bad local dataset is refused as `start` refuses it."""
+    A bad local dataset, or no usable python3 on the host, is refused as `start` refuses it."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
     if not dataset_checked and local.is_file():
         check_dataset(local)
     remote_dataset = p.dataset if local.is_file() else dataset
     alive, client, on_host = ExtractAlive(p), FileSha(p.client, "client"), FileSha(remote_dataset, "dataset")
-    sec = batch.run(remote, [alive, client, on_host])
+    python = HostPython()
+    sec = batch.run(remote, [alive, client, on_host, python])
+    _refuse_without_python(host, python.read(sec))
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     return {
         "already_running": alive.read(sec),
