@@ -253,7 +253,7 @@ class HostSpec(_Spec):
 
     name: str
     address: Word | None = None
-    user: Word | None = None
+    user: Word | None = Field(None, description="login user; unset: ssh_config User, else the local user (as ssh)")
     port: int | None = Field(None, gt=0, lt=65536)
     identity_file: Line | None = Field(None, description="path on this machine (~ allowed)")
     proxy_jump: Line | None = Field(None, description="[user@]host[:port], comma-separated hops")
