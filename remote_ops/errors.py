@@ -175,6 +175,13 @@ class Refused(RemoteOpsError):
     kind = "refused"
 
 
+class ContractMismatch(Refused):
+    """A drafter or an export does not fit the dumps' capture contract (layer ids under the serving
+    SGLang release's numbering, hidden size, pre-norm finals); nothing was changed.  Exit 9."""
+
+    kind = "contract_mismatch"
+
+
 class VerifyFailed(RemoteOpsError):
     """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
 

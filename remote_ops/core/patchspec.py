@@ -5,8 +5,11 @@ directories of `$REMOTE_OPS_PATCH_PATH`, `os.pathsep`-separated) holds one
 patch: its blocks (anchored by method + statement, class left open) and a list
 of `models`, each naming the file, the class, the `config.json` architectures
 it serves and the releases it was validated on (`known_sha256`, release ->
-sha256 of the pristine file).  A folder may take its blocks from another with
-`"extends": "<id>"`, so a new model is a few lines of JSON and no Python.
+sha256 of the pristine file), and how each SGLang release numbers a drafter's aux
+layer ids for it (`eagle3_layer_ids`, the model's own or the folder's: see
+`remote_ops.core.layerids`; validated when the folder is read).  A folder may take
+its blocks from another with `"extends": "<id>"`, so a new model is a few lines of
+JSON and no Python.
 
 Binding a model to the blocks gives an `anchors.PatchSpec` (one file, one
 class): what the anchor functions, the host workflow and the image use.
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, NotFound, Refused
 from ..paths import repo_resource
-from . import anchors
+from . import anchors, layerids
 from .anchors import AnchorRefusal, PatchSpec
 
 if TYPE_CHECKING:
@@ -48,6 +51,8 @@ class Model:
     architectures: tuple = ()
     known_sha256: dict = field(default_factory=dict)
     source: str = ""  # the spec.json this entry came from
+    #: how each SGLang release numbers the drafter's aux layer ids (`layerids.Convention`s)
+    layer_ids: tuple[layerids.Convention, ...] = ()
 
     @property
     def versions(self) -> tuple:
@@ -126,6 +131,7 @@ def _models_of(patch_id: str, path: Path) -> list[Model]:
         for key in ("name", "file", "class"):
             if not isinstance(m, dict) or not m.get(key):
                 raise ConfigError(f"missing key {key!r}", source=str(path), field=where + key)
+        layer_ids = _layer_ids(m, doc, str(path), where)
         out.append(
             Model(
                 m["name"],
@@ -136,9 +142,26 @@ def _models_of(patch_id: str, path: Path) -> list[Model]:
                 tuple(m.get("architectures", ())),
                 dict(m.get("known_sha256", {})),
                 str(path),
+                layer_ids,
             )
         )
     return out
+
+
+def _layer_ids(m: dict, doc: dict, source: str, where: str) -> tuple[layerids.Convention, ...]:
+    """The model's `eagle3_layer_ids` table, else its folder's, else `plus_one` for every release
+    (validated: `layerids.parse_table`)."""
+    if "eagle3_layer_ids" in m:
+        return layerids.parse_table(m["eagle3_layer_ids"], source, where + "eagle3_layer_ids")
+    if "eagle3_layer_ids" in doc:
+        return layerids.parse_table(doc["eagle3_layer_ids"], source, "eagle3_layer_ids")
+    return (layerids.Convention("0", "plus_one", "no eagle3_layer_ids in the spec: SGLang's historic + 1"),)
+
+
+def layer_convention(name: str, version: str) -> layerids.Convention | None:
+    """How SGLang `version` numbers a drafter's aux layer ids for spec model `name` (None: the
+    version names no release)."""
+    return layerids.convention_for(model(name).layer_ids, version)
 
 
 def catalog() -> list[Model]:

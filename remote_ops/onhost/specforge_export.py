@@ -18,6 +18,11 @@ offline_reader.py`, `feature_store.load_feature_file`, `data/preprocessing.py`
   **post-norm** state. The dump's `hidden_states` is exactly that (metadata
   `hidden_states_norm = post-norm`); a file saying otherwise is refused.
   `aux_hidden_state` = the dump's `aux_hidden_states` (3 aux layers concatenated).
+  With `--convert-prenorm MODEL_DIR` (dumps whose finals a dump audit found pre-norm)
+  each `hidden_state` row is passed through the model's final RMSNorm
+  (`x / sqrt(mean(x^2) + eps) * weight`, the weight read alone through the model's
+  safetensors index, eps from its config.json; float64 with numpy when importable,
+  else Python floats) and rounded back to the dump's dtype (nearest even, as torch).
 
 The torch zip container is written here without torch: stored (uncompressed)
 zip entries, each record's data aligned to 64 bytes as torch's own writer does
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -170,12 +176,13 @@ def read_header(fh):
     return n, header, meta
 
 
-def check_source(header, meta, tokens):
-    """The dump file must hold the four tensors of the contract, post-norm final state, n tokens."""
+def check_source(header, meta, tokens, prenorm_ok=False):
+    """The dump file must hold the four tensors of the contract, post-norm final state (or, when
+    it is being converted, a pre-norm one), n tokens."""
     names = {"hidden_states", "aux_hidden_states", "input_ids", "positions"}
     if set(header) != names:
         raise ExportError("tensors %s, expected %s" % (sorted(header), sorted(names)))
-    if meta.get("hidden_states_norm", "post-norm") != "post-norm":
+    if meta.get("hidden_states_norm", "post-norm") not in (("post-norm", "pre-norm") if prenorm_ok else ("post-norm",)):
         raise ExportError(
             "hidden_states is %s; SpecForge's TargetHead needs the post-norm final state"
             % meta.get("hidden_states_norm")
@@ -189,6 +196,115 @@ def check_source(header, meta, tokens):
     if header["hidden_states"]["dtype"] not in STORAGE:
         raise ExportError("dtype %s not supported" % header["hidden_states"]["dtype"])
     return n, h, header["hidden_states"]["dtype"]
+
+
+# --------------------------------------------------------------------------- pre-norm -> post-norm
+
+
+def _shortest(names, suffix):
+    hits = sorted((n for n in names if n.endswith(suffix) and ".layers." not in n), key=len)
+    return hits[0] if hits else None
+
+
+def load_final_norm(model_dir):
+    """(weight as floats, eps, tensor name) of the model's final RMSNorm: config.json's
+    `rms_norm_eps` (a wrapper's `text_config` counts) and `*model.norm.weight`, read alone
+    through `model.safetensors.index.json` (or a lone model.safetensors)."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    eps = float(cfg.get("rms_norm_eps", text.get("rms_norm_eps", 1e-6)) or 1e-6)
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as fh:
+            wmap = json.load(fh)["weight_map"]
+    else:
+        with open(os.path.join(model_dir, "model.safetensors"), "rb") as fh:
+            wmap = {n: "model.safetensors" for n in read_header(fh)[1]}
+    name = _shortest(wmap, "model.norm.weight")
+    if name is None:
+        raise ExportError("no final norm weight (*model.norm.weight) in %s's weight map" % model_dir)
+    with open(os.path.join(model_dir, wmap[name]), "rb") as fh:
+        hlen, header, _ = read_header(fh)
+        entry = header[name]
+        start, end = entry["data_offsets"]
+        fh.seek(8 + hlen + start)
+        data = _read_exact(fh, end - start)
+    return decode_floats(data, entry["dtype"]), eps, name
+
+
+def decode_floats(data, dtype):
+    """Little-endian BF16/F16/F32 bytes -> Python floats."""
+    if dtype == "BF16":
+        wide = bytearray(2 * len(data))
+        wide[2::4], wide[3::4] = data[0::2], data[1::2]
+        return array("f", bytes(wide)).tolist()
+    if dtype == "F16":
+        return list(struct.unpack("<%de" % (len(data) // 2), data))
+    if dtype == "F32":
+        return array("f", data).tolist()
+    raise ExportError("dtype %s not supported" % dtype)
+
+
+def encode_floats(values, dtype):
+    """Python floats -> little-endian BF16 (nearest even, NaN kept), F16 or F32 bytes."""
+    if dtype == "F16":
+        return struct.pack("<%de" % len(values), *values)
+    raw = array("f", values)
+    if dtype == "F32":
+        return raw.tobytes()
+    bits = array("I", raw.tobytes())
+    out = array("H", bytes(2 * len(bits)))
+    for i, b in enumerate(bits):
+        out[i] = (
+            0x7FC0
+            if (b & 0x7F800000) == 0x7F800000 and b & 0x7FFFFF
+            else ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+        )
+    return out.tobytes()
+
+
+class FinalNorm:
+    """The model's final RMSNorm applied to raw rows of a final hidden state (same dtype out)."""
+
+    def __init__(self, model_dir):
+        self.weight, self.eps, self.name = load_final_norm(model_dir)
+        try:
+            import numpy
+
+            self.np = numpy
+        except ImportError:
+            self.np = None
+
+    def apply(self, data, dtype, h):
+        if len(self.weight) != h:
+            raise ExportError("the final norm weight has %d values, the hidden states %d" % (len(self.weight), h))
+        np = self.np
+        if np is not None and dtype in ("BF16", "F16", "F32"):
+            return self._numpy(np, data, dtype, h)
+        values, out = decode_floats(data, dtype), []
+        for r in range(0, len(values), h):
+            row = values[r : r + h]
+            scale = 1.0 / math.sqrt(math.fsum(v * v for v in row) / h + self.eps)
+            out.extend(v * scale * w for v, w in zip(row, self.weight))
+        return encode_floats(out, dtype)
+
+    def _numpy(self, np, data, dtype, h):
+        if dtype == "BF16":
+            x = (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            x = np.frombuffer(data, "<f2" if dtype == "F16" else "<f4")
+        x = x.astype(np.float64).reshape(-1, h)
+        y = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + self.eps) * np.asarray(self.weight, dtype=np.float64)
+        if dtype == "F16":
+            return y.astype("<f2").tobytes()
+        f = np.ascontiguousarray(y, dtype=np.float32)
+        if dtype == "F32":
+            return f.astype("<f4").tobytes()
+        bits = f.view(np.uint32).astype(np.uint64)
+        out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        out[np.isnan(f).reshape(out.shape)] = 0x7FC0
+        return out.astype("<u2").tobytes()
 
 
 # --------------------------------------------------------------------------- cache and fsync helpers
@@ -214,13 +330,14 @@ def fsync_dir(path):
 # --------------------------------------------------------------------------- one sample
 
 
-def convert(sources, dest, ids, mask, fsync=True):
+def convert(sources, dest, ids, mask, fsync=True, norm=None):
     """Stream the dump file(s) of one sample into one SpecForge .ckpt; publish only if every sha256 matches.
 
     `sources` = [(path, manifest sha256)] in token order: one file for a whole
     prompt, several for a prompt that chunked prefill split into spans (`-p0`,
     `-p<c1>`, ...). One file is hashed while it is converted (one read); split
     prompts are hashed first, then converted (two reads, a minority of samples).
+    With `norm` (a FinalNorm) each hidden_state row goes through the model's final RMSNorm.
     Returns (source bytes read, output bytes). Raises ExportError (temp file removed).
     """
     tmp = os.path.join(os.path.dirname(dest), ".tmp-" + os.path.basename(dest))
@@ -228,9 +345,9 @@ def convert(sources, dest, ids, mask, fsync=True):
     try:
         with open(tmp, "wb") as fout:
             read = (
-                _one_source(sources[0], fout, ids, mask)
+                _one_source(sources[0], fout, ids, mask, norm)
                 if len(sources) == 1
-                else _many_sources(sources, fout, ids, mask)
+                else _many_sources(sources, fout, ids, mask, norm)
             )
             fout.flush()
             if fsync:
@@ -246,18 +363,18 @@ def convert(sources, dest, ids, mask, fsync=True):
         raise
 
 
-def _one_source(source, fout, ids, mask):
+def _one_source(source, fout, ids, mask, norm=None):
     path, expected = source
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fin:
         drop_cache(fin.fileno())
-        read = _convert_stream(fin, fout, digest, ids, mask)
+        read = _convert_stream(fin, fout, digest, ids, mask, norm)
     if digest.hexdigest() != expected:
         raise ExportError("sha256 of the dump file differs from its manifest line")
     return read
 
 
-def _many_sources(sources, fout, ids, mask):
+def _many_sources(sources, fout, ids, mask, norm=None):
     """Verify every part, then write one sample from their spans in token order."""
     read, parts, offset = 0, [], 0
     for path, expected in sources:
@@ -265,12 +382,12 @@ def _many_sources(sources, fout, ids, mask):
         with open(path, "rb") as fh:
             hlen, header, meta = read_header(fh)
         n = header["input_ids"]["shape"][0]
-        check_source(header, meta, n)
+        check_source(header, meta, n, norm is not None)
         parts.append((path, hlen, header, ids[offset : offset + n]))
         offset += n
     if offset != len(ids):
         raise ExportError("the spans cover %d tokens, the sample has %d" % (offset, len(ids)))
-    return read + _write_parts(parts, fout, ids, mask)
+    return read + _write_parts(parts, fout, ids, mask, norm)
 
 
 def _verify_sha(path, expected):
@@ -285,7 +402,7 @@ def _verify_sha(path, expected):
     return size
 
 
-def _write_parts(parts, fout, ids, mask):
+def _write_parts(parts, fout, ids, mask, norm=None):
     h = parts[0][2]["hidden_states"]["shape"][1]
     dtype = parts[0][2]["hidden_states"]["dtype"]
     if any(p[2]["hidden_states"]["shape"][1] != h or p[2]["hidden_states"]["dtype"] != dtype for p in parts):
@@ -297,7 +414,14 @@ def _write_parts(parts, fout, ids, mask):
         total = sum(p[2][name]["data_offsets"][1] - p[2][name]["data_offsets"][0] for p in parts)
         with z.open(record, total) as dst:
             for path, hlen, header, _part_ids in parts:
-                read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
+                if norm is not None and name == "hidden_states":
+                    a, b = header[name]["data_offsets"]
+                    with open(path, "rb") as fin:
+                        fin.seek(8 + hlen + a)
+                        dst.write(norm.apply(_read_exact(fin, b - a), dtype, h))
+                    read += b - a
+                else:
+                    read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
     for path, hlen, header, part_ids in parts:
         start, end = header["input_ids"]["data_offsets"]
         with open(path, "rb") as fh:
@@ -341,7 +465,7 @@ def _finish(z, serialization_id):
     z.close()
 
 
-def _convert_stream(fin, fout, digest, ids, mask):
+def _convert_stream(fin, fout, digest, ids, mask, norm=None):
     head = fin.read(8)
     digest.update(head)
     hlen = struct.unpack("<Q", head)[0]
@@ -349,20 +473,28 @@ def _convert_stream(fin, fout, digest, ids, mask):
     digest.update(raw)
     header = json.loads(raw)
     meta = header.pop("__metadata__", {}) or {}
-    n, h, dtype = check_source(header, meta, len(ids))
+    n, h, dtype = check_source(header, meta, len(ids), norm is not None)
     z = _begin(fout, n, h, dtype, ids, mask)
-    read = 8 + hlen + _copy_tensors(fin, z, digest, header, ids)
+    read = 8 + hlen + _copy_tensors(fin, z, digest, header, ids, norm)
     _finish(z, hashlib.sha256(raw).hexdigest())
     return read
 
 
-def _copy_tensors(fin, z, digest, header, ids):
-    """Read the data section in file order; floats go straight into records 2 and 3."""
+def _copy_tensors(fin, z, digest, header, ids, norm=None):
+    """Read the data section in file order; floats go straight into records 2 and 3 (with `norm`,
+    the final state through the model's final RMSNorm first)."""
     records = {"hidden_states": "data/2", "aux_hidden_states": "data/3"}
     total = 0
     for name in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
         start, end = header[name]["data_offsets"]
-        if name in records:
+        if name == "hidden_states" and norm is not None:
+            data = _read_exact(fin, end - start)
+            digest.update(data)
+            total += len(data)
+            hs = header[name]
+            with z.open(records[name], end - start) as dst:
+                dst.write(norm.apply(data, hs["dtype"], hs["shape"][1]))
+        elif name in records:
             with z.open(records[name], end - start) as dst:
                 total += _pump(fin, dst, digest, end - start)
         else:
@@ -566,10 +698,11 @@ class Run:
             sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
             sys.stdout.flush()
 
-    def ok(self, index, sample, recs, read, out_bytes, fsync):
+    def ok(self, index, sample, recs, read, out_bytes, fsync, final_norm="as dumped"):
         line = (
             json.dumps(
                 {
+                    "final_norm": final_norm,
                     "index": index,
                     "id": sample["id"],
                     "keys": [r["key"] for r in recs],
@@ -622,17 +755,19 @@ def export(args):
     sources = [os.path.join(args.dump_dir, recs[0]["file"]) for _, _, recs in todo]
     sample = probe_sample(sources, args.probe_mb << 20) if sources and args.probe_mb > 0 else []
     probes = [copy_probe(sample, args.out, args.jobs, fsync)] if sample else []
+    norm = FinalNorm(args.convert_prenorm) if args.convert_prenorm else None
+    said = "as dumped" if norm is None else "converted from pre-norm with %s (eps %g)" % (norm.name, norm.eps)
     run = Run(args.out, len(todo))
-    run.emit(event="started", todo=len(todo), skipped=skipped, missing=len(missing))
+    run.emit(event="started", todo=len(todo), skipped=skipped, missing=len(missing), final_norm=said)
 
     def one(item):
         index, sample, recs = item
         try:
             sources = [(os.path.join(args.dump_dir, r["file"]), r["sha256"]) for r in recs]
             read, out_bytes = convert(
-                sources, os.path.join(args.out, out_name(index)), sample["ids"], sample["mask"], fsync
+                sources, os.path.join(args.out, out_name(index)), sample["ids"], sample["mask"], fsync, norm
             )
-            run.ok(index, sample, recs, read, out_bytes, fsync)
+            run.ok(index, sample, recs, read, out_bytes, fsync, said)
         except (ExportError, OSError, ValueError, KeyError) as exc:
             with run.lock:
                 run.failed.append(
@@ -653,6 +788,7 @@ def export(args):
     run.emit(
         **report(run, seconds, probes, skipped, missing, args),
         split_samples=sum(1 for _, _, recs in todo if len(recs) > 1),
+        final_norm=said,
     )
     return 1 if run.failed else 0
 
@@ -717,6 +853,12 @@ def main(argv=None):
     ap.add_argument("--mask-all", action="store_true", help="no loss_mask in the dataset: mask every token")
     ap.add_argument("--no-fsync", action="store_true", help="tests only: skip fsyncs")
     ap.add_argument("--plan-only", action="store_true", help="report what would be exported; write nothing")
+    ap.add_argument(
+        "--convert-prenorm",
+        default=None,
+        metavar="MODEL_DIR",
+        help="apply this model's final RMSNorm to each hidden_state (the dumps hold pre-norm finals)",
+    )
     args = ap.parse_args(argv)
     try:
         return export(args)

@@ -10,6 +10,12 @@ sample's int32 token ids + `-p0`, what the dumper computes), so the extraction
 client and the dumps need not carry it. The dataset is the one the extraction
 used: by default `<logs.dir>/extract/dataset.jsonl` on the host (where
 `extract start` puts an uploaded dataset); a local file is uploaded next to the output.
+
+Before exporting, `final_norm_decision` asks the dump audit's token check (a few
+dumps, `workflows.audit.norm_check`) whether the final states are post-norm, which
+SpecForge's TargetHead needs.  Pre-norm finals are refused (ContractMismatch, exit
+9) unless converted (the exporter applies the model's final RMSNorm, read from the
+checkpoint through its safetensors index) or accepted as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import onhost
 from ..core import shell
-from ..errors import CommandFailed, NotFound
+from ..errors import CommandFailed, CommandTimedOut, ContractMismatch, NotFound
 
 SCRIPT = "specforge_export.py"
 
@@ -49,8 +55,10 @@ def export_command(
     fsync: bool = True,
     rank: int = 0,
     plan_only: bool = False,
+    convert_prenorm: str | None = None,
 ) -> str:
-    """`python3 - export ...` (the script comes on stdin)."""
+    """`python3 - export ...` (the script comes on stdin); `convert_prenorm`: the model dir whose
+    final RMSNorm is applied to each hidden_state."""
     argv = [
         "python3",
         "-u",
@@ -73,7 +81,51 @@ def export_command(
     argv += ["--mask-all"] if mask_all else []
     argv += [] if fsync else ["--no-fsync"]
     argv += ["--plan-only"] if plan_only else []
+    argv += ["--convert-prenorm", convert_prenorm] if convert_prenorm else []
     return shell.join(argv)
+
+
+def final_norm_decision(remote, spec, *, convert: bool = False, accept: bool = False) -> dict:
+    """What the export does with the final states: {verdict, action (as_is | convert | accept),
+    said, check}.  Pre-norm finals without `convert` or `accept`, and `convert` of finals not
+    found pre-norm, are refused (ContractMismatch, exit 9).  A check that cannot run (no served
+    container, no generated tokens on the client's lines) leaves them as they are, and says so."""
+    from . import audit
+
+    try:
+        check = audit.norm_check(remote, spec)
+    except (CommandFailed, CommandTimedOut) as exc:
+        check = {"verdict": "unknown", "why": exc.message}
+    verdict = check.get("verdict", "unknown")
+    counts = f"{check.get('match', 0)} of {check.get('checked', 0)} checked dumps give the server's token"
+    if verdict == "pre-norm":
+        if convert:
+            return _norm(verdict, "convert", f"PRE-norm ({counts} only after the final RMSNorm): converted", check)
+        if accept:
+            return _norm(verdict, "accept", f"PRE-norm ({counts}): exported as they are (--accept-prenorm)", check)
+        raise ContractMismatch(
+            f"the dumps hold PRE-norm final states ({check.get('prenorm')} of {check.get('checked')} checked give "
+            "the server's token only after the model's final RMSNorm); SpecForge's TargetHead applies lm_head alone",
+            host=spec.name,
+            hint="--convert-prenorm applies the final RMSNorm from the checkpoint; --accept-prenorm exports them "
+            "as they are; `dumps audit` says more",
+            details={"reason": "prenorm_finals", "norm": check},
+        )
+    if convert:
+        raise ContractMismatch(
+            f"--convert-prenorm: the final states were not found pre-norm ({verdict}: "
+            f"{check.get('why') or counts}); converting would apply the final norm to states that may not need it",
+            host=spec.name,
+            hint="`dumps audit` says what the dumps hold",
+            details={"reason": "not_prenorm", "norm": check},
+        )
+    if verdict == "unknown":
+        return _norm(verdict, "as_is", f"not checked ({check.get('why') or 'no dump could be checked'})", check)
+    return _norm(verdict, "as_is", f"{verdict} ({counts})", check)
+
+
+def _norm(verdict: str, action: str, said: str, check: dict) -> dict:
+    return {"verdict": verdict, "action": action, "said": said, "check": check}
 
 
 @dataclass

@@ -19,6 +19,12 @@ step on failure.  `run.json` next to the log says which run was started (plan an
 fingerprint): `start` of the same plan while it runs is a no-op, of another plan
 refused; `stop` of nothing is a no-op.  `--dry-run` reads the host only.
 
+The capture contract guards a start with a draft config (`contract` step): its
+`eagle_config.eagle_aux_hidden_state_layer_ids`, under the numbering of the host's SGLang
+release, must give the layers the dumps recorded, and its hidden size must be theirs
+(`workflows.audit.check_drafter`).  Otherwise the start is refused (`ContractMismatch`,
+exit 9) unless forced; a forced start's audit line on the host names what was forced past.
+
 Status reads the training log (`logparse.parse_training`: step, per-position accuracy,
 0.2.0's `perf/optimizer_step_time_s` or the older tqdm bar for the ETA), `run.json`
 (epochs, steps per epoch when known) and the newest `<run_id>-step<N>` folder.
@@ -403,7 +409,7 @@ def run_json_diff(current: str, plan_json: str) -> str:
 @dataclass
 class Step:
     name: str
-    status: str  # ok | changed | skipped | planned | failed
+    status: str  # ok | changed | skipped | planned | failed | forced (a refusal --force passed)
     detail: str = ""
     seconds: float = 0.0
 
@@ -424,6 +430,7 @@ class TrainResult:
     commands: list[str] = field(default_factory=list)
     diff: str = ""
     record: str | None = None
+    contract: dict | None = None  # the draft config against the dumps (problems, forced), when checked
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -550,6 +557,8 @@ def audit_line(record: dict) -> dict:
         "steps": {s["name"]: s["status"] for s in record["steps"]},
         "error": (record.get("error") or {}).get("message"),
         "failed_step": record.get("failed_step"),
+        "contract": (record.get("contract") or {}).get("problems"),
+        "forced": bool((record.get("contract") or {}).get("forced")),
     }
 
 
@@ -585,17 +594,70 @@ def plan_commands(spec, p: TrainPaths, plan: RunPlan) -> list[str]:
 
 
 def start(
-    remote, spec, p: TrainPaths, plan: RunPlan, *, dry_run: bool = False, wait_s: float = 30.0, events=None
+    remote,
+    spec,
+    p: TrainPaths,
+    plan: RunPlan,
+    *,
+    dry_run: bool = False,
+    wait_s: float = 30.0,
+    events=None,
+    draft_config: str | None = None,
+    force: bool = False,
 ) -> TrainResult:
-    """Start `plan` (a no-op when it runs already; refused while another run runs), as deploy does."""
+    """Start `plan` (a no-op when it runs already; refused while another run runs), as deploy does.
+
+    With `draft_config` (a local file, or a path on the host) the drafter is checked against the
+    dumps first: a mismatch is refused (ContractMismatch, exit 9) unless `force`."""
+    guard = Guard(draft_config, force)
     if dry_run:
-        return _start_dry_run(remote, spec, p, plan)
+        return _start_dry_run(remote, spec, p, plan, guard)
     life = _Lifecycle(remote, spec, p, "start", plan.standin, events)
     life.result.plan = {**asdict(plan), "fingerprint": plan.fingerprint}
-    return life.run(lambda lf: _start_act(lf, plan, wait_s))
+    return life.run(lambda lf: _start_act(lf, plan, wait_s, guard))
 
 
-def _start_dry_run(remote, spec, p: TrainPaths, plan: RunPlan) -> TrainResult:
+@dataclass(frozen=True)
+class Guard:
+    """The contract check of a start: the draft config to check (None: none), and `--force`."""
+
+    draft_config: str | None = None
+    force: bool = False
+
+    def check(self, remote, spec) -> dict | None:
+        """The draft config against the dumps ({problems, ...}), or None when there is none."""
+        if not self.draft_config:
+            return None
+        from . import audit
+
+        found = audit.check_drafter(remote, spec, audit.read_draft_config(remote, self.draft_config))
+        return {**found, "draft_config": self.draft_config, "forced": bool(found["problems"]) and self.force}
+
+
+def _contract_step(life: _Lifecycle, guard: Guard) -> None:
+    """Refuse a draft config that does not fit the dumps, unless forced (said in the step and the
+    audit line)."""
+    if not guard.draft_config:
+        return
+    t = life.at("contract")
+    found = life.result.contract = guard.check(life.remote, life.spec)
+    assert found is not None
+    if not found["problems"]:
+        life.step("contract", "ok", f"{guard.draft_config} fits {found['from']}", t)
+        return
+    if not guard.force:
+        from . import audit
+
+        raise audit.refusal(
+            life.spec,
+            f"the draft config {guard.draft_config}",
+            found,
+            "fix the draft config, or --force (recorded in the host's audit log)",
+        )
+    life.step("contract", "forced", "--force past: " + "; ".join(found["problems"]), t)
+
+
+def _start_dry_run(remote, spec, p: TrainPaths, plan: RunPlan, guard: Guard | None = None) -> TrainResult:
     st = status(remote, spec, p)
     r = TrainResult(
         spec.name,
@@ -610,6 +672,11 @@ def _start_dry_run(remote, spec, p: TrainPaths, plan: RunPlan) -> TrainResult:
     r.noop = decision == "noop"
     r.steps.append(Step("lock", "skipped", "dry run" + (f"; HELD by {st.lock}" if st.lock else "")))
     r.steps.append(Step("check", "ok" if decision != "refuse" else "failed", _decision_text(st, plan, decision)))
+    found = r.contract = guard.check(remote, spec) if guard and decision == "start" else None
+    if found is not None:
+        problems = found["problems"]
+        verdict = "ok" if not problems else ("forced" if found["forced"] else "failed")
+        r.steps.append(Step("contract", verdict, "; ".join(problems) or f"fits {found['from']}"))
     r.commands = [] if decision != "start" else plan_commands(spec, p, plan)
     for name in ("upload", "launch", "wait"):
         r.steps.append(Step(name, "planned" if decision == "start" else "skipped"))
@@ -625,7 +692,7 @@ def _decision_text(st: TrainStatus, plan: RunPlan, decision: str) -> str:
     return f"no run is running ({st.state}): start {plan.run_id} ({plan.fingerprint})"
 
 
-def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
+def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float, guard: Guard) -> None:
     remote, spec, p = life.remote, life.spec, life.p
     t = life.at("check")
     st = life.result.before = status(remote, spec, p)
@@ -642,6 +709,7 @@ def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float) -> None:
     if decision == "noop":
         life.result.noop, life.result.status = True, st
         return
+    _contract_step(life, guard)
     t = life.at("upload")
     remote.run(["mkdir", "-p", p.workdir, p.output, str(PurePosixPath(p.log).parent)])
     if plan.standin:

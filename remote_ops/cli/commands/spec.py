@@ -121,7 +121,10 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
     """Restart the server with --speculative-algorithm EAGLE3 and the drafter (through `deploy`).
 
     The draft dir and the --speculative-* values come from the host's `speculative:`
-    inventory section; the options override them for this run."""
+    inventory section; the options override them for this run.  A drafter whose
+    config.json ids (eagle_config.eagle_aux_hidden_state_layer_ids), numbered the way
+    the host's SGLang release numbers them, do not give the layers the dumps hold (or,
+    with no dumps, the inventory's layers) is refused: exit 9, contract_mismatch."""
     from ...workflows import deploy as deploy_mod
     from ._deploy_events import ConsoleEvents
     from .deploy import _confirm, _summary
@@ -134,6 +137,7 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
         f"spec deploy {spec.name}: EAGLE3 draft {s['draft']}, steps {s['num_steps']}, "
         f"topk {s['eagle_topk']}, draft tokens {s['num_draft_tokens']}"
     )
+    _check_drafter(app, remote, spec, s["draft"])
     if not dry_run and not yes:
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
@@ -143,6 +147,19 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_ru
     )
     _summary(app, result)
     app.console.emit(result)
+
+
+def _check_drafter(app, remote, spec, draft: str) -> None:
+    """The drafter's layer ids against the dumps under the host's SGLang release (refused: exit 9)."""
+    from ...workflows import audit as audit_mod
+
+    fit = audit_mod.drafter_guard(remote, spec, draft)
+    srv = fit["serving"]
+    app.console.status(
+        "ok",
+        f"drafter fits {fit['from']}: layers {fit['contract'].get('layers_to_capture')} under SGLang "
+        f"{srv['version']} ({srv['rule']})",
+    )
 
 
 # --------------------------------------------------------------------------- bench

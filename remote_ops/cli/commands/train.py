@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ...workflows import train as train_mod
@@ -48,7 +50,7 @@ def _render(console, st: train_mod.TrainStatus) -> None:
         console.say("  STAND-IN: synthetic numbers, no drafter is being trained", style="dim")
 
 
-_STEP_STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "info", "failed": "fail"}
+_STEP_STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "info", "failed": "fail", "forced": "warn"}
 
 
 def _step_line(console, host: str):
@@ -104,24 +106,42 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
     "--data", default=None, metavar="DIR", help="exported features on the host (default <dump.dir>-specforge)"
 )
 @click.option("--output", default=None, metavar="DIR", help="checkpoint dir on the host (default <dump.dir>-drafter)")
-@click.option("--draft-config", default=None, metavar="PATH", help="EAGLE-3 draft model config (real runs)")
+@click.option(
+    "--draft-config",
+    default=None,
+    metavar="PATH",
+    help="EAGLE-3 draft model config (a local file, or a path on the host); checked against the dumps' "
+    "layer ids and hidden size (real runs need it; with --standin it is only checked)",
+)
 @click.option("--run-id", default="eagle3", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
 @click.option("--nproc", type=int, default=8, show_default=True, help="GPUs for the trainer (real runs)")
 @click.option("--standin", is_flag=True, help="run the labelled training STAND-IN (no GPU, nothing trained)")
 @click.option("--steps", type=int, default=20, show_default=True, help="stand-in: steps per epoch")
 @click.option("--step-s", type=float, default=0.1, show_default=True, help="stand-in: seconds per step")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="start although the draft config does not fit the dumps (recorded in the host's audit log)",
+)
 @click.option("--dry-run", is_flag=True, help="show the plan, Dockerfile, run.yaml and commands; change nothing")
 @click.option("--diff", is_flag=True, help="show the training state before/after and the run.json change")
 @host_command
 def start_cmd(
-    app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, dry_run, diff
+    app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, force, dry_run, diff
 ) -> int:
     """Start a training run: a no-op while this same run runs, refused (exit 9) while another does.
 
     Holds the host lock for the start only (not for the training), appends an
-    audit line on the host and writes a run record, like deploy."""
+    audit line on the host and writes a run record, like deploy.  A draft config
+    whose eagle_config.eagle_aux_hidden_state_layer_ids (under the numbering of the
+    host's SGLang release) or hidden size do not fit what the dumps record is
+    refused (exit 9, contract_mismatch) unless --force, which the audit line records."""
     spec = app.host(host)
+    if draft_config and Path(draft_config).expanduser().is_file():
+        from ...workflows import audit as audit_mod
+
+        audit_mod.load_draft_config(Path(draft_config))  # a bad local file: exit 3 before connecting
     p = train_mod.paths_for(spec, data, output)
     if standin:
         plan = train_mod.standin_plan(p, run_id, epochs, steps, step_s)
@@ -143,7 +163,14 @@ def start_cmd(
             style="yellow",
         )
     result = train_mod.start(
-        app.remote(spec), spec, p, plan, dry_run=dry_run, events=None if dry_run else _step_line(app.console, spec.name)
+        app.remote(spec),
+        spec,
+        p,
+        plan,
+        dry_run=dry_run,
+        events=None if dry_run else _step_line(app.console, spec.name),
+        draft_config=draft_config,
+        force=force,
     )
     _render_result(app, result, diff)
     return 0

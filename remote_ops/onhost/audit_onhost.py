@@ -1,0 +1,750 @@
+#!/usr/bin/env python3
+"""Dump audit: runs ON the host (stdlib, Python 3.8+; numpy when the python has it, never torch).
+
+Shipped on stdin like `dumper/dumpfile.py`; nothing is installed and the dumps never travel.
+
+`audit` runs in the served image's python (a throwaway container of the image the
+server runs, the dump dir, model dir, extraction work dir and dataset mounted read-only,
+no network).  For N sampled dumps of the extraction run (seeded, stratified over the
+run in the client manifest's order: the run cut into N equal strata, one sample drawn
+in each) it checks:
+
+- shape: 3 aux states plus the final state, hidden size = the model's config.json,
+  tokens = the sample's tokens (dataset, client manifest and dump manifest agree);
+- finite: NaN and Inf counts per tensor (SpecForge skips such samples silently);
+- alignment: the dump's token ids are the dataset's for its key, and the dataset line
+  has a loss_mask of the same length (what `dumps export` joins by key);
+- token: argmax(lm_head . hidden_states[last]) = the `generated_token` the server
+  answered (temperature 0) on the client's `ok` line; `lm_head.weight` (or the tied
+  embedding) is read alone through the safetensors index, in row blocks, once for all
+  samples.  The same logits are taken of the final state with the model's final
+  RMSNorm applied: a dump that matches only then holds PRE-norm finals;
+- the layer ids each file records (judged on the laptop, against the drafter config
+  and the serving SGLang release's convention).
+
+`contract` runs with the host's own python3 (headers only): the recorded contract
+(layers, eagle ids, hidden size, aux states, dtype, norm label) of a few dumps spread
+over the manifest; `train start` and `spec deploy` compare a drafter with it.
+
+`norm-check` is `audit` over 8 samples by default: `dumps export` reads its norm
+verdict before it converts pre-norm finals or refuses them.
+
+Each prints one JSON document on stdout (`{"error": ...}` and exit 2 when it cannot run).
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+from array import array
+
+SUFFIX = ".safetensors"
+INDEX = "model.safetensors.index.json"
+AUX_STATES = 3
+TENSORS = ("hidden_states", "aux_hidden_states", "input_ids", "positions")
+FLOAT_SIZE = {"BF16": 2, "F16": 2, "F32": 4}
+LM_HEAD_BLOCK = 8192  # lm_head rows decoded at a time (bounded memory: 8192 x H floats)
+NEAR_TIE = 1e-2  # relative: the server's token within this of the max logit still matches
+
+
+class AuditError(Exception):
+    """The audit cannot run at all (no manifest, no config.json, no lm_head); the message says why."""
+
+
+# --------------------------------------------------------------------------- small readers
+
+
+def dump_key(ids, prefix_len=0):
+    """The dump contract's key: sha256 of int32 LE ids, 32 hex chars, `-p<prefix>`."""
+    return "%s-p%d" % (hashlib.sha256(struct.pack("<%di" % len(ids), *ids)).hexdigest()[:32], prefix_len)
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def jsonl(path):
+    """Readable JSON-object lines of a file, in order (torn or foreign lines skipped)."""
+    out = []
+    if not os.path.isfile(path):
+        return out
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def read_header(path):
+    """(data start, {name: entry}, metadata) of a safetensors file."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than 8 bytes")
+        (size,) = struct.unpack("<Q", head)
+        if size > 100 << 20:
+            raise ValueError("header length %d is implausible" % size)
+        header = json.loads(fh.read(size))
+    meta = header.pop("__metadata__", None) or {}
+    return 8 + size, header, meta
+
+
+def read_range(path, start, entry):
+    a, b = entry["data_offsets"]
+    with open(path, "rb") as fh:
+        fh.seek(start + a)
+        data = fh.read(b - a)
+    if len(data) != b - a:
+        raise ValueError("file shorter than its header says")
+    return data
+
+
+def meta_list(meta, name):
+    try:
+        value = json.loads(meta.get(name, "null"))
+    except ValueError:
+        return None
+    return [int(i) for i in value] if isinstance(value, list) else None
+
+
+# --------------------------------------------------------------------------- floats (numpy or stdlib)
+
+
+class Floats:
+    """Decoding and counting of float tensors: numpy when importable (and not refused), else stdlib."""
+
+    def __init__(self, use_numpy=True):
+        self.np = None
+        if use_numpy:
+            try:
+                import numpy
+
+                self.np = numpy
+            except ImportError:
+                pass
+
+    def decode(self, data, dtype):
+        """Float values of raw little-endian bytes: a numpy float32 array, or an array('f') / list."""
+        np = self.np
+        if np is not None:
+            if dtype == "BF16":
+                return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+            return np.frombuffer(data, "<f2" if dtype == "F16" else "<f4").astype(np.float32)
+        if dtype == "BF16":
+            out = bytearray(2 * len(data))
+            out[2::4], out[3::4] = data[0::2], data[1::2]
+            return array("f", bytes(out))
+        if dtype == "F16":
+            return list(struct.unpack("<%de" % (len(data) // 2), data))
+        return array("f", data)
+
+    def nonfinite(self, data, dtype, width):
+        """(NaN count, Inf count, first affected row) of raw float bytes with rows of `width`."""
+        np = self.np
+        if np is not None:
+            values = self.decode(data, dtype)
+            nan, inf = np.isnan(values), np.isinf(values)
+            n_nan, n_inf = int(nan.sum()), int(inf.sum())
+            first = int(np.argmax(nan | inf)) // width if n_nan or n_inf else None
+            return n_nan, n_inf, first
+        if dtype in ("BF16", "F16"):
+            return _nonfinite_half(data, dtype, width)
+        values = self.decode(data, dtype)
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        n_nan = sum(1 for i in bad if math.isnan(values[i]))
+        return n_nan, len(bad) - n_nan, (bad[0] // width if bad else None)
+
+
+def _nonfinite_half(data, dtype, width):
+    """NaN/Inf of 16-bit floats at C speed (bytes.translate): the exponent bits all ones is
+    NaN or Inf; a zero mantissa besides is Inf.  BF16: the high byte holds 7 exponent bits,
+    the low byte the eighth and the mantissa; F16: 5 exponent bits in the high byte."""
+    lo, hi = data[0::2], data[1::2]
+    if dtype == "BF16":
+        exp_hi = hi.translate(bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256)))
+        exp_lo = lo.translate(bytes(1 if b & 0x80 else 0 for b in range(256)))
+        zero_man = lo.translate(bytes(1 if b & 0x7F == 0 else 0 for b in range(256)))
+        man_hi = None
+    else:
+        exp_hi = hi.translate(bytes(1 if b & 0x7C == 0x7C else 0 for b in range(256)))
+        exp_lo = None
+        zero_man = lo.translate(bytes(1 if b == 0 else 0 for b in range(256)))
+        man_hi = hi.translate(bytes(1 if b & 0x03 == 0 else 0 for b in range(256)))
+    big = int.from_bytes(exp_hi, "little")
+    if exp_lo is not None:
+        big &= int.from_bytes(exp_lo, "little")
+    inf_mask = big & int.from_bytes(zero_man, "little")
+    if man_hi is not None:
+        inf_mask &= int.from_bytes(man_hi, "little")
+    n_bad, n_inf = bin(big).count("1"), bin(inf_mask).count("1")
+    first = None
+    if big:
+        first = ((big & -big).bit_length() - 1) // 8 // width
+    return n_bad - n_inf, n_inf, first
+
+
+# --------------------------------------------------------------------------- the model: config, lm_head, norm
+
+
+def model_config(model_dir):
+    """The fields the audit needs from config.json (a `text_config` inside a wrapper counts)."""
+    cfg = read_json(os.path.join(model_dir, "config.json"))
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+
+    def get(name, default=None):
+        return cfg.get(name, text.get(name, default))
+
+    return {
+        "architectures": cfg.get("architectures") or [],
+        "hidden_size": get("hidden_size"),
+        "num_hidden_layers": get("num_hidden_layers"),
+        "vocab_size": get("vocab_size"),
+        "rms_norm_eps": float(get("rms_norm_eps", 1e-6) or 1e-6),
+        "tie_word_embeddings": bool(get("tie_word_embeddings", False)),
+        "standin": bool(cfg.get("standin")),
+    }
+
+
+def weight_map(model_dir):
+    """{tensor name: shard file} from the index, or every tensor of a lone model.safetensors."""
+    index = os.path.join(model_dir, INDEX)
+    if os.path.isfile(index):
+        return read_json(index)["weight_map"]
+    single = os.path.join(model_dir, "model" + SUFFIX)
+    if os.path.isfile(single):
+        return {name: "model" + SUFFIX for name in read_header(single)[1]}
+    raise AuditError("%s has neither %s nor model.safetensors" % (model_dir, INDEX))
+
+
+def _shortest(names, suffix, exclude=".layers."):
+    hits = sorted((n for n in names if n.endswith(suffix) and exclude not in n), key=len)
+    return hits[0] if hits else None
+
+
+def head_and_norm(wmap, tied):
+    """(the lm_head tensor's name, whether it is the tied embedding, the final norm's name)."""
+    head = None if tied else _shortest(wmap, "lm_head.weight")
+    is_tied = head is None
+    if is_tied:
+        head = _shortest(wmap, "embed_tokens.weight")
+    if head is None:
+        raise AuditError("no lm_head.weight (nor a tied embed_tokens.weight) in the weight map")
+    return head, is_tied, _shortest(wmap, "model.norm.weight")
+
+
+def tensor_where(model_dir, wmap, name):
+    """(shard path, data start, header entry) of one weight (its shard's header only is read)."""
+    path = os.path.join(model_dir, wmap[name])
+    start, header, _ = read_header(path)
+    return path, start, header[name]
+
+
+def rms_norm(fl, row, weight, eps):
+    """The model's final RMSNorm of one row (float64 when numpy, Python floats otherwise)."""
+    np = fl.np
+    if np is not None:
+        x = np.asarray(row, dtype=np.float64)
+        return x / np.sqrt(np.mean(x * x) + eps) * np.asarray(weight, dtype=np.float64)
+    scale = 1.0 / math.sqrt(sum(v * v for v in row) / len(row) + eps)
+    return [v * scale * w for v, w in zip(row, weight)]
+
+
+class Logits:
+    """Per query row: the max logit, its token, and the logit of a wanted token, over lm_head."""
+
+    def __init__(self, n):
+        self.best = [-math.inf] * n
+        self.arg = [-1] * n
+        self.at = [None] * n
+
+
+def lm_head_logits(fl, path, start, entry, rows, wanted):
+    """Stream lm_head [V, H] in blocks of rows; for each query row, argmax and the logit of its
+    wanted token (None: no token).  Returns (Logits, bytes read)."""
+    v, h = entry["shape"]
+    dtype, size = entry["dtype"], FLOAT_SIZE.get(entry["dtype"])
+    if size is None:
+        raise AuditError("lm_head dtype %s is not a float type the audit reads" % dtype)
+    out, read = Logits(len(rows)), 0
+    np = fl.np
+    exact = np is not None and h <= 1024  # small models in float64; big ones in float32 (bounded memory)
+    kind = np.float64 if exact else (np.float32 if np is not None else None)
+    queries = np.asarray(rows, dtype=kind).T if np is not None and rows else None  # [H, S]
+    with open(path, "rb") as fh:
+        fh.seek(start + entry["data_offsets"][0])
+        for first in range(0, v, LM_HEAD_BLOCK):
+            count = min(LM_HEAD_BLOCK, v - first)
+            data = fh.read(count * h * size)
+            if len(data) != count * h * size:
+                raise AuditError("lm_head is shorter than its shard's header says")
+            read += len(data)
+            if np is not None:
+                block = fl.decode(data, dtype).reshape(count, h).astype(kind) @ queries  # [count, S]
+                _take_numpy(np, out, block, first, wanted)
+            else:
+                _take_stdlib(out, fl.decode(data, dtype), h, count, first, rows, wanted)
+    return out, read
+
+
+def _take_numpy(np, out, block, first, wanted):
+    arg = np.argmax(block, axis=0)
+    for s in range(block.shape[1]):
+        value = float(block[arg[s], s])
+        if value > out.best[s]:
+            out.best[s], out.arg[s] = value, first + int(arg[s])
+        t = wanted[s]
+        if t is not None and first <= t < first + block.shape[0]:
+            out.at[s] = float(block[t - first, s])
+
+
+def _take_stdlib(out, values, h, count, first, rows, wanted):
+    for r in range(count):
+        w = values[r * h : (r + 1) * h]
+        for s, q in enumerate(rows):
+            value = math.fsum(a * b for a, b in zip(w, q))
+            if value > out.best[s]:
+                out.best[s], out.arg[s] = value, first + r
+            if wanted[s] == first + r:
+                out.at[s] = value
+
+
+def token_verdict(generated, best, arg, at):
+    """'match' (argmax = the server's token, or a near tie), else 'mismatch'; the logit gap."""
+    if at is None:
+        return "mismatch", None
+    gap = best - at
+    return ("match" if arg == generated or gap <= NEAR_TIE * max(abs(best), 1.0) else "mismatch"), gap
+
+
+# --------------------------------------------------------------------------- the run: who to sample
+
+
+def dump_manifest(dump_dir):
+    """key -> last manifest record over every rank dir (rank0 first)."""
+    out = {}
+    ranks = sorted(
+        (d for d in os.listdir(dump_dir) if d.startswith("rank") and d[4:].isdigit()), key=lambda d: int(d[4:])
+    )
+    for rank in reversed(ranks):  # rank0's records win
+        for rec in jsonl(os.path.join(dump_dir, rank, "manifest.jsonl")):
+            if "key" in rec and "file" in rec:
+                out[str(rec["key"])] = rec
+    return out
+
+
+def population(workdir):
+    """[(key, client record with the token)] of the current run, in the manifest's order of each
+    key's first `ok` line.  The run's keys are dataset.keys (all `ok` keys when it is absent)."""
+    records = jsonl(os.path.join(workdir, "manifest.jsonl"))
+    if not records:
+        raise AuditError("no extraction manifest at %s (run `extract start` first)" % workdir)
+    keys_path = os.path.join(workdir, "dataset.keys")
+    current = None
+    if os.path.isfile(keys_path):
+        with open(keys_path) as fh:
+            current = set(line.strip() for line in fh if line.strip())
+    order, best = [], {}
+    for rec in records:
+        key = rec.get("key")
+        if rec.get("status") != "ok" or not key or (current is not None and key not in current):
+            continue
+        if key not in best:
+            order.append(key)
+            best[key] = rec
+        elif "generated_token" in rec and "generated_token" not in best[key]:
+            best[key] = rec
+    return [(k, best[k]) for k in order]
+
+
+def stratified(n_total, n_samples, seed):
+    """Positions 0..n_total-1: one drawn in each of `n_samples` equal strata (all when fewer)."""
+    if n_samples >= n_total:
+        return list(range(n_total))
+    rng = random.Random(seed)
+    return [
+        rng.randrange(i * n_total // n_samples, max((i + 1) * n_total // n_samples, i * n_total // n_samples + 1))
+        for i in range(n_samples)
+    ]
+
+
+def dataset_lines(dataset, workdir, keys):
+    """{key: (line number, record)} of the dataset lines holding `keys`.  dataset.keys lists the
+    run's keys in the dataset's sample order, so only those lines are parsed; without it every
+    line is."""
+    want = set(keys)
+    keys_path = os.path.join(workdir, "dataset.keys")
+    by_sample = None
+    if os.path.isfile(keys_path):
+        with open(keys_path) as fh:
+            by_sample = [line.strip() for line in fh if line.strip()]
+    out, sample = {}, -1
+    with open(dataset, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            sample += 1
+            if by_sample is not None and (sample >= len(by_sample) or by_sample[sample] not in want):
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+                ids = rec.get("input_ids", rec.get("token_ids"))
+                key = dump_key(ids)
+            except (ValueError, TypeError, AttributeError, struct.error):
+                continue
+            if by_sample is not None and by_sample[sample] != key:
+                out[by_sample[sample]] = (number, {"_changed": key})
+            elif key in want:
+                out[key] = (number, rec)
+    return out
+
+
+# --------------------------------------------------------------------------- spans (chunked prefill)
+
+
+def find_spans(ids, manifest):
+    """The dump records covering `ids` in token order: the whole prompt (`-p0`), or the spans
+    chunked prefill cut it into (`-p0`, `-p<c1>`, ...), matched by key; None when none covers it."""
+    whole = manifest.get(dump_key(ids, 0))
+    if whole is not None and int(whole.get("tokens", -1)) == len(ids):
+        return [whole]
+    raw = struct.pack("<%di" % len(ids), *ids)
+    chain, offset = [], 0
+    while offset < len(ids) and len(chain) < 64:
+        h, found = hashlib.sha256(), None
+        for end in range(offset + 1, len(ids) + 1):
+            h.update(raw[4 * (end - 1) : 4 * end])
+            rec = manifest.get("%s-p%d" % (h.copy().hexdigest()[:32], offset))
+            if rec is not None:
+                found = (rec, end)
+        if found is None:
+            return [whole] if whole is not None else None
+        chain.append(found[0])
+        offset = found[1]
+    return chain if offset == len(ids) else None
+
+
+# --------------------------------------------------------------------------- one sample
+
+
+class Sample:
+    """What the audit found for one sampled key."""
+
+    def __init__(self, position, key, client):
+        self.position, self.key, self.client = position, key, client
+        self.doc = {"key": key, "id": client.get("id"), "position": position, "tokens": client.get("tokens")}
+        self.problems = {}
+        self.last_row = None  # the final state at the last position (floats), for the token check
+        self.dtype = None
+
+    def fail(self, check, message):
+        self.problems.setdefault(check, message)
+
+
+def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
+    """shape, finite, alignment (and the last row kept for the token check) of one sample."""
+    hidden = cfg["hidden_size"]
+    line, rec = dataset_rec if dataset_rec else (None, None)
+    s.doc["line"] = line
+    ids = None
+    if rec is None:
+        s.fail("alignment", "the dataset has no line with this key's token ids")
+    elif "_changed" in rec:
+        s.fail("alignment", "dataset line %d now holds other token ids (key %s)" % (line, rec["_changed"]))
+    else:
+        ids = rec.get("input_ids", rec.get("token_ids"))
+        mask = rec.get("loss_mask")
+        if mask is None:
+            s.fail("alignment", "dataset line %d has no loss_mask to join by key (export needs --mask-all)" % line)
+        elif len(mask) != len(ids):
+            s.fail("alignment", "loss_mask has %d entries, the sample %d tokens" % (len(mask), len(ids)))
+    spans = find_spans(ids, manifest) if ids is not None else _spans_by_key(s.key, manifest)
+    if not spans:
+        s.fail("shape", "no dump file in the dump manifest for this key")
+        return
+    s.doc["files"] = [r["file"] for r in spans]
+    got_ids, n_total, layers = [], 0, []
+    for rec in spans:
+        path = os.path.join(dump_dir, rec["file"])
+        try:
+            start, header, meta = read_header(path)
+        except (OSError, ValueError) as exc:
+            s.fail("shape", "%s: cannot read its header: %s" % (rec["file"], exc))
+            return
+        layers.append((meta_list(meta, "layers_to_capture"), meta_list(meta, "eagle_aux_hidden_state_layer_ids")))
+        s.doc.setdefault("sglang_version", meta.get("sglang_version"))
+        n = _check_shapes(s, rec, header, hidden)
+        if n is None:
+            return
+        n_total += n
+        try:
+            _check_finite(s, rec["file"], path, start, header, fl)
+            got_ids += list(struct.unpack("<%di" % n, read_range(path, start, header["input_ids"])))
+            if rec is spans[-1]:
+                s.dtype = header["hidden_states"]["dtype"]
+                h = header["hidden_states"]["shape"][1]
+                row = read_range(path, start, header["hidden_states"])[(n - 1) * h * FLOAT_SIZE[s.dtype] :]
+                s.last_row = list(fl.decode(row, s.dtype))
+        except (OSError, ValueError, KeyError) as exc:
+            s.fail("shape", "%s: cannot read its tensors: %s" % (rec["file"], exc))
+            return
+    s.doc["layers_to_capture"], s.doc["eagle_aux_hidden_state_layer_ids"] = layers[0]
+    want = s.client.get("tokens")
+    if ids is not None and n_total != len(ids):
+        s.fail("shape", "the dump holds %d tokens, the dataset sample %d" % (n_total, len(ids)))
+    elif want is not None and n_total != int(want):
+        s.fail("shape", "the dump holds %d tokens, the extraction sent %d" % (n_total, int(want)))
+    if ids is not None and got_ids != list(ids) and n_total == len(ids):
+        first = next(i for i, (a, b) in enumerate(zip(got_ids, ids)) if a != b)
+        s.fail("alignment", "token %d: the dump has id %d, the dataset %d" % (first, got_ids[first], ids[first]))
+
+
+def _spans_by_key(key, manifest):
+    rec = manifest.get(key)
+    return [rec] if rec is not None else None
+
+
+def _check_shapes(s, rec, header, hidden):
+    """Tokens of one file, or None after naming the problem."""
+    missing = [t for t in TENSORS if t not in header]
+    if missing:
+        s.fail("shape", "%s has no %s" % (rec["file"], ", ".join(missing)))
+        return None
+    hs, aux = header["hidden_states"], header["aux_hidden_states"]
+    if hs["dtype"] not in FLOAT_SIZE or aux["dtype"] != hs["dtype"]:
+        s.fail("shape", "%s: dtypes %s / %s" % (rec["file"], hs["dtype"], aux["dtype"]))
+        return None
+    n, h = hs["shape"]
+    if hidden and h != hidden:
+        s.fail(
+            "shape", "hidden_states is [%d, %d]: hidden size %d, the model's config.json says %d" % (n, h, h, hidden)
+        )
+    if aux["shape"][0] != n or aux["shape"][1] % h:
+        s.fail("shape", "aux_hidden_states is %s for hidden_states [%d, %d]" % (aux["shape"], n, h))
+    elif aux["shape"][1] // h != AUX_STATES:
+        s.fail(
+            "shape",
+            "aux_hidden_states holds %d aux states ([%d, %d]), not %d: an aux layer was dropped"
+            % (aux["shape"][1] // h, n, aux["shape"][1], AUX_STATES)
+            if aux["shape"][1] // h < AUX_STATES
+            else "aux_hidden_states holds %d aux states, not %d" % (aux["shape"][1] // h, AUX_STATES),
+        )
+    if header["input_ids"]["shape"] != [n]:
+        s.fail("shape", "input_ids is %s for %d tokens" % (header["input_ids"]["shape"], n))
+        return None
+    return n
+
+
+def _check_finite(s, name, path, start, header, fl):
+    counts = s.doc.setdefault("nonfinite", {})
+    for tensor in ("hidden_states", "aux_hidden_states"):
+        entry = header[tensor]
+        nan, inf, row = fl.nonfinite(read_range(path, start, entry), entry["dtype"], entry["shape"][1])
+        if nan or inf:
+            c = counts.setdefault(tensor, {"nan": 0, "inf": 0})
+            c["nan"] += nan
+            c["inf"] += inf
+            s.fail("finite", "%s: %d NaN, %d Inf in %s (first at token %d)" % (name, nan, inf, tensor, row))
+
+
+# --------------------------------------------------------------------------- the token check
+
+
+def check_tokens(samples, model_dir, cfg, fl):
+    """For every sample with a final row and a generated token: the stored final state's argmax,
+    and the argmax after the model's final RMSNorm; the verdict on which the dumps hold."""
+    wmap = weight_map(model_dir)
+    head, tied, norm_name = head_and_norm(wmap, cfg["tie_word_embeddings"])
+    info = {"lm_head": head, "tied": tied, "norm": norm_name, "bytes_read": 0}
+    asked = [s for s in samples if s.last_row is not None and "finite" not in s.problems]
+    for s in samples:
+        if s.last_row is not None and s.client.get("generated_token") is None:
+            s.doc["token"] = {"status": "no_token"}
+    asked = [s for s in asked if s.client.get("generated_token") is not None]
+    if not asked:
+        return info
+    norm_w = None
+    if norm_name is not None:
+        path, start, entry = tensor_where(model_dir, wmap, norm_name)
+        norm_w = list(fl.decode(read_range(path, start, entry), entry["dtype"]))
+    rows, wanted = [], []
+    for s in asked:
+        rows.append(list(s.last_row))
+        wanted.append(int(s.client["generated_token"]))
+        if norm_w is not None:
+            rows.append(list(rms_norm(fl, s.last_row, norm_w, cfg["rms_norm_eps"])))
+            wanted.append(int(s.client["generated_token"]))
+    path, start, entry = tensor_where(model_dir, wmap, head)
+    info["shape"] = entry["shape"]
+    if entry["shape"][1] != len(rows[0]):
+        raise AuditError("%s is %s; the dumps' hidden size is %d" % (head, entry["shape"], len(rows[0])))
+    logits, info["bytes_read"] = lm_head_logits(fl, path, start, entry, rows, wanted)
+    step = 2 if norm_w is not None else 1
+    for k, s in enumerate(asked):
+        gen = wanted[k * step]
+        status, gap = token_verdict(gen, logits.best[k * step], logits.arg[k * step], logits.at[k * step])
+        doc = {"generated": gen, "argmax": logits.arg[k * step], "gap": gap, "status": status}
+        if norm_w is not None:
+            j = k * step + 1
+            normed, _ = token_verdict(gen, logits.best[j], logits.arg[j], logits.at[j])
+            doc["argmax_after_final_norm"] = logits.arg[j]
+            if status == "mismatch" and normed == "match":
+                doc["status"] = "prenorm"
+        s.doc["token"] = doc
+        if doc["status"] == "prenorm":
+            s.fail(
+                "token",
+                "the final state gives token %d, the server answered %d; after the final RMSNorm it gives %d: "
+                "a PRE-norm final state" % (doc["argmax"], gen, doc["argmax_after_final_norm"]),
+            )
+        elif doc["status"] != "match":
+            s.fail("token", "the final state gives token %d, the server answered %d" % (doc["argmax"], gen))
+    return info
+
+
+def norm_verdict(samples):
+    """What the dumps' final states are, from the token check: post-norm, pre-norm, mixed or unknown."""
+    counts = {"match": 0, "prenorm": 0, "mismatch": 0, "no_token": 0}
+    for s in samples:
+        status = (s.doc.get("token") or {}).get("status")
+        if status in counts:
+            counts[status] += 1
+    checked = counts["match"] + counts["prenorm"] + counts["mismatch"]
+    if not checked:
+        verdict = "unknown"
+    elif counts["match"] == checked:
+        verdict = "post-norm"
+    elif counts["prenorm"] * 2 > checked:
+        verdict = "pre-norm"
+    else:
+        verdict = "mixed"
+    return dict(counts, checked=checked, verdict=verdict)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def audit(args):
+    t0 = time.monotonic()
+    fl = Floats(use_numpy=not args.no_numpy)
+    cfg = model_config(args.model_dir)
+    runs = population(args.workdir)
+    dataset = args.dataset or (read_json(os.path.join(args.workdir, "run.json")).get("dataset"))
+    positions = stratified(len(runs), args.samples, args.seed)
+    chosen = [Sample(p, runs[p][0], runs[p][1]) for p in positions]
+    manifest = dump_manifest(args.dump_dir)
+    lines = dataset_lines(dataset, args.workdir, [s.key for s in chosen]) if dataset else {}
+    for s in chosen:
+        try:
+            check_sample(s, args.dump_dir, manifest, lines.get(s.key), cfg, fl)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            s.fail("shape", "cannot read this sample's dump: %s: %s" % (type(exc).__name__, exc))
+            s.last_row = None
+    head = check_tokens(chosen, args.model_dir, cfg, fl)
+    for s in chosen:
+        s.doc["problems"] = s.problems
+    layers = {}
+    for s in chosen:
+        k = json.dumps([s.doc.get("layers_to_capture"), s.doc.get("eagle_aux_hidden_state_layer_ids")])
+        layers[k] = layers.get(k, 0) + 1
+    doc = {
+        "event": "audit",
+        "model": dict(cfg, lm_head=head),
+        "dataset": dataset,
+        "population": len(runs),
+        "sampled": len(chosen),
+        "seed": args.seed,
+        "numpy": fl.np is not None,
+        "samples": [s.doc for s in chosen],
+        "layers": [
+            {"layers_to_capture": json.loads(k)[0], "eagle_aux_hidden_state_layer_ids": json.loads(k)[1], "samples": n}
+            for k, n in sorted(layers.items())
+        ],
+        "sglang_versions": sorted({str(s.doc.get("sglang_version")) for s in chosen if s.doc.get("sglang_version")}),
+        "norm": norm_verdict(chosen),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+    return 0
+
+
+def contract(args):
+    """The recorded contract of up to `--files` dumps spread over the manifest (headers only)."""
+    manifest = dump_manifest(args.dump_dir)
+    records = sorted(manifest.values(), key=lambda r: (r.get("time", 0), r["file"]))
+    n, k = len(records), max(args.files, 1)
+    picks = list(range(n)) if n <= k else sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
+    seen, problems = {}, []
+    for i in picks:
+        rec = records[i]
+        try:
+            _, header, meta = read_header(os.path.join(args.dump_dir, rec["file"]))
+            n_tok, h = header["hidden_states"]["shape"]
+            aux = header["aux_hidden_states"]["shape"][1]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append("%s: %s" % (rec["file"], exc))
+            continue
+        entry = {
+            "layers_to_capture": meta_list(meta, "layers_to_capture"),
+            "eagle_aux_hidden_state_layer_ids": meta_list(meta, "eagle_aux_hidden_state_layer_ids"),
+            "hidden_size": h,
+            "aux_states": aux // h if h else None,
+            "dtype": header["hidden_states"]["dtype"],
+            "hidden_states_norm": meta.get("hidden_states_norm"),
+            "num_hidden_layers": int(meta["num_hidden_layers"])
+            if str(meta.get("num_hidden_layers", "")).isdigit()
+            else None,
+            "sglang_version": meta.get("sglang_version"),
+            "model_arch": meta.get("model_arch"),
+        }
+        key = json.dumps(entry, sort_keys=True)
+        seen.setdefault(key, dict(entry, files=0, example=rec["file"]))["files"] += 1
+    doc = {
+        "event": "contract",
+        "files": n,
+        "checked": len(picks),
+        "contracts": list(seen.values()),
+        "problems": problems,
+    }
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+    return 0
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="audit_onhost.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="action", required=True)
+    for name in ("audit", "norm-check"):
+        a = sub.add_parser(name)
+        a.add_argument("--dump-dir", required=True)
+        a.add_argument("--model-dir", required=True)
+        a.add_argument("--workdir", required=True, help="the extraction work dir (client manifest, run.json)")
+        a.add_argument("--dataset", default=None, help="default: the one run.json names")
+        a.add_argument("--samples", type=int, default=64 if name == "audit" else 8)
+        a.add_argument("--seed", type=int, default=0)
+        a.add_argument("--no-numpy", action="store_true", help="stdlib only (tests: the fallback)")
+    c = sub.add_parser("contract")
+    c.add_argument("--dump-dir", required=True)
+    c.add_argument("--files", type=int, default=8)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return contract(args) if args.action == "contract" else audit(args)
+    except (AuditError, OSError, ValueError, KeyError) as exc:
+        sys.stdout.write(json.dumps({"event": "error", "error": "%s: %s" % (type(exc).__name__, exc)}) + "\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

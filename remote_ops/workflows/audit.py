@@ -1,0 +1,278 @@
+"""`dumps audit` and the contract guards of the later steps, over a `Remote`.
+
+`audit` asks the on-host auditor (`remote_ops/onhost/audit_onhost.py`) in a throwaway
+container of the served image (`probes.audit.DumpAudit`): the dumps are read where they
+lie, never pulled.  The extraction's run.json says which dataset the run used (it is
+mounted read-only beside the dump, model and work dirs).  The report is judged here with
+the pure evaluators of `remote_ops.probes.audit`, and the layer ids against the numbering
+of the SGLang release that will serve the drafter (`remote_ops.core.layerids`; the table
+per release is spec data: `patchspec.layer_convention`).
+
+The guards read the dumps' recorded contract with the host's python3 (headers only,
+`probes.audit.DumpContract`) and compare a drafter's config with it:
+`train_problems` (`train start`: refused unless `--force`, which the audit line records)
+and `drafter_guard` (`spec deploy`: refused).  `norm_check` is what `dumps export` asks
+before it refuses or converts pre-norm final states.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import onhost
+from ..core import layerids, patchspec
+from ..core.inventory import HostSpec
+from ..errors import CommandFailed, ConfigError, ContractMismatch, NotFound, RemoteOpsError
+from ..probes import batch
+from ..probes.audit import (
+    DumpAudit,
+    DumpContract,
+    ExtractRun,
+    JsonFile,
+    contract_of,
+    contract_problems,
+    drafter_problems,
+    evaluate,
+    recorded_layers,
+)
+from ..probes.base import Check
+from ..remote import Remote
+
+SCRIPT = "audit_onhost.py"
+#: Seconds the audit may take on the host (reading lm_head once: ~2.3 GB for Kimi-K2.5).
+AUDIT_TIMEOUT_S = 3600.0
+
+
+def script() -> bytes:
+    return onhost.source(SCRIPT)
+
+
+# --------------------------------------------------------------------------- drafter configs
+
+
+def draft_from_doc(doc: Any) -> layerids.DraftConfig:
+    return layerids.read_draft_config(doc)
+
+
+def load_draft_config(path: Path) -> layerids.DraftConfig:
+    """A local drafter config.json, read before any host is contacted; ConfigError (exit 3) when
+    it cannot be read or is not JSON."""
+    try:
+        doc = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the draft config: {exc.strerror or exc}", source=str(path)) from None
+    except ValueError as exc:
+        raise ConfigError(f"the draft config is not JSON: {exc}", source=str(path)) from None
+    return draft_from_doc(doc)
+
+
+def read_draft_config(remote: Remote, path: str) -> layerids.DraftConfig:
+    """A drafter config: the local file when there is one, else the file at `path` on the host."""
+    if Path(path).expanduser().is_file():
+        return load_draft_config(Path(path))
+    found, doc = batch.ask(remote, JsonFile(path))
+    if not found:
+        raise NotFound(f"draft config {path} is neither a local file nor a file on the host", host=remote.name)
+    if doc is None:
+        raise ConfigError("the draft config on the host is not JSON", source=f"{remote.name}:{path}")
+    return draft_from_doc(doc)
+
+
+# --------------------------------------------------------------------------- the serving release
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The release that will serve the drafter and how it numbers aux layer ids."""
+
+    version: str
+    model: str | None  # the patch spec model whose file sets the layers
+    convention: layerids.Convention | None
+    how: str  # where version and model came from
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.convention
+        return {
+            "version": self.version,
+            "model": self.model,
+            "rule": c.rule if c else None,
+            "since": c.since if c else None,
+            "source": c.source if c else None,
+            "how": self.how,
+        }
+
+
+def serving(spec: HostSpec, version: str | None, architectures: list[str]) -> Serving:
+    """`version` (default: the host's deployed SGLang, `sglang.version`) and the spec model
+    (`sglang.patch`, else the one serving the model's `architectures`)."""
+    v = version or spec.sglang.version
+    how = "--serving-sglang" if version else f"{spec.name}'s deployed SGLang (sglang.version)"
+    name = spec.sglang.patch
+    if not name and architectures:
+        try:
+            name = patchspec.for_architectures(architectures).spec
+        except RemoteOpsError:
+            name = None
+    return Serving(v, name, patchspec.layer_convention(name, v) if name else None, how)
+
+
+# --------------------------------------------------------------------------- dumps audit
+
+
+@dataclass
+class AuditResult:
+    """One `dumps audit`: the checks (in order), the host's report, the serving release."""
+
+    host: str
+    checks: list[Check]
+    report: dict[str, Any]
+    serving: Serving
+    draft: layerids.DraftConfig | None = None
+    dataset: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "ok": self.ok,
+            "checks": [{"check": c.name, "status": c.status, "reason": c.reason, **c.data} for c in self.checks],
+            "serving": self.serving.to_dict(),
+            "draft_config": None if self.draft is None else vars(self.draft),
+            "dataset": self.dataset,
+            "norm": self.report.get("norm"),
+            "report": self.report,
+        }
+
+
+def run_auditor(
+    remote: Remote, spec: HostSpec, samples: int, seed: int, action: str = "audit", timeout: float = AUDIT_TIMEOUT_S
+) -> dict[str, Any]:
+    """The on-host auditor's report (run.json's dataset, then the throwaway container)."""
+    run = batch.ask(remote, ExtractRun(spec))
+    dataset = run.get("dataset") if isinstance(run.get("dataset"), str) else None
+    probe = DumpAudit(spec, dataset, samples, seed, action)
+    result = remote.run(probe.command(), input=script(), check=False, timeout=timeout)
+    report = probe.parse(result.exit_status, result.stdout)
+    if report is None or report.get("event") != "audit":
+        why = (report or {}).get("error") or "no report (is python3 in the served image?)"
+        raise CommandFailed(
+            f"the dump audit could not run on the host: {why}",
+            host=remote.name,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
+    return report
+
+
+def audit(
+    remote: Remote,
+    spec: HostSpec,
+    *,
+    samples: int = 64,
+    seed: int = 0,
+    draft: layerids.DraftConfig | None = None,
+    serving_version: str | None = None,
+) -> AuditResult:
+    """Audit `samples` dumps on the host; judge them, the layer ids against `draft` and the
+    serving release's numbering."""
+    report = run_auditor(remote, spec, samples, seed)
+    model = report.get("model") or {}
+    srv = serving(spec, serving_version, list(model.get("architectures") or []))
+    layers, eagle = recorded_layers(report)
+    fails: list[str] = ["no sampled dump records its layers_to_capture"]
+    notes: list[str] = []
+    if layers is not None:
+        fails, notes = layerids.layer_problems(
+            layers, eagle, srv.convention, srv.version, model.get("num_hidden_layers"), draft
+        )
+    return AuditResult(spec.name, evaluate(report, fails, notes), report, srv, draft, report.get("dataset"))
+
+
+def norm_check(remote: Remote, spec: HostSpec, samples: int = 8) -> dict[str, Any]:
+    """The norm verdict of `samples` dumps (`post-norm`, `pre-norm`, `mixed`, `unknown`) and the
+    counts behind it: what `dumps export` asks before it exports."""
+    report = run_auditor(remote, spec, samples, 0, action="norm-check")
+    return dict(report.get("norm") or {"verdict": "unknown"}, sampled=report.get("sampled"))
+
+
+# --------------------------------------------------------------------------- the guards
+
+
+def dump_contract(remote: Remote, spec: HostSpec, files: int = 8) -> dict[str, Any] | None:
+    """What up to `files` dumps record (headers only, the host's python3)."""
+    probe = DumpContract(spec.dump.dir, files)
+    result = remote.run(probe.command(), input=script(), check=False)
+    return probe.parse(result.exit_status, result.stdout)
+
+
+def _contract_or_inventory(remote: Remote, spec: HostSpec) -> tuple[dict[str, Any], str, list[str]]:
+    """(the contract, where it came from, problems): the dumps' when the host has any, else what
+    the inventory would capture (dump.layers, or SGLang's default for model.num_layers)."""
+    doc = dump_contract(remote, spec)
+    if doc is not None and doc.get("event") == "contract" and not doc.get("files"):
+        layers = list(spec.dump.layers or layerids.default_layers(spec.model.num_layers))
+        inv = {
+            "layers_to_capture": layers,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+            "hidden_size": spec.model.hidden_size,
+            "num_hidden_layers": spec.model.num_layers,
+        }
+        return inv, "the inventory (no dumps on the host)", []
+    problems = contract_problems(doc)
+    return contract_of(doc) or {}, f"the dumps in {spec.dump.dir}", problems
+
+
+def check_drafter(
+    remote: Remote, spec: HostSpec, draft: layerids.DraftConfig, serving_version: str | None = None
+) -> dict[str, Any]:
+    """A drafter against the dumps' contract under the serving release: {problems, contract, from,
+    serving} (problems empty: it fits)."""
+    contract, source, problems = _contract_or_inventory(remote, spec)
+    arch = contract.get("model_arch")
+    srv = serving(spec, serving_version, [arch] if arch else [])
+    if contract and not problems:
+        problems = drafter_problems(contract, draft, srv.convention, srv.version, spec.model.num_layers)
+    return {"problems": problems, "contract": contract, "from": source, "serving": srv.to_dict(), "draft": vars(draft)}
+
+
+def refusal(spec: HostSpec, what: str, found: dict[str, Any], hint: str) -> ContractMismatch:
+    """The named error (exit 9) of a guard, its findings in the details."""
+    return ContractMismatch(
+        f"{what} does not fit the dumps' capture contract: " + "; ".join(found["problems"]),
+        host=spec.name,
+        hint=hint,
+        details={"reason": "contract_mismatch", **found},
+    )
+
+
+def drafter_guard(remote: Remote, spec: HostSpec, draft_dir: str) -> dict[str, Any]:
+    """`spec deploy`: the drafter's config.json on the host against the dumps (or the inventory's
+    layers) under the host's SGLang release; ContractMismatch (exit 9) when it does not fit."""
+    path = draft_dir.rstrip("/") + "/config.json"
+    found, doc = batch.ask(remote, JsonFile(path))
+    if not found or doc is None:
+        raise ContractMismatch(
+            f"the drafter has no readable config.json ({path}): SGLang could not load it",
+            host=spec.name,
+            details={"reason": "contract_mismatch", "problems": [f"no readable {path}"]},
+        )
+    result = check_drafter(remote, spec, draft_from_doc(doc))
+    if result["problems"]:
+        raise refusal(
+            spec,
+            f"the drafter {draft_dir}",
+            result,
+            f"fix {layerids.DRAFT_KEY} in {path} (or serve it with the release it was made for)",
+        )
+    return result
