@@ -152,7 +152,10 @@ def test_spec_deploy_dry_run_uses_the_inventory_settings(tmp_path):
 
 def start_standin(host, tmp_path, extra: list[str], name: str):
     log_path = tmp_path / f"{name}.log"
-    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0", "STANDIN_STEP_MS": "2", "STANDIN_DRAFT_MS": "0.3"}
+    # a simulated target step (10 ms) well above the stand-in network's own compute per decoded token
+    # (~1-2 ms on a loaded 2-core machine), as a real target's decode step dominates: the comparison
+    # then measures the fewer target steps, not the machine's load
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0", "STANDIN_STEP_MS": "10", "STANDIN_DRAFT_MS": "1.5"}
     env.pop("SGLANG_HS_DUMP_DIR", None)
     log = open(log_path, "wb")
     proc = subprocess.Popen(
