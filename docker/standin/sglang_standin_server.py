@@ -23,11 +23,29 @@ It accepts SGLang's `launch_server` arguments (unknown ones are ignored) and ser
                                         `output_ids` = the network's greedy tokens (argmax: every
                                         temperature is treated as 0), `text`, `meta_info`.  Ids >=
                                         vocab_size are refused with HTTP 400, as SGLang does.
+- POST /v1/chat/completions             OpenAI chat: `messages` (role, content), `max_tokens` (or
+                                        `max_completion_tokens`, default 128); `temperature` and
+                                        `top_p` accepted and ignored (greedy).  STAND-IN chat template
+                                        and detokenizer, as the stand-in has no tokenizer: the prompt
+                                        is "<|role|>content" per turn then "<|assistant|>", its UTF-8
+                                        bytes taken as token ids; the reply's text is one printable
+                                        ASCII character per generated id (chr(32 + id % 95)).  Answers
+                                        OpenAI's chat.completion shape with `usage` and `"standin": true`.
 With SGLANG_HS_DUMP_DIR set, each request's prefill writes one dump file through the dump contract's
 writer (remote_ops_dump.dumpfile): `aux_hidden_states` = the network's residual stream entering each
 layer of `layers_to_capture` (SGLANG_HS_DUMP_LAYERS, default [2, L//2, L-3]) and `hidden_states` =
 the post-norm final state, rounded to bf16.  The server's first generated token is
-argmax(lm_head . hidden_states[last]) of that very file.
+argmax(lm_head . hidden_states[last]) of that very file.  Every rank dir also gets a `stats.json`
+with the real dumper's fields (remote_ops/dumper/FORMAT.md) and `"standin": true`: its capture
+time (`capture_steps_us`) is the time of the stand-in's synchronous dump write.
+
+Scheduler lines (STAND-IN figures in SGLang 0.5.9's format, `[time STAND-IN] ...` on stdout, what
+`dumps stats` and `dataset regenerate` read from the container's log): prefills run one at a time
+(one simulated GPU), and each ends with a `Prefill batch, #new-seq: 1, #new-token: N, ...,
+#queue-req: Q, input throughput (token/s): X, cuda graph: False` line, X computed as SGLang does
+(the previous prefill's tokens over the time since the previous line); every 40 decode tokens
+(SGLang's --decode-log-interval) a `Decode batch, ..., gen throughput (token/s): X, #queue-req: 0`
+line.  Dumps are written inside the prefill, as the real dumper captures inside the forward.
 
 Faults, for testing a dump audit (each is also named in /server_info `standin_faults`, in the banner
 and in the dump metadata `standin_fault`; the tensors' norm labels are left as a real dumper would
@@ -44,8 +62,8 @@ write them, so only the data shows the fault):
 
 Environment, otherwise: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
 STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes),
-STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep, one request at a time
-like one GPU; default 0: benchmarks of several stand-in hosts on one machine set it, so that
+STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep inside the prefill,
+which runs one at a time like one GPU; default 0: benchmarks of several stand-in hosts on one machine set it, so that
 what they measure is the tool and not the machine's shared CPU).  numpy runs single-threaded
 (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS default to 1): requests are small and run side by side.
 """
@@ -121,17 +139,100 @@ def load_model_module():
     return module
 
 
-GPU = threading.Lock()  # one simulated GPU per server: prefills run one at a time
-
-
 def simulated_prefill(n_tokens):
     """Sleep for the GPU time a prefill of `n_tokens` would take, if STANDIN_GPU_MS_PER_1K_TOKENS
     is set (default 0): real prefill time is GPU time, not host CPU, so benchmarks of several
-    stand-in hosts on one machine measure the tool, not the shared CPU."""
+    stand-in hosts on one machine measure the tool, not the shared CPU.  Called inside the
+    scheduler's prefill (one at a time)."""
     ms = float(os.environ.get("STANDIN_GPU_MS_PER_1K_TOKENS") or 0)
     if ms > 0 and n_tokens:
-        with GPU:
-            time.sleep(ms * n_tokens / 1e6)
+        time.sleep(ms * n_tokens / 1e6)
+
+
+def sched_log(message):
+    """One scheduler line as SGLang's logger writes it, with the prefix STAND-IN."""
+    print("[%s STAND-IN] %s" % (time.strftime("%Y-%m-%d %H:%M:%S"), message), flush=True)
+
+
+class Scheduler:
+    """STAND-IN of SGLang's scheduler: prefills one at a time (one GPU), its log lines and figures.
+
+    The figures are computed as scheduler_metrics_mixin.py (0.5.9) computes them: a prefill line's
+    input throughput is the previous prefill's tokens over the time since the previous prefill
+    line; a decode line's gen throughput, the tokens decoded since the last decode line over the
+    time since it."""
+
+    DECODE_LOG_INTERVAL = 40
+
+    def __init__(self):
+        self.gpu = threading.Lock()
+        self.meta = threading.Lock()
+        self.waiting = self.decoding = 0
+        self.last_prefill_tic = self.last_decode_tic = time.perf_counter()
+        self.last_prefill_tokens = self.decoded_tokens = 0
+
+    def prefill(self, n_tokens, run):
+        """run() under the GPU lock; then the prefill line (the batch's result is processed)."""
+        with self.meta:
+            self.waiting += 1
+        with self.gpu:
+            with self.meta:
+                self.waiting -= 1
+            result = run()
+            now = time.perf_counter()
+            gap, self.last_prefill_tic = now - self.last_prefill_tic, now
+            throughput = self.last_prefill_tokens / gap if gap > 0 else 0.0
+            self.last_prefill_tokens = n_tokens
+            with self.meta:
+                waiting, running = self.waiting, self.decoding
+            sched_log(
+                "Prefill batch, #new-seq: 1, #new-token: %d, #cached-token: 0, token usage: 0.00, "
+                "#running-req: %d, #queue-req: %d, input throughput (token/s): %.2f, cuda graph: False"
+                % (n_tokens, running, waiting, throughput)
+            )
+        return result
+
+    def decoding_started(self, delta):
+        with self.meta:
+            self.decoding += delta
+
+    def decoded(self, n_tokens=1):
+        """Count decoded tokens; every DECODE_LOG_INTERVAL of them, a decode line."""
+        with self.meta:
+            self.decoded_tokens += n_tokens
+            if self.decoded_tokens < self.DECODE_LOG_INTERVAL:
+                return
+            now = time.perf_counter()
+            gap, self.last_decode_tic = now - self.last_decode_tic, now
+            tokens, self.decoded_tokens = self.decoded_tokens, 0
+            running = self.decoding
+        sched_log(
+            "Decode batch, #running-req: %d, #token: %d, token usage: 0.00, cuda graph: False, "
+            "gen throughput (token/s): %.2f, #queue-req: 0" % (running, tokens, tokens / gap if gap > 0 else 0.0)
+        )
+
+
+def chat_prompt_ids(messages):
+    """STAND-IN chat template: "<|role|>content" per turn, then "<|assistant|>", as UTF-8 bytes
+    taken as token ids (the stand-in has no tokenizer).  ValueError for a malformed turn."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    text = ""
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError("each message needs a role")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise ValueError("message content must be text")
+        text += "<|%s|>%s" % (m["role"], content)
+    return list((text + "<|assistant|>").encode("utf-8"))
+
+
+def standin_detokenize(ids):
+    """STAND-IN detokenizer: one printable ASCII character per id (chr(32 + id % 95))."""
+    return "".join(chr(32 + i % 95) for i in ids)
 
 
 def capture_layers(num_layers):
@@ -188,10 +289,59 @@ class Dumper:
         all_ranks = os.environ.get("SGLANG_HS_DUMP_ALL_RANKS") == "1"
         self.ranks = list(range(tp)) if all_ranks else [0]
         self.lock = threading.Lock()
+        self.started = round(time.time(), 3)
+        self.counts = dict.fromkeys(
+            ("files", "spans", "tokens", "bytes", "batches", "errors", "capture_calls", "capture_us")
+            + ("capture_steps", "capture_steps_us", "dropped_batches", "dropped_spans", "dropped_tokens"),
+            0,
+        )
+        for rank in self.ranks:
+            self.write_stats(rank)
+
+    def write_stats(self, rank):
+        """stats.json as the real dumper writes it (FORMAT.md), marked STAND-IN."""
+        folder = os.path.join(self.dir, self.dumpfile.rank_dir_name(rank))
+        os.makedirs(folder, exist_ok=True)
+        doc = dict(self.counts)
+        doc.update(
+            state="running",
+            reason=None,
+            skipped={},
+            rank=rank,
+            writer=True,
+            writer_mode="standin (synchronous write in the request thread)",
+            hidden_size=self.hidden,
+            layers_to_capture=self.layers,
+            metadata=self.metadata(),
+            pid=os.getpid(),
+            started=self.started,
+            updated=round(time.time(), 3),
+            standin=True,
+        )
+        self.dumpfile.write_json_atomic(os.path.join(folder, self.dumpfile.STATS_NAME), doc)
 
     def dump(self, np, model, ids, states, pre, post):
         """One span per request (prefill only, prefix 0), on rank 0 or on every rank: the captured
-        residual stream and the final state, as bf16, with the switched-on faults applied."""
+        residual stream and the final state, as bf16, with the switched-on faults applied; timed
+        as the dumper's capture() (stats.json `capture_steps_us`)."""
+        t0 = time.perf_counter()
+        written = self.write(np, model, ids, states, pre, post)
+        us = int((time.perf_counter() - t0) * 1e6)
+        with self.lock:
+            c = self.counts
+            c["files"], c["spans"], c["tokens"] = c["files"] + len(written), c["spans"] + 1, c["tokens"] + len(ids)
+            c["bytes"] += sum(int(r.get("bytes") or 0) for r in written)
+            c["batches"], c["capture_calls"], c["capture_steps"] = (
+                c["batches"] + 1,
+                c["capture_calls"] + 1,
+                c["capture_steps"] + 1,
+            )
+            c["capture_us"], c["capture_steps_us"] = c["capture_us"] + us, c["capture_steps_us"] + us
+            for rank in self.ranks:
+                self.write_stats(rank)
+
+    def write(self, np, model, ids, states, pre, post):
+        """The dump files of one request; their manifest records."""
         dumpfile, n = self.dumpfile, len(ids)
         ids_le = dumpfile.token_ids_bytes(ids)
         key = dumpfile.dump_key(ids_le, 0)
@@ -202,10 +352,11 @@ class Dumper:
             final[0, :] = aux[0, :] = 0x7FC0  # bf16 NaN
         positions = dumpfile.token_ids_bytes(range(n))
         meta = self.metadata()
+        written = []
         for rank in self.ranks:
             with self.lock:
                 if len(layers) == 3:
-                    dumpfile.write_span(
+                    rec = dumpfile.write_span(
                         self.dir,
                         rank,
                         ids_le,
@@ -217,7 +368,9 @@ class Dumper:
                         fsync=False,
                     )
                 else:
-                    self.write_short_aux(rank, key, ids_le, positions, final, aux, meta)
+                    rec = self.write_short_aux(rank, key, ids_le, positions, final, aux, meta)
+            written.append(rec)
+        return written
 
     def write_short_aux(self, rank, key, ids_le, positions, final, aux, meta):
         """write_span's steps with an aux tensor of fewer than 3 layers (STANDIN_DROP_AUX), which
@@ -239,6 +392,7 @@ class Dumper:
         )
         record = dumpfile.manifest_record(self.dir, written, key, n, 0, rank, self.hidden, "BF16")
         dumpfile.append_manifest(os.path.join(folder, dumpfile.MANIFEST_NAME), record, False)
+        return record
 
     def metadata(self):
         """Run-wide file metadata (dump contract), marked as stand-in data."""
@@ -339,6 +493,7 @@ class State:
         self.faults = Faults(os.environ)
         self.started = time.time()
         self.requests = 0
+        self.scheduler = Scheduler()
         d = os.environ.get("SGLANG_HS_DUMP_DIR")
         self.dumper = Dumper(d, self.config, args.tp, self.faults, self.version) if d else None
 
@@ -387,14 +542,36 @@ class State:
         if any(i < 0 or i >= vocab for i in ids):
             raise ValueError("The input_ids %s contains values greater than the vocab size (%d)." % (ids, vocab))
 
-    def generate_one(self, ids, max_new):
-        """Prefill (dumped when dumps are on) and greedy decoding through the STAND-IN network."""
+    def generate_ids(self, ids, max_new):
+        """Prefill (one at a time, dumped when dumps are on, logged) and greedy decoding through the
+        STAND-IN network (Network.generate's steps, with the scheduler's counts)."""
         self.requests += 1
-        simulated_prefill(len(ids))
-        capture = self.dumper.layers if self.dumper is not None else ()
-        states, pre, post, out_ids = self.network.generate(ids, max_new, capture)
-        if self.dumper is not None:
-            self.dumper.dump(self.np, self.model, ids, states, pre, post)
+        net, capture = self.network, (self.dumper.layers if self.dumper is not None else ())
+
+        def prefill():
+            simulated_prefill(len(ids))
+            states, pre, post, cache = net.forward(ids, capture)
+            if self.dumper is not None:
+                self.dumper.dump(self.np, self.model, ids, states, pre, post)
+            return post[-1], cache
+
+        row, cache = self.scheduler.prefill(len(ids), prefill)
+        out = []
+        self.scheduler.decoding_started(1)
+        try:
+            for _ in range(max_new):
+                out.append(net.next_token(row))
+                if len(out) < max_new:
+                    _, _, step, cache = net.forward([out[-1]], (), cache)
+                    row = step[-1]
+                    self.scheduler.decoded(1)
+        finally:
+            self.scheduler.decoding_started(-1)
+        return out
+
+    def generate_one(self, ids, max_new):
+        """/generate's answer for one prompt."""
+        out_ids = self.generate_ids(ids, max_new)
         started = time.time()
         meta = {
             "id": uuid.uuid4().hex,
@@ -406,6 +583,36 @@ class State:
         meta.update(speculative_meta(self.args, ids, max_new))
         meta["e2e_latency"] = time.time() - started
         return {"text": "".join(" standin:%d" % t for t in out_ids), "output_ids": out_ids, "meta_info": meta}
+
+    def chat(self, body):
+        """/v1/chat/completions: the STAND-IN chat template, greedy tokens, the STAND-IN detokenizer."""
+        ids = chat_prompt_ids(body.get("messages"))
+        self.check_ids(ids)
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+        if type(max_new) is not int or max_new < 1:
+            raise ValueError("max_tokens must be a positive integer")
+        out_ids = self.generate_ids(ids, max_new)
+        return {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.args.served_model_name or self.args.model_path,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": standin_detokenize(out_ids), "reasoning_content": None},
+                    "finish_reason": "length",
+                    "matched_stop": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out_ids),
+                "total_tokens": len(ids) + len(out_ids),
+            },
+            "standin": True,
+            "standin_output_ids": out_ids,
+        }
 
 
 def _prompts(body):
@@ -461,7 +668,10 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, routes[path]())
 
     def do_POST(self):
-        if self.path.split("?", 1)[0] != "/generate":
+        path = self.path.split("?", 1)[0]
+        if path == "/v1/chat/completions":
+            return self.chat()
+        if path != "/generate":
             return self._send(404, {"error": "not found", "standin": True})
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -473,6 +683,18 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(400, {"error": str(exc), "standin": True})
         results = [self.state.generate_one(ids, max_new) for ids in prompts]
         self._send(200, results if batch else results[0])
+
+    def chat(self):
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the request is not a JSON object")
+            if body.get("stream"):
+                raise ValueError("stream is not supported by the stand-in")
+            answer = self.state.chat(body)
+        except (ValueError, TypeError, KeyError) as exc:
+            return self._send(400, {"object": "error", "message": str(exc), "code": 400, "standin": True})
+        self._send(200, answer)
 
     def log_message(self, fmt, *args):
         sys.stderr.write("%s %s - %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), STANDIN, fmt % args))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from . import shell
 
@@ -25,15 +25,18 @@ CLIENT_NAME = "extract_onhost.py"
 
 @dataclass(frozen=True)
 class ExtractPaths:
-    """Where the run lives on the host."""
+    """Where the run lives on the host.  `client_name` is the on-host program's file name (a
+    subclass names another client with the same work dir layout: `core.regenplan.RegenPaths`)."""
 
     workdir: str
     log: str
     dump_dir: str
 
+    client_name: ClassVar[str] = CLIENT_NAME
+
     @property
     def client(self) -> str:
-        return str(PurePosixPath(self.workdir) / CLIENT_NAME)
+        return str(PurePosixPath(self.workdir) / self.client_name)
 
     @property
     def dataset(self) -> str:

@@ -143,6 +143,7 @@ class Dumper:
             "layers_to_capture": self.layers,
             "metadata": self.metadata,
             "pid": os.getpid(),
+            "started": round(time.time(), 3),
         }
 
     def _start_writers(self, mode: str) -> None:
@@ -171,31 +172,47 @@ class Dumper:
     def capture(
         self, forward_batch: Any, hidden_states: torch.Tensor, aux_hidden_states: Optional[Sequence[torch.Tensor]]
     ) -> None:
-        """Called from DeepseekV2ForCausalLM.forward after the aux unpack; never raises."""
+        """Called from DeepseekV2ForCausalLM.forward after the aux unpack; never raises.
+
+        Its own wall time is counted (stats.json `capture_calls` / `capture_us`, and for the
+        prefill steps it takes `capture_steps` / `capture_steps_us`): `dumps stats` sets it
+        beside the forward time of the same steps from SGLang's log lines."""
         if not self.writer or self.closed:
             return
+        t0 = time.perf_counter()
+        took = False
         try:
             if self.gather is None:
-                self._capture(forward_batch, hidden_states, aux_hidden_states)
+                took = self._capture(forward_batch, hidden_states, aux_hidden_states)
             else:  # the reaper may copy stale waiting steps: one thread at a time on the side stream
                 with self.gather_lock:
-                    self._capture(forward_batch, hidden_states, aux_hidden_states)
+                    took = self._capture(forward_batch, hidden_states, aux_hidden_states)
         except Exception as exc:
             self.stats.add(errors=1)
             self._warn_once("capture-error", "capture failed, batch not dumped: %r" % (exc,))
+        finally:
+            us = int((time.perf_counter() - t0) * 1e6)
+            counts = self.stats.counts  # only this thread writes these keys (no lock: GIL-atomic enough)
+            counts["capture_calls"] += 1
+            counts["capture_us"] += us
+            if took:
+                counts["capture_steps"] += 1
+                counts["capture_steps_us"] += us
 
-    def _capture(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> None:
+    def _capture(self, fb: Any, hidden: torch.Tensor, aux: Optional[Sequence[torch.Tensor]]) -> bool:
+        """Take one step (copied now, or held with the next ones); False when it is skipped."""
         reason = self._skip_reason(fb, hidden, aux)
         if reason or aux is None:  # no aux always has a reason ("no_aux")
             self.stats.skip(reason or "no_aux")
-            return
+            return False
         spans, rows = _span_tuples(fb)
         if not spans:
-            return
+            return False
         positions = fb.positions
         if self.gather is not None and positions is not None and self._gathered(hidden, aux, fb, spans, rows):
-            return
+            return True
         self._copy_step(hidden, aux, fb.input_ids, positions, spans, rows)
+        return True
 
     def _copy_step(
         self,

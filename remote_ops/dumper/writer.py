@@ -62,6 +62,10 @@ class DumpStats:
                 "backpressure_waits",
                 "backpressure_wait_s",
                 "backpressure_timeouts",
+                "capture_calls",
+                "capture_us",
+                "capture_steps",
+                "capture_steps_us",
             )
         }
         self.skipped: Dict[str, int] = {}

@@ -290,7 +290,13 @@ GENERATE_SAMPLING = {"max_new_tokens": 1, "temperature": 0}  # greedy: the recor
 
 def generate(url, token_ids, timeout):
     """POST one prompt to /generate (GENERATE_SAMPLING); return the answer; raise Transient or ValueError."""
-    body = json.dumps({"input_ids": token_ids, "sampling_params": GENERATE_SAMPLING}).encode()
+    return post_json(url, {"input_ids": token_ids, "sampling_params": GENERATE_SAMPLING}, timeout)
+
+
+def post_json(url, doc, timeout):
+    """POST `doc` as JSON; return the decoded answer.  Raise Transient for what is worth retrying
+    (connection refused/reset, timeouts, HTTP 429/5xx), ValueError for any other HTTP error."""
+    body = json.dumps(doc).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -589,15 +595,21 @@ def write_atomic(path, text):
 
 def describe_run(args, samples, dataset_id):
     """run.json + dataset.keys: what the current run is, for `count` and `extract status`."""
-    write_atomic(os.path.join(args.workdir, "dataset.keys"), "".join(dump_key(ids) + "\n" for _, ids in samples))
+    write_run(args.workdir, args.dataset, [dump_key(ids) for _, ids in samples], dataset_id, args.limit)
+
+
+def write_run(workdir, dataset, keys, dataset_id, limit=None):
+    """`<workdir>/dataset.keys` (the current run's content keys) and `run.json`; an earlier run's
+    missing.jsonl goes.  What `count` reads (also for regenerate_onhost.py's work dir)."""
+    write_atomic(os.path.join(workdir, "dataset.keys"), "".join(key + "\n" for key in keys))
     write_atomic(
-        os.path.join(args.workdir, "run.json"),
+        os.path.join(workdir, "run.json"),
         json.dumps(
             {
-                "dataset": os.path.abspath(args.dataset),
+                "dataset": os.path.abspath(dataset),
                 "dataset_id": dataset_id,
-                "total": len(samples),
-                "limit": args.limit,
+                "total": len(keys),
+                "limit": limit,
                 "started": utc_now(),
                 "pid": os.getpid(),
             },
@@ -606,7 +618,7 @@ def describe_run(args, samples, dataset_id):
         + "\n",
     )
     try:
-        os.unlink(os.path.join(args.workdir, "missing.jsonl"))  # it described an earlier run
+        os.unlink(os.path.join(workdir, "missing.jsonl"))  # it described an earlier run
     except FileNotFoundError:
         pass
 

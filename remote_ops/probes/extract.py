@@ -8,6 +8,10 @@ for a group, every dump key done; with a wait, the host first waits for the
 client to exit).  `ExtractAlive` is also `health`'s question (dumps only grow
 while a client runs) and what `extract start` / `stop` ask before they act.
 The work dir layout and the launch command are `remote_ops.core.extractplan`.
+
+The same probes ask `dataset regenerate`'s client (`remote_ops/onhost/regenerate_onhost.py`),
+whose work dir has the same layout and whose paths name its own program
+(`remote_ops.core.regenplan.RegenPaths`); its content keys end in `-c`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 from typing import Any
 
 from ..core import shell
-from ..core.extractplan import CLIENT_NAME, ExtractPaths, ExtractStatus
+from ..core.extractplan import ExtractPaths, ExtractStatus
 from .base import Probe, Sections
 
 
@@ -33,7 +37,7 @@ class ExtractAlive(Probe[bool]):
         pidfile = shell.quote(self.paths.file("client.pid"))
         return (
             f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && '
-            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(CLIENT_NAME)}"
+            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(self.paths.client_name)}"
         )
 
     def parse(self, status: int, text: str) -> bool:
@@ -144,11 +148,12 @@ class ClientOutput(Probe[str]):
         return text
 
 
-_KEY = re.compile(r"[0-9a-f]{32}-p\d+")
+_KEY = re.compile(r"[0-9a-f]{32}-(?:p\d+|c)")
 
 
 def parse_keys(text: str) -> set[str]:
-    """Dump keys, one a line (anything else, e.g. an error message, is ignored)."""
+    """Content keys, one a line: dump keys (`-p<prefix>`) or regenerate's chat keys (`-c`);
+    anything else, e.g. an error message, is ignored."""
     return {ln.strip() for ln in text.splitlines() if _KEY.fullmatch(ln.strip())}
 
 

@@ -79,10 +79,11 @@ def dump_bytes_per_token(host) -> int:
 # --------------------------------------------------------------------------- edges
 
 
-def status(remote, host, wait_s: float = 0.0) -> ExtractStatus:
+def status(remote, host, wait_s: float = 0.0, paths: ExtractPaths | None = None) -> ExtractStatus:
     """One round trip: is the client alive, the log's tail, manifest and missing counts (after
-    waiting up to `wait_s` on the host for a running client to exit)."""
-    asked = ExtractStatusProbes(paths_for(host), wait_s=wait_s)
+    waiting up to `wait_s` on the host for a running client to exit).  `paths`: another client's
+    work dir of the same layout (regenerate's), default the extraction's."""
+    asked = ExtractStatusProbes(paths or paths_for(host), wait_s=wait_s)
     return asked.read(host.name, batch.run(remote, asked.probes, check=True))
 
 
@@ -169,8 +170,17 @@ def _log_size(remote, p: ExtractPaths) -> int:
     return int(out) if out.isdigit() else 0
 
 
-def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float) -> None:
-    """Wait (bounded) for the client's `started` line; a client that died shows its output."""
+def _await_started(
+    remote,
+    host,
+    p: ExtractPaths,
+    log_offset: int,
+    wait_s: float,
+    what: str = "extraction client",
+    command: str = "extract start",
+) -> None:
+    """Wait (bounded) for the client's `started` line; a client that died shows its output.
+    `what` / `command`: the client and the command that starts it, in the errors' words."""
     deadline = time.monotonic() + wait_s
     log, alive, out = ClientLogSince(p, log_offset), ExtractAlive(p), ClientOutput(p)
     while time.monotonic() < deadline:
@@ -181,16 +191,16 @@ def _await_started(remote, host, p: ExtractPaths, log_offset: int, wait_s: float
             client_out = out.read(sec)
             _raise_dataset_error(host, client_out)
             raise Refused(
-                "the extraction client exited at start",
+                f"the {what} exited at start",
                 host=host.name,
                 details={"client_out": client_out},
                 hint=client_out[-300:] or None,
             )
         time.sleep(0.3)
     raise CommandTimedOut(
-        f"extraction client did not log `started` within {wait_s:g}s",
+        f"{what} did not log `started` within {wait_s:g}s",
         host=host.name,
-        command="extract start",
+        command=command,
         timeout=wait_s,
     )
 
@@ -245,41 +255,53 @@ def plan_start(
     }
 
 
-def wait_finished(remote, host, timeout_s: float, on_status=None, interval_s: float = 2.0) -> ExtractStatus:
-    """Poll (one round trip each) until the client has exited; CommandTimedOut at the deadline."""
+def wait_finished(
+    remote,
+    host,
+    timeout_s: float,
+    on_status=None,
+    interval_s: float = 2.0,
+    paths: ExtractPaths | None = None,
+    what: tuple[str, str, str] = ("extraction", "extract start --wait", "extract status"),
+) -> ExtractStatus:
+    """Poll (one round trip each) until the client has exited; CommandTimedOut at the deadline.
+    `paths` / `what`: another client of the same layout, and (the run, the command that waits,
+    the command that follows it) in the timeout's words."""
     deadline = time.monotonic() + timeout_s
     wait_s = 0.0  # the first status at once; then each one waits on the host for the exit
     while True:
-        st = status(remote, host, wait_s)
+        st = status(remote, host, wait_s, paths)
         if on_status:
             on_status(st)
         if not st.running:
             return st
         if time.monotonic() + interval_s > deadline:
+            run, command, follow = what
             raise CommandTimedOut(
-                f"extraction still running after {timeout_s:g}s (it goes on; `extract status` follows it)",
+                f"{run} still running after {timeout_s:g}s (it goes on; `{follow}` follows it)",
                 host=host.name,
-                command="extract start --wait",
+                command=command,
                 timeout=timeout_s,
             )
         wait_s = interval_s
 
 
-def stop(remote, host, wait_s: float = 60.0) -> ExtractStatus:
-    """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline."""
-    p = paths_for(host)
+def stop(remote, host, wait_s: float = 60.0, paths: ExtractPaths | None = None) -> ExtractStatus:
+    """SIGTERM the client by its recorded PID (it finishes in-flight requests), KILL at the deadline.
+    `paths`: another client of the same layout (regenerate's)."""
+    p = paths or paths_for(host)
     alive = ExtractAlive(p)
     if not batch.ask(remote, alive):
-        return status(remote, host)
+        return status(remote, host, paths=p)
     pidfile = shell.quote(p.file("client.pid"))
     remote.run(f"kill -TERM $(cat {pidfile})", check=False)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not batch.ask(remote, alive):
-            return status(remote, host)
+            return status(remote, host, paths=p)
         time.sleep(0.3)
     remote.run(f"{alive.command()} && kill -KILL $(cat {pidfile})", check=False)
-    return status(remote, host)
+    return status(remote, host, paths=p)
 
 
 # --------------------------------------------------------------------------- a group: the local record
@@ -347,8 +369,10 @@ def start_shard(remote, host, shard: list[Sample], **kwargs) -> ExtractStatus:
     return start(remote, host, p.file("shard.jsonl"), local_dataset=False, **kwargs)
 
 
-def status_with_keys(remote, host, wait_s: float = 0.0) -> tuple[ExtractStatus, set[str]]:
-    """`status` plus every done key, in the same round trip (`wait_s`: as `status`)."""
-    asked = ExtractStatusProbes(paths_for(host), with_keys=True, wait_s=wait_s)
+def status_with_keys(
+    remote, host, wait_s: float = 0.0, paths: ExtractPaths | None = None
+) -> tuple[ExtractStatus, set[str]]:
+    """`status` plus every done key, in the same round trip (`wait_s`, `paths`: as `status`)."""
+    asked = ExtractStatusProbes(paths or paths_for(host), with_keys=True, wait_s=wait_s)
     sec = batch.run(remote, asked.probes, check=True)
     return asked.read(host.name, sec), asked.keys.read(sec) if asked.keys else set()
