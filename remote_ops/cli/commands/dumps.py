@@ -9,7 +9,7 @@ import click
 from ...core import dumpcheck
 from ...errors import VerifyFailed
 from ...workflows import dumps as dumps_mod
-from . import _dumps_group
+from . import _dumps_group, _dumps_stats
 from ._options import host_command, hosts_command
 
 
@@ -383,5 +383,7 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
     app.console.emit(result)
     return 0
 
+
+dumps_group.add_command(_dumps_stats.stats_cmd)  # dumps stats: the dumper's cost
 
 commands = [dumps_group]
