@@ -63,13 +63,15 @@ class XidLog:
 
 
 class KernelXids(Probe[XidLog]):
-    """The kernel log's `NVRM: Xid` lines (dmesg, else journalctl -k), with the boot time."""
+    """The kernel log's `NVRM: Xid` lines (dmesg, else journalctl -k), with the boot time; not read
+    on a host without nvidia-smi (exit 127: no NVIDIA driver, no Xids)."""
 
     name = "xid"
     absent = (3, "unreadable: not asked")
 
     def command(self) -> str:
         return (
+            "command -v nvidia-smi >/dev/null || { echo 'no NVIDIA driver'; exit 127; }; "
             "echo \"boot $(awk '/^btime /{print $2}' /proc/stat 2>/dev/null)\"; "
             'if log=$(dmesg 2>&1); then echo "source dmesg"; '
             'elif j=$(journalctl -k -b -o short-monotonic --no-pager -q 2>&1) && [ -n "$j" ]; then '
