@@ -1,4 +1,4 @@
-"""`remote-ops dumps status|verify|pull`: the hidden-state dumps on a host."""
+"""`remote-ops dumps status|verify|pull|audit|export|stats`: the hidden-state dumps on a host."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def dumps_group() -> None:
       remote-ops dumps status --host gpu-node --samples 10000
       remote-ops dumps pull --host fleet                 # every host into one merged tree
       remote-ops dumps verify --host gpu-node            # headers on the host, no torch
+      remote-ops dumps audit --host gpu-node --draft-config kimi-eagle3.json
       remote-ops dumps pull --host gpu-node --jobs 4
     """
 
@@ -267,6 +268,81 @@ def _problem_sentence(p) -> str:
     return "; ".join(parts)
 
 
+# ============================================================================ dumps audit
+
+
+def _render_audit(console, result) -> None:
+    rows = [[c.name, c.status, c.reason] for c in result.checks]
+    console.table(["check", "status", "what"], rows, title=f"Dump audit of {result.host}")
+    for c in result.checks:
+        samples = c.data.get("samples") or []
+        if c.status == "fail" and samples:
+            _list(
+                console,
+                "fail",
+                f"{c.name}: samples",
+                [f"#{s['position']} {s['id']} {s['key']}: {s['message']}" for s in samples],
+            )
+    srv = result.serving
+    console.say(
+        f"  layer ids judged for SGLang {srv.version} ({srv.how}): "
+        f"{srv.convention.words if srv.convention else 'no convention known'}",
+        style="dim",
+    )
+
+
+@dumps_group.command("audit")
+@click.option("--samples", type=click.IntRange(min=1), default=64, show_default=True, help="dumps to audit")
+@click.option("--seed", type=int, default=0, show_default=True, help="which dumps the stratified draw picks")
+@click.option(
+    "--draft-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="a local drafter config.json (read before connecting): its "
+    "eagle_config.eagle_aux_hidden_state_layer_ids must give the dumps' layers",
+)
+@click.option(
+    "--serving-sglang",
+    default=None,
+    metavar="VERSION",
+    help="the SGLang release that will serve the drafter (default: the host's sglang.version)",
+)
+@host_command
+def audit_cmd(app, host, samples, seed, draft_config, serving_sglang) -> int:
+    """Check sampled dumps against what the served model computes, ON the host (nothing pulled).
+
+    Runs in a throwaway container of the served image (dump, model, extraction and
+    dataset dirs read-only, no network, no pull).  N dumps of the extraction run
+    (seeded, stratified over the run in manifest order), each: 3 aux states + the
+    final state at the model's hidden size and the sample's token count; NaN/Inf
+    counts; token ids equal to the dataset's and a loss mask joining by key;
+    argmax(lm_head . final state[last]) equal to the token the server generated
+    (lm_head read alone through the safetensors index; a match only after the
+    model's final RMSNorm means PRE-norm finals); the layer ids the dumps record
+    against the drafter config and the numbering of the SGLang release that will
+    serve it.  Exit 0 when every check passes, 10 otherwise (a table names the
+    failed checks and samples)."""
+    from ...workflows import audit as audit_mod
+
+    draft = audit_mod.load_draft_config(draft_config) if draft_config else None  # before connecting
+    spec = app.host(host)
+    result = audit_mod.audit(
+        app.remote(spec), spec, samples=samples, seed=seed, draft=draft, serving_version=serving_sglang
+    )
+    _render_audit(app.console, result)
+    doc = result.to_dict()
+    if not result.ok:
+        names = ", ".join(c.name for c in result.failed)
+        raise VerifyFailed(
+            f"dumps audit: {len(result.failed)} check(s) failed: {names}",
+            host=spec.name,
+            hint="each failed check names its samples above (--json: checks[].samples)",
+            details=doc,
+        )
+    app.console.emit(doc)
+    return 0
+
+
 # ============================================================================ dumps export (drafter tail)
 # `dumps export --format specforge`: the dumps -> SpecForge 0.2 offline feature files, on the host.
 
@@ -332,6 +408,17 @@ def _export_progress(advance, name: str):
     help="source bytes copied first to measure the disk (0: no probe)",
 )
 @click.option("--mask-all", is_flag=True, help="dataset has no loss_mask: every token counts")
+@click.option(
+    "--convert-prenorm",
+    is_flag=True,
+    help="the dumps hold pre-norm finals: apply the model's final RMSNorm (weight and eps from the "
+    "checkpoint) to each hidden_state while exporting",
+)
+@click.option(
+    "--accept-prenorm",
+    is_flag=True,
+    help="export pre-norm finals as they are (SpecForge's TargetHead will apply lm_head to them alone)",
+)
 @click.option("--no-fsync", is_flag=True, hidden=True, help="tests only")
 @click.option(
     "--dry-run",
@@ -339,13 +426,24 @@ def _export_progress(advance, name: str):
     help="report what would be exported (reads the manifest and dataset); write nothing but an uploaded dataset",
 )
 @host_command
-def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no_fsync, dry_run) -> int:
-    """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable."""
+def export_cmd(
+    app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, convert_prenorm, accept_prenorm, no_fsync, dry_run
+) -> int:
+    """Convert the dumps to SpecForge's offline format ON the host: streaming, sha256-verified, resumable.
+
+    First a few dumps' final states are checked against the server's tokens (`dumps
+    audit`'s token check): pre-norm finals are refused (exit 9, contract_mismatch)
+    unless --convert-prenorm or --accept-prenorm; where that check cannot run (no
+    served container, no generated tokens) the export goes on and says so."""
     from ...workflows import export as export_mod
 
+    if convert_prenorm and accept_prenorm:
+        raise click.UsageError("--convert-prenorm and --accept-prenorm exclude each other")
     spec = app.host(host)
     remote = app.remote(spec)
     out = out or export_mod.default_out(spec)
+    norm = export_mod.final_norm_decision(remote, spec, convert=convert_prenorm, accept=accept_prenorm)
+    app.console.status("ok" if norm["action"] == "as_is" else "warn", f"final states: {norm['said']}")
     on_host = export_mod.place_dataset(remote, spec, dataset, out)
     cmd = export_mod.export_command(
         spec.dump.dir,
@@ -357,6 +455,7 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
         mask_all=mask_all,
         fsync=not no_fsync,
         plan_only=dry_run,
+        convert_prenorm=spec.model.path if norm["action"] == "convert" else None,
     )
     if dry_run:
         plan = export_mod.run_export(remote, cmd).final
@@ -366,13 +465,15 @@ def export_cmd(app, host, fmt, dataset, out, jobs, limit, probe_mb, mask_all, no
             f"{plan['tokens']:,} tokens) -> {out}; {plan['skipped_done']} already done, "
             f"{plan['missing_count']} without a full dump",
         )
-        app.console.emit({"host": spec.name, "dry_run": True, "dataset": on_host, "command": cmd, **plan})
+        app.console.emit(
+            {"host": spec.name, "dry_run": True, "dataset": on_host, "command": cmd, "final_states": norm, **plan}
+        )
         return 0
     with app.console.progress(f"{spec.name}: export", total=None) as advance:
         run = export_mod.run_export(remote, cmd, on_event=_export_progress(advance, spec.name))
     report = run.final
     _render_export(app.console, report)
-    result = {"host": spec.name, "format": fmt, "dataset": on_host, **report}
+    result = {"host": spec.name, "format": fmt, "dataset": on_host, "final_states": norm, **report}
     if report["failed"]:
         raise VerifyFailed(
             f"{len(report['failed'])} sample(s) failed to export",
