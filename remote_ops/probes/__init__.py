@@ -19,6 +19,7 @@ evaluate, and return result objects.
     disk.py       free space where the dumps go
     sglang.py     the SGLang tree: its release, the patch target's sha256
     dumps.py      the dump dir: status listing, host-side verify, growth (health)
+    audit.py      the dump audit in a throwaway container of the served image; the dumps' recorded contract
     extract.py    the extraction client: alive, status, done keys
     logs.py       a log file's new bytes after a cursor
     lock.py       the host lock: read, take, its `info`
