@@ -20,7 +20,8 @@ evaluate, and return result objects.
     sglang.py     the SGLang tree: its release, the patch target's sha256
     dumps.py      the dump dir: status listing, host-side verify, growth (health)
     audit.py      the dump audit in a throwaway container of the served image; the dumps' recorded contract
-    extract.py    the extraction client: alive, status, done keys
+    throughput.py SGLang's scheduler lines from the container's log, every rank's stats.json (server figures, dumper cost)
+    extract.py    the extraction client (and dataset regenerate's, same layout): alive, status, done keys
     logs.py       a log file's new bytes after a cursor
     lock.py       the host lock: read, take, its `info`
 
