@@ -238,10 +238,41 @@ def test_the_standin_chat_endpoint_renders_its_template_and_answers_the_network_
         with pytest.raises(urllib.error.HTTPError) as bad:
             _post(f"http://127.0.0.1:{port}/v1/chat/completions", {"messages": "hi"})
         assert bad.value.code == 400
+        _client_resumes_by_key_and_gives_back_the_records_asked(port, tmp_path)
     finally:
         _stop(proc)
     log = logf.read_text()
     assert "STAND-IN] Prefill batch, #new-seq: 1, #new-token: 37," in log
+
+
+def _client_resumes_by_key_and_gives_back_the_records_asked(port: int, tmp_path: Path) -> None:
+    """The client run as a script (its helper beside it, as shipped): a second run sends nothing;
+    `records` prints the lines of the keys on its stdin."""
+    _chats(tmp_path / "c.jsonl", 4)
+    shard = tmp_path / "shard.jsonl"
+    shard.write_text("".join(s.line + "\n" for s in regenplan.read_chats(tmp_path / "c.jsonl", SAMPLING)))
+    client = REPO / "remote_ops" / "onhost" / regenplan.CLIENT_NAME
+    work, log = tmp_path / "work", tmp_path / "work" / "regen.log"
+    argv = [sys.executable, str(client), "--dataset", str(shard), "--server", f"http://127.0.0.1:{port}"]
+    argv += ["--workdir", str(work), "--log", str(log), "--max-tokens", "5", "--concurrency", "2"]
+    for _ in range(2):
+        assert subprocess.run(argv, timeout=60, capture_output=True).returncode == 0
+    started = [line for line in log.read_text().splitlines() if " started " in line]
+    assert "pending=4" in started[0] and "pending=0" in started[1] and "done=4" in started[1]
+    records = [json.loads(line) for line in (work / "regenerated.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {len(r["messages"][-1]["content"]) for r in records} == {5}
+    wanted = records[2]["source_key"] + "\nnot-a-key\n"
+    out = subprocess.run(
+        [sys.executable, str(client), "records", "--workdir", str(work)],
+        input=wanted.encode(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert [json.loads(line)["id"] for line in out.stdout.decode().splitlines()] == [records[2]["id"]]
+    counted = subprocess.run(
+        [sys.executable, str(client), "count", "--workdir", str(work)], capture_output=True, timeout=30
+    )
+    assert json.loads(counted.stdout)["done"] == json.loads(counted.stdout)["total"] == 4
 
 
 # --------------------------------------------------------------------------- lab hosts
