@@ -434,17 +434,6 @@ def test_a_draft_config_whose_layer_ids_are_off_by_one_fails_the_audit(run_of, l
 
 
 @pytest.mark.docker
-def test_pre_norm_final_states_fail_the_audit(run_of, lab_env):
-    run_of({"STANDIN_FINAL_NORM": "pre"})
-    rc, doc = audit_cli(lab_env)
-    assert rc == 10 and "token" in doc["message"], doc
-    token = checks_of(doc)["token"]
-    assert token["reason"].startswith("the dumps hold PRE-norm final states") and doc["norm"]["verdict"] == "pre-norm"
-    assert token["samples"] and all("PRE-norm final state" in s["message"] for s in token["samples"])
-    assert [n for n, c in checks_of(doc).items() if c["status"] == "fail"] == ["token"]
-
-
-@pytest.mark.docker
 def test_a_dropped_aux_layer_fails_the_audit(run_of, lab_env):
     run_of({"STANDIN_DROP_AUX": "1"})
     rc, doc = audit_cli(lab_env)
@@ -456,3 +445,15 @@ def test_a_dropped_aux_layer_fails_the_audit(run_of, lab_env):
         and "an aux layer was dropped" in shape["reason"]
     )
     assert [n for n, c in checks_of(doc).items() if c["status"] == "fail"] == ["shape"]
+
+
+@pytest.mark.docker
+def test_pre_norm_final_states_fail_the_audit(run_of, lab_env):
+    """Last here: tests/test_contract_guards.py's export test takes over this deployment."""
+    run_of({"STANDIN_FINAL_NORM": "pre"})
+    rc, doc = audit_cli(lab_env)
+    assert rc == 10 and "token" in doc["message"], doc
+    token = checks_of(doc)["token"]
+    assert token["reason"].startswith("the dumps hold PRE-norm final states") and doc["norm"]["verdict"] == "pre-norm"
+    assert token["samples"] and all("PRE-norm final state" in s["message"] for s in token["samples"])
+    assert [n for n, c in checks_of(doc).items() if c["status"] == "fail"] == ["token"]
