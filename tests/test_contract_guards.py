@@ -137,6 +137,20 @@ def test_spec_deploy_refuses_a_drafter_numbered_for_another_release(lab, lab_env
     assert rc == 9 and "no readable config.json" in json.loads(out)["message"]
 
 
+def test_spec_deploy_with_no_dumps_on_the_host_checks_the_inventorys_layers(lab_env, host, tmp_path):
+    subprocess.run(["rm", "-rf", str(host.paths.dump_dir)], check=True, timeout=30)
+    (tmp_path / "d").mkdir()
+    draft_file(tmp_path / "d" / "config.json", [2, 4, 5], hidden=None)
+    rc, out, err = run_cli(
+        lab_env, "spec", "deploy", "--host", host.name, "--dry-run", "--json", "--draft", str(tmp_path / "d")
+    )
+    doc = json.loads(out)
+    assert rc == 9 and doc["error"] == "contract_mismatch" and doc["from"] == "the inventory (no dumps on the host)", (
+        err
+    )
+    assert doc["contract"]["layers_to_capture"] == [2, 4, 5]  # SGLang's default for the inventory's 8 layers
+
+
 # --------------------------------------------------------------------------- dumps export (lab2, pre-norm finals)
 
 

@@ -678,8 +678,9 @@ def audit(args):
 
 
 def contract(args):
-    """The recorded contract of up to `--files` dumps spread over the manifest (headers only)."""
-    manifest = dump_manifest(args.dump_dir)
+    """The recorded contract of up to `--files` dumps spread over the manifest (headers only); a
+    dump dir that does not exist holds no files."""
+    manifest = dump_manifest(args.dump_dir) if os.path.isdir(args.dump_dir) else {}
     records = sorted(manifest.values(), key=lambda r: (r.get("time", 0), r["file"]))
     n, k = len(records), max(args.files, 1)
     picks = list(range(n)) if n <= k else sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
