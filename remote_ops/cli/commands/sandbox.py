@@ -18,12 +18,12 @@ def _show(app, st: sandbox_mod.SandboxStatus) -> None:
         )
         for x in st.hosts:
             app.console.say(
-                f"  {x.get('name')}: ssh root@{x.get('address')}:{x.get('port')}, server port {x.get('server_port')}"
+                f"  {x.get('name')}: ssh -p {x.get('port')} root@{x.get('address')}, server port {x.get('server_port')}"
             )
     elif st.running:
         app.console.status(
             "ok",
-            f"sandbox running: ssh root@{h.get('address')}:{h.get('port')}, "
+            f"sandbox running: ssh -p {h.get('port')} root@{h.get('address')}, "
             f"server port {h.get('server_port')}, base image {st.base_image}",
         )
     elif st.recorded:
@@ -31,7 +31,7 @@ def _show(app, st: sandbox_mod.SandboxStatus) -> None:
         app.console.status(
             "fail",
             f"sandbox degraded: {', '.join(down) or 'inventory entry'} not running "
-            f"(ssh root@{h.get('address')}:{h.get('port')})",
+            f"(ssh -p {h.get('port')} root@{h.get('address')})",
         )
     else:
         app.console.status("info", f"sandbox not running (state dir {st.dir})")
