@@ -324,3 +324,18 @@ def test_inventory_check_lists_group_errors_and_the_schema_describes_groups(tmp_
 def test_the_shipped_example_has_a_group():
     inv = load_inventory([Path(__file__).resolve().parent.parent / "inventory"])
     assert inv.groups == {"rtx-pro-6000": ("gpu-node",)} and inv.hosts["gpu-node"].groups == ("rtx-pro-6000",)
+
+
+def test_host_completion_completes_the_last_term_after_a_comma_or_a_colon(monkeypatch):
+    """`--host` completion splits patterns as the selector does (',' and ':'), keeping `!`/`&`."""
+    from remote_ops.cli.commands._options import complete_hosts
+
+    class Ctx:
+        params = {"inventory": None}
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the example inventory/
+    values = lambda text: [c.value for c in complete_hosts(Ctx(), None, text)]  # noqa: E731
+    assert values("gpu") == ["gpu-node"]
+    assert values("fleet,!gpu") == ["fleet,!gpu-node"]
+    assert values("gpu-node:&gp") == ["gpu-node:&gpu-node"]
+    assert values("rtx:gpu") == ["rtx:gpu-node"]

@@ -135,7 +135,8 @@ def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
         inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
     except Exception:  # completion must never fail loudly: no inventory, no names
         return []
-    head, sep, last = incomplete.rpartition(",")
+    cut = max(incomplete.rfind(","), incomplete.rfind(":"))  # terms are joined by ',' or ':'
+    head, sep, last = (incomplete[:cut], incomplete[cut], incomplete[cut + 1 :]) if cut >= 0 else ("", "", incomplete)
     sign = last[:1] if last[:1] in "!&" else ""
     names = [*inv.hosts, *inv.groups, "all"]
     return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign) :])]
@@ -178,7 +179,7 @@ def hosts_command(fn=None, *, local_ok: bool = False, speculate: bool = False):
         metavar="PATTERN",
         default=None,
         shell_complete=complete_hosts,
-        help="host, group, glob or comma list (Ansible patterns: 'fleet,!gpu-03'); "
+        help="host, group, glob, or a list joined by ',' or ':' with &/! (Ansible patterns: 'fleet:&rack-2:!gpu-03'); "
         "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174",
     )
     @click.option("--all", "all_hosts", is_flag=True, help="every inventory host")
