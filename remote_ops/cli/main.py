@@ -66,7 +66,7 @@ COMMAND_HELP = {
     "logs": ("logs", "Pull, follow and summarise a host's logs (server container, extraction, training)."),
     "dumps": ("dumps", "Reconcile, check and pull the hidden-state dumps of a host."),
     "extract": ("extract", "Run the extraction client on a host: every sample once through /generate."),
-    "dataset": ("dataset", "Tokenize a chat dataset for extraction and training, with an assistant-only loss mask."),
+    "dataset": ("dataset", "Regenerate a chat dataset's replies with the target; tokenize chats with a loss mask."),
     "spec": ("spec", "Speculative decoding with a trained drafter: deploy it, then measure it."),
     "train": ("train", "Train the drafter on the exported features, follow it, stop it."),
     "daemon": ("daemon", "A warm fork server: runs start without re-importing (opt-in)."),
