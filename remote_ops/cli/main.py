@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "spec",
     "train",
     "daemon",
+    "completion",
 )
 
 #: command name -> (its module, its one-line help): what `--help` shows without importing
@@ -70,6 +71,7 @@ COMMAND_HELP = {
     "spec": ("spec", "Speculative decoding with a trained drafter: deploy it, then measure it."),
     "train": ("train", "Train the drafter on the exported features, follow it, stop it."),
     "daemon": ("daemon", "A warm fork server: runs start without re-importing (opt-in)."),
+    "completion": ("completion", "Print the shell completion script (bash, zsh or fish) for remote-ops."),
 }
 
 

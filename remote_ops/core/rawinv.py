@@ -93,3 +93,20 @@ def _fields(defaults: dict, entry: Any) -> dict[str, Any] | None:
 
 def _plain(value: Any) -> bool:
     return isinstance(value, str) and _PLAIN.fullmatch(value) is not None
+
+
+def raw_names(paths: list[Path]) -> list[str]:
+    """The host and group names of the inventory under `paths`, from the raw YAML (no
+    validation, no pydantic): hosts, then each file of several hosts (its stem), then the
+    `groups:` sections' names, each once, in file order.  For shell completion: what it cannot
+    read (a missing or broken file, an odd shape) it skips."""
+    names: dict[str, None] = {}
+    for file in inventory_files(paths):
+        doc = _load(file) if file.is_file() else None
+        hosts, groups = (doc.get("hosts"), doc.get("groups")) if doc else (None, None)
+        hosts = hosts if isinstance(hosts, dict) else {}
+        names.update(dict.fromkeys(map(str, hosts)))
+        if len(hosts) > 1:
+            names[file.stem] = None
+        names.update(dict.fromkeys(map(str, groups if isinstance(groups, dict) else {})))
+    return list(names)

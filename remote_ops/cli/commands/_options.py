@@ -126,19 +126,22 @@ def _ssh_events_to_stderr() -> None:
 
 
 def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
-    """Shell completion for --host: inventory host and group names (the last term of a pattern)."""
+    """Shell completion for --host: inventory host and group names (the last term of a pattern).
+
+    Names come from the raw YAML (`core.rawinv.raw_names`), not the validated inventory: a TAB
+    does not import pydantic or build the models."""
     from click.shell_completion import CompletionItem
 
     try:
-        from ...core.inventory import default_inventory_paths, load_inventory
+        from ...core.rawinv import default_inventory_paths, raw_names
 
-        inv = load_inventory(list(ctx.params.get("inventory") or ()) or default_inventory_paths())
+        names = raw_names(list(map(Path, ctx.params.get("inventory") or ())) or default_inventory_paths())
     except Exception:  # completion must never fail loudly: no inventory, no names
         return []
     cut = max(incomplete.rfind(","), incomplete.rfind(":"))  # terms are joined by ',' or ':'
     head, sep, last = (incomplete[:cut], incomplete[cut], incomplete[cut + 1 :]) if cut >= 0 else ("", "", incomplete)
     sign = last[:1] if last[:1] in "!&" else ""
-    names = [*inv.hosts, *inv.groups, "all"]
+    names = [*names, "all"]
     return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign) :])]
 
 
@@ -196,7 +199,8 @@ def hosts_command(fn=None, *, local_ok: bool = False, speculate: bool = False):
     def wrapper(app, *args, pattern, all_hosts, limit, **kwargs):
         if local_ok and kwargs.get("local_file") is not None:
             if pattern or all_hosts:
-                raise UsageError("give exactly one of --host/--all or --local-file PATH")
+                flag = next(p.opts[0] for p in click.get_current_context().command.params if p.name == "local_file")
+                raise UsageError(f"give exactly one of --host/--all or {flag} PATH")
             return fn(app, [], *args, **kwargs)
         if speculate and pattern and not all_hosts and not limit and _PLAIN_NAME.fullmatch(pattern):
             app.speculate(pattern)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -28,6 +29,7 @@ def logs_group() -> None:
       remote-ops logs pull --host gpu-node                 # everything, only new bytes
       remote-ops logs follow --host gpu-node --what extraction
       remote-ops logs summary --host gpu-node --plot
+      remote-ops logs summary --local train.log --local extraction.log --plot   # no SSH
     """
 
 
@@ -125,13 +127,27 @@ def _follow(app, spec, what, since, lines, duration, raw: bool) -> None:
     "--pull/--no-pull", "do_pull", default=True, show_default=True, help="pull extraction and training logs first"
 )
 @click.option("--plot", is_flag=True, help="also write PNG plots next to the pulled logs")
-@hosts_command
-def summary_cmd(app, hosts, forks, do_pull, plot) -> int:
+@click.option(
+    "--local",
+    "local_file",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=lambda _ctx, _param, value: value or None,
+    metavar="FILE",
+    help="summarise log files already on this machine instead of a host's (repeat for several; "
+    "no SSH): each is read as an extraction or a SpecForge log by its content",
+)
+@hosts_command(local_ok=True)
+def summary_cmd(app, hosts, forks, do_pull, plot, local_file) -> int:
     """Extraction progress (done/total, tokens, rate, errors, ETA) and training metrics.
 
     Training logs are read in SpecForge's format (per-position `Acc`/`pLoss`
-    lines per epoch or step, and train_eagle3.py's progress bar).
+    lines per epoch or step, and train_eagle3.py's progress bar).  With
+    --local FILE (instead of --host) the files are read here, without SSH; plots
+    go to plots/<file stem>/ next to each file.
     """
+    if local_file:
+        return _summary_local(app, local_file, plot)
 
     def work(spec):
         return 0, _summary_one(app, spec, do_pull, plot)
@@ -169,6 +185,63 @@ class LogSummary:
         }
 
 
+def _summary_local(app, files, plot: bool) -> int:
+    """`--local`: each file summarised as the log its content says it is; one JSON document."""
+    summaries = [_summary_file(Path(f), plot) for f in files]
+    for s in summaries:
+        app.console.say(f"{s.file}: {s.kind} log", style="dim")
+        if s.kind == "extraction":
+            _render_extraction(app.console, s.extraction)
+        elif s.kind == "training":
+            _render_training(app.console, s.training)
+        for p in s.plots:
+            app.console.status("ok", f"plot: {p}")
+    app.console.emit({"files": [s.to_dict() for s in summaries]})
+    return 0
+
+
+def _summary_file(path: Path, plot: bool) -> LocalSummary:
+    """One local log: parsed both ways, kept as the kind whose parser found something."""
+    lines = _read(path)
+    extraction, training = logparse.parse_extraction(lines), logparse.parse_training(lines)
+    kind = log_kind(extraction, training)
+    plots: list = []
+    if plot and kind == "training":
+        plots = _plot_training(path.parent / "plots" / path.stem, path.stem, training)
+    elif plot and kind == "extraction":
+        plots = _plot_extraction(path.parent / "plots" / path.stem, path.stem, lines)
+    return LocalSummary(str(path), kind, extraction, training, [str(p) for p in plots])
+
+
+def log_kind(extraction: logparse.ExtractionSummary, training: logparse.TrainingSummary) -> str:
+    """'training' when SpecForge metrics were found, 'extraction' when the extraction client's
+    events were, else 'unknown' (a file is one or the other: their line formats do not overlap)."""
+    if training.records or training.steps:
+        return "training"
+    if extraction.state != "unknown" or extraction.done or extraction.errors or extraction.error_lines:
+        return "extraction"
+    return "unknown"
+
+
+@dataclass
+class LocalSummary:
+    """One local log file's summary: its kind, the parse of that kind, and the plots written."""
+
+    file: str
+    kind: str  # extraction | training | unknown
+    extraction: logparse.ExtractionSummary
+    training: logparse.TrainingSummary
+    plots: list
+
+    def to_dict(self) -> dict:
+        doc: dict = {"file": self.file, "kind": self.kind}
+        if self.kind == "extraction":
+            doc["extraction"] = self.extraction.to_dict()
+        elif self.kind == "training":
+            doc["training"] = self.training.to_dict()
+        return {**doc, "plots": self.plots}
+
+
 def _render_summary(console, _spec, s: LogSummary) -> None:
     _render_extraction(console, s.extraction)
     _render_training(console, s.training)
@@ -186,12 +259,21 @@ def _read(path) -> list[str]:
 
 
 def _plots(local, name, ext_lines, training):
+    out = local / "plots"
+    return _plot_training(out, name, training) + _plot_extraction(out, name, ext_lines)
+
+
+def _plot_training(out: Path, name: str, training) -> list:
     from ...core import plots
 
-    out = local / "plots"
-    written = plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
+    return plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
+
+
+def _plot_extraction(out: Path, name: str, ext_lines) -> list:
+    from ...core import plots
+
     ext = plots.plot_extraction(logparse.extraction_points(ext_lines), out, title=name)
-    return written + ([ext] if ext else [])
+    return [ext] if ext else []
 
 
 def _fmt_eta(seconds) -> str:
