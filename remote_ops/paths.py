@@ -41,7 +41,8 @@ def package_file(*parts: str) -> Path:
 
 
 def repo_resource(*parts: str) -> Path:
-    """A file shipped beside the package: templates/, docker/ (see pyproject package-dir)."""
+    """A file shipped beside the package: templates/, docker/, inventory/ (the example `init`
+    copies; see pyproject package-dir)."""
     here = Path(__file__).resolve().parent
     for base in (here / "_resources", here.parent):
         candidate = base.joinpath(*parts)

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from ..core.rawinv import default_inventory_paths, raw_hosts
+from ..core.rawinv import default_inventory_paths, inventory_places, raw_hosts
 from ..errors import ConfigError
 from .console import Console
 
@@ -41,12 +41,34 @@ class App:
     _opening: dict[str, "_Opening"] = field(default_factory=dict)
     _speculative: dict[str, tuple[SshTarget, "_Opening"]] = field(default_factory=dict)
 
-    def inventory(self) -> Inventory:
+    def inventory(self, *, required: bool = True) -> Inventory:
+        """The validated inventory (loaded once).  `required`: no inventory found, or one with
+        no hosts, is a ConfigError naming where discovery looked (`no_inventory`), never an
+        empty success; `select` asks with required=False, so ad-hoc addresses need none."""
         if self._inventory is None:
             from ..core.inventory import load_inventory  # pydantic: after `speculate` has started
 
             self._inventory = load_inventory(self.inventory_paths or default_inventory_paths())
+        if required and not self._inventory.hosts:
+            raise self.no_inventory(self._inventory.sources)
         return self._inventory
+
+    def no_inventory(self, files: "tuple[str, ...] | list[str] | list[Path]" = ()) -> ConfigError:
+        """The error for a missing (no files) or empty (files, no hosts) inventory: it names the
+        places looked, in discovery order, and how to start one."""
+        if self.inventory_paths:
+            looked = [f"--inventory / $REMOTE_OPS_INVENTORY: {', '.join(map(str, self.inventory_paths))}"]
+        else:
+            looked = inventory_places()
+        what = f"inventory has no hosts ({', '.join(map(str, files))})" if files else "no inventory found"
+        err = ConfigError(
+            f"{what}; looked in: {'; '.join(looked)}",
+            field="inventory",
+            hint="run `remote-ops init` (writes one to ~/.config/remote-ops/inventory), "
+            "pass --inventory PATH, or name a host by address (--host user@addr)",
+        )
+        err.details.update(looked=looked, files=[str(f) for f in files])
+        return err
 
     def host(self, ref: str) -> HostSpec:
         """The one host a `--host` value names (through `remote_ops.core.targets`: an unknown bare
@@ -65,7 +87,13 @@ class App:
         """The hosts `--host PATTERN` / `--all` / `--limit` name (`remote_ops.core.targets`)."""
         from ..core.targets import select
 
-        return select(self.inventory(), pattern, all_hosts=all_hosts, limit=limit)
+        inventory = self.inventory(required=False)
+        try:
+            return select(inventory, pattern, all_hosts=all_hosts, limit=limit)
+        except ConfigError:
+            if inventory.hosts:
+                raise
+            raise self.no_inventory(inventory.sources) from None  # a name, with nothing to look it up in
 
     def target(self, host: HostSpec) -> SshTarget:
         """Resolve inventory + ssh_config + command-line overrides for `host`."""

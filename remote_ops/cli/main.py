@@ -30,6 +30,7 @@ from ..errors import ExitCode, Interrupted, RemoteOpsError
 COMMAND_MODULES = (
     "hosts",
     "inventory",
+    "init",
     "facts",
     "source",
     "patch",
@@ -55,6 +56,7 @@ COMMAND_MODULES = (
 COMMAND_HELP = {
     "hosts": ("hosts", "List the hosts (and groups) of the inventory."),
     "inventory": ("inventory", "Print the inventory's JSON Schema, or check inventory files (all errors)."),
+    "init": ("init", "Write a commented inventory from the shipped example (and record a host's key)."),
     "facts": ("facts", "Report OS, kernel, CPU, memory, GPUs, container runtime, dump-dir disk and SGLang."),
     "inspect-source": ("source", "Show numbered lines of the SGLang file, each with its enclosing Class.method."),
     "patch": ("patch", "Anchored patch of an SGLang model file (EAGLE-3 hidden-state dump hooks)."),

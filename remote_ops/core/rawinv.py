@@ -23,10 +23,36 @@ CONNECT_FIELDS = ("address", "user", "port", "identity_file", "known_hosts", "pr
 _PLAIN = re.compile(r"[A-Za-z0-9_.:@~/+%-]{1,255}")
 
 
-def default_inventory_paths() -> list[Path]:
-    """`$REMOTE_OPS_INVENTORY` (os.pathsep list), else ./inventory, plus the sandbox's."""
+def user_inventory_dir() -> Path:
+    """The inventory in the user's config directory: `$XDG_CONFIG_HOME/remote-ops/inventory`
+    (default `~/.config/remote-ops/inventory`), where `remote-ops init` writes one."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "remote-ops" / "inventory"
+
+
+def inventory_places() -> list[str]:
+    """Where discovery looks, in order, as an error names them (`--inventory` and
+    `$REMOTE_OPS_INVENTORY` first: click passes both as `--inventory`)."""
     env = os.environ.get("REMOTE_OPS_INVENTORY")
-    paths = [Path(p) for p in env.split(os.pathsep) if p] if env else [Path("inventory")]
+    return [
+        "--inventory PATH (not given)",
+        f"$REMOTE_OPS_INVENTORY ({env or 'unset'})",
+        f"./inventory ({Path('inventory').absolute()})",
+        str(user_inventory_dir()),
+    ]
+
+
+def default_inventory_paths() -> list[Path]:
+    """Discovery when no `--inventory` is given: `$REMOTE_OPS_INVENTORY` (os.pathsep list), else
+    ./inventory if it exists, else the user's config directory if it exists (the first found
+    wins, as Ansible's inventory does), plus the sandbox's entry when `sandbox up` wrote one.
+    An empty list means no inventory was found (commands that need one say where they looked)."""
+    env = os.environ.get("REMOTE_OPS_INVENTORY")
+    if env:
+        paths = [Path(p) for p in env.split(os.pathsep) if p]
+    else:
+        found = next((p for p in (Path("inventory"), user_inventory_dir()) if p.exists()), None)
+        paths = [found] if found else []
     from ..paths import sandbox_inventory_file  # local import: paths is tiny, avoids a cycle
 
     sandbox = sandbox_inventory_file()

@@ -34,7 +34,7 @@ def app_options(fn):
         multiple=True,
         type=click.Path(path_type=Path),
         envvar="REMOTE_OPS_INVENTORY",
-        help="inventory file or directory (default ./inventory) [env REMOTE_OPS_INVENTORY]",
+        help="inventory file or directory [env REMOTE_OPS_INVENTORY] (else ./inventory, else ~/.config/remote-ops/inventory)",
     )
     @click.option(
         "--ssh-config",

@@ -37,7 +37,7 @@ def inventory_group() -> None:
 
     \b
       remote-ops inventory schema > inventory.schema.json
-      remote-ops inventory check                  # ./inventory, or --inventory / $REMOTE_OPS_INVENTORY
+      remote-ops inventory check        # first found: --inventory, $REMOTE_OPS_INVENTORY, ./inventory, ~/.config/remote-ops/inventory
     """
 
 
@@ -187,6 +187,8 @@ def check_cmd(app) -> int:
     for path in files:
         good, found = file_problems(path)
         hosts, problems = hosts + good, problems + found
+    if not files or (hosts == 0 and not problems):  # none found, or none in it: an error, not "valid"
+        raise app.no_inventory(files)
     if not problems:  # files valid one by one; the whole (duplicate hosts, groups) is checked on load
         try:
             app.inventory()
