@@ -3,9 +3,11 @@
 Commands return result objects; the CLI hands them to `Console`.  Nothing else
 prints.  The streams rule:
 
-- data (tables, diffs, listings, check results, followed log lines) -> stdout,
-  so `remote-ops hosts 2>/dev/null`, `patch apply --dry-run > x.diff` and
-  `logs follow | grep` work;
+- data (tables, diffs, listings, check results and verdicts, followed log
+  lines) -> stdout, so `remote-ops hosts 2>/dev/null`, `patch apply --dry-run
+  > x.diff` and `logs follow | grep` work; a table to a stdout that is not a
+  terminal is tab-separated lines with whole values (`tab_separated`), so
+  `patch specs | grep -c CLASS` counts rows;
 - progress, notes, warnings and errors -> stderr;
 - with `--json`, stdout carries exactly one JSON document (`emit`), or one
   compact object per line for streams (`emit_line`: `health --watch`, `logs
@@ -163,7 +165,16 @@ class Console:
             target.print(markup(), style=style)
 
     def table(self, columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-        """A table of data (stdout; stderr with --json)."""
+        """A table of data (stdout; stderr with --json).  To a stdout that is not a terminal
+        (`plain_stream`) it is `tab_separated`: values whole, no box characters, the title
+        (if any) a `# title` line before the header, so a run that prints several tables
+        (`facts` of many hosts) still says which is which, and `grep -v '^#'` drops it.
+        Otherwise a rich table, as on a terminal."""
+        if not self.json_mode and plain_stream(self._stdout):
+            heading = f"# {visible(title, one_line=True)}\n" if title else ""
+            self._stdout.write(heading + tab_separated(columns, rows))
+            self._stdout.flush()
+            return
         from rich.table import Table
 
         t = Table(title=title, show_edge=False, header_style="bold")
@@ -241,6 +252,17 @@ class Console:
         text = visible(text)
         self._stdout.write(text if text.endswith("\n") else text + "\n")
         self._stdout.flush()
+
+
+def tab_separated(columns: list[str], rows: list[list[Any]]) -> str:
+    """A table as text for a pipe: a header line, then one line per row, cells separated by
+    tabs.  Cells are whole (never cut), their control characters shown (`visible`, one line)
+    and a tab inside a cell as `^I`, so each row is one line of exactly len(columns) fields."""
+
+    def cell(v: Any) -> str:
+        return visible("" if v is None else str(v), one_line=True).replace("\t", "^I")
+
+    return "".join("\t".join(cell(v) for v in line) + "\n" for line in [columns, *rows])
 
 
 def plain_stream(file: Any) -> bool:

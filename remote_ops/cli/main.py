@@ -187,7 +187,16 @@ def _short(text: str, limit: int) -> str:
     callback=_print_version,
     help="show versions of remote-ops, fabric, paramiko, jinja2 and docker",
 )
-def cli() -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="as a command's -v (before or after the command; the counts add up): "
+    "-v each remote command, -vv SSH transport events",
+)
+@click.option("-q", "--quiet", is_flag=True, help="as a command's -q (before or after the command); not with -v")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """Prepare a GPU host over SSH for EAGLE-3 hidden-state extraction with SGLang.
 
     \b
@@ -197,26 +206,36 @@ def cli() -> None:
       remote-ops deploy --host 10.1.230.174 --dry-run
       remote-ops health --host fleet --forks 8
       remote-ops deploy --all --limit 'gpu-0*' --serial 2
+      remote-ops patch specs | grep KimiK25
 
     \b
-    Data (tables, diffs, listings, logs) goes to stdout, progress and
-    warnings to stderr; --json prints one document (JSON Lines for
-    --watch and `logs follow`); -v shows each remote command, -vv SSH events.
+    Data (tables, diffs, listings, logs, verdicts) goes to stdout, progress
+    and warnings to stderr; piped, a table is one tab-separated line per row
+    (header first, values whole); --json prints one document (JSON Lines
+    for --watch and `logs follow`); -v shows each remote command, -vv SSH
+    events, -q silences progress (before or after the command; -q with -v
+    is a usage error).
 
     Exit codes are documented in docs/exit-codes.md (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
     failed, 11/12 health warn/fail, 13 not found, 14 no space,
     129/130/143 SIGHUP/SIGINT/SIGTERM).
     """
+    run = ctx.ensure_object(RunConsole)
+    run.verbose, run.quiet = verbose, quiet
 
 
 class RunConsole:
     """Where a run's command leaves its Console for this boundary (click's context `obj`, set
     by `commands._options.app_options`): the error that ends the run is rendered on it
-    (`Console.for_errors`), so an error after a JSON Lines stream knows it ends a stream."""
+    (`Console.for_errors`), so an error after a JSON Lines stream knows it ends a stream.
+    It also carries the root group's `-v` count and `-q` (given before the command), which
+    `app_options` merges with the command's own."""
 
     def __init__(self) -> None:
         self.console = None  # a remote_ops.cli.console.Console, once the command made one
+        self.verbose = 0  # `remote-ops -v ... CMD`: added to the command's own -v count
+        self.quiet = False  # `remote-ops -q CMD`
 
 
 def _json_requested(argv: list[str]) -> bool:

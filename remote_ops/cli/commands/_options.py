@@ -7,8 +7,10 @@ commands read `def facts(app, hosts, ...)` and hand a per-host function to
 `commands._fleet.run_on_hosts`.  `host_command` is the one-host form
 (`def cmd(app, host, ...)` with `host` the `--host` text) for commands that
 work on a single host only.  Every command gets `-v/--verbose` (each remote
-command with its round-trip time; `-vv` SSH transport events) and `--host`
-completes inventory host and group names in the shell.
+command with its round-trip time; `-vv` SSH transport events) and `-q/--quiet`,
+merged with the same options given before the command (`remote-ops -v hosts`:
+counts add up, `-q` with any `-v` is a usage error), and `--host` completes
+inventory host and group names in the shell.
 """
 
 from __future__ import annotations
@@ -85,10 +87,11 @@ def app_options(fn):
         verbose,
         **kwargs,
     ):
+        run = click.get_current_context().find_object(RunConsole)
+        verbose, quiet = _verbosity(run, verbose, quiet)
         if verbose > 1:
             _ssh_events_to_stderr()
         console = Console(json_mode=as_json, quiet=quiet)
-        run = click.get_current_context().find_object(RunConsole)
         if run is not None:  # the CLI boundary renders a final error on this console
             run.console = console
         app = App(
@@ -104,6 +107,16 @@ def app_options(fn):
         return fn(app, *args, **kwargs)
 
     return wrapper
+
+
+def _verbosity(run: RunConsole | None, verbose: int, quiet: bool) -> tuple[int, bool]:
+    """The run's `-v` count and `-q`: the root group's (`remote-ops -v CMD`) and the command's
+    (`remote-ops CMD -v`) together, counts added.  `-q` with any `-v` is a usage error (exit 2)."""
+    if run is not None:
+        verbose, quiet = verbose + run.verbose, quiet or run.quiet
+    if quiet and verbose:
+        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together")
+    return verbose, quiet
 
 
 def _ssh_events_to_stderr() -> None:

@@ -55,10 +55,11 @@ def render_check(console, report: patching.CheckReport, data: bool = True) -> No
             f"anchor {a.block}: line {a.line} `{a.text}` in {a.scope}; "
             f"before it line {a.prev_line or '-'}, after it line {a.next_line or 'end of method'}",
         )
-    if report.refusal:
-        console.status("fail", f"refused ({report.refusal['reason']}): {report.refusal['message']}")
+    if report.refusal:  # the verdict is data (stdout) for `patch check`, progress under apply
+        console.status("fail", f"refused ({report.refusal['reason']}): {report.refusal['message']}", data=data)
     else:
-        console.status("ok", "the patch can be applied" if report.state != anchors.APPLIED else "already applied")
+        verdict = "the patch can be applied" if report.state != anchors.APPLIED else "already applied"
+        console.status("ok", verdict, data=data)
 
 
 def render_verify(console, result: patching.VerifyResult, data: bool = True) -> None:
@@ -155,7 +156,7 @@ def verify_cmd(app, hosts, forks, path, local_file, model_class) -> int:
         app.console.step(f"verify {result.host}:{result.path}")
         render_verify(app.console, result)
         result.raise_if_failed()
-        app.console.status("ok", f"{result.host}: patch verified")
+        app.console.status("ok", f"{result.host}: patch verified", data=True)  # the verdict is data
         return 0, result
 
     return on_targets(app, hosts, forks, path, local_file, work, model_class=model_class)
@@ -223,6 +224,8 @@ def _render_status(console, _spec, result) -> None:
     console.table(["block", "state", "spec hash", "marker hash", "lines", "anchor"], rows)
     for f in result.report.findings:
         console.status("fail", f.message)
+    verdict = "fail" if result.status in (anchors.MISPLACED, anchors.MODIFIED) else "ok"
+    console.status(verdict, f"{result.host}:{result.path}: {result.status}", data=True)  # the verdict is data
 
 
 @patch_group.command("drift")
