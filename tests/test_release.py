@@ -97,7 +97,7 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path):
         shutil.copy2(ROOT / name, src / name)
     (src / "docs").mkdir()
     shutil.copy2(ROOT / "docs" / "pypi.md", src / "docs" / "pypi.md")
-    for folder in ("remote_ops", "templates", "docker"):
+    for folder in ("remote_ops", "templates", "docker", "inventory"):  # the package-dir resources
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     build = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
     done = subprocess.run(
