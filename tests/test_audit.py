@@ -221,11 +221,15 @@ def test_post_norm_dumps_pass_and_the_stdlib_fallback_finds_the_same(tmp_path):
     run = local_run(tmp_path)
     fast, slow = auditor(run, "--samples", "6"), auditor(run, "--samples", "6", "--no-numpy")
     assert fast["numpy"] is True and slow["numpy"] is False
-    assert (
-        fast["norm"]
-        == slow["norm"]
-        == {"checked": 6, "match": 6, "prenorm": 0, "mismatch": 0, "no_token": 0, "verdict": "post-norm"}
-    )
+    assert fast["norm"] == slow["norm"] and 0 <= fast["norm"]["ambiguous"] <= 6
+    assert {k: v for k, v in fast["norm"].items() if k != "ambiguous"} == {
+        "checked": 6,
+        "match": 6,
+        "prenorm": 0,
+        "mismatch": 0,
+        "no_token": 0,
+        "verdict": "post-norm",
+    }
 
     def strip(d):  # the logit gaps differ in their last bits (float64 sums in another order)
         return [{k: v for k, v in s.items() if k != "token"} | {"argmax": s["token"]["argmax"]} for s in d["samples"]]
@@ -288,6 +292,24 @@ def test_the_draw_is_one_sample_per_stratum_and_seeded():
     assert draw == a.stratified(1000, 64, seed=7) != a.stratified(1000, 64, seed=8)
     assert [p * 64 // 1000 for p in draw] == list(range(64))  # one in each 1/64th of the run
     assert a.stratified(10, 64, 0) == list(range(10))
+
+
+def test_samples_that_give_the_token_both_ways_do_not_outvote_pre_norm_ones():
+    """A pre-norm dump whose argmax the final norm does not move matches too: no evidence."""
+    sys.path.insert(0, str(AUDITOR.parent))
+    import audit_onhost as a
+
+    def sample(status, tells=True):
+        s = a.Sample(0, "k", {})
+        s.doc["token"] = {"status": status, "tells_norm": tells}
+        return s
+
+    four_pre_four_both = [sample("prenorm")] * 4 + [sample("match", tells=False)] * 4
+    verdict = a.norm_verdict(four_pre_four_both)
+    assert verdict["verdict"] == "pre-norm" and verdict["ambiguous"] == 4 and verdict["checked"] == 8
+    assert a.norm_verdict([sample("match", tells=False)] * 3)["verdict"] == "post-norm"  # every token right
+    assert a.norm_verdict([sample("prenorm")] * 2 + [sample("match")] * 2)["verdict"] == "mixed"
+    assert a.norm_verdict([sample("prenorm")] * 2 + [sample("mismatch")] * 3)["verdict"] == "mixed"
 
 
 def test_the_verdicts_of_a_report():
@@ -354,7 +376,8 @@ def test_a_16_sample_extraction_on_the_computing_standin_passes_the_audit(run_of
     checks = checks_of(doc)
     assert list(checks) == ["sampled", "shape", "finite", "alignment", "token", "layer_ids"]
     assert all(c["status"] == "ok" for c in checks.values()), doc["checks"]
-    assert doc["norm"] | {"checked": 16} == {
+    assert 0 <= doc["norm"]["ambiguous"] <= 16
+    assert {k: v for k, v in doc["norm"].items() if k != "ambiguous"} | {"checked": 16} == {
         "checked": 16,
         "match": 16,
         "prenorm": 0,

@@ -599,6 +599,7 @@ def check_tokens(samples, model_dir, cfg, fl):
             doc["argmax_after_final_norm"] = logits.arg[j]
             if status == "mismatch" and normed == "match":
                 doc["status"] = "prenorm"
+            doc["tells_norm"] = status != normed  # both give the token: says nothing about the norm
         s.doc["token"] = doc
         if doc["status"] == "prenorm":
             s.fail(
@@ -612,18 +613,26 @@ def check_tokens(samples, model_dir, cfg, fl):
 
 
 def norm_verdict(samples):
-    """What the dumps' final states are, from the token check: post-norm, pre-norm, mixed or unknown."""
-    counts = {"match": 0, "prenorm": 0, "mismatch": 0, "no_token": 0}
+    """What the dumps' final states are, from the token check: post-norm, pre-norm, mixed or unknown.
+
+    A final state whose argmax is the server's token both as stored and after the final RMSNorm
+    (`ambiguous`) is a good sample but no evidence either way: on a pre-norm dump it happens
+    whenever the norm does not move the argmax, so pre-norm is judged on the other samples."""
+    counts = {"match": 0, "prenorm": 0, "mismatch": 0, "no_token": 0, "ambiguous": 0}
     for s in samples:
-        status = (s.doc.get("token") or {}).get("status")
+        token = s.doc.get("token") or {}
+        status = token.get("status")
         if status in counts:
             counts[status] += 1
+        if status == "match" and token.get("tells_norm") is False:
+            counts["ambiguous"] += 1
     checked = counts["match"] + counts["prenorm"] + counts["mismatch"]
+    telling = checked - counts["ambiguous"]
     if not checked:
         verdict = "unknown"
     elif counts["match"] == checked:
         verdict = "post-norm"
-    elif counts["prenorm"] * 2 > checked:
+    elif counts["prenorm"] * 2 > telling:
         verdict = "pre-norm"
     else:
         verdict = "mixed"

@@ -121,6 +121,14 @@ def final_norm_decision(remote, spec, *, convert: bool = False, accept: bool = F
         )
     if verdict == "unknown":
         return _norm(verdict, "as_is", f"not checked ({check.get('why') or 'no dump could be checked'})", check)
+    if verdict == "mixed":
+        return _norm(
+            verdict,
+            "as_is",
+            f"mixed ({counts}; {check.get('prenorm', 0)} only after the final RMSNorm, "
+            f"{check.get('mismatch', 0)} not at all): exported as they are, `dumps audit` says which",
+            check,
+        )
     return _norm(verdict, "as_is", f"{verdict} ({counts})", check)
 
 

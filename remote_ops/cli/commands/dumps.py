@@ -443,7 +443,8 @@ def export_cmd(
     remote = app.remote(spec)
     out = out or export_mod.default_out(spec)
     norm = export_mod.final_norm_decision(remote, spec, convert=convert_prenorm, accept=accept_prenorm)
-    app.console.status("ok" if norm["action"] == "as_is" else "warn", f"final states: {norm['said']}")
+    plain = norm["action"] == "as_is" and norm["verdict"] == "post-norm"
+    app.console.status("ok" if plain else "warn", f"final states: {norm['said']}")
     on_host = export_mod.place_dataset(remote, spec, dataset, out)
     cmd = export_mod.export_command(
         spec.dump.dir,
