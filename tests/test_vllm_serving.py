@@ -1,0 +1,121 @@
+"""The serving engine as data: the inventory's `serving.engine`, and vLLM's server, image and logs (pure)."""
+
+import json
+
+import pytest
+
+from remote_ops.core.inventory import load_inventory, parse_inventory_data
+from remote_ops.errors import ConfigError
+from remote_ops.serving import KINDS, module_for, serving_for
+
+VLLM_HOST = """\
+hosts:
+  v1:
+    address: 127.0.0.1
+    serving:
+      engine: vllm
+    vllm:
+      version: "0.32.0"
+      base_image: remote-ops/vllm-cpu:0.32.0
+    model: {path: /models/tiny-llama, served_name: tiny, num_layers: 4, hidden_size: 128}
+    dump: {dir: /data/dumps, layers: [1, 2, 3]}
+    server: {port: 8000, tp: 1}
+"""
+
+
+def vllm_host(tmp_path, text=VLLM_HOST):
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    return load_inventory([path]).one("v1")
+
+
+def test_sglang_is_the_default_serving_engine():
+    (host,) = parse_inventory_data({"hosts": {"h": {}}}, source="f.yaml")
+    assert host.serving.engine == "sglang"
+    assert serving_for(host).NEEDS_PATCH is True
+    assert set(KINDS) == {"sglang", "vllm"}
+
+
+def test_unknown_serving_engine_names_file_field_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("hosts:\n  h1:\n    serving:\n      engine: tgi\n")
+    with pytest.raises(ConfigError) as exc:
+        load_inventory([path])
+    text = str(exc.value)
+    assert str(path) in text and "hosts.h1.serving.engine" in text and "line 4" in text
+    assert "sglang" in text and "vllm" in text
+
+
+def test_serving_is_not_the_container_engine(tmp_path):
+    host = vllm_host(tmp_path)
+    assert host.engine == "docker" and host.serving.engine == "vllm"
+
+
+def test_connector_dir_is_one_name_under_the_dump_dir():
+    with pytest.raises(ConfigError, match=r"hosts\.h\.vllm\.connector_dir"):
+        parse_inventory_data({"hosts": {"h": {"vllm": {"connector_dir": "../etc"}}}}, source="f.yaml")
+
+
+def test_vllm_server_command_asks_the_aux_layers_and_the_final_state(tmp_path):
+    host = vllm_host(tmp_path)
+    v = serving_for(host)
+    assert v.NEEDS_PATCH is False
+    assert v.capture_layer_ids(host) == [1, 2, 3, 4]
+    argv = list(v.command(host))
+    assert argv[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--no-enable-chunked-prefill" in argv and "--no-enable-prefix-caching" in argv
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}},
+    }
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_producer"
+    assert kv["kv_connector_module_path"] == v.CONNECTOR_MODULE
+    assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/data/dumps/vllm-out"}
+    assert argv[argv.index("--port") + 1] == "8000"
+
+
+def test_vllm_run_spec_has_no_sglang_dumper_settings_and_its_own_run_config(tmp_path):
+    host = vllm_host(tmp_path)
+    v = serving_for(host)
+    spec = v.run_spec(host, "remote-ops/sglang-eagle3:x")
+    assert not any(k.startswith("SGLANG_") for k in spec.env)
+    assert spec.env["VLLM_PORT"] == "8000"
+    assert spec.entrypoint == ()
+    assert "/data/dumps:/data/dumps" in spec.volumes
+    other = v.run_spec(host.model_copy(update={"dump": host.dump.model_copy(update={"layers": [1, 2, 2]})}), "x")
+    from remote_ops.engine.labels import RUN_CONFIG
+
+    assert spec.labels[RUN_CONFIG] != other.labels[RUN_CONFIG]
+
+
+def test_vllm_image_is_rendered_from_the_pinned_release(tmp_path):
+    host = vllm_host(tmp_path)
+    v = serving_for(host)
+    text = v.render_dockerfile(host)
+    assert "FROM remote-ops/vllm-cpu:0.32.0" in text
+    assert 'org.remote-ops.vllm.version="0.32.0"' in text
+    assert "/health" in text and "ENTRYPOINT []" in text
+    assert v.image_ref(host).startswith("remote-ops/sglang-eagle3:vllm-0.32.0-")
+    newer = host.model_copy(update={"vllm": host.vllm.model_copy(update={"version": "0.33.0"})})
+    assert v.image_ref(newer) != v.image_ref(host)
+
+
+def test_vllm_log_stats_lines():
+    log = (
+        "INFO 12-02 11:15:03 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000\n"
+        "INFO 12-02 11:15:13 [loggers.py:123] Engine 000: Avg prompt throughput: 1234.5 tokens/s, "
+        "Avg generation throughput: 12.0 tokens/s, Running: 3 reqs, Waiting: 1 reqs, "
+        "GPU KV cache usage: 4.5%, Prefix cache hit rate: 0.0%\n"
+    )
+    (rec,) = module_for("vllm").log_stats(log)
+    assert rec == {
+        "time": "12-02 11:15:13",
+        "prompt_tokens_per_s": 1234.5,
+        "generation_tokens_per_s": 12.0,
+        "running": 3,
+        "waiting": 1,
+        "kv_cache_usage_pct": 4.5,
+    }
