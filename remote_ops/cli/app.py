@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..core.rawinv import default_inventory_paths, inventory_places, raw_hosts
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from .console import Console
 
 if TYPE_CHECKING:  # the SSH stack (paramiko, Fabric, invoke) is imported on the first connection
@@ -72,12 +72,11 @@ class App:
 
     def host(self, ref: str) -> HostSpec:
         """The one host a `--host` value names (through `remote_ops.core.targets`: an unknown bare
-        name is a ConfigError with close matches; ad-hoc hosts need an address form)."""
+        name is a ConfigError with close matches; ad-hoc hosts need an address form).  A pattern
+        that names several hosts is a usage error (exit 2), found before anything connects."""
         hosts = self.select(ref)
         if len(hosts) != 1:
-            raise ConfigError(
-                f"{ref!r} names {len(hosts)} hosts; this command takes one", field="--host", hint="name one host"
-            )
+            raise one_host_only(ref, [h.name for h in hosts])
         return hosts[0]
 
     def hosts(self, ref: str) -> list[HostSpec]:
@@ -209,6 +208,21 @@ class App:
         remotes, self._remotes = list(self._remotes.values()), {}  # a host's thread may `forget` meanwhile
         for remote in remotes:
             remote.close()
+
+
+def one_host_only(ref: str, names: list[str]) -> UsageError:
+    """The usage error of a one-host command given a pattern that names several hosts."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    command = f"`{ctx.command_path.removeprefix('remote-ops ')}`" if ctx else "this command"
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    err = UsageError(
+        f"--host {ref!r} names {len(names)} hosts ({shown}); {command} takes one host",
+        hint="name one host (docs/cli.md lists which commands take a pattern)",
+    )
+    err.details.update(hosts=names)
+    return err
 
 
 class _Opening:

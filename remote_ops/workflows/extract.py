@@ -231,14 +231,17 @@ def plan_start(
     limit: int | None = None,
     dump_grace: float = 30.0,
     dataset_checked: bool = False,
+    local_dataset: bool | None = None,
 ) -> dict:
     """What `start` would do, read in one round trip, changing nothing (for --dry-run / --diff).
-    A bad local dataset, or no usable python3 on the host, is refused as `start` refuses it."""
+    A bad local dataset, or no usable python3 on the host, is refused as `start` refuses it.
+    `local_dataset` as `start`'s (None: a local file when there is one)."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
-    if not dataset_checked and local.is_file():
+    is_local = local.is_file() if local_dataset is None else local_dataset
+    if not dataset_checked and is_local:
         check_dataset(local)
-    remote_dataset = p.dataset if local.is_file() else dataset
+    remote_dataset = p.dataset if is_local else dataset
     alive, client, on_host = ExtractAlive(p), FileSha(p.client, "client"), FileSha(remote_dataset, "dataset")
     python = HostPython()
     sec = batch.run(remote, [alive, client, on_host, python])
@@ -247,7 +250,7 @@ def plan_start(
     return {
         "already_running": alive.read(sec),
         "upload_client": client.read(sec) != _sha256(client_source()),
-        "upload_dataset": local.is_file() and on_host.read(sec) != _sha256(local.read_bytes()),
+        "upload_dataset": is_local and on_host.read(sec) != _sha256(local.read_bytes()),
         "dataset_on_host": remote_dataset,
         "command": launch_command(
             p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host)

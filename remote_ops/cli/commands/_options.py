@@ -6,7 +6,9 @@ plus the connection options, and passes the `App` and the selected hosts, so
 commands read `def facts(app, hosts, ...)` and hand a per-host function to
 `commands._fleet.run_on_hosts`.  `host_command` is the one-host form
 (`def cmd(app, host, ...)` with `host` the `--host` text) for commands that
-work on a single host only.  Every command gets `-v/--verbose` (each remote
+work on a single host only (a pattern naming several hosts: exit 2, `App.host`).
+`PathOption` is the type of every path option: local unless `host:PATH`
+(`remote_ops.core.pathref`), checked while parsing, before any connection.  Every command gets `-v/--verbose` (each remote
 command with its round-trip time; `-vv` SSH transport events) and `-q/--quiet`,
 merged with the same options given before the command (`remote-ops -v hosts`:
 counts add up, `-q` with any `-v` is a usage error), and `--host` completes
@@ -156,6 +158,35 @@ def complete_hosts(ctx: click.Context, _param, incomplete: str) -> list:
     sign = last[:1] if last[:1] in "!&" else ""
     names = [*names, "all"]
     return [CompletionItem(f"{head}{sep}{sign}{n}") for n in names if n.startswith(last[len(sign) :])]
+
+
+class PathOption(click.ParamType):
+    """A path option's value under the one rule (`core.pathref`): local unless `host:PATH`.
+
+    Checked while the command line is parsed, so before any inventory load or connection:
+    a local path that must exist and does not, or a `host:` path where only a local one is
+    taken, is a usage error (exit 2).  The value given to the command is a `PathRef`
+    (`host_ok`) or, for local-only options, a `Path` (`~` expanded)."""
+
+    def __init__(self, want: str = "file", *, host_ok: bool = False) -> None:
+        self.want, self.host_ok = want, host_ok
+        self.name = "path"
+
+    def convert(self, value, param, ctx):
+        from ...core import pathref
+
+        if isinstance(value, (pathref.PathRef, Path)):
+            return value
+        ref = pathref.parse(str(value))
+        seen = None
+        if not ref.on_host:
+            local = Path(ref.path).expanduser()
+            seen = pathref.Seen(local.exists(), local.is_dir())
+            ref = pathref.PathRef(str(local)) if ref.path else ref
+        why = pathref.problem(ref, host_ok=self.host_ok, want=self.want, seen=seen)  # type: ignore[arg-type]
+        if why:
+            self.fail(why, param, ctx)
+        return ref if self.host_ok else Path(ref.path)
 
 
 def host_option(required: bool = True):

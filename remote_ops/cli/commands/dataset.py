@@ -9,7 +9,8 @@ import click
 
 from ...errors import ConfigError, ExitCode
 from ...onhost import dataset as ds
-from ._options import app_options, host_option, hosts_command
+from ._fleet import run_on_hosts
+from ._options import PathOption, app_options, host_option, hosts_command
 
 
 @click.group("dataset")
@@ -25,6 +26,7 @@ def dataset_group() -> None:
       remote-ops dataset regenerate --host fleet --dataset chats.jsonl   # split over the group
       remote-ops dataset prepare chats.regenerated.jsonl -o prepared.jsonl --tokenizer /models/Kimi-K2.5
       remote-ops dataset prepare chats.jsonl --on-host --host gpu-node   # in the SGLang image
+      remote-ops dataset prepare chats.jsonl --on-host --host fleet      # on each host of the group
 
     Input: ShareGPT (`conversations`: from/value) or OpenAI (`messages`: role/content) JSONL.
     Output: {"id", "input_ids", "loss_mask"} JSONL; the mask is 1 on the assistant turns'
@@ -56,7 +58,7 @@ def _render(console, report: ds.PrepareReport | dict, dest: str) -> None:
 
 
 @dataset_group.command("prepare")
-@click.argument("source", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("source", type=PathOption("file"))
 @click.option(
     "-o",
     "--output",
@@ -86,7 +88,11 @@ def _render(console, report: ds.PrepareReport | dict, dest: str) -> None:
 @host_option(required=False)
 @app_options
 def prepare_cmd(app, source, output, tokenizer, max_length, overflow, trust_remote_code, on_host, host) -> int:
-    """Tokenize SOURCE with the chat template; mask = the assistant turns' tokens."""
+    """Tokenize SOURCE (a local file) with the chat template; mask = the assistant turns' tokens.
+
+    Here by default (--host: only for its model.path, one host).  With --on-host, --host
+    takes a pattern: SOURCE is uploaded to each host and tokenized there, in its own image,
+    and each host keeps its output (-o and --tokenizer are then paths on the host)."""
     if on_host:
         return _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust_remote_code, host)
     if not (tokenizer or host):
@@ -111,13 +117,19 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
 
     if not host:
         raise ConfigError("--on-host needs --host", field="--host")
-    spec = app.host(host)
-    dest, report = dataset_wf.prepare_on_host(
-        app.remote(spec), spec, source, output, tokenizer, max_length, overflow, trust_remote_code
-    )
-    _render(app.console, report, f"{spec.name}:{dest}")
-    app.console.emit({"host": spec.name, "output": dest, **report})
-    return 0
+    hosts = app.select(host)
+    app.preconnect(hosts)
+
+    def work(spec):
+        dest, report = dataset_wf.prepare_on_host(
+            app.remote(spec), spec, source, output, tokenizer, max_length, overflow, trust_remote_code
+        )
+        return 0, {"host": spec.name, "output": dest, **report}
+
+    def show(console, spec, doc) -> None:
+        _render(console, doc, f"{spec.name}:{doc['output']}")
+
+    return run_on_hosts(app, hosts, work, show)
 
 
 # --------------------------------------------------------------------------- regenerate
@@ -128,7 +140,7 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
     "--dataset",
     "source",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathOption("file"),
     metavar="PATH",
     help="local chat JSONL (OpenAI messages or ShareGPT conversations); a group splits it",
 )

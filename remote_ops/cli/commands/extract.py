@@ -18,7 +18,7 @@ from ...core import extractplan
 from ...errors import CommandTimedOut, Refused, UsageError
 from ...workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
-from ._options import hosts_command
+from ._options import PathOption, hosts_command
 from .logs import _render_extraction
 
 
@@ -89,7 +89,9 @@ class _StartCommand(click.Command):
     "--dataset",
     required=True,
     metavar="PATH",
-    help="local JSONL file (uploaded; split across the hosts of a group) or a path on the host",
+    type=PathOption("file", host_ok=True),
+    help="local JSONL file (checked, uploaded; split across the hosts of a group), or host:PATH for a "
+    "file already on the host (one host)",
 )
 @click.option("--concurrency", type=int, default=8, show_default=True, help="requests in flight per host")
 @click.option("--retries", type=int, default=5, show_default=True, help="retries per sample (backoff)")
@@ -114,21 +116,28 @@ def start_cmd(
 ) -> int:
     """Start (or resume) the client, detached on each host; a group splits the samples not yet dumped.
 
-    A local dataset is checked here first, before any connection, upload or lock:
-    a bad line is exit 3 naming FILE:LINE."""
-    local = Path(dataset).expanduser()
-    if local.is_file():
+    A local dataset is checked here first, before any connection, upload or lock: a
+    missing file is exit 2, a bad line exit 3 naming FILE:LINE.  host:PATH names a file
+    on the host (checked there; one host only)."""
+    on_host = dataset.on_host
+    local = Path(dataset.path)
+    if not on_host:
         extract_mod.check_dataset(local)
-    ledger = extract_mod.load_ledger(_dataset_id(local)) if local.is_file() else None
+    ledger = None if on_host else extract_mod.load_ledger(_dataset_id(local))
     others = set((ledger or {}).get("hosts", {})) - {h.name for h in hosts}
     if len(hosts) == 1 and not others:
         kwargs = dict(
-            concurrency=concurrency, retries=retries, limit=max_samples, server_url=server_url, dataset_checked=True
+            concurrency=concurrency,
+            retries=retries,
+            limit=max_samples,
+            server_url=server_url,
+            dataset_checked=True,
+            local_dataset=not on_host,
         )
-        return _start_one(app, hosts[0], dataset, kwargs, wait_s, dry_run, show_plan)
-    if not local.is_file():
+        return _start_one(app, hosts[0], dataset.path, kwargs, wait_s, dry_run, show_plan)
+    if on_host:
         raise UsageError(
-            f"a group start splits a local dataset file; {dataset} is not one here",
+            f"a group start splits a local dataset file; {dataset} is a file on the host",
             hint="copy the dataset here, or start each host on its own file",
         )
     kwargs = dict(concurrency=concurrency, retries=retries, server_url=server_url, dataset_checked=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ...workflows import specbench as sb
-from ._options import host_command
+from ._options import PathOption, host_command
 
 
 @click.group("spec")
@@ -187,7 +187,7 @@ def _render_run(console, s: sb.BenchSummary) -> None:
 @click.option(
     "--prompts",
     "prompts_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathOption("file"),
     default=None,
     help='JSONL of {"text"} or {"input_ids"} (default: the built-in set of 8 prompts)',
 )

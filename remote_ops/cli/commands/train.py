@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from ...workflows import train as train_mod
-from ._options import host_command
+from ._fleet import run_on_hosts
+from ._options import PathOption, host_command, hosts_command
 
 
 @click.group("train")
@@ -19,6 +20,7 @@ def train_group() -> None:
       remote-ops train start --host gpu-node --draft-config /data/kimi-eagle3.json --epochs 10
       remote-ops train start --host sandbox --standin      # no GPU: the labelled stand-in
       remote-ops train status --host gpu-node
+      remote-ops train status --host fleet          # every host's run
       remote-ops train stop --host gpu-node
 
     Data: the `dumps export` dir (default <dump.dir>-specforge); checkpoints:
@@ -64,8 +66,13 @@ def _step_line(console, host: str):
 
 
 def _render_result(app, r: train_mod.TrainResult, diff: bool) -> None:
+    """`_show_result`, then the result as the command's document."""
+    _show_result(app.console, r, diff)
+    app.console.emit(r)
+
+
+def _show_result(console, r: train_mod.TrainResult, diff: bool) -> None:
     """Steps (dry runs: all at once; real runs streamed them), commands, --diff, then the status."""
-    console = app.console
     if r.dry_run:
         for step in r.steps:
             _step_line(console, r.host)(step)
@@ -83,7 +90,6 @@ def _render_result(app, r: train_mod.TrainResult, diff: bool) -> None:
         _render(console, r.status)
     if r.record:
         console.say(f"  record {r.record}", style="dim")
-    console.emit(r)
 
 
 def _render_diff(console, r: train_mod.TrainResult) -> None:
@@ -110,8 +116,10 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
     "--draft-config",
     default=None,
     metavar="PATH",
-    help="EAGLE-3 draft model config (a local file, or a path on the host); checked against the dumps' "
-    "layer ids and hidden size (real runs need it; with --standin it is only checked)",
+    type=PathOption("file", host_ok=True),
+    help="EAGLE-3 draft model config: a local file (checked before connecting), or host:PATH for a file "
+    "on the host; checked against the dumps' layer ids and hidden size (real runs need it; with "
+    "--standin it is only checked)",
 )
 @click.option("--run-id", default="eagle3", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
@@ -137,11 +145,12 @@ def start_cmd(
     whose eagle_config.eagle_aux_hidden_state_layer_ids (under the numbering of the
     host's SGLang release) or hidden size do not fit what the dumps record is
     refused (exit 9, contract_mismatch) unless --force, which the audit line records."""
-    spec = app.host(host)
-    if draft_config and Path(draft_config).expanduser().is_file():
+    if draft_config and not draft_config.on_host:
         from ...workflows import audit as audit_mod
 
-        audit_mod.load_draft_config(Path(draft_config))  # a bad local file: exit 3 before connecting
+        audit_mod.load_draft_config(Path(draft_config.path))  # a bad local file: exit 3 before connecting
+    spec = app.host(host)
+    draft_config = draft_config.path if draft_config else None
     p = train_mod.paths_for(spec, data, output)
     if standin:
         plan = train_mod.standin_plan(p, run_id, epochs, steps, step_s)
@@ -178,30 +187,33 @@ def start_cmd(
 
 @train_group.command("status")
 @click.option("--output", default=None, metavar="DIR", help="checkpoint dir on the host (default <dump.dir>-drafter)")
-@host_command
-def status_cmd(app, host, output) -> int:
-    """Epoch, step, per-position accuracy, tau estimate, ETA, latest checkpoint. One round trip."""
-    spec = app.host(host)
-    st = train_mod.status(app.remote(spec), spec, train_mod.paths_for(spec, output=output))
-    _render(app.console, st)
-    app.console.emit(st)
-    return 0
+@hosts_command
+def status_cmd(app, hosts, forks, output) -> int:
+    """Epoch, step, per-position accuracy, tau estimate, ETA, latest checkpoint. One round trip a host.
+
+    A pattern shows each host's run (read only), then the per-host table."""
+
+    def work(spec):
+        return 0, train_mod.status(app.remote(spec), spec, train_mod.paths_for(spec, output=output))
+
+    return run_on_hosts(app, hosts, work, lambda console, _spec, st: _render(console, st), forks=forks)
 
 
 @train_group.command("stop")
 @click.option("--dry-run", is_flag=True, help="show what would be stopped; change nothing")
 @click.option("--diff", is_flag=True, help="show the training state before/after")
-@host_command
-def stop_cmd(app, host, dry_run, diff) -> int:
+@hosts_command
+def stop_cmd(app, hosts, forks, dry_run, diff) -> int:
     """Stop the run by its recorded PID (stand-in) or `docker stop` (container); nothing running: no-op.
 
-    Holds the host lock while it stops, appends an audit line and writes a run record."""
-    spec = app.host(host)
-    result = train_mod.stop(
-        app.remote(spec), spec, dry_run=dry_run, events=None if dry_run else _step_line(app.console, spec.name)
-    )
-    _render_result(app, result, diff)
-    return 0
+    Holds the host lock while it stops, appends an audit line and writes a run record, on each
+    host of a pattern (a host's failure does not stop the others; the exit is the worst host's)."""
+
+    def work(spec):
+        events = None if dry_run else _step_line(app.console, spec.name)
+        return 0, train_mod.stop(app.remote(spec), spec, dry_run=dry_run, events=events)
+
+    return run_on_hosts(app, hosts, work, lambda console, _spec, r: _show_result(console, r, diff), forks=forks)
 
 
 commands = [train_group]
