@@ -33,6 +33,7 @@ class ExitCode:
     HEALTH_FAIL = 12  # health: worst result was "fail"
     NOT_FOUND = 13  # a file, container, image or run that should exist does not
     NO_SPACE = 14  # local disk too small or full: free space (or --dest elsewhere), re-run resumes
+    INDEX_UNREACHABLE = 15  # the package index (REMOTE_OPS_INDEX_URL) cannot be read, nothing cached
     HANGUP = 129  # SIGHUP (terminal closed)
     INTERRUPTED = 130  # SIGINT (Ctrl-C)
     TERMINATED = 143  # SIGTERM (`timeout`, CI cancel, `kill`)
@@ -199,6 +200,15 @@ class NoSpace(RemoteOpsError):
 
     exit_code = ExitCode.NO_SPACE
     kind = "no_space"
+
+
+class IndexUnreachable(RemoteOpsError):
+    """The package index (PyPI, or `$REMOTE_OPS_INDEX_URL`) could not be read or downloaded
+    from, and nothing local could stand in (no matching checkout, no cached wheel).  Details
+    carry the index URL and the environment variable that moves it."""
+
+    exit_code = ExitCode.INDEX_UNREACHABLE
+    kind = "index_unreachable"
 
 
 class Interrupted(KeyboardInterrupt):

@@ -199,9 +199,19 @@ class Console:
         text = visible(text, one_line=True)
         self._line(False, text, lambda: escape(text), "dim")
 
+    def live(self) -> bool:
+        """Whether progress is drawn: not --quiet, and stderr is a terminal (rich's own test,
+        `plain_stream`).  Piped or redirected, a run prints no bars, counters or ETAs at all:
+        only its lines."""
+        return not self.quiet and not plain_stream(self._stderr)
+
     @contextmanager
     def progress(self, description: str, total: float | None = None) -> Iterator[Any]:
-        """A rich progress bar on stderr; yields a callable `advance(n, description=None)`."""
+        """A rich progress bar on stderr; yields a callable `advance(n, description=None)`.
+        Nothing is drawn unless `live` (then `advance` does nothing)."""
+        if not self.live():
+            yield lambda n=0, description=None: None
+            return
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -211,9 +221,6 @@ class Console:
             TransferSpeedColumn,
         )
 
-        if self.quiet:
-            yield lambda n=0, description=None: None
-            return
         description = visible(description, one_line=True)
         columns = [TextColumn("{task.description}"), BarColumn()]
         if total:
@@ -226,6 +233,45 @@ class Console:
                 prog.update(task, advance=n, description=shown)
 
             yield advance
+
+    @contextmanager
+    def transfer(self, description: str) -> Iterator[Callable[[int, "int | None"], None]]:
+        """A download's bar on stderr (bytes, rate, time left); yields `update(done, total)`, total
+        None while unknown.  Nothing is drawn unless `live`."""
+        if not self.live():
+            yield lambda done, total=None: None
+            return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
+        with Progress(*columns, console=self.err, transient=False) as prog:
+            task = prog.add_task(visible(description, one_line=True), total=None)
+            yield lambda done, total=None: prog.update(task, completed=done, total=total)
+
+    @contextmanager
+    def counter(self, description: str, unit: str) -> Iterator[Callable[..., None]]:
+        """Work counted in `unit`s (samples, steps) on stderr: done/total, the rate and the time
+        left, as the caller measured them.  Yields `update(done, total, rate=None, eta_s=None,
+        note="")`.  Nothing is drawn unless `live`."""
+        if not self.live():
+            yield lambda done, total, rate=None, eta_s=None, note="": None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tail]}"),
+        ]
+        with Progress(*columns, console=self.err, transient=False) as prog:
+            task = prog.add_task(visible(description, one_line=True), total=None, tail="")
+
+            def update(done, total, rate=None, eta_s=None, note: str = "") -> None:
+                tail = progress_tail(unit, rate, eta_s, note)
+                prog.update(task, completed=done, total=total, tail=visible(tail, one_line=True))
+
+            yield update
 
     # -- machine -------------------------------------------------------------
     def emit(self, obj: Any) -> None:
@@ -263,6 +309,25 @@ def tab_separated(columns: list[str], rows: list[list[Any]]) -> str:
         return visible("" if v is None else str(v), one_line=True).replace("\t", "^I")
 
     return "".join("\t".join(cell(v) for v in line) + "\n" for line in [columns, *rows])
+
+
+def progress_tail(unit: str, rate: float | None, eta_s: float | None, note: str = "") -> str:
+    """`12.5 samples/s, ETA 3m20s (running)`: what a counter shows after its done/total."""
+    parts = [
+        f"{rate:,.1f} {unit}/s" if rate else f"- {unit}/s",
+        f"ETA {duration(eta_s)}" if eta_s is not None else "ETA -",
+    ]
+    return ", ".join(parts) + (f" ({note})" if note else "")
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `3m20s`, `2h05m`."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def plain_stream(file: Any) -> bool:

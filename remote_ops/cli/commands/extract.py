@@ -159,7 +159,8 @@ def _start_one(app, spec, dataset, kwargs, wait_s, dry_run, show_plan) -> int:
     with hostlock.held(remote, spec, "extract start"):  # the start only; --wait below just reads
         st = extract_mod.start(remote, spec, dataset, **kwargs)
     if wait_s is not None:
-        st = extract_mod.wait_finished(remote, spec, wait_s, on_status=lambda s: _render_progress(app.console, s))
+        with app.console.counter(f"{spec.name}: extraction", "samples") as bar:
+            st = extract_mod.wait_finished(remote, spec, wait_s, on_status=_progress(app.console, bar))
     _render(app.console, st)
     app.console.emit(st)
     return 0
@@ -288,6 +289,21 @@ def _render_plan(console, plan: dict, dry_run: bool) -> None:
         f"{verb} upload the dataset to {plan['dataset_on_host']}: {'yes (changed)' if plan['upload_dataset'] else 'no'}"
     )
     console.say(f"{verb} run: {plan['command']}")
+
+
+def _progress(console, bar):
+    """What `--wait` shows of each status: on a terminal a bar (samples done/total, samples/s and
+    the ETA from the client's log); otherwise, a line per status (`_render_progress`)."""
+
+    def show(st) -> None:
+        s = st.summary
+        if console.live():
+            note = "running" if st.running else s.state
+            bar(s.done, s.total, s.rate_samples_s, s.eta_s, f"{note}, {s.errors} errors" if s.errors else note)
+        else:
+            _render_progress(console, st)
+
+    return show
 
 
 def _render_progress(console, st) -> None:

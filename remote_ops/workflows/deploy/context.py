@@ -163,18 +163,19 @@ def copy_tree_cmd(host: HostSpec, stage: str) -> str:
     )
 
 
-def render_for_host(host: HostSpec) -> str:
+def render_for_host(host: HostSpec, checkout: Path | None = None, on_progress=None) -> str:
     """The Dockerfile for `host`, computed locally from the released SGLang file (no SSH).
 
     The shas are those of the released target file (the host's patch spec) of the inventory's
     SGLang version and of that file with the patch applied: what deploy builds
-    when the host's checkout is the pristine release.
+    when the host's checkout is the pristine release.  The file is read offline first
+    (`wheels.sglang_source`: a local `checkout` of that release, the cached wheel, the index).
     """
     from ...core import anchors
     from .. import wheels
 
     patch = load_patch(host)
-    text = wheels.sglang_source(host.sglang.version, patch.target).decode("utf-8")
+    text = wheels.sglang_source(host.sglang.version, patch.target, checkout, on_progress).decode("utf-8")
     try:
         new = anchors.plan(text, patch).new_text
     except anchors.AnchorRefusal as exc:
