@@ -46,6 +46,7 @@ from array import array
 SUFFIX = ".safetensors"
 INDEX = "model.safetensors.index.json"
 AUX_STATES = 3
+VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file as the project's connector writes it
 TENSORS = ("hidden_states", "aux_hidden_states", "input_ids", "positions")
 FLOAT_SIZE = {"BF16": 2, "F16": 2, "F32": 4}
 LM_HEAD_BLOCK = 8192  # lm_head rows decoded at a time (bounded memory: 8192 x H floats)
@@ -480,6 +481,12 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
         except (OSError, ValueError) as exc:
             s.fail("shape", "%s: cannot read its header: %s" % (rec["file"], exc))
             return
+        if is_vllm_file(header, meta):
+            n = _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers)
+            if n is None:
+                return
+            n_total += n
+            continue
         layers.append((meta_list(meta, "layers_to_capture"), meta_list(meta, "eagle_aux_hidden_state_layer_ids")))
         s.doc.setdefault("sglang_version", meta.get("sglang_version"))
         n = _check_shapes(s, rec, header, hidden)
@@ -506,6 +513,100 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
     if ids is not None and got_ids != list(ids) and n_total == len(ids):
         first = next(i for i, (a, b) in enumerate(zip(got_ids, ids)) if a != b)
         s.fail("alignment", "token %d: the dump has id %d, the dataset %d" % (first, got_ids[first], ids[first]))
+
+
+def is_vllm_file(header, meta):
+    """A file vLLM's hidden-state connector wrote (`token_ids` [S], `hidden_states` [S, L, H])."""
+    return meta.get("format") == VLLM_FORMAT or ("token_ids" in header and "input_ids" not in header)
+
+
+def vllm_layers(layer_ids, num_layers):
+    """(layers_to_capture, eagle ids) of a vLLM file's `layer_ids`: the aux ids are the state
+    entering layer i (SGLang's layers_to_capture numbering), the last id is the final state."""
+    if not layer_ids:
+        return None, None
+    aux = [i for i in layer_ids if num_layers is None or i < num_layers]
+    return aux, [i - 1 for i in aux]
+
+
+def vllm_layer_problem(name, shape, layer_ids, num_layers):
+    """Why a vLLM file does not hold what an EAGLE-3 drafter needs (3 aux states + the final
+    state), or None.  One layer short is vLLM's N-1 bug (DeepSeek-V2 models before PR #46973)."""
+    n, count, h = shape
+    need = AUX_STATES + 1
+    if count < need:
+        told = "" if layer_ids is None else "; its metadata layer_ids %s" % layer_ids
+        return (
+            "%s: hidden_states [%d, %d, %d] holds %d captured layers, the drafter needs %d (%d aux states + the "
+            "final state): a layer was dropped%s (vLLM's N-1 bug on DeepSeek-V2-architecture models, "
+            "vllm-project/vllm PR #46973: upgrade vLLM and extract again)"
+            % (name, n, count, h, count, need, AUX_STATES, told)
+        )
+    if count > need:
+        return "%s: hidden_states holds %d captured layers, the drafter needs %d (%d aux + final)" % (
+            name,
+            count,
+            need,
+            AUX_STATES,
+        )
+    if layer_ids is not None and len(layer_ids) != count:
+        return "%s: metadata layer_ids %s names %d layers, hidden_states holds %d" % (
+            name,
+            layer_ids,
+            len(layer_ids),
+            count,
+        )
+    if layer_ids is not None and num_layers and layer_ids[-1] != num_layers:
+        return "%s: the last captured layer id is %d, not %d (the model's layer count): no final state" % (
+            name,
+            layer_ids[-1],
+            num_layers,
+        )
+    return None
+
+
+def _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers):
+    """shape, layer count, finiteness and token ids of one vLLM file (the last row of its final
+    state kept for the token check); its tokens, or None after naming the problem."""
+    name = rec["file"]
+    hs, ids = header.get("hidden_states"), header.get("token_ids")
+    if hs is None or ids is None:
+        s.fail("shape", "%s has no %s" % (name, "hidden_states" if hs is None else "token_ids"))
+        return None
+    if len(hs["shape"]) != 3 or hs["dtype"] not in FLOAT_SIZE or ids["dtype"] != "I64":
+        s.fail("shape", "%s: hidden_states %s %s, token_ids %s" % (name, hs["dtype"], hs["shape"], ids["dtype"]))
+        return None
+    n, count, h = hs["shape"]
+    layer_ids = meta_list(meta, "layer_ids")
+    s.doc.setdefault("vllm_version", meta.get("vllm_version"))
+    s.doc["captured_layers"] = count
+    layers.append(vllm_layers(layer_ids, cfg.get("num_hidden_layers")))
+    if ids["shape"] != [n]:
+        s.fail("shape", "%s: token_ids is %s for %d tokens" % (name, ids["shape"], n))
+        return None
+    if cfg["hidden_size"] and h != cfg["hidden_size"]:
+        s.fail("shape", "%s: hidden size %d, the model's config.json says %d" % (name, h, cfg["hidden_size"]))
+    problem = vllm_layer_problem(name, hs["shape"], layer_ids, cfg.get("num_hidden_layers"))
+    if problem:
+        s.fail("shape", problem)
+    try:
+        data = read_range(path, start, hs)
+        nan, inf, row = fl.nonfinite(data, hs["dtype"], count * h)
+        if nan or inf:
+            c = s.doc.setdefault("nonfinite", {}).setdefault("hidden_states", {"nan": 0, "inf": 0})
+            c["nan"] += nan
+            c["inf"] += inf
+            s.fail("finite", "%s: %d NaN, %d Inf in hidden_states (first at token %d)" % (name, nan, inf, row))
+        got_ids += list(struct.unpack("<%dq" % n, read_range(path, start, ids)))
+        if rec is not None and count >= AUX_STATES + 1 and n:
+            size = FLOAT_SIZE[hs["dtype"]]
+            s.dtype = hs["dtype"]
+            last = data[((n - 1) * count + count - 1) * h * size : ((n - 1) * count + count) * h * size]
+            s.last_row = list(fl.decode(last, hs["dtype"]))
+    except (OSError, ValueError, struct.error) as exc:
+        s.fail("shape", "%s: cannot read its tensors: %s" % (name, exc))
+        return None
+    return n
 
 
 def _spans_by_key(key, manifest):
@@ -679,6 +780,7 @@ def audit(args):
             for k, n in sorted(layers.items())
         ],
         "sglang_versions": sorted({str(s.doc.get("sglang_version")) for s in chosen if s.doc.get("sglang_version")}),
+        "vllm_versions": sorted({str(s.doc.get("vllm_version")) for s in chosen if s.doc.get("vllm_version")}),
         "norm": norm_verdict(chosen),
         "seconds": round(time.monotonic() - t0, 3),
     }
@@ -698,12 +800,16 @@ def contract(args):
         rec = records[i]
         try:
             _, header, meta = read_header(os.path.join(args.dump_dir, rec["file"]))
-            n_tok, h = header["hidden_states"]["shape"]
-            aux = header["aux_hidden_states"]["shape"][1]
+            if is_vllm_file(header, meta):
+                entry = vllm_contract(header, meta)
+            else:
+                n_tok, h = header["hidden_states"]["shape"]
+                aux = header["aux_hidden_states"]["shape"][1]
+                entry = None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             problems.append("%s: %s" % (rec["file"], exc))
             continue
-        entry = {
+        entry = entry or {
             "layers_to_capture": meta_list(meta, "layers_to_capture"),
             "eagle_aux_hidden_state_layer_ids": meta_list(meta, "eagle_aux_hidden_state_layer_ids"),
             "hidden_size": h,
@@ -727,6 +833,26 @@ def contract(args):
     }
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0
+
+
+def vllm_contract(header, meta):
+    """The recorded contract of a vLLM file (headers only): its aux layers and the final state."""
+    n_tok, count, h = header["hidden_states"]["shape"]
+    layer_ids = meta_list(meta, "layer_ids")
+    layers = str(meta.get("num_hidden_layers", ""))
+    num_layers = int(layers) if layers.isdigit() else (layer_ids[-1] if layer_ids else None)
+    aux, eagle = vllm_layers(layer_ids, num_layers)
+    return {
+        "layers_to_capture": aux,
+        "eagle_aux_hidden_state_layer_ids": eagle,
+        "hidden_size": h,
+        "aux_states": count - 1,
+        "dtype": header["hidden_states"]["dtype"],
+        "hidden_states_norm": meta.get("hidden_states_norm"),
+        "num_hidden_layers": num_layers,
+        "vllm_version": meta.get("vllm_version"),
+        "model_arch": meta.get("model_arch"),
+    }
 
 
 def parse_args(argv):

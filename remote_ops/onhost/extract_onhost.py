@@ -8,6 +8,14 @@ patched model dumps the hidden states of the prompt; greedy, so the one token
 generated is the argmax of the logits of the prompt's last position), keeping N
 requests in flight.
 
+With `--serving vllm` (a vLLM server started with the `extract_hidden_states` method and the
+project's connector, docs/vllm.md) it sends the same token ids to `/v1/completions`
+(`max_tokens=1`, `temperature=0`, `return_token_ids`), reads the file vLLM wrote from
+`kv_transfer_params.hidden_states_path`, checks that its `token_ids` are the ids sent, moves it
+to `<dump-dir>/rank0/<key>.safetensors` and appends its line to `rank0/manifest.jsonl` (the
+dump contract's layout); the client's `ok` line names the file (`file`, `vllm_path`) and the
+token (`choices[0].token_ids[0]`).  Keys, resume and retries are the same in both modes.
+
 - Its own manifest (`<workdir>/manifest.jsonl`, one O_APPEND line per sample)
   maps the sample id to the dump key (`sha256(int32-LE token ids)[:32] + "-p0"`,
   the dump contract's key) and names the dataset (sha256 of the file, 16 hex).
@@ -310,6 +318,85 @@ def post_json(url, doc, timeout):
         raise Transient("%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc))) from None
 
 
+COMPLETION_FIELDS = {"max_tokens": 1, "temperature": 0, "return_token_ids": True}  # vLLM: greedy, one token
+VLLM_FORMAT = "vllm-hidden-states/1"
+
+
+def complete(url, model, token_ids, timeout):
+    """POST one prompt (token ids) to vLLM's /v1/completions with `max_tokens=1`; return the answer."""
+    return post_json(url, dict(COMPLETION_FIELDS, model=model, prompt=list(token_ids)), timeout)
+
+
+def completion_result(answer):
+    """(hidden-states file path, generated token) of a vLLM completion answer (pure).
+
+    The path is `kv_transfer_params.hidden_states_path` (top level, or on the choice); the token
+    is `choices[0].token_ids[0]` (asked with `return_token_ids`), None when absent.  A missing
+    path is a ValueError: the server was not started with the extraction connector."""
+    if not isinstance(answer, dict):
+        raise ValueError("the completion answer is not a JSON object")
+    choices = answer.get("choices") if isinstance(answer.get("choices"), list) else []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    params = answer.get("kv_transfer_params") or choice.get("kv_transfer_params") or {}
+    path = params.get("hidden_states_path") if isinstance(params, dict) else None
+    if not isinstance(path, str) or not path:
+        raise ValueError("the answer has no kv_transfer_params.hidden_states_path (is the extraction connector on?)")
+    ids = choice.get("token_ids")
+    token = ids[0] if isinstance(ids, list) and ids and type(ids[0]) is int else None
+    return path, token
+
+
+def _safetensors_header(fh):
+    (size,) = struct.unpack("<Q", fh.read(8))
+    if size > 100 << 20:
+        raise ValueError("header length %d is implausible" % size)
+    header = json.loads(fh.read(size))
+    return 8 + size, header, header.pop("__metadata__", None) or {}
+
+
+def adopt_vllm_file(path, dump_dir, key, token_ids, lock, rank=0):
+    """Move vLLM's per-request file to `<dump_dir>/rank<R>/<key>.safetensors` and append its dump
+    manifest line (the dump contract's layout, so status, pull, verify, audit and export read it).
+
+    The file's `token_ids` must be the ids sent (else ValueError: it is another request's file).
+    Returns the manifest record."""
+    with open(path, "rb") as fh:
+        start, header, meta = _safetensors_header(fh)
+        entry, hs = header.get("token_ids"), header.get("hidden_states")
+        if entry is None or hs is None or entry.get("dtype") != "I64" or len(hs.get("shape", ())) != 3:
+            raise ValueError("%s is not a vLLM hidden-states file (token_ids I64, hidden_states [S, L, H])" % path)
+        a, b = entry["data_offsets"]
+        fh.seek(start + a)
+        got = fh.read(b - a)
+    if got != struct.pack("<%dq" % len(token_ids), *token_ids):
+        raise ValueError("%s holds other token ids than the prompt sent" % path)
+    rank_dir = os.path.join(dump_dir, "rank%d" % rank)
+    os.makedirs(rank_dir, exist_ok=True)
+    name = "rank%d/%s.safetensors" % (rank, key)
+    dest = os.path.join(dump_dir, name)
+    if os.path.abspath(path) != os.path.abspath(dest):
+        os.replace(path, dest)
+    n, layers, hidden = hs["shape"]
+    rec = {
+        "bytes": os.path.getsize(dest),
+        "dtype": hs["dtype"],
+        "engine": "vllm",
+        "file": name,
+        "format": meta.get("format", VLLM_FORMAT),
+        "hidden_size": hidden,
+        "key": key,
+        "layers": layers,
+        "partial": False,
+        "prefix_len": 0,
+        "rank": rank,
+        "sha256": file_sha256(dest),
+        "time": round(time.time(), 3),
+        "tokens": n,
+    }
+    append_line(os.path.join(rank_dir, "manifest.jsonl"), rec, lock)
+    return rec
+
+
 def generated_token(answer):
     """The token the server generated (SGLang's `output_ids[0]`), or None if the answer has none."""
     ids = answer.get("output_ids") if isinstance(answer, dict) else None
@@ -408,7 +495,9 @@ class Run:
 
     def __init__(self, args, samples, records, dataset_id="-"):
         self.args = args
-        self.url = args.server.rstrip("/") + "/generate"
+        self.vllm = getattr(args, "serving", "sglang") == "vllm"
+        self.url = args.server.rstrip("/") + ("/v1/completions" if self.vllm else "/generate")
+        self.dlock = threading.Lock()
         self.manifest = os.path.join(args.workdir, "manifest.jsonl")
         self.log = Log(args.log)
         self.stop = threading.Event()
@@ -464,6 +553,8 @@ class Run:
         while True:
             attempt += 1
             try:
+                if self.vllm:
+                    return self.one_vllm(sid, ids, key, attempt)
                 answer = generate(self.url, ids, self.args.request_timeout)
                 return self.record(sid, key, ids, "ok", attempt, token=generated_token(answer))
             except Transient as exc:
@@ -486,7 +577,17 @@ class Run:
             self.stop.wait(min(delay, self.args.max_backoff) * (0.5 + random.random()))
             delay *= 2
 
-    def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False, token=None):
+    def one_vllm(self, sid, ids, key, attempt):
+        """One /v1/completions request; vLLM's file moves to the dump layout under the key."""
+        answer = complete(self.url, self.args.model, ids, self.args.request_timeout)
+        path, token = completion_result(answer)
+        try:
+            rec = adopt_vllm_file(path, self.args.dump_dir, key, ids, self.dlock)
+        except (OSError, ValueError, KeyError, struct.error) as exc:
+            raise ValueError("hidden-states file %s: %s" % (path, exc)) from None
+        return self.record(sid, key, ids, "ok", attempt, token=token, dump={"file": rec["file"], "vllm_path": path})
+
+    def _append(self, sid, key, ids, status, attempts, error=None, reused_dump=False, token=None, dump=None):
         rec = {
             "id": sid,
             "key": key,
@@ -502,12 +603,14 @@ class Run:
             rec["reused_dump"] = True
         if token is not None:
             rec["generated_token"] = token
+        if dump:
+            rec.update(dump)
         append_line(self.manifest, rec, self.mlock)
 
-    def record(self, sid, key, ids, status, attempts, error=None, token=None):
+    def record(self, sid, key, ids, status, attempts, error=None, token=None, dump=None):
         if status == "interrupted":
             return  # not recorded: the next run sends it again
-        self._append(sid, key, ids, status, attempts, error, token=token)
+        self._append(sid, key, ids, status, attempts, error, token=token, dump=dump)
         with self.lock:
             if status == "ok":
                 self.recent.append((key, len(ids)))
@@ -570,6 +673,13 @@ def parse_args(argv=None):
     ap.add_argument("--progress-every", type=float, default=5.0)
     ap.add_argument("--dump-grace", type=float, default=30.0, help="seconds to wait for late dump files")
     ap.add_argument("--limit", type=int, default=None, help="only the first N samples")
+    ap.add_argument(
+        "--serving",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="sglang: /generate; vllm: /v1/completions, each file moved to the dump layout by key",
+    )
+    ap.add_argument("--model", default=None, help="vllm: the served model name")
     ap.add_argument(
         "--dump-bytes-per-token",
         type=int,
@@ -650,6 +760,9 @@ def main(argv=None):
         print(json.dumps(count(ap.parse_args(argv[1:]).workdir), sort_keys=True))
         return 0
     args = parse_args(argv)
+    if args.serving == "vllm" and not (args.dump_dir and args.model):
+        sys.stderr.write("usage error: --serving vllm needs --dump-dir and --model\n")
+        return 2
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "client.pid"), "w") as fh:
         fh.write("%d\n" % os.getpid())

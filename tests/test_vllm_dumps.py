@@ -1,0 +1,174 @@
+"""vLLM's per-request hidden-state files through the product: the extraction client's adoption,
+the dump audit (shapes, finiteness, token ids, the N-1 layer fault, the final state's norm) and
+the SpecForge export.
+
+The files are written with torch + safetensors in the format from vLLM's source / part 1's
+connector (docs/vllm.md): `token_ids` int64 [S], `hidden_states` bf16 [S, L, H] for the layer
+ids asked (the aux layers, then L for the final state), metadata `layer_ids` (JSON),
+`engine`=`vllm`, `vllm_version`, `format`=`vllm-hidden-states/1`.  The states are a real
+computation: the 8-layer network of docker/standin/standin_model.py run on the prompt (its
+residual stream entering each layer, its final state before and after the final RMSNorm).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from remote_ops.workflows import sandbox
+
+REPO = Path(__file__).resolve().parents[1]
+AUDITOR = REPO / "remote_ops" / "onhost" / "audit_onhost.py"
+AUX = [2, 4, 5]  # the 8-layer network's [2, L//2, L-3]
+FINAL = 8  # its layer count: the id of the final state
+
+
+def onhost(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "remote_ops" / "onhost" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+extract_onhost = onhost("extract_onhost")
+
+
+def write_vllm_file(path: Path, ids: list[int], layers: list, layer_ids: list[int]) -> None:
+    """One file as vLLM's connector writes it (torch + safetensors)."""
+    import torch
+    from safetensors.torch import save_file
+
+    hidden = torch.stack([torch.tensor(x, dtype=torch.float32) for x in layers], dim=1).to(torch.bfloat16)
+    meta = {
+        "layer_ids": json.dumps(layer_ids),
+        "engine": "vllm",
+        "vllm_version": "0.32.0",
+        "format": "vllm-hidden-states/1",
+    }
+    save_file({"token_ids": torch.tensor(ids, dtype=torch.int64), "hidden_states": hidden}, str(path), metadata=meta)
+
+
+def vllm_run(tmp: Path, n: int = 6, *, final: str = "pre", drop_last: bool = False, seed: int = 5) -> Path:
+    """A host's layout after a vLLM extraction: the connector's files adopted by the client's own
+    function into rank0/<key>.safetensors + manifest, the client manifest, run.json, dataset."""
+    import numpy as np
+
+    sandbox.write_model_config(tmp / "model")
+    model = sandbox.standin_model_module()
+    net, _ = model.Network.load(str(tmp / "model"))
+    rng = random.Random(seed)
+    out, dumps, work = tmp / "dumps" / "vllm-out", tmp / "dumps", tmp / "extract"
+    out.mkdir(parents=True)
+    work.mkdir()
+    lock = threading.Lock()
+    lines, samples = [], []
+    for i in range(n):
+        ids = [rng.randrange(32000) for _ in range(rng.randint(2, 120))]
+        states, pre_f, post_f, _ = net.forward(ids, AUX)
+        layers = [states[k] for k in AUX] + [pre_f if final == "pre" else post_f]
+        if drop_last:
+            layers = layers[:-1]
+        path = out / f"cmpl-{i:04d}-0.safetensors"
+        write_vllm_file(path, ids, layers, [*AUX, FINAL])
+        key = extract_onhost.dump_key(ids)
+        rec = extract_onhost.adopt_vllm_file(str(path), str(dumps), key, ids, lock)
+        assert not path.exists() and rec["file"] == f"rank0/{key}.safetensors"
+        token = net.next_token(np.asarray(post_f[-1]))  # the server's answer: the post-norm state's argmax
+        lines.append({"id": f"s{i}", "key": key, "status": "ok", "tokens": len(ids), "generated_token": token})
+        samples.append({"id": f"s{i}", "input_ids": ids, "loss_mask": [1] * len(ids)})
+    (tmp / "ds.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (work / "manifest.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (work / "dataset.keys").write_text("".join(x["key"] + "\n" for x in lines))
+    (work / "run.json").write_text(json.dumps({"dataset": str(tmp / "ds.jsonl"), "dataset_id": "x"}))
+    return tmp
+
+
+def auditor(tmp: Path, *extra: str, action: str = "audit") -> dict:
+    argv = [sys.executable, str(AUDITOR), action, "--dump-dir", str(tmp / "dumps")]
+    if action != "contract":
+        argv += ["--model-dir", str(tmp / "model"), "--workdir", str(tmp / "extract")]
+    p = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)
+
+
+def problems(doc: dict, check: str) -> list[str]:
+    return [s["problems"][check] for s in doc["samples"] if check in s["problems"]]
+
+
+# --------------------------------------------------------------------------- the client's side
+
+
+def test_a_completion_answer_gives_the_file_path_and_the_token():
+    answer = {
+        "choices": [{"text": "x", "token_ids": [17]}],
+        "kv_transfer_params": {"hidden_states_path": "/data/dumps/vllm-out/cmpl-1.safetensors"},
+    }
+    assert extract_onhost.completion_result(answer) == ("/data/dumps/vllm-out/cmpl-1.safetensors", 17)
+    nested = {"choices": [{"kv_transfer_params": {"hidden_states_path": "/p"}}]}
+    assert extract_onhost.completion_result(nested) == ("/p", None)
+    with pytest.raises(ValueError, match="hidden_states_path"):
+        extract_onhost.completion_result({"choices": [{"text": "x"}]})
+
+
+def test_adoption_refuses_a_file_of_other_token_ids(tmp_path):
+    ids = [5, 6, 7]
+    path = tmp_path / "f.safetensors"
+    write_vllm_file(path, [5, 6, 8], [[[0.0] * 4] * 3] * 4, [1, 2, 3, 4])
+    with pytest.raises(ValueError, match="other token ids"):
+        extract_onhost.adopt_vllm_file(
+            str(path), str(tmp_path / "d"), extract_onhost.dump_key(ids), ids, threading.Lock()
+        )
+    assert path.exists()
+
+
+def test_adopted_files_resume_by_content_key(tmp_path):
+    run = vllm_run(tmp_path, 3)
+    records = extract_onhost.manifest_records(str(run / "extract" / "manifest.jsonl"))
+    samples = [(s["id"], s["input_ids"]) for s in map(json.loads, (run / "ds.jsonl").read_text().splitlines())]
+    pending, done, _, _ = extract_onhost.plan_samples(samples, records)
+    assert not pending and len(done) == 3
+    rows = [json.loads(x) for x in (run / "dumps" / "rank0" / "manifest.jsonl").read_text().splitlines()]
+    assert {r["engine"] for r in rows} == {"vllm"} and all(r["layers"] == 4 and r["prefix_len"] == 0 for r in rows)
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+def test_vllm_dumps_with_pre_norm_finals_pass_shape_alignment_and_are_judged_pre_norm(tmp_path):
+    doc = auditor(vllm_run(tmp_path, 8, final="pre"), "--samples", "8")
+    assert not problems(doc, "shape") and not problems(doc, "alignment") and not problems(doc, "finite")
+    assert doc["norm"]["verdict"] == "pre-norm"
+    assert all("PRE-norm final state" in p for p in problems(doc, "token"))
+    assert doc["vllm_versions"] == ["0.32.0"]
+    assert doc["layers"] == [{"layers_to_capture": AUX, "eagle_aux_hidden_state_layer_ids": [1, 3, 4], "samples": 8}]
+
+
+def test_vllm_dumps_with_post_norm_finals_pass_every_check(tmp_path):
+    doc = auditor(vllm_run(tmp_path, 6, final="post"), "--samples", "6")
+    assert all(not s["problems"] for s in doc["samples"])
+    assert doc["norm"]["verdict"] == "post-norm"
+
+
+def test_the_n_minus_1_file_fails_the_audit_naming_the_fault(tmp_path):
+    """vLLM's bug on DeepSeek-V2 models before PR #46973: the last asked layer silently missing."""
+    doc = auditor(vllm_run(tmp_path, 3, drop_last=True), "--samples", "3")
+    found = problems(doc, "shape")
+    assert len(found) == 3
+    for p, s in zip(found, doc["samples"]):
+        assert f"hidden_states [{s['tokens']}, 3, 64] holds 3 captured layers, the drafter needs 4" in p
+        assert "a layer was dropped" in p and "N-1" in p and "#46973" in p
+
+
+def test_the_contract_of_vllm_dumps(tmp_path):
+    doc = auditor(vllm_run(tmp_path, 2), action="contract")
+    (c,) = doc["contracts"]
+    assert c["layers_to_capture"] == AUX and c["aux_states"] == 3 and c["hidden_size"] == 64
+    assert c["num_hidden_layers"] == FINAL and c["vllm_version"] == "0.32.0" and c["files"] == 2
