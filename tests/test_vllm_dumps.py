@@ -172,3 +172,76 @@ def test_the_contract_of_vllm_dumps(tmp_path):
     (c,) = doc["contracts"]
     assert c["layers_to_capture"] == AUX and c["aux_states"] == 3 and c["hidden_size"] == 64
     assert c["num_hidden_layers"] == FINAL and c["vllm_version"] == "0.32.0" and c["files"] == 2
+
+
+# --------------------------------------------------------------------------- the SpecForge export
+
+specforge_export = onhost("specforge_export")
+
+
+def specforge_offline():
+    """SpecForge 0.2.0's reader, file store and EAGLE-3 sample normaliser (as tests/test_export.py)."""
+    pytest.importorskip("specforge")
+    import types
+
+    sys.modules.setdefault("datasets", types.SimpleNamespace(Dataset=object))  # type annotation only
+    from specforge.data.preprocessing import process_offline_eagle3_sample
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore, load_feature_file
+    from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
+
+    return OfflineManifestReader, LocalFeatureStore, load_feature_file, process_offline_eagle3_sample
+
+
+def export(run: Path, *extra: str) -> list[dict]:
+    argv = [sys.executable, str(REPO / "remote_ops" / "onhost" / "specforge_export.py"), "export"]
+    argv += ["--dump-dir", str(run / "dumps"), "--dataset", str(run / "ds.jsonl"), "--out", str(run / "sf")]
+    p = subprocess.run([*argv, "--no-fsync", "--probe-mb", "0", *extra], capture_output=True, text=True, timeout=300)
+    return [json.loads(x) for x in p.stdout.splitlines()]
+
+
+def test_vllm_dumps_export_to_what_specforges_own_reader_loads(tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    Reader, Store, load_feature_file, process = specforge_offline()
+    run = vllm_run(tmp_path, 4, final="post")
+    events = export(run)
+    assert events[-1]["event"] not in ("error",) and not events[-1].get("failed"), events[-1]
+    refs = Reader(str(run / "sf")).read()
+    assert len(refs) == 4
+    store = Store()
+    for i, line in enumerate((run / "ds.jsonl").read_text().splitlines()):
+        s = json.loads(line)
+        path = run / "sf" / specforge_export.out_name(i)
+        got = load_feature_file(str(path))
+        tensors, handle = next(store.get(r) for r in refs if r.feature_store_uri.endswith(str(path)))
+        store.release(handle)
+        assert tensors["input_ids"].tolist() == s["input_ids"] and tensors["loss_mask"].tolist() == s["loss_mask"]
+        key = extract_onhost.dump_key(s["input_ids"])
+        with safe_open(str(run / "dumps" / "rank0" / f"{key}.safetensors"), framework="pt") as f:
+            hs = f.get_tensor("hidden_states")  # [S, 4, H]
+        n = len(s["input_ids"])
+        assert torch.equal(got["hidden_state"][0], hs[:, 3, :])
+        assert torch.equal(got["aux_hidden_state"][0], hs[:, :3, :].reshape(n, 3 * 64))
+        norm = process(got, max_len=2048)
+        assert norm["target"].shape == (1, n, 64) and norm["hidden_state"].shape == (1, n, 3 * 64)
+
+
+def test_pre_norm_vllm_finals_convert_through_the_final_rmsnorm(tmp_path):
+    import torch
+
+    pre, post = vllm_run(tmp_path / "pre", 2, final="pre"), vllm_run(tmp_path / "post", 2, final="post")
+    export(pre, "--convert-prenorm", str(pre / "model"))
+    export(post)
+    _, _, load_feature_file, _ = specforge_offline()
+    for i in range(2):
+        a = load_feature_file(str(pre / "sf" / specforge_export.out_name(i)))["hidden_state"].float()
+        b = load_feature_file(str(post / "sf" / specforge_export.out_name(i)))["hidden_state"].float()
+        assert torch.allclose(a, b, rtol=0.02, atol=0.02)  # bf16 of the same post-norm state
+
+
+def test_the_n_minus_1_file_is_refused_by_the_export_naming_the_fault(tmp_path):
+    events = export(vllm_run(tmp_path, 2, drop_last=True))
+    failed = events[-1]["failed"]
+    assert len(failed) == 2 and all("3 captured layers" in f["reason"] and "N-1" in f["reason"] for f in failed)
+    assert not list((tmp_path / "sf").rglob("*.ckpt"))

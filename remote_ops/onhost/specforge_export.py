@@ -18,6 +18,9 @@ offline_reader.py`, `feature_store.load_feature_file`, `data/preprocessing.py`
   **post-norm** state. The dump's `hidden_states` is exactly that (metadata
   `hidden_states_norm = post-norm`); a file saying otherwise is refused.
   `aux_hidden_state` = the dump's `aux_hidden_states` (3 aux layers concatenated).
+  A vLLM file (`token_ids` int64 [S], `hidden_states` [S, 4, H]: the 3 aux layers, then the
+  final state, docs/vllm.md) is split per token: its first 3 layers become
+  `aux_hidden_state`, its last `hidden_state`; a file with fewer layers is refused.
   With `--convert-prenorm MODEL_DIR` (dumps whose finals a dump audit found pre-norm)
   each `hidden_state` row is passed through the model's final RMSNorm
   (`x / sqrt(mean(x^2) + eps) * weight`, the weight read alone through the model's
@@ -327,6 +330,71 @@ def fsync_dir(path):
         os.close(fd)
 
 
+VLLM_FORMAT = "vllm-hidden-states/1"
+AUX_STATES = 3
+
+
+def is_vllm_source(header, meta):
+    """A file vLLM's hidden-state connector wrote: `token_ids` I64 [S], `hidden_states` [S, L, H]."""
+    return meta.get("format") == VLLM_FORMAT or ("token_ids" in header and "input_ids" not in header)
+
+
+def check_vllm_source(header, tokens):
+    """(n, L, h, dtype) of a vLLM file that holds the 3 aux states and the final state for `tokens`."""
+    if set(header) != {"token_ids", "hidden_states"}:
+        raise ExportError("tensors %s, expected ['hidden_states', 'token_ids'] (vLLM)" % sorted(header))
+    hs, ids = header["hidden_states"], header["token_ids"]
+    if len(hs["shape"]) != 3 or ids["dtype"] != "I64" or ids["shape"] != [hs["shape"][0]]:
+        raise ExportError("vLLM file: hidden_states %s, token_ids %s %s" % (hs["shape"], ids["dtype"], ids["shape"]))
+    n, count, h = hs["shape"]
+    if count != AUX_STATES + 1:
+        raise ExportError(
+            "hidden_states holds %d captured layers, the drafter needs %d (3 aux + the final state)%s"
+            % (
+                count,
+                AUX_STATES + 1,
+                ": a layer was dropped (vLLM's N-1 bug, PR #46973)" if count == AUX_STATES else "",
+            )
+        )
+    if n != tokens:
+        raise ExportError("hidden_states %s does not match %d dataset tokens" % (hs["shape"], tokens))
+    if hs["dtype"] not in STORAGE:
+        raise ExportError("dtype %s not supported" % hs["dtype"])
+    return n, count, h, hs["dtype"]
+
+
+def split_layers(data, n, count, h, size):
+    """[S, L, H] bytes -> (aux [S, (L-1)H], final [S, H]) bytes: the first L-1 layers of each token
+    are its aux states in the order asked, the last its final state."""
+    row, aux_len = count * h * size, (count - 1) * h * size
+    view = memoryview(data)
+    aux = b"".join(view[t * row : t * row + aux_len] for t in range(n))
+    final = b"".join(view[t * row + aux_len : (t + 1) * row] for t in range(n))
+    return aux, final
+
+
+def _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw):
+    """One vLLM file -> one SpecForge record set: hidden_state = the last captured layer (through the
+    final RMSNorm with `norm`), aux_hidden_state = the aux layers concatenated; token ids checked."""
+    n, count, h, dtype = check_vllm_source(header, len(ids))
+    end = max(e["data_offsets"][1] for e in header.values())
+    data = _read_exact(fin, end)
+    digest.update(data)
+    a, b = header["token_ids"]["data_offsets"]
+    if data[a:b] != struct.pack("<%dq" % len(ids), *ids):
+        raise ExportError("token ids in the dump differ from the dataset sample")
+    a, b = header["hidden_states"]["data_offsets"]
+    aux, final = split_layers(data[a:b], n, count, h, DTYPE_SIZE[dtype])
+    if norm is not None:
+        final = norm.apply(final, dtype, h)
+    z = _begin(fout, n, h, dtype, ids, mask)
+    for record, part in (("data/2", final), ("data/3", aux)):
+        with z.open(record, len(part)) as dst:
+            dst.write(part)
+    _finish(z, hashlib.sha256(raw).hexdigest())
+    return end
+
+
 # --------------------------------------------------------------------------- one sample
 
 
@@ -473,6 +541,8 @@ def _convert_stream(fin, fout, digest, ids, mask, norm=None):
     digest.update(raw)
     header = json.loads(raw)
     meta = header.pop("__metadata__", {}) or {}
+    if is_vllm_source(header, meta):
+        return 8 + hlen + _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw)
     n, h, dtype = check_source(header, meta, len(ids), norm is not None)
     z = _begin(fout, n, h, dtype, ids, mask)
     read = 8 + hlen + _copy_tensors(fin, z, digest, header, ids, norm)
