@@ -245,3 +245,32 @@ def test_the_n_minus_1_file_is_refused_by_the_export_naming_the_fault(tmp_path):
     failed = events[-1]["failed"]
     assert len(failed) == 2 and all("3 captured layers" in f["reason"] and "N-1" in f["reason"] for f in failed)
     assert not list((tmp_path / "sf").rglob("*.ckpt"))
+
+
+# --------------------------------------------------------------------------- dumps verify, status
+
+
+def verify(run: Path) -> dict:
+    argv = [sys.executable, str(REPO / "remote_ops" / "dumper" / "dumpfile.py"), "verify", str(run / "dumps")]
+    p = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120)
+    return json.loads(p.stdout)
+
+
+def test_dumps_verify_accepts_adopted_vllm_files_and_names_the_n_minus_1_fault(tmp_path):
+    good = verify(vllm_run(tmp_path / "good", 3))
+    assert not [p for p in good["problems"] if p["level"] == "error"], good["problems"]
+    assert good["files"] == 3 and good["hidden_size"] == 64 and good["bytes_per_token"] == 4 * 64 * 2
+    bad = verify(vllm_run(tmp_path / "bad", 2, drop_last=True))
+    errors = [p["message"] for p in bad["problems"] if p["level"] == "error"]
+    assert len(errors) == 2 and all("3 captured layers, want 4" in e and "N-1" in e for e in errors)
+
+
+def test_dumps_status_reconciles_vllm_files_by_the_dump_manifest(tmp_path):
+    from remote_ops.core import dumpcheck
+
+    run = vllm_run(tmp_path, 3)
+    rank0 = run / "dumps" / "rank0"
+    files = {f"rank0/{p.name}": p.stat().st_size for p in rank0.glob("*.safetensors")}
+    r = dumpcheck.reconcile(str(run / "dumps"), files, (rank0 / "manifest.jsonl").read_text(), 64)
+    assert r.ok and r.files_present == 3 and r.manifest_rows == 3 and not r.unlisted_files
+    assert r.hidden_size == 64 and r.tokens == sum(len(json.loads(x)["input_ids"]) for x in (run / "ds.jsonl").open())

@@ -515,6 +515,53 @@ def check_layout(
     return errs, h, per_token
 
 
+VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file, adopted into this layout by the extraction client
+
+
+def is_vllm(header: SafetensorsHeader) -> bool:
+    """A vLLM hidden-state file (`token_ids` I64 [S], `hidden_states` [S, L, H]; docs/vllm.md)."""
+    return header.metadata.get("format") == VLLM_FORMAT or set(header.tensors) == {"token_ids", "hidden_states"}
+
+
+def check_vllm_layout(
+    path: str, header: SafetensorsHeader, file_size: int, rec: Mapping[str, Any], hidden_size: Optional[int]
+) -> Tuple[List[str], int, int]:
+    """`check_layout` and the identity checks for a vLLM file: 3 aux layers + the final state
+    (one fewer is vLLM's N-1 bug, PR #46973), the key recomputed from `token_ids`."""
+    t, tokens = header.tensors, int(rec.get("tokens", -1))
+    if sorted(t) != ["hidden_states", "token_ids"]:
+        return ["tensors are %s, want ['hidden_states', 'token_ids'] (vLLM)" % sorted(t)], 0, 0
+    hid, ids = t["hidden_states"], t["token_ids"]
+    if len(hid.shape) != 3 or hid.dtype not in FLOAT_DTYPES or ids.dtype != "I64" or ids.shape != [tokens]:
+        return (
+            [
+                "hidden_states %s %s, token_ids %s %s for %d tokens"
+                % (hid.dtype, hid.shape, ids.dtype, ids.shape, tokens)
+            ],
+            0,
+            0,
+        )
+    n, count, h = hid.shape
+    errs = [] if n == tokens else ["hidden_states holds %d tokens, the manifest %d" % (n, tokens)]
+    if count != NUM_VECTORS:
+        errs.append(
+            "hidden_states holds %d captured layers, want %d (3 aux + the final state)%s"
+            % (count, NUM_VECTORS, ": a layer was dropped (vLLM's N-1 bug, PR #46973)" if count < NUM_VECTORS else "")
+        )
+    if hidden_size is not None and h != hidden_size:
+        errs.append("hidden size %d, want %d" % (h, hidden_size))
+    errs.extend(_offset_errors(header, file_size))
+    key = str(rec.get("key"))
+    if os.path.basename(path) != dump_file_name(key):
+        errs.append("file name does not match key %s" % key)
+    if not errs:
+        raw = read_tensor_bytes(path, header, "token_ids")
+        got = dump_key(token_ids_bytes(struct.unpack("<%dq" % (len(raw) // 8), raw)), int(rec.get("prefix_len", 0)))
+        if got != key:
+            errs.append("key recomputed from token_ids is %s" % got)
+    return errs, h, (hid.nbytes // tokens if tokens > 0 else 0)
+
+
 def _offset_errors(header: SafetensorsHeader, file_size: int) -> List[str]:
     """Offsets must tile the data section exactly, match dtype*shape, and end at the file end."""
     errs, pos = [], 0
@@ -544,8 +591,11 @@ def verify_record(
         header = read_header(path)
     except (ValueError, OSError) as exc:
         return report.add("error", where, "bad safetensors header: %s" % exc)
-    errs, h, per_token = check_layout(header, size, int(rec.get("tokens", -1)), hidden_size)
-    errs.extend(_identity_errors(path, header, rec))
+    if is_vllm(header):
+        errs, h, per_token = check_vllm_layout(path, header, size, rec, hidden_size)
+    else:
+        errs, h, per_token = check_layout(header, size, int(rec.get("tokens", -1)), hidden_size)
+        errs.extend(_identity_errors(path, header, rec))
     if check_sha and not errs and _sha256_file(path) != rec.get("sha256"):
         errs.append("sha256 differs from the manifest")
     for e in errs:
