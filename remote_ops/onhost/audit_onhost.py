@@ -22,6 +22,14 @@ in each) it checks:
 - the layer ids each file records (judged on the laptop, against the drafter config
   and the serving SGLang release's convention).
 
+A vLLM file (`token_ids` int64 [S], `hidden_states` [S, L, H], metadata `layer_ids`, format
+`vllm-hidden-states/1`, moved to `rank0/<key>.safetensors` by the extraction client) gets the
+same checks: L must be 4 (the 3 aux layers, then the final state); a file one layer short is
+named as vLLM's N-1 bug (DeepSeek-V2 models, fixed by vllm-project/vllm PR #46973); its ids
+must be the dataset's; its last layer at the last position is the final state of the token
+check (vLLM's final state is asked as layer id L: the check says pre- or post-norm).  Its aux
+ids are recorded as layers_to_capture (the state entering layer i, SGLang's numbering).
+
 `contract` runs with the host's own python3 (headers only): the recorded contract
 (layers, eagle ids, hidden size, aux states, dtype, norm label) of a few dumps spread
 over the manifest; `train start` and `spec deploy` compare a drafter with it.
