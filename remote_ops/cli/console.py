@@ -239,20 +239,29 @@ class Console:
         """A download's bar on stderr (bytes, rate, time left); yields `update(done, total)`, total
         None while unknown.  Nothing is drawn unless `live`."""
         if not self.live():
-            yield lambda done, total=None: None
+
+            def nothing(done: int, total: int | None = None) -> None:
+                return None
+
+            yield nothing
             return
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
         columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
         with Progress(*columns, console=self.err, transient=False) as prog:
             task = prog.add_task(visible(description, one_line=True), total=None)
-            yield lambda done, total=None: prog.update(task, completed=done, total=total)
+
+            def update(done: int, total: int | None = None) -> None:
+                prog.update(task, completed=done, total=total)
+
+            yield update
 
     @contextmanager
     def counter(self, description: str, unit: str) -> Iterator[Callable[..., None]]:
-        """Work counted in `unit`s (samples, steps) on stderr: done/total, the rate and the time
-        left, as the caller measured them.  Yields `update(done, total, rate=None, eta_s=None,
-        note="")`.  Nothing is drawn unless `live`."""
+        """Work counted in `unit`s (samples, build steps) on stderr: done/total, then the rate and
+        the time left as the caller measured them, and a note.  Yields `update(done, total,
+        rate=None, eta_s=None, note="")`; the bar appears at the first update.  Nothing is drawn
+        unless `live`."""
         if not self.live():
             yield lambda done, total, rate=None, eta_s=None, note="": None
             return
@@ -264,14 +273,21 @@ class Console:
             MofNCompleteColumn(),
             TextColumn("{task.fields[tail]}"),
         ]
-        with Progress(*columns, console=self.err, transient=False) as prog:
-            task = prog.add_task(visible(description, one_line=True), total=None, tail="")
+        prog = Progress(*columns, console=self.err, transient=False)
+        task = prog.add_task(f"{visible(description, one_line=True)} ({unit})", total=None, tail="", start=False)
 
-            def update(done, total, rate=None, eta_s=None, note: str = "") -> None:
-                tail = progress_tail(unit, rate, eta_s, note)
-                prog.update(task, completed=done, total=total, tail=visible(tail, one_line=True))
+        def update(done, total, rate=None, eta_s=None, note: str = "") -> None:
+            if not prog.live.is_started:
+                prog.start()
+                prog.start_task(task)
+            tail = visible(progress_tail(unit, rate, eta_s, note), one_line=True)
+            prog.update(task, completed=done, total=total, tail=tail)
 
+        try:
             yield update
+        finally:
+            if prog.live.is_started:
+                prog.stop()
 
     # -- machine -------------------------------------------------------------
     def emit(self, obj: Any) -> None:
@@ -312,12 +328,11 @@ def tab_separated(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def progress_tail(unit: str, rate: float | None, eta_s: float | None, note: str = "") -> str:
-    """`12.5 samples/s, ETA 3m20s (running)`: what a counter shows after its done/total."""
-    parts = [
-        f"{rate:,.1f} {unit}/s" if rate else f"- {unit}/s",
-        f"ETA {duration(eta_s)}" if eta_s is not None else "ETA -",
-    ]
-    return ", ".join(parts) + (f" ({note})" if note else "")
+    """`12.5 samples/s, ETA 3m20s, running`: what a counter shows after done/total (the parts
+    known)."""
+    parts = [f"{rate:,.1f} {unit}/s"] if rate else []
+    parts += [f"ETA {duration(eta_s)}"] if eta_s is not None else []
+    return ", ".join(parts + ([note] if note else []))
 
 
 def duration(seconds: float) -> str:

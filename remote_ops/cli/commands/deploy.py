@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import click
@@ -83,7 +84,10 @@ def deploy_cmd(
     one = len(hosts) == 1
 
     def work(spec):
-        return 0, _deploy_one(app, spec, dry_run, show_diff, yes or not one, why, healthy_timeout, build_timeout)
+        with app.console.counter(f"{spec.name}: build", "steps") if one else _no_bar() as bar:
+            return 0, _deploy_one(
+                app, spec, dry_run, show_diff, yes or not one, why, healthy_timeout, build_timeout, bar
+            )
 
     return run_on_hosts(app, hosts, work, lambda *_: None, forks=forks, serial=serial, keep_going=keep_going)
 
@@ -98,13 +102,19 @@ class Deployed:
         return {**self.result.to_dict(), "patch_spec": self.derivation.to_dict()}
 
 
-def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_timeout) -> Deployed:
-    """One host's deploy: preview and confirm (unless --yes), deploy, show diffs and the summary."""
+@contextmanager
+def _no_bar():
+    """Many hosts at once: no build bar (a terminal shows one live display at a time)."""
+    yield None
+
+
+def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_timeout, bar=None) -> Deployed:
+    """One host's deploy: preview and confirm (unless --yes), deploy, show diffs and the summary.
+    `bar` (one host, on a terminal): the build's Dockerfile step, n of total, as it starts."""
     from ...workflows import deploy as deploy_mod, patching
-    from ._deploy_events import ConsoleEvents
 
     remote = app.remote(spec)
-    events = ConsoleEvents(app.console, spec.name)
+    events = _events(app.console, spec.name, bar)
     app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
     spec, derivation = patching.bind_host(remote, spec)
     app.console.say(f"patch spec: {derivation} -> {spec.sglang.target_file}")
@@ -127,6 +137,22 @@ def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_
             app.console.text_block(text)  # the plan's diffs are data (stdout)
     _summary(app, result)
     return Deployed(result, derivation)
+
+
+def _events(console, host: str, bar):
+    """Deploy's console events; with a `bar`, each build output line that starts a Dockerfile
+    step (`core.buildsteps`) also moves it: "build (steps) 3/9 RUN pip install ..."."""
+    from ...core.buildsteps import step
+    from ._deploy_events import ConsoleEvents
+
+    class WithBuildSteps(ConsoleEvents):
+        def line(self, stream: str, text: str) -> None:
+            super().line(stream, text)
+            found = step(text)
+            if found is not None:
+                bar(found.n, found.total, note=found.instruction[:60])
+
+    return (WithBuildSteps if bar is not None else ConsoleEvents)(console, host)
 
 
 def _confirm_many(hosts) -> None:
