@@ -119,3 +119,38 @@ def test_vllm_log_stats_lines():
         "waiting": 1,
         "kv_cache_usage_pct": 4.5,
     }
+
+
+def http_answer(version: str) -> str:
+    """The HTTP probe's curl output format (`@@http GROUP PATH CURL_EXIT HTTP_CODE SECONDS`, then the body)."""
+    return (
+        "@@http /health /health 0 200 0.001\n\n"
+        '@@http /v1/models /v1/models 0 200 0.002\n{"object":"list","data":[{"id":"tiny"}]}\n'
+        f'@@http /version /version 0 200 0.001\n{{"version":"{version}"}}\n'
+    )
+
+
+def test_health_asks_vllms_own_endpoints_and_checks_the_pinned_release(tmp_path):
+    from remote_ops.probes.endpoints import HttpEndpoints, check_http
+
+    host = vllm_host(tmp_path)
+    probe = HttpEndpoints(host, deep=True)
+    cmd = probe.command()
+    assert "/health" in cmd and "/version" in cmd and "/v1/completions" in cmd and "/get_model_info" not in cmd
+    checks = {(c.tier, c.name): c for c in check_http(host, (0, http_answer("0.32.0")), None)}
+    assert list(checks) == [("vllm", "health"), ("vllm", "v1_models"), ("vllm", "version"), ("vllm", "release")]
+    assert all(c.status == "ok" for c in checks.values())
+    (bad,) = [c for c in check_http(host, (0, http_answer("0.31.0")), None) if c.name == "release"]
+    assert bad.status == "fail" and "vllm 0.31.0, the inventory pins 0.32.0" in bad.reason
+
+
+def test_health_of_a_vllm_host_skips_the_patch_and_counts_vllm_endpoints_as_answering(tmp_path):
+    from remote_ops.probes.base import Check
+    from remote_ops.probes.patch import PatchInContainer
+    from remote_ops.workflows import health
+
+    host = vllm_host(tmp_path)
+    assert not any(isinstance(p, PatchInContainer) for p in health.probes(host))
+    starting = Check("container", "state", "warn", "running, health check still starting")
+    out = health.starting_but_answering([starting, Check("vllm", "health", "ok", "/health -> HTTP 200")])
+    assert out[0].status == "ok"

@@ -1,4 +1,9 @@
-"""SGLang's HTTP endpoints, asked on the host: the cheap ones, and with `deep` one generation.
+"""The serving engine's HTTP endpoints, asked on the host: the cheap ones, and with `deep` one generation.
+
+Which endpoints, which generation and which version check come from the host's serving
+engine (`remote_ops.serving`): SGLang's below; vLLM's are `/health`, `/v1/models`,
+`/version` (all cheap), its generation a one-token `/v1/completions`, its checks in the
+`vllm` tier.
 
 SGLang 0.5.x's `/health` runs a one-token generation (20 s timeout) and piled-up
 probes have crashed servers, so this probe polls only cheap endpoints
@@ -25,6 +30,7 @@ HTTP_PROBE = r"""
 import json, sys, time, urllib.error, urllib.request
 base, groups, deep = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 call_s, generate_s = float(sys.argv[4]), float(sys.argv[5])
+deep_path, deep_body = sys.argv[6], sys.argv[7].encode()
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def call(path, data=None, timeout=None):
     timeout = timeout or call_s
@@ -45,8 +51,7 @@ for group in groups:
         if res.get("status") != 404:
             break
 if deep:
-    body = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
-    out["/generate"] = call("/generate", body, timeout=generate_s)
+    out["/generate"] = call(deep_path, deep_body, timeout=generate_s)
 print(json.dumps(out))
 """
 
@@ -90,6 +95,7 @@ class HttpEndpoints(Probe[Results | None]):
 
     def __init__(self, host: HostSpec, deep: bool = False, probe_s: float = 96.0) -> None:
         self.port, self.deep, self.probe_s = host.server.port, deep, probe_s
+        self.endpoints, self.deep_path, self.deep_body = serving_http(host)
 
     def command(self) -> str:
         base = f"http://127.0.0.1:{self.port}"
@@ -100,18 +106,20 @@ class HttpEndpoints(Probe[Results | None]):
                 "-c",
                 HTTP_PROBE,
                 base,
-                json.dumps(ENDPOINTS),
+                json.dumps(self.endpoints),
                 "1" if self.deep else "0",
                 str(call_s),
                 str(generate_s),
+                self.deep_path,
+                self.deep_body,
             ]
         )
         calls = []
-        for group in ENDPOINTS:
+        for group in self.endpoints:
             tries = [f"call {shell.join([group[0], path, str(call_s)])}" for path in group]
             calls.append('; [ "$code" = 404 ] && '.join(tries))
         if self.deep:
-            calls.append(f"call {shell.join(['/generate', '/generate', str(generate_s), GENERATE_BODY])}")
+            calls.append(f"call {shell.join(['/generate', self.deep_path, str(generate_s), self.deep_body])}")
         curl = f"BASE={shell.quote(base)}; {CURL_PROBE.strip()}\n" + "\n".join(calls)
         return f"if command -v curl >/dev/null 2>&1; then {curl}\nelse {py}; fi"
 
@@ -145,13 +153,34 @@ def parse_http(text: str) -> Results | None:
     return out
 
 
+def serving_http(host: HostSpec) -> tuple[list[list[str]], str, str]:
+    """(endpoint groups, generation path, its JSON body) of the host's serving engine."""
+    from ..serving import serving_for
+
+    s = serving_for(host)
+    if s.NAME == "sglang":
+        return ENDPOINTS, "/generate", GENERATE_BODY
+    body = {"model": host.model.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    return s.ENDPOINTS, "/v1/completions", json.dumps(body)
+
+
 def check_http(host: HostSpec, probe: Output, c: ContainerInfo | None) -> list[Check]:
-    """One check per cheap endpoint, the served SGLang version, and the generation if asked."""
+    """One check per cheap endpoint, the served release, and the generation if asked (tier: the
+    serving engine's name)."""
+    from ..serving import serving_for
+
+    s = serving_for(host)
     status, text = probe
     res = parse_http(text) if status == 0 else None
     if res is None:
-        return [Check("sglang", "endpoints", "fail", f"HTTP probe did not run: {last_line(probe[1])}")]
-    checks = [_endpoint_check(res[g[0]], g[0].strip("/").replace("/", "_")) for g in ENDPOINTS if g[0] in res]
+        return [Check(s.NAME, "endpoints", "fail", f"HTTP probe did not run: {last_line(probe[1])}")]
+    groups = serving_http(host)[0]
+    checks = [_endpoint_check(res[g[0]], g[0].strip("/").replace("/", "_"), s.NAME) for g in groups if g[0] in res]
+    if s.NAME != "sglang":
+        checks.append(_served_version_check(host, s, res.get(s.VERSION_PATH, {})))
+        if "/generate" in res:
+            checks.append(_endpoint_check(res["/generate"], "generate", tier="generation"))
+        return checks
     checks.append(_version_check(host, res.get("/server_info", {})))
     if "/generate" in res:
         checks.append(_endpoint_check(res["/generate"], "generate", tier="generation"))
@@ -178,4 +207,21 @@ def _version_check(host: HostSpec, r: dict[str, Any]) -> Check:
         "version",
         "ok" if version == want else "fail",
         f"server reports SGLang {version}" + ("" if version == want else f", patched tree is {want}"),
+    )
+
+
+def _served_version_check(host: HostSpec, s: Any, r: dict[str, Any]) -> Check:
+    """The release the serving engine reports against the one the inventory pins."""
+    try:
+        version = s.version_of(json.loads(r.get("body") or "{}"))
+    except (json.JSONDecodeError, AttributeError):
+        version = None
+    if version is None:
+        return Check(s.NAME, "release", "fail", f"{s.VERSION_PATH} has no version")
+    want = s.want_version(host)
+    return Check(
+        s.NAME,
+        "release",
+        "ok" if version == want else "fail",
+        f"server reports {s.NAME} {version}" + ("" if version == want else f", the inventory pins {want}"),
     )

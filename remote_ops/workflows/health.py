@@ -72,8 +72,11 @@ from ..probes.gpu import GpuProcesses, GpuQuery, check_fusion, check_gpus
 from ..probes.gpuhealth import GpuHealthQuery, bus_key, check_gpu_health
 from ..probes.kernlog import KernelXids, check_xid, window
 from ..probes.patch import PatchInContainer, check_patch
+from ..serving import KINDS, serving_for
 
 ORDER = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
+#: the tiers of the serving engine's endpoint checks (`remote_ops.serving.KINDS`)
+SERVING_TIERS = tuple(KINDS)
 
 
 @dataclass
@@ -136,7 +139,7 @@ def probes(
         GpuHealthQuery(),
         KernelXids(),
         EngineObjects(host, expected_image, api=True),
-        PatchInContainer(host),
+        *([PatchInContainer(host)] if serving_for(host).NEEDS_PATCH else []),
         HttpEndpoints(host, deep, probe_s),
         DumpUsage(host.dump.dir),
         ExtractAlive(paths_for(host)),
@@ -172,7 +175,10 @@ def evaluate(
         checks.append(Check("container", "state", "fail", f"{host.engine} inspect: {last_line(text)}"))
     else:
         checks += check_container(host, container, image, expected_image)
-    checks.append(check_patch(a.output(PatchInContainer), container, image))
+    if serving_for(host).NEEDS_PATCH:
+        checks.append(check_patch(a.output(PatchInContainer), container, image))
+    else:
+        checks.append(Check("patch", "source", "skip", serving_for(host).NO_PATCH))
     checks += check_http(host, a.output(HttpEndpoints), container)
     checks = starting_but_answering(checks)
     extracting = a.read(ExtractAlive) if a.came(ExtractAlive) else None  # None: the probe did not say
@@ -184,7 +190,7 @@ def starting_but_answering(checks: list[Check]) -> list[Check]:
     """A running container whose engine health check has not run yet ("starting") is ok when
     every cheap endpoint answers: that is what deploy's wait calls healthy, and the engine's
     first check only runs one interval (15 s) after the start (pure)."""
-    endpoints = [c for c in checks if c.tier == "sglang"]
+    endpoints = [c for c in checks if c.tier in SERVING_TIERS]
     answering = bool(endpoints) and all(c.status == "ok" for c in endpoints)
     return [
         Check(

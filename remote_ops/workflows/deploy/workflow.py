@@ -56,6 +56,7 @@ from ...core.inventory import HostSpec
 from ...engine import cli_for, labels
 from ...errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
 from ...remote import Remote
+from ...serving import KINDS
 from .. import container, hostlock
 from .context import (
     context_files,
@@ -224,7 +225,7 @@ def wait_until_healthy(
             due = info.health == "healthy" or time.monotonic() - last_full >= FULL_CHECK_S
             if info.running and due:
                 checks, last_full = _full_check(remote, host, ref, what), time.monotonic()
-                failing = [c for c in checks if c.tier in ("container", "patch", "sglang") and c.status == "fail"]
+                failing = [c for c in checks if c.tier in ("container", "patch", *KINDS) and c.status == "fail"]
                 if not failing:
                     return checks
                 reasons = "; ".join(f"{c.tier}/{c.name}: {c.reason}" for c in failing[:3])
