@@ -152,3 +152,12 @@ def split_sections(output: str) -> dict[str, tuple[int, str]]:
         elif name is not None:
             lines.append(line)
     return result
+
+
+def authorized_keys_value(value: str) -> str:
+    """An authorized_keys option value (`command="..."`, `from="..."`): double-quoted, each `"`
+    written `\\"` (sshd's only escape).  A line break or NUL would end the key line, and a
+    backslash could escape the closing quote: both are refused (ValueError)."""
+    if any(c in value for c in "\n\r\0\\"):
+        raise ValueError("an authorized_keys option value cannot hold a line break, NUL or backslash")
+    return '"' + value.replace('"', '\\"') + '"'

@@ -195,3 +195,132 @@ def _list(console, label: str, items: list[str], limit: int = 10) -> None:
             console.say(f"    {item}", style="dim")
         if len(items) > limit:
             console.say(f"    ... {len(items) - limit} more", style="dim")
+
+
+# --------------------------------------------------------------------------- dumps sync
+
+
+class _Meter:
+    """Per-source bytes, rate and time left, as one progress line (the bar counts all sources)."""
+
+    def __init__(self, totals: dict[str, int]) -> None:
+        import time
+
+        self._now = time.monotonic
+        self.totals, self.done = totals, {h: 0 for h in totals}
+        self.t0, self._shown = self._now(), 0.0
+
+    def add(self, host: str, n: int) -> str | None:
+        """Count `n` bytes; the new description at most twice a second, else None."""
+        self.done[host] = self.done.get(host, 0) + n
+        now = self._now()
+        if now - self._shown < 0.5:
+            return None
+        self._shown = now
+        return self.describe(now - self.t0)
+
+    def describe(self, seconds: float) -> str:
+        parts = []
+        for h, total in self.totals.items():
+            done = self.done.get(h, 0)
+            rate = done / seconds if seconds > 0 else 0.0
+            eta = f"{(total - done) / rate:,.0f}s" if rate > 0 and done < total else "-"
+            parts.append(f"{h} {done / 1e6:,.1f}/{total / 1e6:,.1f} MB {rate / 1e6:,.1f} MB/s ETA {eta}")
+        return "; ".join(parts)
+
+
+def group_sync(app, sources, dest, opts, dry_run: bool) -> int:
+    """`dumps sync`: check, then (unless --dry-run) grant, move on the hosts, revoke
+    (`workflows.sync`); the summary on stderr, one JSON document with --json."""
+    from ...workflows import sync as sync_mod
+
+    checked = sync_mod.check(sources, dest, app.remote, opts.forks)
+    for host, err in checked.unreachable.items():
+        app.console.error(f"{host}: {err.message}", err.hint)
+    plan = checked.plan
+    _render_sync_plan(app.console, plan, dry_run)
+    if dry_run:
+        app.console.emit(
+            {
+                "dry_run": True,
+                "plan": plan.to_dict(),
+                "errors": {h: e.to_dict() for h, e in checked.unreachable.items()},
+            }
+        )
+        return Unreachable.exit_code if checked.unreachable else 0
+    totals = {h: plan.source_bytes(h) for h, recs in plan.moves.items() if recs}
+    meter = _Meter(totals)
+    with app.console.progress(f"sync -> {dest.name}", total=sum(totals.values())) as advance:
+
+        def progress(host: str, n: int) -> None:
+            advance(n, description=meter.add(host, n))
+
+        result = sync_mod.sync(sources, dest, checked, app.remote, app.target, opts, _serialised(progress))
+    return _sync_result(app, result)
+
+
+def _serialised(fn):
+    import threading
+
+    lock = threading.Lock()
+
+    def call(*args):
+        with lock:
+            fn(*args)
+
+    return call
+
+
+def _render_sync_plan(console, plan, dry_run: bool) -> None:
+    doc = plan.to_dict()
+    verb = "would move" if dry_run else "to move"
+    console.status(
+        "info",
+        f"{verb}: {doc['files']} file(s), {doc['bytes'] / 1e6:,.1f} MB -> {plan.dest}; "
+        f"{doc['already_on_dest']} already there, {len(doc['duplicates'])} on several sources (moved once), "
+        f"{len(plan.conflicts)} conflicting",
+    )
+    for host, per in doc["per_source"].items():
+        console.say(f"    {host}: {per['files']} file(s), {per['bytes'] / 1e6:,.1f} MB", style="dim")
+    _list(
+        console,
+        "conflicting keys (never moved)",
+        [
+            f"{c['key']}: " + ", ".join(f"{x['host']} sha256 {str(x['sha256'])[:12]}" for x in c["copies"])
+            for c in plan.conflicts
+        ],
+    )
+
+
+def _sync_result(app, result) -> int:
+    doc = result.to_dict()
+    errors = {**result.checked.unreachable, **result.errors}
+    worst = fleet.worst_exit([e.exit_code for e in errors.values()]) if errors else 0
+    raised = next((e for e in errors.values() if e.exit_code == worst), None)
+    for host, err in result.errors.items():
+        if err is not raised:  # the one raised is rendered once, at the CLI boundary
+            app.console.error(f"{host}: {err.message}", err.hint)
+    for host, why in result.revoke_errors.items():
+        app.console.warn(
+            f"{host}: transfer key not removed ({why}); the next dumps sync to this destination removes it"
+        )
+    app.console.status(
+        "fail" if errors or result.failed or result.checked.plan.conflicts else "ok",
+        f"{result.moved} file(s), {result.bytes / 1e6:,.1f} MB moved host to host in {result.seconds:.2f}s "
+        f"({doc['mb_per_s']:,.1f} MB/s), verified on {result.checked.plan.dest}; "
+        f"{len(result.failed)} failed, {len(result.checked.plan.conflicts)} conflicting",
+    )
+    _list(app.console, "files that failed verification", [f"{k}: {v}" for k, v in result.failed.items()])
+    _list(app.console, "unsafe host names (never moved)", doc["unsafe"])
+    if raised is not None:
+        raised.details = {**(raised.details or {}), "sync": doc}
+        raise raised
+    if result.failed or result.checked.plan.conflicts or doc["unsafe"]:
+        raise VerifyFailed(
+            f"{len(result.failed)} file(s) failed verification, {len(result.checked.plan.conflicts)} conflicting key(s), "
+            f"{len(doc['unsafe'])} unsafe name(s)",
+            details=doc,
+            hint="conflicts: the same key with different content on two hosts; remove the wrong copy, then re-run",
+        )
+    app.console.emit(doc)
+    return 0

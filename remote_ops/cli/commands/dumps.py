@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from ...core import dumpcheck
-from ...errors import VerifyFailed
+from ...errors import UsageError, VerifyFailed
 from ...workflows import dumps as dumps_mod
 from . import _dumps_group, _dumps_stats
-from ._options import host_command, hosts_command
+from ._options import app_options, complete_hosts, host_command, hosts_command
 
 
 @click.group("dumps")
@@ -24,6 +24,7 @@ def dumps_group() -> None:
       remote-ops dumps verify --host gpu-node            # headers on the host, no torch
       remote-ops dumps audit --host gpu-node --draft-config kimi-eagle3.json
       remote-ops dumps pull --host gpu-node --jobs 4
+      remote-ops dumps sync --from 'fleet:!gpu-01' --to gpu-01   # host to host
     """
 
 
@@ -484,6 +485,85 @@ def export_cmd(
         )
     app.console.emit(result)
     return 0
+
+
+@dumps_group.command("sync")
+@click.option(
+    "--from",
+    "from_",
+    metavar="PATTERN",
+    required=True,
+    shell_complete=complete_hosts,
+    help="the source hosts (a pattern as --host takes, e.g. 'fleet:!gpu-01')",
+)
+@click.option(
+    "--to",
+    "to",
+    metavar="HOST",
+    required=True,
+    shell_complete=complete_hosts,
+    help="the destination host: it fetches every source's dumps into its own dump dir",
+)
+@click.option(
+    "--dest-address",
+    default=None,
+    metavar="ADDR",
+    help="the address the sources see the destination connect from (their key's from=; default: its inventory address)",
+)
+@click.option(
+    "--compress",
+    type=click.Choice(["none", "zstd"]),
+    default="none",
+    show_default=True,
+    help="compress in transit (rsync's zstd, level 1); only pays on a link slower than the compressor",
+)
+@click.option(
+    "--bwlimit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="MB/S",
+    help="cap each source's transfer at this many MB/s",
+)
+@click.option(
+    "--stall-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="rsync gives up when no byte moves for this many seconds",
+)
+@click.option(
+    "--transfer-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    help="deadline of the whole transfer, in seconds",
+)
+@click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True, help="hosts worked on at once")
+@click.option("--dry-run", is_flag=True, help="say what would move, from where; grant and move nothing")
+@app_options
+def sync_cmd(app, from_, to, dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks, dry_run) -> int:
+    """Bring the sources' dumps to one host, host to host: no dump byte passes through here.
+
+    The destination runs rsync over ssh to each source, with a key made for
+    this sync only, allowed on each source by one authorized_keys line
+    (restrict, from= the destination, command= a read-only rrsync of the dump
+    dir), removed afterwards, also after a failure (the next sync to this
+    destination removes what a killed one left).  The sources' host keys come
+    from this machine's known_hosts: nothing is accepted on first use.  Every
+    file is checked against its source manifest's sha256 on the destination
+    and recorded in its manifest with its source host; a corrupt or torn file
+    is fetched again and never counted.  A key with different content on two
+    hosts is a conflict: named, never moved (exit 10).  Re-running resumes and
+    moves nothing twice.  See docs/sync.md.
+    """
+    from ...workflows.sync import SyncOptions
+
+    dest = app.host(to)
+    sources = [h for h in app.select(from_) if h.name != dest.name]
+    if not sources:
+        raise UsageError(f"--from {from_!r} selects no host other than the destination {dest.name}")
+    opts = SyncOptions(dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks)
+    return _dumps_group.group_sync(app, sources, dest, opts, dry_run)
 
 
 dumps_group.add_command(_dumps_stats.stats_cmd)  # dumps stats: the dumper's cost

@@ -1,0 +1,475 @@
+"""`dumps sync`: dumps move host to host, verified and resumable; the laptop only orchestrates.
+
+Steps (docs/sync.md is the reference):
+
+1. Check: every source's and the destination's dump dir is reconciled (the
+   `dumps status` probes) and the tools are looked up (`sync_onhost.py
+   source-check` / `dest-check`); `core.syncplan.plan` decides what moves,
+   what is already there and what conflicts.  `--dry-run` stops here.
+2. Grant: under the destination's host lock, a new ed25519 key is made on the
+   destination (`keygen`), its known_hosts is written from the keys this
+   machine has pinned for the sources (`remote.pinned`), and each source gets
+   one `restrict,from=,command="rrsync -ro DIR"` line (`grant`, which first
+   drops what a killed sync to this destination left).  Each grant goes in the
+   source's audit log.
+3. Act: the destination runs `sync_onhost.py transfer` per source (rsync over
+   ssh from the destination to the source, each file checked against the
+   source manifest's sha256 on arrival, renamed into `rank<R>/` and recorded
+   in the manifest with its `host`).  Only progress lines reach this process.
+4. Always (success, failure, Ctrl-C): the lines are revoked on every source
+   (audit-logged) and the key and known_hosts deleted on the destination.  A
+   revoke that cannot run (a source down) is named; the next sync removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import onhost, signals
+from ..core import shell, syncplan
+from ..core.dumpcheck import Reconciliation
+from ..errors import CommandFailed, Refused, RemoteOpsError, UsageError
+from ..remote.pinned import pinned_lines
+from . import dumps as dumps_mod, fleet, hostlock
+
+if TYPE_CHECKING:
+    from ..core.inventory import HostSpec
+    from ..remote import Remote
+    from ..remote.sshconfig import SshTarget
+
+SCRIPT = "sync_onhost.py"
+#: How long a transfer key may stay on a source if both its revoke and the next sync fail (OpenSSH expiry-time).
+GRANT_HOURS = 48
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """How a sync runs: the address the sources see the destination at (`from=`; default its
+    inventory address), compression in transit, a rate cap per source, rsync's stall timeout,
+    the whole transfer's deadline, and hosts worked on at once."""
+
+    dest_address: str | None = None
+    compress: str = "none"  # none | zstd
+    bwlimit_mbps: float | None = None
+    stall_timeout: float = 60.0
+    transfer_timeout: float = 7 * 24 * 3600.0
+    forks: int = 16
+
+
+@dataclass
+class Checked:
+    """Step 1's findings: every host's reconciliation and tools, the plan."""
+
+    recons: dict[str, Reconciliation]
+    dest_recon: Reconciliation
+    tools: dict[str, dict]  # source -> source-check
+    dest_tools: dict
+    plan: syncplan.SyncPlan
+    unreachable: dict[str, RemoteOpsError] = field(default_factory=dict)
+
+
+@dataclass
+class SyncResult:
+    """What a sync did, per source; `to_dict` is the `--json` document."""
+
+    checked: Checked
+    sync_id: str = ""
+    transfers: dict[str, dict] = field(default_factory=dict)  # source -> the on-host `done` event
+    errors: dict[str, RemoteOpsError] = field(default_factory=dict)
+    grants: dict[str, dict] = field(default_factory=dict)
+    revoked: dict[str, dict] = field(default_factory=dict)
+    revoke_errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def moved(self) -> int:
+        return sum(int(t.get("moved", 0)) for t in self.transfers.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(t.get("bytes", 0)) for t in self.transfers.values())
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(int(t.get("wire_bytes", 0)) for t in self.transfers.values())
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return {f"{h}:{f}": why for h, t in self.transfers.items() for f, why in t.get("failed", {}).items()}
+
+    def to_dict(self) -> dict:
+        c = self.checked
+        return {
+            "dest": c.plan.dest,
+            "sync_id": self.sync_id,
+            "plan": c.plan.to_dict(),
+            "moved": self.moved,
+            "bytes": self.bytes,
+            "wire_bytes": self.wire_bytes,
+            "seconds": round(self.seconds, 3),
+            "mb_per_s": round(self.bytes / 1e6 / self.seconds, 1) if self.seconds else 0.0,
+            "transfers": self.transfers,
+            "failed": self.failed,
+            "conflicts": c.plan.conflicts,
+            "errors": {h: e.to_dict() for h, e in {**c.unreachable, **self.errors}.items()},
+            "unsafe": [f"{h}:{u}" for h, r in c.recons.items() for u in r.unsafe],
+            "missing_on_source": [f"{h}:{m}" for h, r in c.recons.items() for m in r.missing_files],
+            "torn": [f"{h}:{t}" for h, r in c.recons.items() for t in r.torn],
+            "grants": self.grants,
+            "revoked": self.revoked,
+            "revoke_errors": self.revoke_errors,
+        }
+
+
+# --------------------------------------------------------------------------- the on-host program
+
+
+def _script_argv(*args: str) -> str:
+    return shell.join(["python3", "-", *args])
+
+
+def on_host(remote: Remote, *args: str, timeout: float | None = None, on_line=None, check: bool = True) -> dict:
+    """Run `sync_onhost.py ARGS` (script on stdin); its last JSON line."""
+    r = remote.run(_script_argv(*args), input=onhost.source(SCRIPT), check=False, timeout=timeout, on_line=on_line)
+    doc = _last_json(r.stdout)
+    if check and (r.exit_status != 0 or doc is None):
+        raise CommandFailed(
+            f"sync_onhost.py {args[0]} exited {r.exit_status}",
+            host=remote.name,
+            command=r.command,
+            exit_status=r.exit_status,
+            stderr_tail=r.stderr[-2000:],
+        )
+    return doc or {}
+
+
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+# --------------------------------------------------------------------------- 1. check
+
+
+def check(sources: list[HostSpec], dest: HostSpec, remote_of: Callable[[HostSpec], Remote], forks: int) -> Checked:
+    """Reconcile every host (`forks` at a time) and look up their tools; the plan.  A source that
+    cannot be reached is left out (named in `unreachable`); the destination must answer."""
+    dest_remote = remote_of(dest)
+    dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest.dump.dir), dest.dump.dir)
+
+    def work(spec: HostSpec) -> tuple[int, tuple[Reconciliation, dict]]:
+        remote = remote_of(spec)
+        recon = dumps_mod.reconcile_probe(dumps_mod.probe(remote, spec.dump.dir), spec.dump.dir)
+        return 0, (recon, on_host(remote, "source-check", "--dir", spec.dump.dir))
+
+    run = fleet.fan_out(sources, work, forks=forks)
+    done = {o.host: o.result for o in run.outcomes if o.error is None}
+    unreachable = {o.host: o.error for o in run.outcomes if o.error is not None}
+    recons = {h: v[0] for h, v in done.items()}
+    plan = syncplan.plan(recons, dest.name, dest_recon)
+    return Checked(recons, dest_recon, {h: v[1] for h, v in done.items()}, {}, plan, unreachable)
+
+
+def _source_problem(name: str, tools: dict) -> str | None:
+    if not tools.get("rrsync"):
+        return f"{name} has no rrsync (rsync >= 3.2.4 ships it; Debian/Ubuntu: package rsync)"
+    if not tools.get("rsync"):
+        return f"{name} has no rsync"
+    return None
+
+
+# --------------------------------------------------------------------------- the destination's lock
+
+
+def _take_lock(remote: Remote, dest: HostSpec) -> str:
+    """The destination's host lock; one a killed sync of this machine left (its PID gone) is
+    released first (audit-logged by `hostlock.release_held`)."""
+    try:
+        return hostlock.take(remote, dest, "dumps sync")
+    except Refused as exc:
+        stale = (exc.details or {}).get("stale")
+        holder = hostlock.read(remote, dest)
+        if not stale or holder is None:
+            raise
+        hostlock.release_held(remote, dest, holder, forced=False, reason=stale)
+        return hostlock.take(remote, dest, "dumps sync")
+
+
+# --------------------------------------------------------------------------- 2-4. grant, act, revoke
+
+
+Progress = Callable[[str, int], None]  # (source, bytes moved since the last call)
+
+
+@dataclass
+class _Sync:
+    checked: Checked
+    sources: dict[str, HostSpec]
+    dest: HostSpec
+    remote_of: Callable[[HostSpec], Remote]
+    target_of: Callable[[HostSpec], SshTarget]
+    opts: SyncOptions
+    progress: Progress
+    result: SyncResult
+
+    @property
+    def dest_remote(self) -> Remote:
+        return self.remote_of(self.dest)
+
+    @property
+    def work(self) -> str:
+        return syncplan.work_dir(self.dest.dump.dir)
+
+    # -- grant --------------------------------------------------------------
+    def prepare_dest(self, moving: list[str]) -> str:
+        """The key (its public line) and known_hosts on the destination."""
+        comment = f"{syncplan.mark(self.dest.name)}{self.result.sync_id}"
+        key = on_host(self.dest_remote, "keygen", "--work", self.work, "--comment", comment)
+        lines = []
+        for name in moving:
+            t = self.target_of(self.sources[name])
+            lines += pinned_lines(t)
+        self.dest_remote.run(
+            shell.redirect(["cat"], stdout=f"{self.work}/known_hosts"), input="".join(l + "\n" for l in lines).encode()
+        )
+        return str(key["public"])
+
+    def from_address(self) -> str:
+        return self.opts.dest_address or self.target_of(self.dest).hostname
+
+    def grant(self, name: str, public: str) -> dict:
+        spec, tools = self.sources[name], self.checked.tools[name]
+        line = syncplan.grant_line(
+            public,
+            str(tools["rrsync"]),
+            spec.dump.dir,
+            self.from_address(),
+            self.dest.name,
+            self.result.sync_id,
+            expiry=time.strftime("%Y%m%d%H%M", time.gmtime(time.time() + GRANT_HOURS * 3600)) + "Z",
+        )
+        remote = self.remote_of(spec)
+        out = on_host(
+            remote, "grant", "--file", tools["authorized_keys"], "--mark", syncplan.mark(self.dest.name), "--line", line
+        )
+        self._audit(remote, spec, "sync-grant", {"authorized_keys": tools["authorized_keys"], "line": line})
+        return {"file": tools["authorized_keys"], "line": line, "stale_removed": out.get("removed", 0)}
+
+    def revoke(self, name: str) -> dict:
+        spec, tools = self.sources[name], self.checked.tools[name]
+        remote = self.remote_of(spec)
+        out = on_host(remote, "revoke", "--file", tools["authorized_keys"], "--mark", syncplan.mark(self.dest.name))
+        if out.get("removed"):
+            self._audit(
+                remote, spec, "sync-revoke", {"authorized_keys": tools["authorized_keys"], "removed": out["removed"]}
+            )
+        return {"file": tools["authorized_keys"], "removed": out.get("removed", 0)}
+
+    def _audit(self, remote: Remote, spec: HostSpec, action: str, extra: dict) -> None:
+        record = {
+            "action": action,
+            "sync_id": self.result.sync_id,
+            "dest": self.dest.name,
+            "source": spec.name,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "client": hostlock.this_client(),
+            **extra,
+        }
+        remote.run(hostlock.audit_append_cmd(spec.audit_log, record))
+
+    # -- act ----------------------------------------------------------------
+    def transfer(self, name: str, bind: str | None) -> dict:
+        target = self.target_of(self.sources[name])
+        doc = syncplan.transfer_plan(
+            source=name,
+            address=target.hostname,
+            port=target.port,
+            user=target.user,
+            dest_dump_dir=self.dest.dump.dir,
+            bind=bind,
+            records=self.checked.plan.moves[name],
+            compress=self.opts.compress,
+            bwlimit_kbps=int(self.opts.bwlimit_mbps * 1000 / 1.024) if self.opts.bwlimit_mbps else None,
+            stall_timeout=self.opts.stall_timeout,
+        )
+        plan_file = f"{self.work}/plan-{name}.json"
+        self.dest_remote.run(shell.redirect(["cat"], stdout=plan_file), input=json.dumps(doc).encode())
+        events = _Events(name, self.progress)
+        on_host(
+            self.dest_remote,
+            "transfer",
+            plan_file,
+            timeout=self.opts.transfer_timeout,
+            on_line=events.line,
+            check=False,
+        )
+        if events.done is None:
+            raise CommandFailed(
+                f"the transfer from {name} on {self.dest.name} ended without its report (killed?)",
+                host=self.dest.name,
+                stderr_tail=events.rsync_error,
+                hint="re-run `dumps sync`: verified files are kept, partial ones resume",
+            )
+        if events.done.get("connection_lost"):
+            from ..errors import Unreachable
+
+            raise Unreachable(
+                f"{self.dest.name} lost its connection to {name} (rsync exit {events.done.get('rsync_rc')}: "
+                f"{_last_line(events.rsync_error)}): "
+                f"{events.done.get('moved', 0)} file(s) moved before",
+                host=name,
+                hint="re-run `dumps sync` when the source answers: verified files are kept, partial ones resume",
+                details={"reason": "connection_lost", "transfer": events.done, "stderr_tail": events.rsync_error},
+            )
+        if events.done.get("rsync_rc"):
+            raise CommandFailed(
+                f"rsync from {name} exited {events.done['rsync_rc']} on {self.dest.name}: {_last_line(events.rsync_error)}",
+                host=self.dest.name,
+                exit_status=int(events.done["rsync_rc"]),
+                stderr_tail=events.rsync_error,
+                hint="re-run `dumps sync`: verified files are kept, partial ones resume",
+            )
+        if not events.done.get("failed"):
+            self.dest_remote.run(["rm", "-rf", syncplan.stage_dir(self.dest.dump.dir, name), plan_file])
+        return events.done
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no message"
+
+
+@dataclass
+class _Events:
+    """The JSON Lines of one `transfer`: progress to `progress`, the `done` report kept."""
+
+    source: str
+    progress: Progress
+    done: dict | None = None
+    rsync_error: str = ""
+    _last: int = 0
+    _files: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def line(self, stream: str, text: str) -> None:
+        if stream != "stdout":
+            return
+        try:
+            ev = json.loads(text)
+        except ValueError:
+            return
+        kind = ev.get("event") if isinstance(ev, dict) else None
+        if kind == "progress":
+            n = int(ev.get("bytes", 0))
+            self._advance(max(0, n - self._last))
+            self._last = max(self._last, n)
+        elif kind == "rsync":
+            self._last = 0  # a new pass counts from 0 again
+        elif kind == "rsync_failed":
+            self.rsync_error = str(ev.get("stderr", ""))
+        elif kind == "done":
+            self.done = ev
+
+    def _advance(self, n: int) -> None:
+        if n:
+            self.progress(self.source, n)
+
+
+def sync(
+    sources: list[HostSpec],
+    dest: HostSpec,
+    checked: Checked,
+    remote_of: Callable[[HostSpec], Remote],
+    target_of: Callable[[HostSpec], SshTarget],
+    opts: SyncOptions,
+    progress: Progress,
+) -> SyncResult:
+    """Steps 2-4 (see the module doc) for the sources that answered step 1."""
+    result = SyncResult(checked, sync_id=hostlock.new_token())
+    by_name = {s.name: s for s in sources if s.name in checked.recons}
+    for name, tools in checked.tools.items():
+        why = _source_problem(name, tools) if checked.plan.moves.get(name) else None
+        if why:
+            raise Refused(
+                why, host=name, hint="install rsync on the source (it ships rrsync), or leave it out of --from"
+            )
+    for t in (target_of(s) for s in [*by_name.values(), dest]):
+        if t.jump:
+            raise UsageError(f"{t.name} is reached through a ProxyJump: dumps sync needs the hosts to reach each other")
+    s = _Sync(checked, by_name, dest, remote_of, target_of, opts, progress, result)
+    dest_remote = remote_of(dest)
+    t0 = time.monotonic()
+    token = _take_lock(dest_remote, dest)
+    try:
+        _grant_and_move(s)
+    finally:
+        with signals.deferred():
+            _revoke_all(s)
+            try:
+                hostlock.release(dest_remote, dest, token)
+            except RemoteOpsError:
+                pass
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _grant_and_move(s: _Sync) -> None:
+    moving = [h for h, recs in s.checked.plan.moves.items() if recs]
+    if not moving:
+        return
+    if not s.checked.dest_tools:
+        s.checked.dest_tools = on_host(
+            s.dest_remote, "dest-check", "--dir", s.dest.dump.dir, "--bind", s.from_address()
+        )
+    if not s.checked.dest_tools.get("rsync") or not s.checked.dest_tools.get("ssh"):
+        raise Refused(
+            f"{s.dest.name} has no rsync or ssh", host=s.dest.name, hint="install rsync and openssh-client there"
+        )
+    bind = s.from_address() if s.checked.dest_tools.get("bind_ok") else None
+    public = s.prepare_dest(moving)
+    specs = [s.sources[h] for h in moving]
+    grants = fleet.fan_out(specs, lambda spec: (0, s.grant(spec.name, public)), forks=s.opts.forks)
+    for o in grants.outcomes:
+        if o.error is not None:
+            s.result.errors[o.host] = o.error
+        else:
+            s.result.grants[o.host] = o.result
+    granted = [s.sources[h] for h in moving if h in s.result.grants]
+    run = fleet.fan_out(granted, lambda spec: (0, s.transfer(spec.name, bind)), forks=s.opts.forks)
+    for o in run.outcomes:
+        if o.error is not None:
+            s.result.errors[o.host] = o.error
+        else:
+            s.result.transfers[o.host] = o.result
+
+
+def _revoke_all(s: _Sync) -> None:
+    """Revoke on every source (also those with nothing to move: a killed run's lines go too), then
+    delete the key on the destination."""
+    specs = list(s.sources.values())
+    run = fleet.fan_out(specs, lambda spec: (0, s.revoke(spec.name)), forks=s.opts.forks)
+    for o in run.outcomes:
+        if o.error is not None:
+            s.result.revoke_errors[o.host] = o.error.message
+        else:
+            s.result.revoked[o.host] = o.result
+    try:
+        on_host(s.dest_remote, "cleanup", "--work", s.work)
+    except RemoteOpsError as exc:
+        s.result.revoke_errors[s.dest.name] = f"key not deleted: {exc.message}"
+
+
+def describe(plan: syncplan.SyncPlan) -> dict[str, Any]:
+    """`--dry-run`'s document: what would move, from where."""
+    return plan.to_dict()
