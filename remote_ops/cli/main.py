@@ -153,6 +153,15 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """click's, plus one check: `-v`/`-q` given before a command that has no such options
+        (`completion`, `inventory schema`, `daemon ...`: nothing they do is traced or silenced)
+        is refused with exit 2, as the same option after it is."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if (ctx.params.get("verbose") or ctx.params.get("quiet")) and not ctx.resilient_parsing:
+            _refuse_root_verbosity(ctx, name, cmd, rest)
+        return name, cmd, rest
+
     def _load(self, module_name: str) -> list[str]:
         """Import one command module (once) and add its commands; their names."""
         if module_name not in _LOADED:
@@ -169,6 +178,23 @@ class LazyGroup(click.Group):
 
 
 _LOADED: dict[str, list[str]] = {}
+
+
+def _refuse_root_verbosity(ctx: click.Context, name, cmd, rest: list[str]) -> None:
+    """UsageError when the command `remote-ops -v|-q CMD ...` runs takes no -v/-q of its own."""
+    path = [name]
+    while isinstance(cmd, click.Group):  # down to the command that runs (`daemon start`)
+        sub = next((a for a in rest if not a.startswith("-")), None)
+        if sub is None or cmd.get_command(ctx, sub) is None:
+            return  # no subcommand: click says so (or shows the group's help)
+        rest = rest[rest.index(sub) + 1 :]
+        cmd, path = cmd.get_command(ctx, sub), [*path, sub]
+    if cmd is None or any(p.name == "verbose" for p in cmd.params) or {"-h", "--help"} & set(rest):
+        return
+    flag = "-v/--verbose" if ctx.params.get("verbose") else "-q/--quiet"
+    raise click.UsageError(
+        f"{flag} does not apply to `{' '.join(path)}` (it prints no progress and runs no remote command)", ctx
+    )
 
 
 def _short(text: str, limit: int) -> str:
