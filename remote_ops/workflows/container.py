@@ -103,14 +103,22 @@ def gpu_args(host: HostSpec) -> list[str]:
     return gpu_flags(gpus if isinstance(gpus, str) else tuple(gpus))
 
 
+def server_spec(host: HostSpec, image: str):
+    """The host's server container: SGLang's (`engine.spec.for_host`), or its serving engine's
+    (`remote_ops.serving`: vLLM's command line, no dumper variables)."""
+    from ..serving import serving_for
+
+    return serving_for(host).run_spec(host, image) if host.serving.engine != "sglang" else for_host(host, image)
+
+
 def run_argv(host: HostSpec, image: str) -> list[str]:
-    """The `run` command line of the host's container in its engine's CLI (`engine.spec.for_host`, as flags)."""
-    return cli_for(host).run_argv(for_host(host, image))
+    """The `run` command line of the host's container in its engine's CLI (`server_spec`, as flags)."""
+    return cli_for(host).run_argv(server_spec(host, image))
 
 
 def expected_run_config(host: HostSpec, image: str) -> str:
     """The run-config label value the host's container gets now (`engine.spec.inventory_run_config`)."""
-    return for_host(host, image).labels[labels.RUN_CONFIG]
+    return server_spec(host, image).labels[labels.RUN_CONFIG]
 
 
 def lifecycle_steps(action: str, host: HostSpec, info: ContainerInfo | None, image: str | None) -> list[str]:
@@ -219,7 +227,7 @@ def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int
         if step in ("remove", "run"):
             engine.remove(name, timeout=timeout)
         if step == "run":
-            return engine.run(for_host(host, image or ""), timeout=timeout).id
+            return engine.run(server_spec(host, image or ""), timeout=timeout).id
         if step in ("start", "stop", "restart"):
             call = getattr(engine, step)
             call(name, timeout=timeout) if step == "start" else call(name, grace_s=grace_s, timeout=timeout)

@@ -58,8 +58,9 @@ class Facts:
 
 
 def target_of(host: HostSpec) -> str | None:
-    """The patch's target file on the host (None: the host's patch is unbound, no spec)."""
-    return host.sglang.target_file if host.sglang.patch else None
+    """The patch's target file on the host (None: the host's patch is unbound, no spec, or its
+    serving engine needs no patch)."""
+    return host.sglang.target_file if host.sglang.patch and host.serving.engine == "sglang" else None
 
 
 def probes(host: HostSpec) -> list[Probe[Any]]:

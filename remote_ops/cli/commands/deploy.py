@@ -99,7 +99,7 @@ class Deployed:
         self.result, self.derivation = result, derivation
 
     def to_dict(self) -> dict:
-        return {**self.result.to_dict(), "patch_spec": self.derivation.to_dict()}
+        return {**self.result.to_dict(), "patch_spec": self.derivation.to_dict() if self.derivation else None}
 
 
 @contextmanager
@@ -116,8 +116,14 @@ def _deploy_one(app, spec, dry_run, show_diff, yes, why, healthy_timeout, build_
     remote = app.remote(spec)
     events = _events(app.console, spec.name, bar)
     app.console.step(f"deploy {spec.name} ({remote.target.display}, host key {remote.host_key_fingerprint})")
-    spec, derivation = patching.bind_host(remote, spec)
-    app.console.say(f"patch spec: {derivation} -> {spec.sglang.target_file}")
+    if spec.serving.engine == "sglang":
+        spec, derivation = patching.bind_host(remote, spec)
+        app.console.say(f"patch spec: {derivation} -> {spec.sglang.target_file}")
+    else:
+        from ...serving import serving_for
+
+        derivation = None
+        app.console.say(serving_for(spec).NO_PATCH)
     if not dry_run and not yes:
         preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:

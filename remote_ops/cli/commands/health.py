@@ -22,6 +22,10 @@ def _expected_image(spec) -> str | None:
     from ...errors import RemoteOpsError
     from ...workflows import container
 
+    if spec.serving.engine == "vllm":
+        from ...serving import vllm
+
+        return vllm.image_ref(spec)
     if not spec.sglang.patch:  # a spec derived on the host: the tag is not known here
         return None
     try:

@@ -132,7 +132,7 @@ def preflight_problems(host: HostSpec, p: Probe) -> list[str]:
     free_gb = (f.dump_dir_free_bytes or 0) / 1e9
     if f.dump_dir_free_bytes is not None and free_gb < host.dump.min_free_gb:
         problems.append(f"{free_gb:.1f} GB free under {host.dump.dir}, inventory wants {host.dump.min_free_gb:g} GB")
-    if f.target_error or not f.target_sha256:
+    if host.serving.engine == "sglang" and (f.target_error or not f.target_sha256):
         problems.append(f"cannot read {host.sglang.target_file}: {f.target_error or 'no sha'}")
     if f.python3_problem:
         problems.append(f.python3_problem)

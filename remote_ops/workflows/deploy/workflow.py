@@ -285,13 +285,16 @@ class Deploy:
         why: str = "deploy",
         healthy_timeout_s: float | None = None,
         build_timeout_s: float | None = None,
+        **serving: Any,
     ) -> None:
+        """`serving` (a subclass for another serving engine): `patch=None, ref=...` instead of the
+        host's patch spec and the image it tags."""
         self.remote, self.host, self.dry_run, self.why = remote, host, dry_run, why
         self.events = events or Events()
         self.timeout = healthy_timeout_s or host.server.healthy_timeout_s
         self.build_timeout = build_timeout_s or BUILD_TIMEOUT_S
-        self.patch = load_patch(host)
-        self.ref = image_tag(host, self.patch)
+        self.patch = serving["patch"] if "patch" in serving else load_patch(host)
+        self.ref = serving["ref"] if "ref" in serving else image_tag(host, self.patch)
         self.result = DeployResult(host.name, dry_run, False, self.ref)
         self.t0 = time.monotonic()
         self.rt0 = remote.round_trips
@@ -374,13 +377,16 @@ class Deploy:
             self._step(step, "failed", text)
         return exc
 
+    def _versions(self) -> dict[str, Any]:
+        """The serving engine's part of the run record's versions."""
+        return {"sglang": self.host.sglang.version, "patch": f"{self.patch.id}@{self.patch.hash}"}
+
     def _preflight(self, p: Probe, t: float) -> None:
         self.result.versions = {
             "remote_ops": __version__,
             "engine": self.host.engine,
             "docker": p.facts.docker,  # the engine's versions (the key predates the engine field)
-            "sglang": self.host.sglang.version,
-            "patch": f"{self.patch.id}@{self.patch.hash}",
+            **self._versions(),
         }
         problems = preflight_problems(self.host, p)
         if problems:
@@ -614,5 +620,9 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
 
 
 def deploy(remote: Remote, host: HostSpec, **kwargs) -> DeployResult:
-    """Run a deploy (see `Deploy`)."""
+    """Run a deploy (see `Deploy`; a vLLM host's is `deploy.vllm.VllmDeploy`)."""
+    if host.serving.engine == "vllm":
+        from .vllm import VllmDeploy
+
+        return VllmDeploy(remote, host, **kwargs).run()
     return Deploy(remote, host, **kwargs).run()
