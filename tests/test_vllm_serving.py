@@ -154,3 +154,17 @@ def test_health_of_a_vllm_host_skips_the_patch_and_counts_vllm_endpoints_as_answ
     starting = Check("container", "state", "warn", "running, health check still starting")
     out = health.starting_but_answering([starting, Check("vllm", "health", "ok", "/health -> HTTP 200")])
     assert out[0].status == "ok"
+
+
+def test_extract_start_runs_the_client_in_vllm_mode_with_the_served_name(tmp_path):
+    from remote_ops.core.extractplan import launch_command, paths_for
+
+    host = vllm_host(tmp_path)
+    cmd = launch_command(paths_for(host), "http://127.0.0.1:8000", 4, 2, "/d.jsonl", None, 30.0, None, v_args(host))
+    assert "--serving vllm --model tiny" in cmd
+    sglang = launch_command(paths_for(host), "http://127.0.0.1:8000", 4, 2, "/d.jsonl")
+    assert "--serving" not in sglang
+
+
+def v_args(host):
+    return serving_for(host).client_args(host)

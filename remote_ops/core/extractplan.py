@@ -59,11 +59,14 @@ def launch_command(
     limit: int | None = None,
     dump_grace: float = 30.0,
     dump_bytes_per_token: int | None = None,
+    serving_args: tuple[str, ...] = (),
 ) -> str:
     """Start the client detached in its own session; print its PID.
 
     `dump_bytes_per_token` is the client's estimate of a dump's size until it
-    has dump files of its own to measure (it names a full dump disk with it)."""
+    has dump files of its own to measure (it names a full dump disk with it).
+    `serving_args`: the serving engine's client options (`remote_ops.serving`: vLLM's
+    `--serving vllm --model NAME`)."""
     argv = [
         "python3",
         p.client,
@@ -88,6 +91,7 @@ def launch_command(
         argv += ["--limit", str(limit)]
     if dump_bytes_per_token:
         argv += ["--dump-bytes-per-token", str(int(dump_bytes_per_token))]
+    argv += list(serving_args)
     out = shell.quote(p.file("client.out"))
     # `cd || exit; cmd &` - not `cd && cmd &`, which backgrounds a subshell holding the channel open
     return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"

@@ -33,3 +33,8 @@ def version_of(body: dict[str, Any]) -> str | None:
 
 def want_version(host: Any) -> str:
     return str(host.sglang.version)
+
+
+def client_args(host: Any) -> tuple[str, ...]:
+    """The extraction client's options for this engine (SGLang: its defaults, `/generate`)."""
+    return ()

@@ -66,6 +66,11 @@ def want_version(host: "HostSpec") -> str:
     return str(host.vllm.version)
 
 
+def client_args(host: "HostSpec") -> tuple[str, ...]:
+    """The extraction client's options: `/v1/completions` with the served model name."""
+    return ("--serving", "vllm", "--model", host.model.served_name)
+
+
 # --------------------------------------------------------------------------- what is captured
 
 

@@ -45,6 +45,7 @@ from ..probes.extract import (
     FileSha,
 )
 from ..probes.system import HostPython, python_problem
+from ..serving import serving_for
 
 
 def client_source() -> bytes:
@@ -136,7 +137,17 @@ def start(
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     before = _log_size(remote, p)
     remote.run(
-        launch_command(p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host))
+        launch_command(
+            p,
+            url,
+            concurrency,
+            retries,
+            remote_dataset,
+            limit,
+            dump_grace,
+            dump_bytes_per_token(host),
+            serving_for(host).client_args(host),
+        )
     )
     _await_started(remote, host, p, before, wait_s)
     return status(remote, host)
@@ -253,7 +264,15 @@ def plan_start(
         "upload_dataset": is_local and on_host.read(sec) != _sha256(local.read_bytes()),
         "dataset_on_host": remote_dataset,
         "command": launch_command(
-            p, url, concurrency, retries, remote_dataset, limit, dump_grace, dump_bytes_per_token(host)
+            p,
+            url,
+            concurrency,
+            retries,
+            remote_dataset,
+            limit,
+            dump_grace,
+            dump_bytes_per_token(host),
+            serving_for(host).client_args(host),
         ),
     }
 
