@@ -86,3 +86,10 @@ def test_a_vllm_host_needs_no_patch_target_in_its_preflight():
     p, _ = probe(h)
     assert deploy.preflight_problems(h, p) == []
     assert not any(type(x).__name__ == "PatchTarget" for x in deploy.probes_for(h, "x"))
+
+
+def test_facts_of_a_vllm_host_name_its_serving_engine_and_ask_no_sglang_checkout():
+    h = host()
+    assert not any(type(x).__name__ in ("SglangVersion", "PatchTarget") for x in facts.probes(h))
+    f = facts.parse(h, {})
+    assert f.serving == "vllm" and f.vllm_version == "0.32.0" and f.sglang_version is None

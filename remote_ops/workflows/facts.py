@@ -45,6 +45,8 @@ class Facts:
     nvidia_runtime: bool = False
     dump_dir: str = ""
     dump_dir_free_bytes: int | None = None
+    serving: str = "sglang"  # the inventory's serving engine (`serving.engine`)
+    vllm_version: str | None = None  # vLLM hosts: the release the inventory pins (its image is built from it)
     sglang_version: str | None = None
     target_file: str = ""
     target_sha256: str | None = None
@@ -77,7 +79,7 @@ def probes(host: HostSpec) -> list[Probe[Any]]:
         NvidiaToolkit(),
         DiskFree(host.dump.dir),
         HostPython(),
-        SglangVersion(host.sglang.checkout),
+        *([SglangVersion(host.sglang.checkout)] if host.serving.engine == "sglang" else []),
         *([PatchTarget(target)] if target else []),
     ]
 
@@ -90,8 +92,11 @@ def gather(remote: Remote, host: HostSpec) -> Facts:
 def parse(host: HostSpec, sec: Sections) -> Facts:
     """The probes' answers -> `Facts` (pure; tested from captured text).  Probes that did not
     run read as unknown (`deploy` asks only some)."""
-    a = Answers([PatchTarget(""), *probes(host)], sec)  # no target asked: it reads as unreadable
-    f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=target_of(host) or "")
+    asked = probes(host)
+    extra = [x for x in (PatchTarget(""), SglangVersion("")) if not any(type(p) is type(x) for p in asked)]
+    a = Answers([*extra, *asked], sec)  # not asked: reads as unreadable / unknown
+    f = Facts(host=host.name, dump_dir=host.dump.dir, target_file=target_of(host) or "", serving=host.serving.engine)
+    f.vllm_version = host.vllm.version if host.serving.engine == "vllm" else None
     f.os = a.read(OsRelease)
     f.kernel = a.read(Kernel)
     f.cpus, f.cpu_model = a.read(Cpu)
