@@ -129,7 +129,8 @@ def test_cli_bad_input_exit_codes(local_file, args, code):
 
 
 def test_cli_missing_and_binary_file(tmp_path):
-    assert main(["inspect-source", "--local-file", str(tmp_path / "missing.py"), "--lines", "1:2"]) == 13
+    # a missing local file is a usage error, found while parsing (core.pathref)
+    assert main(["inspect-source", "--local-file", str(tmp_path / "missing.py"), "--lines", "1:2"]) == 2
     binary = tmp_path / "blob.py"
     shutil.copy("/bin/true", binary)
     assert main(["inspect-source", "--local-file", str(binary), "--lines", "1:2"]) == 2

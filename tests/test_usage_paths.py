@@ -106,10 +106,14 @@ MISSING = [
     ("dataset", "regenerate", "--host", "far1", "--dataset", "nope.jsonl"),
     ("dataset", "prepare", "nope.jsonl", "--on-host", "--host", "far"),
     ("spec", "bench", "--host", "far1", "--prompts", "nope.jsonl"),
+    ("facts", "--host", "far1", "--ssh-config", "nope.config"),  # facts connects early (speculate)
+    ("health", "--host", "far", "--ssh-config", "nope.config"),
+    ("inspect-source", "--local-file", "nope.py", "--lines", "1:2"),
+    ("patch", "check", "--local-file", "nope.py"),
 ]
 
 
-@pytest.mark.parametrize("args", MISSING, ids=lambda a: " ".join(a[:2]))
+@pytest.mark.parametrize("args", MISSING, ids=lambda a: " ".join(a[:3]))
 def test_a_missing_local_file_is_a_usage_error_before_any_connection(cli, args):
     code, _doc, err = cli(*args)
     assert code == 2, err

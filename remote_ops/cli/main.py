@@ -244,8 +244,8 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
     Exit codes are documented in docs/exit-codes.md (0 ok, 3 config, 4 unreachable,
     5 auth, 6 host key, 7 command failed, 8 timeout, 9 refused, 10 verify
-    failed, 11/12 health warn/fail, 13 not found, 14 no space,
-    129/130/143 SIGHUP/SIGINT/SIGTERM).
+    failed, 11/12 health warn/fail, 13 not found, 14 no space, 15 package
+    index unreachable, 129/130/143 SIGHUP/SIGINT/SIGTERM).
     """
     run = ctx.ensure_object(RunConsole)
     run.verbose, run.quiet = verbose, quiet

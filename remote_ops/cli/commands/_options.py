@@ -43,9 +43,10 @@ def app_options(fn):
     @click.option(
         "--ssh-config",
         "ssh_config",
-        type=click.Path(),
+        type=PathOption("file"),
         default=None,
-        help="ssh_config file to use (default ~/.ssh/config if present)",
+        metavar="PATH",
+        help="ssh_config file to use (default ~/.ssh/config if present; a missing one: exit 2)",
     )
     @click.option(
         "--host-key-policy",
@@ -99,7 +100,7 @@ def app_options(fn):
         app = App(
             console=console,
             inventory_paths=list(inventory) or None,
-            ssh_config_path=ssh_config,
+            ssh_config_path=str(ssh_config) if ssh_config else None,
             host_key_policy=host_key_policy,
             connect_timeout=connect_timeout,
             command_timeout=command_timeout,

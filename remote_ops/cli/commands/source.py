@@ -10,7 +10,7 @@ from ...core import source as srcview
 from ...errors import UsageError
 from ...workflows import patching
 from ._fleet import run_on_hosts
-from ._options import hosts_command
+from ._options import PathOption, hosts_command
 
 
 def local_target(app, path: str | None, local_file: Path, model_class: str | None, strict: bool):
@@ -38,9 +38,10 @@ def target_options(fn):
     """--file / --local-file / --model-class, shared by inspect-source and patch (with `hosts_command(local_ok=True)`)."""
     fn = click.option(
         "--local-file",
-        type=click.Path(path_type=Path, dir_okay=False),
+        type=PathOption("file"),
         default=None,
-        help="work on a file on this machine instead (no SSH; instead of --host)",
+        metavar="PATH",
+        help="work on a file on this machine instead (no SSH; instead of --host; missing: exit 2)",
     )(fn)
     fn = click.option(
         "--model-class",
