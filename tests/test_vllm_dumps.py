@@ -274,3 +274,14 @@ def test_dumps_status_reconciles_vllm_files_by_the_dump_manifest(tmp_path):
     r = dumpcheck.reconcile(str(run / "dumps"), files, (rank0 / "manifest.jsonl").read_text(), 64)
     assert r.ok and r.files_present == 3 and r.manifest_rows == 3 and not r.unlisted_files
     assert r.hidden_size == 64 and r.tokens == sum(len(json.loads(x)["input_ids"]) for x in (run / "ds.jsonl").open())
+
+
+def test_the_client_waits_for_the_file_vllm_writes_after_answering(tmp_path):
+    path = tmp_path / "late.safetensors"
+    timer = threading.Timer(0.2, path.write_bytes, args=(b"x",))
+    timer.start()
+    try:
+        assert extract_onhost.wait_for_file(str(path), 30.0)
+    finally:
+        timer.join()
+    assert not extract_onhost.wait_for_file(str(tmp_path / "never"), 0.1)

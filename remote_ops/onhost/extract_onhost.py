@@ -11,7 +11,8 @@ requests in flight.
 With `--serving vllm` (a vLLM server started with the `extract_hidden_states` method and the
 project's connector, docs/vllm.md) it sends the same token ids to `/v1/completions`
 (`max_tokens=1`, `temperature=0`, `return_token_ids`), reads the file vLLM wrote from
-`kv_transfer_params.hidden_states_path`, checks that its `token_ids` are the ids sent, moves it
+`kv_transfer_params.hidden_states_path`, waits for it (up to --dump-grace: vLLM writes it
+after answering), checks that its `token_ids` are the ids sent, moves it
 to `<dump-dir>/rank0/<key>.safetensors` and appends its line to `rank0/manifest.jsonl` (the
 dump contract's layout); the client's `ok` line names the file (`file`, `vllm_path`) and the
 token (`choices[0].token_ids[0]`).  Keys, resume and retries are the same in both modes.
@@ -354,6 +355,17 @@ def _safetensors_header(fh):
     return 8 + size, header, header.pop("__metadata__", None) or {}
 
 
+def wait_for_file(path, timeout, stop=None):
+    """True once `path` exists (the connector writes after the answer: temp + rename), polled
+    every 50 ms until `timeout` seconds; False at the deadline (or when `stop` is set)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def adopt_vllm_file(path, dump_dir, key, token_ids, lock, rank=0):
     """Move vLLM's per-request file to `<dump_dir>/rank<R>/<key>.safetensors` and append its dump
     manifest line (the dump contract's layout, so status, pull, verify, audit and export read it).
@@ -581,6 +593,8 @@ class Run:
         """One /v1/completions request; vLLM's file moves to the dump layout under the key."""
         answer = complete(self.url, self.args.model, ids, self.args.request_timeout)
         path, token = completion_result(answer)
+        if not wait_for_file(path, self.args.dump_grace, self.stop):
+            raise ValueError("hidden-states file %s did not appear within %gs" % (path, self.args.dump_grace))
         try:
             rec = adopt_vllm_file(path, self.args.dump_dir, key, ids, self.dlock)
         except (OSError, ValueError, KeyError, struct.error) as exc:
