@@ -529,3 +529,32 @@ def extraction_points(text: str | Iterable[str]) -> list[tuple[float, int, int]]
         kv = _fields(line)
         points.append((float(t - first), _num(kv.get("done"), int) or 0, _num(kv.get("tokens"), int) or 0))
     return points
+
+
+# --------------------------------------------------------------------------- vLLM's server log
+#: `INFO 12-02 11:15:03 [loggers.py:123] Engine 000: Avg prompt throughput: 1234.5 tokens/s, ...`
+_VLLM_STATS = re.compile(
+    r"^(?P<level>[A-Z]+) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[[^\]]*\] (?:Engine \d+: )?"
+    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
+    r"Running: (?P<running>\d+) reqs?, (?:Swapped: \d+ reqs?, )?Waiting: (?P<waiting>\d+) reqs?"
+    r"(?:, (?:GPU )?KV cache usage: (?P<kv>[\d.]+)%)?"
+)
+
+
+def parse_vllm_stats(text: str) -> list[dict[str, Any]]:
+    """vLLM's periodic throughput lines, one record each (pure; other lines are skipped)."""
+    out = []
+    for line in text.splitlines():
+        m = _VLLM_STATS.search(line.strip())
+        if m:
+            out.append(
+                {
+                    "time": m["time"],
+                    "prompt_tokens_per_s": float(m["prompt"]),
+                    "generation_tokens_per_s": float(m["gen"]),
+                    "running": int(m["running"]),
+                    "waiting": int(m["waiting"]),
+                    "kv_cache_usage_pct": float(m["kv"]) if m["kv"] else None,
+                }
+            )
+    return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -224,29 +223,9 @@ def render_dockerfile(host: "HostSpec") -> str:
 
 # --------------------------------------------------------------------------- logs
 
-#: `INFO 12-02 11:15:03 [loggers.py:123] Engine 000: Avg prompt throughput: 1234.5 tokens/s, ...`
-_STATS = re.compile(
-    r"^(?P<level>[A-Z]+) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[[^\]]*\] (?:Engine \d+: )?"
-    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
-    r"Running: (?P<running>\d+) reqs?, (?:Swapped: \d+ reqs?, )?Waiting: (?P<waiting>\d+) reqs?"
-    r"(?:, (?:GPU )?KV cache usage: (?P<kv>[\d.]+)%)?"
-)
-
 
 def log_stats(text: str) -> list[dict[str, Any]]:
-    """vLLM's periodic throughput lines, one record each (pure; other lines are skipped)."""
-    out = []
-    for line in text.splitlines():
-        m = _STATS.search(line.strip())
-        if m:
-            out.append(
-                {
-                    "time": m["time"],
-                    "prompt_tokens_per_s": float(m["prompt"]),
-                    "generation_tokens_per_s": float(m["gen"]),
-                    "running": int(m["running"]),
-                    "waiting": int(m["waiting"]),
-                    "kv_cache_usage_pct": float(m["kv"]) if m["kv"] else None,
-                }
-            )
-    return out
+    """vLLM's periodic throughput lines of a server log (`core.logparse.parse_vllm_stats`)."""
+    from ..core.logparse import parse_vllm_stats
+
+    return parse_vllm_stats(text)
