@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +207,175 @@ def test_sync_moves_every_sample_once_verified_and_a_second_run_moves_nothing(la
     assert_complete(lab, shards)
     code, out, err = run_cli(lab_env, "dumps", "verify", "--host", DEST, "--sha", "--json")
     assert code == 0, err
+
+
+def _manifest_hosts(lab) -> int:
+    text = (lab.host(DEST).paths.dump_dir / "rank0" / "manifest.jsonl").read_text()
+    return sum(1 for line in text.splitlines() if '"host"' in line)
+
+
+def _started(lab, proc, predicate, what: str, deadline_s: float = 60) -> None:
+    """Wait (with a deadline) until `predicate()` while the sync runs."""
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        assert proc.poll() is None, f"the sync ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} within {deadline_s}s"
+        time.sleep(0.05)
+
+
+def _slow_sync(lab_env) -> subprocess.Popen:
+    """A sync at 0.4 MB/s per source (about 4 s), its output in pipes."""
+    argv = [sys.executable, "-m", "remote_ops", "dumps", "sync", "--from", ",".join(SOURCES), "--to", DEST]
+    return subprocess.Popen(
+        [*argv, "--bwlimit", "0.4", "--json"],
+        env=lab_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _rerun_completes(lab, lab_env, shards) -> dict:
+    code, doc, err = sync(lab_env)
+    assert code == 0, err
+    assert_complete(lab, shards)
+    assert not grants_left(lab)
+    assert not list((lab.host(DEST).paths.dump_dir / syncplan.WORK_DIR).glob("key*"))
+    return doc
+
+
+def _moved_one(lab):
+    return lambda: _manifest_hosts(lab) >= 1
+
+
+def test_killed_laptop_process_resumes_with_the_same_samples_once_and_no_key_left(lab, lab_env, shards):
+    proc = _slow_sync(lab_env)
+    try:
+        _started(lab, proc, _moved_one(lab), "a moved file")
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    doc = _rerun_completes(lab, lab_env, shards)
+    assert 0 < doc["moved"] < 6  # the killed run's verified files were kept, not moved again
+
+
+def test_killed_source_sshd_resumes_after_it_is_back(lab, lab_env, shards):
+    proc = _slow_sync(lab_env)
+    try:
+        _started(lab, proc, _moved_one(lab), "a moved file")
+        lab.host("lab1").sshd.stop()
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 4, err.decode()  # connection lost
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lab.restart("lab1")
+    _rerun_completes(lab, lab_env, shards)
+
+
+def _transfer_rsync_pids(lab) -> list[int]:
+    """The destination's rsync processes of this sync (their command line names the staging dir)."""
+    stage = str(lab.host(DEST).paths.dump_dir / syncplan.WORK_DIR / "stage")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"rsync") and any(stage.encode() in a for a in argv):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_killed_transfer_on_the_destination_resumes(lab, lab_env, shards):
+    proc = _slow_sync(lab_env)
+    try:
+        _started(lab, proc, lambda: _moved_one(lab)() and bool(_transfer_rsync_pids(lab)), "a running transfer")
+        for pid in _transfer_rsync_pids(lab):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode not in (0, None), err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not grants_left(lab)  # a failed run revokes too
+    _rerun_completes(lab, lab_env, shards)
+
+
+def test_a_corrupt_staged_copy_is_fetched_again_and_never_counted(lab, lab_env, shards):
+    src = sorted((lab.host("lab1").paths.dump_dir / "rank0").glob("*.safetensors"))[-1]
+    staged = lab.host(DEST).paths.dump_dir / syncplan.WORK_DIR / "stage" / "lab1" / "rank0" / src.name
+    staged.parent.mkdir(parents=True)
+    data = bytearray(src.read_bytes())
+    data[-1] ^= 0xFF  # same size, same mtime: rsync's quick check alone would keep it
+    staged.write_bytes(bytes(data))
+    os.utime(staged, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
+    code, doc, err = sync(lab_env)
+    assert code == 0, err
+    assert doc["transfers"]["lab1"]["refetched"] == [f"rank0/{src.name}"]
+    assert_complete(lab, shards)
+
+
+def test_a_sample_with_two_contents_is_a_named_conflict_and_not_moved(lab, lab_env, shards):
+    rec = write_dumps(lab.host("lab2").paths.dump_dir, 1, seed=99, keys_from=0)[0]  # lab1's first key, other bytes
+    code, doc, err = sync(lab_env)
+    assert code == 10, err
+    conflict = doc["conflicts"]
+    assert [c["key"] for c in conflict] == [rec["key"]]
+    assert {c["host"] for c in conflict[0]["copies"]} == {"lab1", "lab2", DEST}
+    files, keys = dest_state(lab)
+    assert files[rec["key"]] == shards[rec["key"]]  # the destination's copy stays as it was
+    assert sorted(keys) == sorted(set(keys)) == sorted(shards)
+
+
+IO_PROBE = """
+import json, sys
+import paramiko, rich.progress
+import remote_ops.cli.commands.dumps, remote_ops.workflows.sync, remote_ops.workflows.dumps, remote_ops.remote.fabric
+from remote_ops.cli.launch import run
+
+def io():
+    return {k: int(v) for k, v in (l.split(": ") for l in open("/proc/self/io").read().splitlines())}
+
+before = io()
+try:
+    run()
+finally:
+    after = io()
+    sys.stderr.write("IO " + json.dumps({k: after[k] - before[k] for k in ("rchar", "wchar")}) + "\\n")
+"""
+
+
+def _process_io(lab_env, *args: str) -> tuple[int, dict]:
+    p = subprocess.run(
+        [sys.executable, "-c", IO_PROBE, *args],
+        env=lab_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    line = next(l for l in p.stderr.splitlines() if l.startswith("IO "))
+    return p.returncode, json.loads(line[3:])
+
+
+def test_no_dump_byte_passes_through_the_remote_ops_process(lab, lab_env, shards, tmp_path):
+    total = sum(p.stat().st_size for n in SOURCES for p in (lab.host(n).paths.dump_dir / "rank0").glob("*.safetensors"))
+    code, io = _process_io(lab_env, "dumps", "sync", "--from", ",".join(SOURCES), "--to", DEST, "-q")
+    assert code == 0
+    assert_complete(lab, shards)
+    code, idle = _process_io(lab_env, "dumps", "sync", "--from", ",".join(SOURCES), "--to", DEST, "-q")
+    assert code == 0
+    # what the move added to the process's own reads and writes (the rest is start-up: modules
+    # imported on first use, inventory, keys; the same for a run that moves nothing)
+    added = io["rchar"] + io["wchar"] - idle["rchar"] - idle["wchar"]
+    assert added < total / 10, (io, idle, total)
+    # the same probe sees the bytes of a laptop relay (the instrument works)
+    code, relay = _process_io(lab_env, "dumps", "pull", "--host", ",".join(SOURCES), "--dest", str(tmp_path), "-q")
+    assert code == 0 and relay["rchar"] > total / 2, (relay, total)

@@ -22,8 +22,10 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
 - `transfer PLAN`: on the destination: one source's files (the plan, written
   by the laptop) into the dump dir.  A file already in place with the
   manifest's sha256 (a run killed between its rename and its manifest line)
-  is only recorded.  The rest go through `rsync` into a staging dir beside the
-  dump dir (same filesystem: the final rename is atomic), resumable
+  is only recorded; one whose line is there already (written by a killed run
+  after the laptop planned, read again under the lock) is left alone.  The
+  rest go through `rsync` into a staging dir beside the dump dir (same
+  filesystem: the final rename is atomic), resumable
   (`--partial-dir`, mtimes kept).  Each file rsync finishes (its late
   `--out-format` line, which also gives the bytes it sent: the compression ratio) is checked against
   the source manifest's size and sha256 while rsync moves the next one; a good
@@ -304,12 +306,35 @@ class Transfer:
             return False
 
     # -- the run --------------------------------------------------------------
+    def _listed(self):
+        """(key, sha256) of every line of the destination's manifests, read under the lock: a
+        run killed after the laptop's plan may have recorded a file since."""
+        seen = set()
+        ranks = {os.path.dirname(self._final(n)) for n in self.files}
+        for rank_dir in ranks:
+            try:
+                with open(os.path.join(rank_dir, "manifest.jsonl"), "rb") as fh:
+                    lines = fh.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    seen.add((rec.get("key"), rec.get("sha256")))
+        return seen
+
     def run(self):
         t0 = time.monotonic()
         pending = []
+        listed = self._listed()
         for name, f in sorted(self.files.items()):
             final = self._final(name)
-            if os.path.isfile(final) and self._good(final, f):
+            if (f["record"].get("key"), f["sha256"]) in listed and os.path.isfile(final):
+                self.recorded.append(name)  # recorded meanwhile by a run killed after the plan
+            elif os.path.isfile(final) and self._good(final, f):
                 self._record(f)  # renamed by a run killed before its manifest line
                 self.recorded.append(name)
             else:
@@ -358,21 +383,31 @@ class Transfer:
         return rc, sorted(bad)
 
     def _verify_loop(self, todo, bad):
+        later = []  # named by rsync before its rename landed: checked once rsync has exited
         while True:
             name = self.checked.get()
             if name is None:
+                for name in later:
+                    self._verify(name, bad)
                 return
-            f = self.files[name]
             staged = os.path.join(self.stage, *name.split("/"))
-            if os.path.isfile(staged) and self._good(staged, f):
-                self._place(f, staged)
-                self.done.append(name)
-                self.bytes += int(f["bytes"])
-                emit({"event": "file", "file": name, "bytes": int(f["bytes"])})
+            if os.path.isfile(staged):
+                self._verify(name, bad)
             else:
-                if os.path.exists(staged):
-                    os.unlink(staged)  # torn or corrupt: never counted, fetched again
-                bad.append(name)
+                later.append(name)
+
+    def _verify(self, name, bad):
+        f = self.files[name]
+        staged = os.path.join(self.stage, *name.split("/"))
+        if os.path.isfile(staged) and self._good(staged, f):
+            self._place(f, staged)
+            self.done.append(name)
+            self.bytes += int(f["bytes"])
+            emit({"event": "file", "file": name, "bytes": int(f["bytes"])})
+        else:
+            if os.path.exists(staged):
+                os.unlink(staged)  # torn or corrupt: never counted, fetched again
+            bad.append(name)
 
     def _rsync(self, listing, todo):
         p = self.plan
