@@ -17,7 +17,7 @@ def train_group() -> None:
 
     \b
     Examples:
-      remote-ops train start --host gpu-node --draft-config /data/kimi-eagle3.json --epochs 10
+      remote-ops train start --host gpu-node --draft-config host:/data/kimi-eagle3.json --epochs 10
       remote-ops train start --host sandbox --standin      # no GPU: the labelled stand-in
       remote-ops train status --host gpu-node
       remote-ops train status --host fleet          # every host's run
