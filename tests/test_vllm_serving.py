@@ -109,8 +109,12 @@ def test_vllm_log_stats_lines():
         "INFO 12-02 11:15:13 [loggers.py:123] Engine 000: Avg prompt throughput: 1234.5 tokens/s, "
         "Avg generation throughput: 12.0 tokens/s, Running: 3 reqs, Waiting: 1 reqs, "
         "GPU KV cache usage: 4.5%, Prefix cache hit rate: 0.0%\n"
+        "(APIServer pid=1) INFO 12-02 11:15:23 [loggers.py:257] Engine 000: Avg prompt throughput: 99.0 tokens/s, "
+        "Avg generation throughput: 0.5 tokens/s, Running: 0 reqs, Waiting: 2 reqs, Preemptions: 1, "
+        "CPU KV cache usage: 0.1%\n"
     )
-    (rec,) = module_for("vllm").log_stats(log)
+    rec, cpu = module_for("vllm").log_stats(log)
+    assert cpu["prompt_tokens_per_s"] == 99.0 and cpu["waiting"] == 2 and cpu["kv_cache_usage_pct"] == 0.1
     assert rec == {
         "time": "12-02 11:15:13",
         "prompt_tokens_per_s": 1234.5,

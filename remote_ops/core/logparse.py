@@ -532,21 +532,24 @@ def extraction_points(text: str | Iterable[str]) -> list[tuple[float, int, int]]
 
 
 # --------------------------------------------------------------------------- vLLM's server log
-#: `INFO 12-02 11:15:03 [loggers.py:123] Engine 000: Avg prompt throughput: 1234.5 tokens/s, ...`
+#: `(APIServer pid=1) INFO 12-02 11:15:03 [loggers.py:257] Engine 000: Avg prompt throughput: 1234.5 tokens/s,
+#: Avg generation throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, CPU KV cache usage: 0.1%, ...`
+#: (vllm/v1/metrics/loggers.py of 0.32.0: optional Deferred / KV fetch / Preemptions parts before the KV cache)
 _VLLM_STATS = re.compile(
-    r"^(?P<level>[A-Z]+) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[[^\]]*\] (?:Engine \d+: )?"
+    r"(?P<level>[A-Z]+) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[[^\]]*\] (?:Engine \d+: )?"
     r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
-    r"Running: (?P<running>\d+) reqs?, (?:Swapped: \d+ reqs?, )?Waiting: (?P<waiting>\d+) reqs?"
-    r"(?:, (?:GPU )?KV cache usage: (?P<kv>[\d.]+)%)?"
+    r"Running: (?P<running>\d+) reqs?, Waiting: (?P<waiting>\d+) reqs?"
 )
+_VLLM_KV = re.compile(r"KV cache usage: (?P<kv>[\d.]+)%")
 
 
 def parse_vllm_stats(text: str) -> list[dict[str, Any]]:
     """vLLM's periodic throughput lines, one record each (pure; other lines are skipped)."""
     out = []
     for line in text.splitlines():
-        m = _VLLM_STATS.search(line.strip())
+        m = _VLLM_STATS.search(line)
         if m:
+            kv = _VLLM_KV.search(line, m.end())
             out.append(
                 {
                     "time": m["time"],
@@ -554,7 +557,7 @@ def parse_vllm_stats(text: str) -> list[dict[str, Any]]:
                     "generation_tokens_per_s": float(m["gen"]),
                     "running": int(m["running"]),
                     "waiting": int(m["waiting"]),
-                    "kv_cache_usage_pct": float(m["kv"]) if m["kv"] else None,
+                    "kv_cache_usage_pct": float(kv["kv"]) if kv else None,
                 }
             )
     return out
