@@ -142,11 +142,16 @@ def test_adopted_files_resume_by_content_key(tmp_path):
 # --------------------------------------------------------------------------- the audit
 
 
-def test_vllm_dumps_with_pre_norm_finals_pass_shape_alignment_and_are_judged_pre_norm(tmp_path):
+def test_vllm_dumps_with_pre_norm_finals_pass_and_are_judged_pre_norm_as_vllm_captures_them(tmp_path):
+    """vLLM's model files append layer L before the final RMSNorm: pre-norm is what its files hold."""
+    from remote_ops.probes.audit import evaluate
+
     doc = auditor(vllm_run(tmp_path, 8, final="pre"), "--samples", "8")
-    assert not problems(doc, "shape") and not problems(doc, "alignment") and not problems(doc, "finite")
-    assert doc["norm"]["verdict"] == "pre-norm"
-    assert all("PRE-norm final state" in p for p in problems(doc, "token"))
+    assert all(not s["problems"] for s in doc["samples"])
+    assert doc["norm"]["verdict"] == "pre-norm" and doc["norm"]["vllm"] == 8 and doc["norm"]["prenorm"] >= 5
+    checks = {c.name: c for c in evaluate(doc, [], [])}
+    assert all(c.status == "ok" for c in checks.values()), checks
+    assert "vLLM's layer L, captured before that norm" in checks["token"].reason
     assert doc["vllm_versions"] == ["0.32.0"]
     assert doc["layers"] == [{"layers_to_capture": AUX, "eagle_aux_hidden_state_layer_ids": [1, 3, 4], "samples": 8}]
 
@@ -285,3 +290,18 @@ def test_the_client_waits_for_the_file_vllm_writes_after_answering(tmp_path):
     finally:
         timer.join()
     assert not extract_onhost.wait_for_file(str(tmp_path / "never"), 0.1)
+
+
+def test_export_converts_vllm_pre_norm_finals_and_still_refuses_sglang_ones(monkeypatch):
+    from remote_ops.core.inventory import HostSpec
+    from remote_ops.errors import ContractMismatch
+    from remote_ops.workflows import audit, export
+
+    host = HostSpec(name="h")
+    vllm = {"verdict": "pre-norm", "checked": 8, "prenorm": 8, "match": 0, "vllm": 8}
+    monkeypatch.setattr(audit, "norm_check", lambda remote, spec: dict(vllm))
+    assert export.final_norm_decision(None, host)["action"] == "convert"
+    assert export.final_norm_decision(None, host, accept=True)["action"] == "accept"
+    monkeypatch.setattr(audit, "norm_check", lambda remote, spec: {k: v for k, v in vllm.items() if k != "vllm"})
+    with pytest.raises(ContractMismatch, match="PRE-norm"):
+        export.final_norm_decision(None, host)

@@ -209,6 +209,15 @@ def _token_check(report: dict[str, Any]) -> Check:
             f"{norm.get('match')} of {checked} final states give the server's token: post-norm finals",
             data,
         )
+    if verdict == "pre-norm" and not bad and int(norm.get("vllm", 0)) == checked:
+        return Check(
+            "audit",
+            "token",
+            "ok",
+            f"{norm.get('prenorm')} of {checked} final states give the server's token after the model's final "
+            "RMSNorm: vLLM's layer L, captured before that norm, as its model files do (export applies the norm)",
+            data,
+        )
     if verdict == "pre-norm":
         reason = (
             f"the dumps hold PRE-norm final states: {norm.get('prenorm')} of {checked} give the server's token "

@@ -87,7 +87,9 @@ def export_command(
 
 def final_norm_decision(remote, spec, *, convert: bool = False, accept: bool = False) -> dict:
     """What the export does with the final states: {verdict, action (as_is | convert | accept),
-    said, check}.  Pre-norm finals without `convert` or `accept`, and `convert` of finals not
+    said, check}.  vLLM's dumps (every checked sample a vLLM file) hold layer L, the state before
+    the final norm: pre-norm is what they are, converted unless `accept`.  Other pre-norm finals
+    without `convert` or `accept`, and `convert` of finals not
     found pre-norm, are refused (ContractMismatch, exit 9).  A check that cannot run (no served
     container, no generated tokens on the client's lines) leaves them as they are, and says so."""
     from . import audit
@@ -98,6 +100,14 @@ def final_norm_decision(remote, spec, *, convert: bool = False, accept: bool = F
         check = {"verdict": "unknown", "why": exc.message}
     verdict = check.get("verdict", "unknown")
     counts = f"{check.get('match', 0)} of {check.get('checked', 0)} checked dumps give the server's token"
+    vllm = verdict == "pre-norm" and int(check.get("vllm", 0)) == int(check.get("checked", -1))
+    if vllm and not accept:  # vLLM's layer L is the state before the final norm by design
+        return _norm(
+            verdict,
+            "convert",
+            f"PRE-norm as vLLM captures layer L ({counts} only after the final RMSNorm): converted",
+            check,
+        )
     if verdict == "pre-norm":
         if convert:
             return _norm(verdict, "convert", f"PRE-norm ({counts} only after the final RMSNorm): converted", check)
