@@ -37,6 +37,7 @@ SMOKED = {
     "engine_calls.py": "test_engine_calls_measures_every_variant_once",
     "deploy_noop.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
     "fleet_wan.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
+    "vllm_extract.py": "test_vllm_real.py::test_vllm_extract_bench_runs_one_tiny_round",  # scripts/test-vllm only
 }
 
 

@@ -170,3 +170,21 @@ def test_aux_states_equal_a_transformers_forward(vllm_server, tokenizer, prompt)
         assert err < REL_TOL, f"layer {layer}: max |vLLM - transformers| is {err:.3%} of the largest value"
     # The final id L is the pre-norm residual stream, not the normed state the LM head reads.
     assert _rel_err(hidden[:, -1], post_norm) > 10 * REL_TOL
+
+
+def test_vllm_extract_bench_runs_one_tiny_round(vllm_server, dockerd, tmp_path):
+    """bench/vllm_extract.py's smoke run (tests/test_bench_smoke.py's table points here): one round of
+    two short prompts on its own two servers in the lab's dockerd."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "vllm_extract.py")]
+    argv += ["--prompts", "2", "--prompt-tokens", "16", "--concurrency", "1", "--rounds", "1"]
+    argv += ["--docker-socket", str(dockerd.socket), "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["median_tok_s"]) == {"extract", "baseline"}
+    assert result["files_written"] == 2 + 1  # the round's two prompts and the warm-up's one
+    assert all(v > 0 for v in result["median_tok_s"].values())

