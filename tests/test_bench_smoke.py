@@ -34,6 +34,7 @@ SMOKED = {
     "startup.py": "test_startup_times_the_cli_and_health_on_a_lab_host",
     "health_fanout.py": "test_health_fanout_checks_two_lab_hosts",
     "pull.py": "test_pull_moves_both_data_sets_with_two_methods",
+    "sync.py": "test_sync_bench_runs_every_method_on_tiny_shards",
     "engine_calls.py": "test_engine_calls_measures_every_variant_once",
     "deploy_noop.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
     "fleet_wan.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
@@ -142,6 +143,17 @@ def test_pull_moves_both_data_sets_with_two_methods(lab, tmp_path):
     )  # fmt: skip
     median = json.loads(out.read_text())["median"]
     assert all(median[s]["remote-ops"]["x_rsync"] > 0 for s in ("big", "small")), median
+
+
+def test_sync_bench_runs_every_method_on_tiny_shards(lab, tmp_path):
+    out = tmp_path / "sync.json"
+    run_bench(
+        "sync.py", "--mib", "1", "--tokens", "8", "--rate-mbit", "400", "--methods", "sync,hand-rsync,relay",
+        "--json", str(out), codes=(0, 1),
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert set(result["mb_s"]) == {"sync", "hand-rsync", "relay"} and all(v > 0 for v in result["mb_s"].values())
+    assert set(result["x"]) == {"sync_vs_hand_rsync", "sync_vs_relay"} and result["engine_mb_s"]["rsync-gcm"] > 0
 
 
 def test_engine_calls_measures_every_variant_once(lab, tmp_path):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .. import onhost, signals
 from ..core import shell, syncplan
 from ..core.dumpcheck import Reconciliation
-from ..errors import CommandFailed, Refused, RemoteOpsError, UsageError
+from ..errors import CommandFailed, NotFound, Refused, RemoteOpsError, UsageError
 from ..remote.pinned import pinned_lines
 from . import dumps as dumps_mod, fleet, hostlock
 
@@ -70,7 +70,7 @@ class Checked:
     tools: dict[str, dict]  # source -> source-check
     dest_tools: dict
     plan: syncplan.SyncPlan
-    unreachable: dict[str, RemoteOpsError] = field(default_factory=dict)
+    host_errors: dict[str, RemoteOpsError] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,7 +116,7 @@ class SyncResult:
             "transfers": self.transfers,
             "failed": self.failed,
             "conflicts": c.plan.conflicts,
-            "errors": {h: e.to_dict() for h, e in {**c.unreachable, **self.errors}.items()},
+            "errors": {h: e.to_dict() for h, e in {**c.host_errors, **self.errors}.items()},
             "unsafe": [f"{h}:{u}" for h, r in c.recons.items() for u in r.unsafe],
             "missing_on_source": [f"{h}:{m}" for h, r in c.recons.items() for m in r.missing_files],
             "torn": [f"{h}:{t}" for h, r in c.recons.items() for t in r.torn],
@@ -164,9 +164,13 @@ def _last_json(text: str) -> dict | None:
 
 def check(sources: list[HostSpec], dest: HostSpec, remote_of: Callable[[HostSpec], Remote], forks: int) -> Checked:
     """Reconcile every host (`forks` at a time) and look up their tools; the plan.  A source that
-    cannot be reached is left out (named in `unreachable`); the destination must answer."""
+    cannot be reached or read is left out (its error in `host_errors`); the destination must
+    answer (a destination without a dump dir yet counts as empty)."""
     dest_remote = remote_of(dest)
-    dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest.dump.dir), dest.dump.dir)
+    try:
+        dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest.dump.dir), dest.dump.dir)
+    except NotFound:
+        dest_recon = Reconciliation(dest.dump.dir)  # no dump dir yet: the transfer makes it
 
     def work(spec: HostSpec) -> tuple[int, tuple[Reconciliation, dict]]:
         remote = remote_of(spec)
@@ -175,10 +179,10 @@ def check(sources: list[HostSpec], dest: HostSpec, remote_of: Callable[[HostSpec
 
     run = fleet.fan_out(sources, work, forks=forks)
     done = {o.host: o.result for o in run.outcomes if o.error is None}
-    unreachable = {o.host: o.error for o in run.outcomes if o.error is not None}
+    host_errors = {o.host: o.error for o in run.outcomes if o.error is not None}
     recons = {h: v[0] for h, v in done.items()}
     plan = syncplan.plan(recons, dest.name, dest_recon)
-    return Checked(recons, dest_recon, {h: v[1] for h, v in done.items()}, {}, plan, unreachable)
+    return Checked(recons, dest_recon, {h: v[1] for h, v in done.items()}, {}, plan, host_errors)
 
 
 def _source_problem(name: str, tools: dict) -> str | None:

@@ -235,19 +235,19 @@ def group_sync(app, sources, dest, opts, dry_run: bool) -> int:
     from ...workflows import sync as sync_mod
 
     checked = sync_mod.check(sources, dest, app.remote, opts.forks)
-    for host, err in checked.unreachable.items():
-        app.console.error(f"{host}: {err.message}", err.hint)
     plan = checked.plan
     _render_sync_plan(app.console, plan, dry_run)
     if dry_run:
+        for host, err in checked.host_errors.items():
+            app.console.error(f"{host}: {err.message}", err.hint)
         app.console.emit(
             {
                 "dry_run": True,
                 "plan": plan.to_dict(),
-                "errors": {h: e.to_dict() for h, e in checked.unreachable.items()},
+                "errors": {h: e.to_dict() for h, e in checked.host_errors.items()},
             }
         )
-        return Unreachable.exit_code if checked.unreachable else 0
+        return fleet.worst_exit([0, *(e.exit_code for e in checked.host_errors.values())])
     totals = {h: plan.source_bytes(h) for h, recs in plan.moves.items() if recs}
     meter = _Meter(totals)
     with app.console.progress(f"sync -> {dest.name}", total=sum(totals.values())) as advance:
@@ -294,10 +294,10 @@ def _render_sync_plan(console, plan, dry_run: bool) -> None:
 
 def _sync_result(app, result) -> int:
     doc = result.to_dict()
-    errors = {**result.checked.unreachable, **result.errors}
+    errors = {**result.checked.host_errors, **result.errors}
     worst = fleet.worst_exit([e.exit_code for e in errors.values()]) if errors else 0
     raised = next((e for e in errors.values() if e.exit_code == worst), None)
-    for host, err in result.errors.items():
+    for host, err in errors.items():
         if err is not raised:  # the one raised is rendered once, at the CLI boundary
             app.console.error(f"{host}: {err.message}", err.hint)
     for host, why in result.revoke_errors.items():
