@@ -144,6 +144,8 @@ def test_health_asks_vllms_own_endpoints_and_checks_the_pinned_release(tmp_path)
     checks = {(c.tier, c.name): c for c in check_http(host, (0, http_answer("0.32.0")), None)}
     assert list(checks) == [("vllm", "health"), ("vllm", "v1_models"), ("vllm", "version"), ("vllm", "release")]
     assert all(c.status == "ok" for c in checks.values())
+    cut = http_answer("0.32.0").rstrip("\n")  # a batch section hands the text back without its last newline
+    assert [c.status for c in check_http(host, (0, cut), None) if c.name == "release"] == ["ok"]
     (bad,) = [c for c in check_http(host, (0, http_answer("0.31.0")), None) if c.name == "release"]
     assert bad.status == "fail" and "vllm 0.31.0, the inventory pins 0.32.0" in bad.reason
 
@@ -172,3 +174,15 @@ def test_extract_start_runs_the_client_in_vllm_mode_with_the_served_name(tmp_pat
 
 def v_args(host):
     return serving_for(host).client_args(host)
+
+
+def test_a_vllm_image_built_by_deploy_is_the_expected_image_without_patch_labels():
+    from remote_ops.engine import labels
+    from remote_ops.engine.types import ContainerInfo, ImageInfo
+    from remote_ops.probes.engine import check_image
+
+    ref = "remote-ops/vllm-eagle3:vllm-0.32.0-abc"
+    c = ContainerInfo("c1", "vllm-eagle3", "sha256:i", ref, "running", "healthy")
+    built = ImageInfo("sha256:i", (ref,), {labels.LABEL_PREFIX + "serving": "vllm", labels.CONTEXT_HASH: "x"})
+    assert check_image(c, built, ref).status == "ok"
+    assert check_image(c, ImageInfo("sha256:i", (ref,), {}), ref).status == "fail"

@@ -149,7 +149,8 @@ def parse_http(text: str) -> Results | None:
             continue
         code, secs = int(fields[3]), float(fields[4]) if len(fields) > 4 else 0.0
         ok = 200 <= code < 400
-        out[group] = {"path": path, "status": code, "ms": round(secs * 1000, 1), "body": body[:-1] if ok else ""}
+        body = body[:-1] if body.endswith("\n") else body  # the batch's section text may end without it
+        out[group] = {"path": path, "status": code, "ms": round(secs * 1000, 1), "body": body if ok else ""}
     return out
 
 

@@ -142,6 +142,9 @@ def check_image(c: ContainerInfo, image: ImageInfo | None, expected_image: str |
         return Check("container", "image", "warn", f"image {ref} is no longer present")
     if image.id != c.image_id:
         return Check("container", "image", "warn", f"{ref} was rebuilt since the container started; restart to use it")
+    serving = image.labels.get(labels.LABEL_PREFIX + "serving")
+    if serving and serving != "sglang" and labels.CONTEXT_HASH in image.labels:  # a vLLM image: no patch
+        return Check("container", "image", "ok", f"running {ref} ({c.image_id[:19]}, a {serving} image)")
     if labels.PATCH_HASH not in image.labels:
         return Check("container", "image", "fail", f"image {ref} was not built by remote-ops (no patch labels)")
     return Check("container", "image", "ok", f"running {ref} ({c.image_id[:19]})")
