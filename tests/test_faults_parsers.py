@@ -242,7 +242,10 @@ def long_word_logs(host):
     subprocess.run(["rm", "-rf", str(host.paths.logs_dir)], check=True, timeout=30)
 
 
-def _timed_cli(env, *args, limit_s: float = 5.0) -> tuple[float, dict]:
+def _timed_cli(env, *args, limit_s: float = 30.0) -> tuple[float, dict]:
+    """The command on a log with a 16 MB word: it must answer, within a deadline that a linear
+    reader meets on a loaded 2-core machine (~2 s idle, 7.7 s seen under a load of 8) and a reader
+    that is quadratic in the line length (tens of minutes) does not.  A hang guard, not a speed target."""
     t = time.monotonic()
     try:
         p = run_cli_process(env, *args, "--json", timeout=60)
