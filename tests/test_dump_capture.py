@@ -281,7 +281,7 @@ def test_drop_policy_counts_and_never_waits(tmp_path, dumpers):
     d.capture(kept.fb, kept.hidden, kept.aux)
     t0 = time.monotonic()
     d.capture(dropped.fb, dropped.hidden, dropped.aux)
-    assert time.monotonic() - t0 < 0.2
+    assert time.monotonic() - t0 < 2  # a waiting capture would block until gate.set(), below: forever
     gate.set()
     d.flush(10)
     snap = d.stats.snapshot()

@@ -81,7 +81,7 @@ def test_visible_is_linear_on_long_host_lines():
     t0 = time.monotonic()
     assert visible(ESC * (1 << 20), one_line=True) == "^[" * (1 << 20)
     assert len(visible("x" * (16 << 20))) == 16 << 20
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0  # ~0.3 s idle; a quadratic pass over 16 MB takes hours
 
 
 # ---------------------------------------------------------------- the console (the only printer)
