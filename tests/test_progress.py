@@ -290,3 +290,36 @@ def test_a_wheel_download_on_a_terminal_shows_bytes_and_rate(tmp_path, index):
     assert f"sglang {VERSION} wheel" in shown and BAR in shown
     assert "5.2/5.2 MB" in shown  # the bytes, whole at the end
     assert re.search(r"\d+(\.\d+)? [kMG]?B/s", shown)  # the rate column (its figure depends on the machine)
+
+
+def _fleet(done: int, running: list[str]):
+    from remote_ops.core.extractplan import FleetStatus
+
+    eta = (40 - done) / 5.0 if running else 0.0
+    return FleetStatus("ds", 40, done, running, 5.0 if running else 0.0, 500.0, eta, 0, [], [], [])
+
+
+@pytest.mark.parametrize("on_terminal", [True, False])
+def test_a_group_wait_shows_the_groups_rate_and_eta_on_a_terminal_only(tty, monkeypatch, on_terminal):
+    """`extract start --host GROUP --wait`: the group's statuses (STAND-IN: `_group_status` answers
+    from a list, no host) as a bar on a terminal, as lines otherwise."""
+    from types import SimpleNamespace
+
+    from remote_ops.cli.commands import extract as extract_cmd
+
+    rounds = iter([_fleet(10, ["a", "b"]), _fleet(40, [])])
+    monkeypatch.setattr(extract_cmd, "_group_status", lambda *a: (next(rounds), SimpleNamespace(exit_code=0)))
+    monkeypatch.setattr(extract_cmd, "_render_group", lambda *a: None)
+    err = tty.file if on_terminal else io.StringIO()
+    app = SimpleNamespace(console=Console(stderr=err, stdout=io.StringIO()))
+    assert extract_cmd._wait_group(app, ["a", "b"], 2, 60.0, {}) == 0
+    shown = tty.read() if on_terminal else err.getvalue()
+    if on_terminal:
+        assert "2 hosts: extraction (samples)" in shown and "40/40" in shown and "ETA 0s, 0 running" in shown
+        assert "extraction: 10/40" not in shown
+    else:
+        assert shown.splitlines() == [
+            "extraction: 10/40 samples over 0 hosts, 500 tokens/s, 2 running",
+            "extraction: 40/40 samples over 0 hosts, 500 tokens/s, 0 running",
+        ]
+        assert BAR not in shown and "ETA" not in shown

@@ -262,22 +262,29 @@ def _render_split(console, plan: dict, dry_run: bool) -> None:
 
 
 def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
+    """Poll the group until no client runs: on a terminal a bar (samples done over the group,
+    the summed samples/s, the slowest host's ETA), else a line per round; then each host."""
     deadline = time.monotonic() + wait_s
     waited = 0.0  # each later status waits up to 2 s on every host for its client to exit
-    while True:
-        fs, run = _group_status(app, hosts, forks, waited)
-        waited = 2.0
-        _render_progress_group(app.console, fs)
-        if not fs.running:
-            _render_group(app, fs, run)
-            app.console.emit({**plan, **fs.to_dict()})
-            return run.exit_code
-        if time.monotonic() + 2 > deadline:
-            raise CommandTimedOut(
-                f"extraction still running after {wait_s:g}s (it goes on; `extract status` follows it)",
-                command="extract start --wait",
-                timeout=wait_s,
-            )
+    with app.console.counter(f"{len(hosts)} hosts: extraction", "samples") as bar:
+        while True:
+            fs, run = _group_status(app, hosts, forks, waited)
+            waited = 2.0
+            if app.console.live():
+                bar(fs.done, fs.total, fs.rate_samples_s, fs.eta_s, f"{len(fs.running)} running")
+            else:
+                _render_progress_group(app.console, fs)
+            if not fs.running:
+                break
+            if time.monotonic() + 2 > deadline:
+                raise CommandTimedOut(
+                    f"extraction still running after {wait_s:g}s (it goes on; `extract status` follows it)",
+                    command="extract start --wait",
+                    timeout=wait_s,
+                )
+    _render_group(app, fs, run)
+    app.console.emit({**plan, **fs.to_dict()})
+    return run.exit_code
 
 
 def _render_plan(console, plan: dict, dry_run: bool) -> None:
