@@ -239,3 +239,26 @@ def test_export_and_audit_flags_parse(tmp_path):
         timeout=60,
     )
     assert p.returncode == 2 and "exclude each other" in p.stderr
+
+
+@pytest.mark.docker
+def test_a_real_train_start_puts_the_draft_config_in_the_training_image(lab, lab_env, host, lab1_dumps, tmp_path):
+    """A local draft config is uploaded, a `host:` one copied on the host, into the build context
+    that the image COPYs; run.yaml names the image's copy, never a laptop path.  (No GPU here: the
+    build of the SpecForge image fails after the upload, which is what is checked.)"""
+    from remote_ops.workflows import train as t
+
+    context = Path(t.paths_for(lab.spec(host.name)).file("context"))
+    right = draft_file(tmp_path / "right.json", [1, 3, 4])
+    for arg, label in ((str(right), "local"), (f"host:{right}", "on the host")):
+        subprocess.run(["rm", "-rf", str(context)], check=True, timeout=30)
+        start = ("train", "start", "--host", host.name, "--draft-config", arg, "--json")
+        rc, out, err = run_cli(lab_env, *start, timeout=300)
+        doc = json.loads(out)
+        assert rc == 7 and doc["step"] == "launch" and "docker build" in doc["command"], (label, err)
+        assert f"{host.name}: contract ok" in err and f"{host.name}: upload changed" in err, (label, err)
+        assert (context / "draft_config.json").read_bytes() == right.read_bytes(), label
+        run_yaml = json.loads((context / "run.yaml").read_text())
+        assert run_yaml["model"]["draft_model_config"] == t.IMAGE_DRAFT_CONFIG, label
+        assert f"COPY draft_config.json {t.IMAGE_DRAFT_CONFIG}" in (context / "Dockerfile").read_text()
+    subprocess.run(["rm", "-rf", str(context)], check=True, timeout=30)

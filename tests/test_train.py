@@ -65,7 +65,8 @@ def test_run_yaml_is_accepted_by_specforge_0_2_0s_config_schema_and_dockerfile_p
 
     spec = HostSpec(name="gpu-node")
     p = t.paths_for(spec)
-    cfg = Config.model_validate(json.loads(t.run_yaml(spec, p, "/data/kimi-eagle3.json", "eagle3", 10, 8)))
+    cfg = Config.model_validate(json.loads(t.run_yaml(spec, p, "eagle3", 10, 8)))
+    assert cfg.model.draft_model_config == t.IMAGE_DRAFT_CONFIG  # the image's copy, wherever it came from
     assert cfg.data.hidden_states_path == "/data/eagle3-dumps-specforge" and cfg.training.num_epochs == 10
     text = t.dockerfile(spec)
     assert text.splitlines()[2] == "FROM lmsysorg/sglang:v0.5.9-cu129" and '"specforge==0.2.0"' in text

@@ -69,9 +69,11 @@ def load_draft_config(path: Path) -> layerids.DraftConfig:
     return draft_from_doc(doc)
 
 
-def read_draft_config(remote: Remote, path: str) -> layerids.DraftConfig:
-    """A drafter config: the local file when there is one, else the file at `path` on the host."""
-    if Path(path).expanduser().is_file():
+def read_draft_config(remote: Remote, path: str, on_host: bool | None = None) -> layerids.DraftConfig:
+    """A drafter config: the local file (`on_host` False), the file at `path` on the host (True);
+    with `on_host` None, the local file when there is one, else the host's."""
+    local = Path(path).expanduser().is_file() if on_host is None else not on_host
+    if local:
         return load_draft_config(Path(path))
     found, doc = batch.ask(remote, JsonFile(path))
     if not found:

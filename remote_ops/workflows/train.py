@@ -129,12 +129,21 @@ def standin_command(p: TrainPaths, run_id: str, epochs: int, steps: int, step_s:
     )
 
 
-def run_yaml(spec, p: TrainPaths, draft_config: str, run_id: str, epochs: int, nproc: int) -> str:
+# Where the training image holds the draft config: it is copied into the build context, wherever
+# it came from (the laptop, or a path on the host that the trainer container does not mount).
+IMAGE_DRAFT_CONFIG = "/opt/remote-ops/train/draft_config.json"
+
+
+def run_yaml(spec, p: TrainPaths, run_id: str, epochs: int, nproc: int) -> str:
     """SpecForge 0.2.0 `specforge train --config` document for offline EAGLE-3 (keys from its schema)."""
     import json
 
     doc = {
-        "model": {"target_model_path": spec.model.path, "draft_model_config": draft_config, "torch_dtype": "bfloat16"},
+        "model": {
+            "target_model_path": spec.model.path,
+            "draft_model_config": IMAGE_DRAFT_CONFIG,
+            "torch_dtype": "bfloat16",
+        },
         "data": {"hidden_states_path": p.data, "max_length": 2048},
         "training": {"strategy": "eagle3", "num_epochs": epochs, "batch_size": 1, "ttt_length": 7},
         "run_id": run_id,
@@ -604,12 +613,14 @@ def start(
     events=None,
     draft_config: str | None = None,
     force: bool = False,
+    draft_on_host: bool = False,
 ) -> TrainResult:
     """Start `plan` (a no-op when it runs already; refused while another run runs), as deploy does.
 
-    With `draft_config` (a local file, or a path on the host) the drafter is checked against the
-    dumps first: a mismatch is refused (ContractMismatch, exit 9) unless `force`."""
-    guard = Guard(draft_config, force)
+    With `draft_config` (a local file, or a path on the host with `draft_on_host`) the drafter is
+    checked against the dumps first: a mismatch is refused (ContractMismatch, exit 9) unless
+    `force`.  A real run copies it into the training image."""
+    guard = Guard(draft_config, force, draft_on_host)
     if dry_run:
         return _start_dry_run(remote, spec, p, plan, guard)
     life = _Lifecycle(remote, spec, p, "start", plan.standin, events)
@@ -623,6 +634,7 @@ class Guard:
 
     draft_config: str | None = None
     force: bool = False
+    on_host: bool = False  # the draft config is a path on the host (`host:PATH`), not a local file
 
     def check(self, remote, spec) -> dict | None:
         """The draft config against the dumps ({problems, ...}), or None when there is none."""
@@ -630,8 +642,19 @@ class Guard:
             return None
         from . import audit
 
-        found = audit.check_drafter(remote, spec, audit.read_draft_config(remote, self.draft_config))
+        draft = audit.read_draft_config(remote, self.draft_config, on_host=self.on_host)
+        found = audit.check_drafter(remote, spec, draft)
         return {**found, "draft_config": self.draft_config, "forced": bool(found["problems"]) and self.force}
+
+
+def place_draft_config(remote, guard: Guard, dest: str) -> None:
+    """The draft config into the build context: uploaded from the laptop, or copied on the host
+    (`host:PATH`); the image COPYs it to IMAGE_DRAFT_CONFIG, which run.yaml names."""
+    assert guard.draft_config, "a real plan has a draft config"
+    if guard.on_host:
+        remote.run(["cp", guard.draft_config, dest])
+    else:
+        remote.put(Path(guard.draft_config).expanduser().read_bytes(), dest)
 
 
 def _contract_step(life: _Lifecycle, guard: Guard) -> None:
@@ -718,10 +741,8 @@ def _start_act(life: _Lifecycle, plan: RunPlan, wait_s: float, guard: Guard) -> 
         remote.run(["mkdir", "-p", p.file("context")])
         remote.put(dockerfile(spec).encode(), p.file("context/Dockerfile"))
         assert plan.draft_config is not None and plan.nproc is not None, "a real plan sets them"
-        remote.put(
-            run_yaml(spec, p, plan.draft_config, plan.run_id, plan.epochs, plan.nproc).encode(),
-            p.file("context/run.yaml"),
-        )
+        place_draft_config(remote, guard, p.file("context/draft_config.json"))
+        remote.put(run_yaml(spec, p, plan.run_id, plan.epochs, plan.nproc).encode(), p.file("context/run.yaml"))
     remote.put(plan.run_json().encode(), p.file("run.json"))
     life.step("upload", "changed", p.workdir, t)
     _launch(life, plan, wait_s)

@@ -150,6 +150,7 @@ def start_cmd(
 
         audit_mod.load_draft_config(Path(draft_config.path))  # a bad local file: exit 3 before connecting
     spec = app.host(host)
+    draft_on_host = bool(draft_config and draft_config.on_host)
     draft_config = draft_config.path if draft_config else None
     p = train_mod.paths_for(spec, data, output)
     if standin:
@@ -162,9 +163,7 @@ def start_cmd(
         raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
     if dry_run and not plan.standin:
         app.console.text_block(train_mod.dockerfile(spec))
-        app.console.text_block(
-            train_mod.run_yaml(spec, p, plan.draft_config or "<--draft-config>", run_id, epochs, nproc)
-        )
+        app.console.text_block(train_mod.run_yaml(spec, p, run_id, epochs, nproc))
     if plan.standin:
         app.console.say(
             "STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
@@ -180,6 +179,7 @@ def start_cmd(
         events=None if dry_run else _step_line(app.console, spec.name),
         draft_config=draft_config,
         force=force,
+        draft_on_host=draft_on_host,
     )
     _render_result(app, result, diff)
     return 0
