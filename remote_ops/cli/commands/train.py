@@ -118,8 +118,8 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
     metavar="PATH",
     type=PathOption("file", host_ok=True),
     help="EAGLE-3 draft model config: a local file (checked before connecting), or host:PATH for a file "
-    "on the host; checked against the dumps' layer ids and hidden size (real runs need it; with "
-    "--standin it is only checked)",
+    "on the host; checked against the dumps' layer ids and hidden size, then copied into the training "
+    "image (real runs need it; with --standin it is only checked)",
 )
 @click.option("--run-id", default="eagle3", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
