@@ -14,11 +14,11 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
   source: rewrite its authorized_keys without every line holding M (the marks
   of this destination's transfer keys: what a killed run left), then (grant)
   append L.  The rewrite is atomic (temp file + rename), mode and owner kept.
-- `dest-check --dir D --bind ADDR`: on the destination: rsync, ssh,
-  ssh-keygen, whether ADDR is one of its addresses (then ssh binds to it, so
-  the sources' `from=` sees it).
-- `keygen --work W --comment C`: on the destination: a new ed25519 key for this
-  sync in W (mode 700), any earlier key there removed first.
+- `keygen --work W --comment C --bind ADDR --known-host LINE...`: on the
+  destination: rsync, ssh and ssh-keygen looked up, and whether ADDR is one of
+  its addresses (then ssh binds to it, so the sources' `from=` sees it); with
+  the tools there, a new ed25519 key for this sync in W (mode 700; any earlier
+  key there removed first) and W/known_hosts holding exactly the LINEs.
 - `transfer PLAN`: on the destination: one source's files (the plan, written
   by the laptop) into the dump dir.  A file already in place with the
   manifest's sha256 (a run killed between its rename and its manifest line)
@@ -35,7 +35,7 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
   Progress (`{"event": "progress", "bytes": N}`) at most every 0.5 s.
   rsync dies with this process (PR_SET_PDEATHSIG), and one transfer per
   staging dir runs at a time (flock).
-- `cleanup --work W`: remove the key and known_hosts of the sync.
+  It removes its staging dir and plan when every file arrived.
 """
 
 import argparse
@@ -190,29 +190,24 @@ def revoke(a):
 # --------------------------------------------------------------------------- the destination
 
 
-def dest_check(a):
+def _tools(bind):
     bind_ok = False
-    if a.bind:
+    if bind:
         try:
-            family = socket.AF_INET6 if ":" in a.bind else socket.AF_INET
-            s = socket.socket(family)
-            s.bind((a.bind, 0))
+            s = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+            s.bind((bind, 0))
             s.close()
             bind_ok = True
         except OSError:
             bind_ok = False
-    emit(
-        {
-            "rsync": shutil.which("rsync"),
-            "ssh": shutil.which("ssh"),
-            "ssh_keygen": shutil.which("ssh-keygen"),
-            "bind_ok": bind_ok,
-            "dir_exists": os.path.isdir(a.dir),
-        }
-    )
+    return {"rsync": shutil.which("rsync"), "ssh": shutil.which("ssh"), "bind_ok": bind_ok}
 
 
 def keygen(a):
+    tools = _tools(a.bind)
+    if not (tools["rsync"] and tools["ssh"] and shutil.which("ssh-keygen")):
+        emit(dict(tools, public=None))
+        return 0
     os.makedirs(a.work, mode=0o700, exist_ok=True)
     os.chmod(a.work, 0o700)
     key = os.path.join(a.work, "key")
@@ -225,18 +220,11 @@ def keygen(a):
         timeout=30,
         stdin=subprocess.DEVNULL,
     )
+    fd = os.open(os.path.join(a.work, "known_hosts"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(line + "\n" for line in a.known_host))
     with open(key + ".pub") as fh:
-        emit({"public": fh.read().strip(), "key": key})
-
-
-def cleanup(a):
-    removed = []
-    for name in ("key", "key.pub", "known_hosts"):
-        p = os.path.join(a.work, name)
-        if os.path.exists(p):
-            os.unlink(p)
-            removed.append(name)
-    emit({"removed": removed})
+        emit(dict(tools, public=fh.read().strip(), key=key))
 
 
 def sha256_of(path):
@@ -431,7 +419,8 @@ class Transfer:
             argv += ["--compress", "--compress-choice=zstd", "--compress-level=1"]
         if p.get("bwlimit_kbps"):
             argv.append("--bwlimit=%d" % int(p["bwlimit_kbps"]))
-        argv += ["%s:." % p["address"], self.stage + "/"]
+        host = "[%s]" % p["address"] if ":" in p["address"] else p["address"]  # IPv6
+        argv += ["%s:." % host, self.stage + "/"]
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
         )
@@ -488,7 +477,11 @@ def transfer(a):
                 return 4
             time.sleep(0.2)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the laptop gone: stop (rsync dies with us)
-    return Transfer(plan).run()
+    rc = Transfer(plan).run()
+    if rc == 0:
+        shutil.rmtree(plan["stage"], ignore_errors=True)
+        os.unlink(a.plan)
+    return rc
 
 
 def main(argv=None):
@@ -503,14 +496,11 @@ def main(argv=None):
     p = sub.add_parser("revoke")
     p.add_argument("--file", required=True)
     p.add_argument("--mark", required=True)
-    p = sub.add_parser("dest-check")
-    p.add_argument("--dir", required=True)
-    p.add_argument("--bind", default="")
     p = sub.add_parser("keygen")
     p.add_argument("--work", required=True)
     p.add_argument("--comment", required=True)
-    p = sub.add_parser("cleanup")
-    p.add_argument("--work", required=True)
+    p.add_argument("--bind", default="")
+    p.add_argument("--known-host", action="append", default=[])
     p = sub.add_parser("transfer")
     p.add_argument("plan")
     a = ap.parse_args(argv)
@@ -518,9 +508,7 @@ def main(argv=None):
         "source-check": source_check,
         "grant": grant,
         "revoke": revoke,
-        "dest-check": dest_check,
         "keygen": keygen,
-        "cleanup": cleanup,
         "transfer": transfer,
     }[a.cmd]
     return handler(a) or 0

@@ -3,12 +3,13 @@
 Steps (docs/sync.md is the reference):
 
 1. Check: every source's and the destination's dump dir is reconciled (the
-   `dumps status` probes) and the tools are looked up (`sync_onhost.py
-   source-check` / `dest-check`); `core.syncplan.plan` decides what moves,
-   what is already there and what conflicts.  `--dry-run` stops here.
-2. Grant: under the destination's host lock, a new ed25519 key is made on the
-   destination (`keygen`), its known_hosts is written from the keys this
-   machine has pinned for the sources (`remote.pinned`), and each source gets
+   `dumps status` probes) and the sources' tools are looked up (`sync_onhost.py
+   source-check`); `core.syncplan.plan` decides what moves, what is already
+   there and what conflicts.  `--dry-run` stops here.
+2. Grant: under the destination's host lock, in one round trip (`keygen`) the
+   destination's tools are looked up, a new ed25519 key is made there and its
+   known_hosts is written from the keys this machine has pinned for the
+   sources (`remote.pinned`); then each source gets
    one `restrict,from=,command="rrsync -ro DIR"` line (`grant`, which first
    drops what a killed sync to this destination left).  Each grant goes in the
    source's audit log.
@@ -16,6 +17,7 @@ Steps (docs/sync.md is the reference):
    ssh from the destination to the source, each file checked against the
    source manifest's sha256 on arrival, renamed into `rank<R>/` and recorded
    in the manifest with its `host`).  Only progress lines reach this process.
+   The transfer removes its staging dir when every file arrived.
 4. Always (success, failure, Ctrl-C): the lines are revoked on every source
    (audit-logged) and the key and known_hosts deleted on the destination.  A
    revoke that cannot run (a source down) is named; the next sync removes it.
@@ -236,18 +238,13 @@ class _Sync:
         return syncplan.work_dir(self.dest.dump.dir)
 
     # -- grant --------------------------------------------------------------
-    def prepare_dest(self, moving: list[str]) -> str:
-        """The key (its public line) and known_hosts on the destination."""
+    def prepare_dest(self, moving: list[str]) -> dict:
+        """The destination's tools, and (when they are there) the key and known_hosts of the sync:
+        one round trip (`keygen`); its answer has the public line in `public`."""
         comment = f"{syncplan.mark(self.dest.name)}{self.result.sync_id}"
-        key = on_host(self.dest_remote, "keygen", "--work", self.work, "--comment", comment)
-        lines = []
-        for name in moving:
-            t = self.target_of(self.sources[name])
-            lines += pinned_lines(t)
-        self.dest_remote.run(
-            shell.redirect(["cat"], stdout=f"{self.work}/known_hosts"), input="".join(l + "\n" for l in lines).encode()
-        )
-        return str(key["public"])
+        known = [line for name in moving for line in pinned_lines(self.target_of(self.sources[name]))]
+        args = ["keygen", "--work", self.work, "--comment", comment, "--bind", self.from_address()]
+        return on_host(self.dest_remote, *args, *(x for line in known for x in ("--known-host", line)))
 
     def from_address(self) -> str:
         return self.opts.dest_address or self.target_of(self.dest).hostname
@@ -344,8 +341,6 @@ class _Sync:
                 stderr_tail=events.rsync_error,
                 hint="re-run `dumps sync`: verified files are kept, partial ones resume",
             )
-        if not events.done.get("failed"):
-            self.dest_remote.run(["rm", "-rf", syncplan.stage_dir(self.dest.dump.dir, name), plan_file])
         return events.done
 
 
@@ -432,16 +427,15 @@ def _grant_and_move(s: _Sync) -> None:
     moving = [h for h, recs in s.checked.plan.moves.items() if recs]
     if not moving:
         return
-    if not s.checked.dest_tools:
-        s.checked.dest_tools = on_host(
-            s.dest_remote, "dest-check", "--dir", s.dest.dump.dir, "--bind", s.from_address()
-        )
-    if not s.checked.dest_tools.get("rsync") or not s.checked.dest_tools.get("ssh"):
+    s.checked.dest_tools = s.prepare_dest(moving)
+    if not s.checked.dest_tools.get("public"):
         raise Refused(
-            f"{s.dest.name} has no rsync or ssh", host=s.dest.name, hint="install rsync and openssh-client there"
+            f"{s.dest.name} lacks rsync, ssh or ssh-keygen",
+            host=s.dest.name,
+            hint="install rsync and openssh-client there",
         )
     bind = s.from_address() if s.checked.dest_tools.get("bind_ok") else None
-    public = s.prepare_dest(moving)
+    public = str(s.checked.dest_tools["public"])
     specs = [s.sources[h] for h in moving]
     grants = fleet.fan_out(specs, lambda spec: (0, s.grant(spec.name, public)), forks=s.opts.forks)
     for o in grants.outcomes:
@@ -469,7 +463,7 @@ def _revoke_all(s: _Sync) -> None:
         else:
             s.result.revoked[o.host] = o.result
     try:
-        on_host(s.dest_remote, "cleanup", "--work", s.work)
+        s.dest_remote.run(["rm", "-f", *(f"{s.work}/{n}" for n in ("key", "key.pub", "known_hosts"))])
     except RemoteOpsError as exc:
         s.result.revoke_errors[s.dest.name] = f"key not deleted: {exc.message}"
 
