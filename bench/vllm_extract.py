@@ -52,6 +52,26 @@ def one_pass(server: labvllm.VllmServer, batch: list[list[int]], concurrency: in
     return {"wall_s": wall, "prompt_tokens": tokens, "tok_s": tokens / wall, "files": sum(p is not None for p in paths)}
 
 
+def _rounds(servers: dict, batch: list[list[int]], args: argparse.Namespace) -> list[dict]:
+    """`args.rounds` interleaved rounds (which server goes first alternates) of the whole batch."""
+    rounds = []
+    for r in range(args.rounds):
+        order = ["extract", "baseline"] if r % 2 == 0 else ["baseline", "extract"]
+        rounds.append({mode: one_pass(servers[mode], batch, args.concurrency, args.request_timeout) for mode in order})
+        line = {"tokens": len(batch[0]), "round": r, **{m: round(v["tok_s"], 1) for m, v in rounds[-1].items()}}
+        print(json.dumps(line), file=sys.stderr)
+    return rounds
+
+
+def _ratio(rounds: list[dict]) -> float:
+    med = {m: statistics.median(r[m]["tok_s"] for r in rounds) for m in ("extract", "baseline")}
+    return med["extract"] / med["baseline"]
+
+
+def _lengths(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def run(args: argparse.Namespace) -> dict:
     batch = prompts(args.prompts, args.prompt_tokens, args.seed)
     layers = [int(x) for x in args.layers.split(",")]
@@ -70,16 +90,10 @@ def run(args: argparse.Namespace) -> dict:
                 ready[mode] = server.ready_s
             for server in servers.values():  # warm-up, not counted
                 one_pass(server, batch[: args.concurrency], args.concurrency, args.request_timeout)
-            rounds = []
-            for r in range(args.rounds):
-                order = ["extract", "baseline"] if r % 2 == 0 else ["baseline", "extract"]
-                rounds.append(
-                    {mode: one_pass(servers[mode], batch, args.concurrency, args.request_timeout) for mode in order}
-                )
-                print(
-                    json.dumps({"round": r, **{m: round(v["tok_s"], 1) for m, v in rounds[-1].items()}}),
-                    file=sys.stderr,
-                )
+            rounds = _rounds(servers, batch, args)
+            by_length = {
+                n: _rounds(servers, prompts(args.prompts, n, args.seed + n), args) for n in _lengths(args.extra_lengths)
+            }
             files = sorted((Path(tmp) / "extract").glob("*.safetensors"))
             file_bytes = sum(f.stat().st_size for f in files)
         finally:
@@ -101,6 +115,13 @@ def run(args: argparse.Namespace) -> dict:
         "cost_pct": round((1 - ratio) * 100, 2),
         "claim": f"within {CLAIM:.0%} of baseline (vLLM PR #37374)",
         "within_claim": ratio >= 1 - CLAIM,
+        "by_length": {
+            str(n): {
+                **{m: round(statistics.median(r[m]["tok_s"] for r in rs), 1) for m in ("extract", "baseline")},
+                "ratio": round(_ratio(rs), 4),
+            }
+            for n, rs in by_length.items()
+        },
         "files_written": len(files),
         "file_bytes": file_bytes,
     }
@@ -127,6 +148,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--extra-lengths", default="", help="more prompt lengths, e.g. 128,2000: the same rounds for each (by_length)"
+    )
     ap.add_argument("--layers", default="1,2,3,4", help="layer ids to capture (the tiny model has 4 layers)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--start-timeout", type=float, default=600.0)
