@@ -93,3 +93,10 @@ def test_facts_of_a_vllm_host_name_its_serving_engine_and_ask_no_sglang_checkout
     assert not any(type(x).__name__ in ("SglangVersion", "PatchTarget") for x in facts.probes(h))
     f = facts.parse(h, {})
     assert f.serving == "vllm" and f.vllm_version == "0.32.0" and f.sglang_version is None
+
+
+def test_render_of_a_vllm_host_is_its_vllm_dockerfile_offline():
+    from remote_ops.workflows.deploy import render_for_host
+
+    text = render_for_host(host())
+    assert text == serving.render_dockerfile(host()) and "FROM remote-ops/vllm-cpu:0.32.0" in text

@@ -170,10 +170,15 @@ def render_for_host(host: HostSpec, checkout: Path | None = None, on_progress=No
     SGLang version and of that file with the patch applied: what deploy builds
     when the host's checkout is the pristine release.  The file is read offline first
     (`wheels.sglang_source`: a local `checkout` of that release, the cached wheel, the index).
+    A vLLM host's (`serving.engine: vllm`) is its vLLM image's, which needs no source file.
     """
     from ...core import anchors
     from .. import wheels
 
+    if host.serving.engine == "vllm":
+        from ...serving import vllm
+
+        return vllm.render_dockerfile(host)
     patch = load_patch(host)
     text = wheels.sglang_source(host.sglang.version, patch.target, checkout, on_progress).decode("utf-8")
     try:
