@@ -63,6 +63,17 @@ def _rounds(servers: dict, batch: list[list[int]], args: argparse.Namespace) -> 
     return rounds
 
 
+def _files_in_place(folder: Path, expected: int, timeout: float = 60.0) -> list[Path]:
+    """The request files once `expected` are there (each is renamed into place just after its
+    response), or what is there at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted(folder.glob("*.safetensors"))
+        if len(files) >= expected or time.monotonic() > deadline:
+            return files
+        time.sleep(0.1)
+
+
 def _ratio(rounds: list[dict]) -> float:
     med = {m: statistics.median(r[m]["tok_s"] for r in rounds) for m in ("extract", "baseline")}
     return med["extract"] / med["baseline"]
@@ -88,13 +99,19 @@ def run(args: argparse.Namespace) -> dict:
             for mode, server in servers.items():  # one after the other: both at once starve 2 cores
                 server.start(timeout=args.start_timeout)
                 ready[mode] = server.ready_s
-            for server in servers.values():  # warm-up, not counted
-                one_pass(server, batch[: args.concurrency], args.concurrency, args.request_timeout)
+            warm = {
+                m: one_pass(sv, batch[: args.concurrency], args.concurrency, args.request_timeout)
+                for m, sv in servers.items()
+            }
+            warm_files = warm["extract"]["files"]  # the warm-up is not counted in the figures
             rounds = _rounds(servers, batch, args)
             by_length = {
                 n: _rounds(servers, prompts(args.prompts, n, args.seed + n), args) for n in _lengths(args.extra_lengths)
             }
-            files = sorted((Path(tmp) / "extract").glob("*.safetensors"))
+            sent = sum(r["extract"]["files"] for r in rounds) + sum(
+                r["extract"]["files"] for rs in by_length.values() for r in rs
+            )
+            files = _files_in_place(Path(tmp) / "extract", sent + warm_files)
             file_bytes = sum(f.stat().st_size for f in files)
         finally:
             for server in servers.values():
@@ -122,6 +139,7 @@ def run(args: argparse.Namespace) -> dict:
             }
             for n, rs in by_length.items()
         },
+        "paths_returned": sent + warm_files,
         "files_written": len(files),
         "file_bytes": file_bytes,
     }

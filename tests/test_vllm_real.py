@@ -186,5 +186,6 @@ def test_vllm_extract_bench_runs_one_tiny_round(vllm_server, dockerd, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["median_tok_s"]) == {"extract", "baseline"}
-    assert result["files_written"] == 2 + 1  # the round's two prompts and the warm-up's one
+    # every response named a file and every file is in place: the round's two prompts and the warm-up's one
+    assert result["paths_returned"] == result["files_written"] == 2 + 1
     assert all(v > 0 for v in result["median_tok_s"].values())
