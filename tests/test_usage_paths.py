@@ -110,6 +110,8 @@ MISSING = [
     ("health", "--host", "far", "--ssh-config", "nope.config"),
     ("inspect-source", "--local-file", "nope.py", "--lines", "1:2"),
     ("patch", "check", "--local-file", "nope.py"),
+    ("dumps", "audit", "--host", "far1", "--draft-config", "nope.json"),
+    ("dumps", "export", "--host", "far1", "--dataset", "nope.jsonl"),
 ]
 
 

@@ -186,11 +186,12 @@ def parse_output(stdout: str) -> ExportRun:
     return run
 
 
-def place_dataset(remote, spec, dataset: str | None, out: str) -> str:
-    """The dataset path on the host: a local file is uploaded beside the output."""
+def place_dataset(remote, spec, dataset: str | None, out: str, *, local: bool | None = None) -> str:
+    """The dataset path on the host: a local file (`local`; None: when one exists) is uploaded
+    beside the output; a host path is checked there."""
     if dataset is None:
         dataset = default_dataset(spec)
-    elif Path(dataset).expanduser().is_file():
+    elif Path(dataset).expanduser().is_file() if local is None else local:
         target = str(PurePosixPath(out).parent / (PurePosixPath(out).name + ".dataset.jsonl"))
         remote.run(["mkdir", "-p", str(PurePosixPath(target).parent)])
         remote.put(Path(dataset).expanduser(), target)

@@ -10,7 +10,7 @@ from ...core import dumpcheck
 from ...errors import UsageError, VerifyFailed
 from ...workflows import dumps as dumps_mod
 from . import _dumps_group, _dumps_stats
-from ._options import app_options, complete_hosts, host_command, hosts_command
+from ._options import PathOption, app_options, complete_hosts, host_command, hosts_command
 
 
 @click.group("dumps")
@@ -297,9 +297,10 @@ def _render_audit(console, result) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="which dumps the stratified draw picks")
 @click.option(
     "--draft-config",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathOption("file"),
     default=None,
-    help="a local drafter config.json (read before connecting): its "
+    metavar="FILE",
+    help="a local drafter config.json (read before connecting; missing: exit 2): its "
     "eagle_config.eagle_aux_hidden_state_layer_ids must give the dumps' layers",
 )
 @click.option(
@@ -395,8 +396,9 @@ def _export_progress(advance, name: str):
     "--dataset",
     default=None,
     metavar="PATH",
-    help="prepared JSONL (with loss_mask) the extraction used: local file (uploaded) or a host "
-    "path (default <logs.dir>/extract/dataset.jsonl on the host)",
+    type=PathOption("file", host_ok=True),
+    help="prepared JSONL (with loss_mask) the extraction used: a local file (uploaded; missing: exit 2) "
+    "or host:PATH (default <logs.dir>/extract/dataset.jsonl on the host)",
 )
 @click.option("--out", default=None, metavar="DIR", help="output dir on the host (default <dump.dir>-specforge)")
 @click.option("--jobs", type=int, default=4, show_default=True, help="files converted in parallel")
@@ -446,7 +448,9 @@ def export_cmd(
     norm = export_mod.final_norm_decision(remote, spec, convert=convert_prenorm, accept=accept_prenorm)
     plain = norm["action"] == "as_is" and norm["verdict"] == "post-norm"
     app.console.status("ok" if plain else "warn", f"final states: {norm['said']}")
-    on_host = export_mod.place_dataset(remote, spec, dataset, out)
+    on_host = export_mod.place_dataset(
+        remote, spec, dataset.path if dataset else None, out, local=bool(dataset and not dataset.on_host)
+    )
     cmd = export_mod.export_command(
         spec.dump.dir,
         on_host,
