@@ -38,6 +38,15 @@ def test_the_vllm_sandbox_entry_is_a_valid_vllm_host():
     assert LAB_ENTRY["container"]["name"] == "sglang-eagle3-sandbox"  # the lab's entry is not changed
 
 
+def test_the_vllm_sandbox_keeps_its_dumps_and_logs_apart_from_the_sglang_sandboxs():
+    """The sandbox keeps its data across down/up: a vLLM sandbox after an SGLang one must not see
+    the other model's dumps (hidden 64) or extraction manifest."""
+    lab = dict(LAB_ENTRY, logs={"dir": "/x/logs", "extraction": "/x/logs/extraction.log", "training": "/y/t.log"})
+    entry = sandbox.vllm_overrides(lab, "remote-ops/vllm-cpu:0.32.0", "/cache/tiny", "tiny-llama")
+    assert entry["dump"]["dir"] == "/x/dumps-vllm" and lab["dump"]["dir"] == "/x/dumps"
+    assert entry["logs"] == {"dir": "/x/logs-vllm", "extraction": "/x/logs-vllm/extraction.log", "training": "/y/t.log"}
+
+
 def test_sandbox_up_engine_vllm_without_wheels_is_refused_before_anything_starts(tmp_path):
     env = {
         "REMOTE_OPS_VLLM_WHEELS": str(tmp_path / "no-wheels"),

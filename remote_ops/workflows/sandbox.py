@@ -162,6 +162,7 @@ def vllm_overrides(entry: dict, image: str, model_dir: str, served_name: str) ->
         "trust_remote_code": False,
     }
     out.setdefault("dump", {})["layers"] = list(VLLM_AUX_LAYERS)
+    _own_dirs(out)
     server = out.setdefault("server", {})
     server.update(tp=1, extra_args=list(VLLM_CPU_ARGS), healthy_timeout_s=900)
     container = out.setdefault("container", {})
@@ -169,6 +170,21 @@ def vllm_overrides(entry: dict, image: str, model_dir: str, served_name: str) ->
     container["name"] = container.get("name", CONTAINER).replace("sglang", "vllm")
     container["image"] = container.get("image", "remote-ops/sglang-eagle3").replace("sglang", "vllm")
     return out
+
+
+def _own_dirs(entry: dict) -> None:
+    """The vLLM host's dump and log dirs beside the SGLang sandbox's, never the same: the sandbox
+    keeps its data across `down`/`up`, and the two serve different models (hidden 64 vs 128), whose
+    dumps and extraction manifests must not mix."""
+    dump = entry.setdefault("dump", {})
+    if dump.get("dir"):
+        dump["dir"] = str(dump["dir"]).rstrip("/") + "-vllm"
+    logs = entry.get("logs") or {}
+    old = str(logs.get("dir") or "").rstrip("/")
+    if old:
+        for key, value in list(logs.items()):
+            if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+                logs[key] = old + "-vllm" + value[len(old) :]
 
 
 def vllm_unavailable() -> str | None:
