@@ -307,7 +307,8 @@ def test_samples_that_give_the_token_both_ways_do_not_outvote_pre_norm_ones():
     four_pre_four_both = [sample("prenorm")] * 4 + [sample("match", tells=False)] * 4
     verdict = a.norm_verdict(four_pre_four_both)
     assert verdict["verdict"] == "pre-norm" and verdict["ambiguous"] == 4 and verdict["checked"] == 8
-    assert a.norm_verdict([sample("match", tells=False)] * 3)["verdict"] == "post-norm"  # every token right
+    assert a.norm_verdict([sample("match", tells=False)] * 3)["verdict"] == "indistinct"  # right, but no evidence
+    assert a.norm_verdict([sample("match", tells=False)] * 3 + [sample("match")])["verdict"] == "post-norm"
     assert a.norm_verdict([sample("prenorm")] * 2 + [sample("match")] * 2)["verdict"] == "mixed"
     assert a.norm_verdict([sample("prenorm")] * 2 + [sample("mismatch")] * 3)["verdict"] == "mixed"
 

@@ -305,3 +305,36 @@ def test_export_converts_vllm_pre_norm_finals_and_still_refuses_sglang_ones(monk
     monkeypatch.setattr(audit, "norm_check", lambda remote, spec: {k: v for k, v in vllm.items() if k != "vllm"})
     with pytest.raises(ContractMismatch, match="PRE-norm"):
         export.final_norm_decision(None, host)
+
+
+def test_a_final_norm_that_does_not_move_the_argmax_is_indistinct_and_vllm_files_are_still_converted(monkeypatch):
+    """A model whose final norm weights are all equal (transformers' initial ones, as the sandbox's
+    tiny Llama has) gives the server's token with and without the norm on every sample: the audit
+    says `indistinct`, never post-norm, and the export still converts vLLM's pre-norm layer L."""
+    from remote_ops.core.inventory import HostSpec
+    from remote_ops.probes.audit import evaluate
+    from remote_ops.workflows import audit, export
+
+    audit_onhost = onhost("audit_onhost")
+    both = {"status": "match", "tells_norm": False}
+    samples = []
+    for _ in range(8):
+        s = audit_onhost.Sample(0, "k", {})
+        s.doc["token"], s.vllm = dict(both), True
+        samples.append(s)
+    norm = audit_onhost.norm_verdict(samples)
+    assert norm["verdict"] == "indistinct" and norm["ambiguous"] == norm["checked"] == norm["vllm"] == 8
+    report = {"sampled": 8, "population": 8, "samples": [], "norm": norm, "layers": []}
+    token = {c.name: c for c in evaluate(report, [], [])}["token"]
+    assert token.status == "ok" and "cannot tell post- from pre-norm" in token.reason and "vLLM" in token.reason
+    sglang = dict(norm)
+    sglang.pop("vllm")
+    token = {c.name: c for c in evaluate(dict(report, norm=sglang), [], [])}["token"]
+    assert token.status == "warn" and "as they are" in token.reason
+
+    host = HostSpec(name="h")
+    monkeypatch.setattr(audit, "norm_check", lambda remote, spec: dict(norm))
+    decision = export.final_norm_decision(None, host)
+    assert decision["action"] == "convert" and "with or without the final RMSNorm" in decision["said"]
+    monkeypatch.setattr(audit, "norm_check", lambda remote, spec: dict(sglang))
+    assert export.final_norm_decision(None, host)["action"] == "as_is"

@@ -96,7 +96,10 @@ def test_the_vllm_pipeline_end_to_end(vllm_env):
     assert {k: checks[k]["status"] for k in ("shape", "finite", "alignment", "token")} == dict.fromkeys(
         ("shape", "finite", "alignment", "token"), "ok"
     ), json.dumps(audit, indent=1)[:4000]
-    assert audit["norm"]["verdict"] in ("post-norm", "pre-norm"), audit["norm"]
+    # vLLM's layer L is pre-norm; the tiny Llama's final norm weights are all ones, which never moves
+    # the argmax, so the token check finds them `indistinct` (pre-norm on a model whose norm does)
+    assert audit["norm"]["verdict"] in ("pre-norm", "indistinct"), audit["norm"]
+    assert audit["norm"]["vllm"] == audit["norm"]["checked"], audit["norm"]
     rc, exported, err = cli(env, "dumps", "export", "--format", "specforge", "--host", HOST, "--dataset", str(ds))
     assert rc == 0, err
     out = Path(exported["out"])

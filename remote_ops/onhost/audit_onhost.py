@@ -727,11 +727,14 @@ def check_tokens(samples, model_dir, cfg, fl):
 
 
 def norm_verdict(samples):
-    """What the dumps' final states are, from the token check: post-norm, pre-norm, mixed or unknown.
+    """What the dumps' final states are, from the token check: post-norm, pre-norm, mixed,
+    indistinct or unknown.
 
     A final state whose argmax is the server's token both as stored and after the final RMSNorm
     (`ambiguous`) is a good sample but no evidence either way: on a pre-norm dump it happens
-    whenever the norm does not move the argmax, so pre-norm is judged on the other samples."""
+    whenever the norm does not move the argmax, so pre-norm is judged on the other samples.  When
+    every checked sample is ambiguous (a final norm whose weights are all equal only scales the
+    state) the verdict is `indistinct`, never post-norm."""
     counts = {"match": 0, "prenorm": 0, "mismatch": 0, "no_token": 0, "ambiguous": 0}
     for s in samples:
         token = s.doc.get("token") or {}
@@ -745,7 +748,7 @@ def norm_verdict(samples):
     if not checked:
         verdict = "unknown"
     elif counts["match"] == checked:
-        verdict = "post-norm"
+        verdict = "post-norm" if telling else "indistinct"
     elif counts["prenorm"] * 2 > telling:
         verdict = "pre-norm"
     else:

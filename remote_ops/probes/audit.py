@@ -209,6 +209,22 @@ def _token_check(report: dict[str, Any]) -> Check:
             f"{norm.get('match')} of {checked} final states give the server's token: post-norm finals",
             data,
         )
+    if verdict == "indistinct" and not bad:
+        vllm = int(norm.get("vllm", 0)) == checked
+        return Check(
+            "audit",
+            "token",
+            "ok" if vllm else "warn",
+            f"{norm.get('match')} of {checked} final states give the server's token both as stored and after the "
+            "model's final RMSNorm, which does not move the argmax on these samples: the check cannot tell post- "
+            "from pre-norm finals"
+            + (
+                "; vLLM's layer L is captured before that norm (its model files), and export applies it"
+                if vllm
+                else "; `dumps export` exports them as they are"
+            ),
+            data,
+        )
     if verdict == "pre-norm" and not bad and int(norm.get("vllm", 0)) == checked:
         return Check(
             "audit",

@@ -100,12 +100,16 @@ def final_norm_decision(remote, spec, *, convert: bool = False, accept: bool = F
         check = {"verdict": "unknown", "why": exc.message}
     verdict = check.get("verdict", "unknown")
     counts = f"{check.get('match', 0)} of {check.get('checked', 0)} checked dumps give the server's token"
-    vllm = verdict == "pre-norm" and int(check.get("vllm", 0)) == int(check.get("checked", -1))
+    # vLLM's layer L is the state before the final norm by design: converted unless the check found
+    # them post-norm (pre-norm, or a norm that does not move the argmax: `indistinct`)
+    vllm = verdict in ("pre-norm", "indistinct") and int(check.get("vllm", 0)) == int(check.get("checked", -1))
     if vllm and not accept:  # vLLM's layer L is the state before the final norm by design
         return _norm(
             verdict,
             "convert",
-            f"PRE-norm as vLLM captures layer L ({counts} only after the final RMSNorm): converted",
+            f"PRE-norm as vLLM captures layer L ({counts}"
+            + (" only after the final RMSNorm" if verdict == "pre-norm" else ", with or without the final RMSNorm")
+            + "): converted",
             check,
         )
     if verdict == "pre-norm":
