@@ -157,7 +157,17 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     build = not patched or img is None or img.labels.get(labels.CONTEXT_HASH) != want_ctx
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = (
+    start = needs_start(host, ref, img, ctr, build)
+    if start:
+        reasons["start"] = _start_reason(host, ctr, img, ref, build)
+    wait = start or (ctr is not None and ctr.health not in ("healthy", None))
+    return Plan(patch=not patched, build=build, start=start, wait=wait, reasons=reasons)
+
+
+def needs_start(host, ref: str, img, ctr, build: bool) -> bool:
+    """The container must be (re)started: a new build, no image or container, not running, another
+    image, or other run settings than the inventory's (any serving engine)."""
+    return (
         build
         or img is None
         or ctr is None
@@ -165,10 +175,6 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
         or ctr.image_id != img.id
         or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
     )
-    if start:
-        reasons["start"] = _start_reason(host, ctr, img, ref, build)
-    wait = start or (ctr is not None and ctr.health not in ("healthy", None))
-    return Plan(patch=not patched, build=build, start=start, wait=wait, reasons=reasons)
 
 
 def _start_reason(host: HostSpec, ctr, img, ref: str, build: bool) -> str:

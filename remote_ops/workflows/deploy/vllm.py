@@ -27,7 +27,7 @@ from ...remote import Remote
 from ...serving import vllm as serving
 from .. import container
 from .context import context_tar, staging_dir
-from .plan import Plan, Probe
+from .plan import Plan, Probe, needs_start
 from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, wait_until_healthy
 
 
@@ -38,14 +38,7 @@ def make_plan(host: HostSpec, p: Probe, ref: str) -> Plan:
     build = img is None or img.labels.get(labels.CONTEXT_HASH) != serving.context_hash(host)
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = (
-        build
-        or img is None
-        or ctr is None
-        or not ctr.running
-        or ctr.image_id != img.id
-        or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
-    )
+    start = needs_start(host, ref, img, ctr, build)
     if start:
         reasons["start"] = (
             "new image"
