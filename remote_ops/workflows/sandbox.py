@@ -329,8 +329,9 @@ def _probe_daemons(state: dict) -> dict[str, Daemon]:
             bool(host.get("pid")) and _ours(host["pid"], lab_dir()),
             port_open(str(host.get("address")), int(host.get("port") or 0)),
         )
+    engine = "vllm" if _read_meta().get("engine") == "vllm" else "sglang"  # the serving engine's container
     for host in hosts:
-        container = f"sglang-eagle3-{host.get('name', NAME)}"
+        container = f"{engine}-eagle3-{host.get('name', NAME)}"
         rc, cstate = _container_state(d, container) if d and dockerd.ok else (None, "")
         out[daemon_key("container", host.get("name", NAME), len(hosts))] = judge_container(
             container, dockerd.ok, rc, cstate
