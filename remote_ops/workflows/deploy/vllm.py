@@ -22,13 +22,13 @@ from typing import Any
 from ...core import secrets, shell
 from ...core.inventory import HostSpec
 from ...engine import labels
-from ...errors import CommandFailed, Refused
+from ...errors import Refused
 from ...remote import Remote
 from ...serving import vllm as serving
 from .. import container
 from .context import context_tar, staging_dir
 from .plan import Plan, Probe, needs_start
-from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, wait_until_healthy
+from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, build_on_host, wait_until_healthy
 
 
 def make_plan(host: HostSpec, p: Probe, ref: str) -> Plan:
@@ -120,26 +120,16 @@ class VllmDeploy(Deploy):
         )
         builder = container.detect_builder(self.remote, self.host.engine)
         self.result.versions["builder"] = builder
-        self.events.progress(f"building {self.ref} with {builder}")
-        try:
-            image_id = container.build(
-                self.remote,
-                stage,
-                self.ref,
-                builder,
-                on_line=self.events.line,
-                timeout=self.build_timeout,
-                kind=self.host.engine,
-            )
-        except CommandFailed as exc:
-            raise CommandFailed(
-                f"build: {self.host.engine} build of {self.ref} failed (exit {exc.exit_status})",
-                host=self.host.name,
-                command=exc.command,
-                exit_status=exc.exit_status,
-                stderr_tail=exc.stderr_tail,
-                hint="the old container was not touched",
-            ) from None
+        image_id = build_on_host(
+            self.remote,
+            self.host,
+            stage,
+            self.ref,
+            builder,
+            self.events,
+            self.build_timeout,
+            "the old container was not touched",
+        )
         self.result.image_id = image_id
         self._step("build", "changed", f"{self.ref} {image_id[:19]} (vLLM {self.host.vllm.version})", t)
         return image_id

@@ -174,6 +174,21 @@ def build_image(
     text = render_dockerfile(host, patch, shas["before"], shas["after"])
     remote.put(text.encode(), f"{stage}/Dockerfile")
     remote.run(copy_tree_cmd(host, stage))
+    return build_on_host(
+        remote,
+        host,
+        stage,
+        ref,
+        builder,
+        events,
+        timeout,
+        "the checkout stays patched and verified; the old container was not touched",
+    )
+
+
+def build_on_host(remote, host, stage: str, ref: str, builder: str, events: Events, timeout: float, hint: str) -> str:
+    """Build the context at `stage` on the host, streaming its output; a failed build is one
+    CommandFailed naming the engine and the image, with `hint` (what was left as it was)."""
     events.progress(f"building {ref} with {builder}")
     try:
         return container.build(remote, stage, ref, builder, on_line=events.line, timeout=timeout, kind=host.engine)
@@ -184,7 +199,7 @@ def build_image(
             command=exc.command,
             exit_status=exc.exit_status,
             stderr_tail=exc.stderr_tail,
-            hint="the checkout stays patched and verified; the old container was not touched",
+            hint=hint,
         ) from None
 
 
