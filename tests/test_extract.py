@@ -251,3 +251,15 @@ def test_a_status_that_waits_returns_when_the_client_exits_not_at_its_bound(tmp_
     t = time.monotonic()
     subprocess.run(["/bin/sh", "-c", WaitExit(p, 20).command()], check=True, timeout=30)
     assert time.monotonic() - t < 5, "no client running: no wait"
+
+
+def test_the_done_keys_are_read_after_the_client_is_seen_alive_or_gone():
+    """A client that exits between the two reads must not leave its last key out of a status
+    that calls the run finished: `alive` is asked before `keys` in the one round trip."""
+    from remote_ops.core.inventory import HostSpec
+    from remote_ops.probes.extract import DoneKeys, ExtractStatusProbes
+    from remote_ops.workflows import extract as ex
+
+    probes = ExtractStatusProbes(ex.paths_for(HostSpec(name="h")), with_keys=True, wait_s=2.0).probes
+    kinds = [type(p) for p in probes]
+    assert kinds.index(WaitExit) < kinds.index(ExtractAlive) < kinds.index(DoneKeys)

@@ -227,8 +227,10 @@ class ExtractStatusProbes:
 
     @property
     def probes(self) -> list[Probe[Any]]:
-        first = [p for p in (self.waited, self.keys) if p is not None]
-        return [*first, self.alive, self.pid, self.log, self.counts, self.missing, self.out]
+        # `alive` before `keys`: keys read after a client was seen gone are its final ones (read
+        # first, a client exiting in between left the last key out of a "finished" status)
+        first = [p for p in (self.waited, self.alive, self.keys) if p is not None]
+        return [*first, self.pid, self.log, self.counts, self.missing, self.out]
 
     def read(self, host: str, sections: Sections) -> ExtractStatus:
         """The round trip's answers -> ExtractStatus (pure)."""
