@@ -30,6 +30,12 @@ def sandbox_dir() -> Path:
     return state_dir() / "sandbox"
 
 
+def sandbox_lab_dir() -> Path:
+    """The sandbox's host lab (sshd and dockerd state, `lab.json`): `sandbox up` makes it, and
+    `python -m remote_ops.hostlab.gpu_standin` finds its hosts there."""
+    return sandbox_dir() / "lab"
+
+
 def sandbox_inventory_file() -> Path:
     """The inventory entry `sandbox up` writes (loaded with the user's inventory)."""
     return sandbox_dir() / "inventory" / "sandbox.yaml"

@@ -25,15 +25,12 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import ConfigError, NotFound, Refused
 from ..paths import repo_resource
 from . import anchors, layerids
 from .anchors import AnchorRefusal, PatchSpec
-
-if TYPE_CHECKING:
-    from .inventory import HostSpec
 
 DEFAULT_PATCH = "eagle3-hs-dump"
 PATH_ENV = "REMOTE_OPS_PATCH_PATH"
@@ -232,7 +229,20 @@ def load(name_or_path: str | Path) -> PatchSpec:
     return resolve(str(name_or_path))
 
 
-def for_host(host: HostSpec) -> PatchSpec:
+class _SglangSection(Protocol):
+    patch: str | None
+
+
+class NamedHost(Protocol):
+    """What `for_host` reads of an inventory host (`core.inventory.HostSpec` is one): a
+    protocol, so that this module needs nothing of the inventory's (the inventory imports it)."""
+
+    name: str
+    source: str | None
+    sglang: _SglangSection
+
+
+def for_host(host: NamedHost) -> PatchSpec:
     """The bound spec an inventory host names (`sglang.patch`), or ConfigError when it is
     still to be derived on the host (`patching.bind_host` does that)."""
     if not host.sglang.patch:

@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lab:
         lab_dir = Path(args.lab)
     else:
-        from ..workflows.sandbox import lab_dir as sandbox_lab
+        from ..paths import sandbox_lab_dir
 
-        lab_dir = sandbox_lab()
+        lab_dir = sandbox_lab_dir()
     paths = HostPaths(lab_dir / "hosts" / args.host)
     if not paths.root.is_dir():
         parser.error(f"no lab host {args.host!r} under {lab_dir}")

@@ -47,7 +47,7 @@ import yaml
 
 from ..core import rendering
 from ..errors import Refused, RemoteOpsError, UsageError
-from ..paths import repo_resource, sandbox_dir, sandbox_inventory_file
+from ..paths import repo_resource, sandbox_dir, sandbox_inventory_file, sandbox_lab_dir
 
 NAME = "sandbox"
 CONTAINER = f"sglang-eagle3-{NAME}"  # LabHost.container_name of the sandbox host
@@ -71,7 +71,7 @@ def standin_tag(version: str) -> str:
 
 
 def lab_dir() -> Path:
-    return sandbox_dir() / "lab"
+    return sandbox_lab_dir()
 
 
 # -- the stand-in base image (built locally, never pulled) ---------------------------------------

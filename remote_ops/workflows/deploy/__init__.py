@@ -2,7 +2,10 @@
 
     context.py   the build context: patch spec, image tag, Dockerfile, shipped files, context hash
     plan.py      the one batched probe (facts, lock, target sha, engine objects) and the plan (pure)
-    workflow.py  the steps and `Deploy` (check -> act -> verify, records, unlock), `wait_until_healthy`
+    workflow.py  the steps and `Deploy`, SGLang's deploy (check -> act -> verify, records, unlock),
+                 `build_on_host`, `wait_until_healthy`
+    vllm.py      `VllmDeploy`, vLLM's deploy: a peer of `Deploy` (a subclass changing the plan,
+                 the context and the start), not something `workflow.py` knows of
     records.py   the local run record and the host's audit line
 
 The host lock is `remote_ops.workflows.hostlock`; the container goes through the engine
@@ -46,7 +49,6 @@ from .workflow import (
     StepResult,
     apply_patch,
     build_image,
-    deploy,
     dry_run_diffs,
     push,
     unlock_and_audit_cmd,
@@ -70,6 +72,7 @@ __all__ = [
     "context_tar",
     "copy_tree_cmd",
     "deploy",
+    "deploy_class",
     "dockerfile_variables",
     "dry_run_diffs",
     "image_ref",
@@ -92,3 +95,18 @@ __all__ = [
     "wait_until_healthy",
     "write_record",
 ]
+
+
+def deploy_class(host) -> type[Deploy]:
+    """The deploy of the host's serving engine: SGLang's `Deploy` or vLLM's `VllmDeploy`, one
+    interface (`cls(remote, host, **options).run()`); imported only when asked for."""
+    if host.serving.engine == "vllm":
+        from .vllm import VllmDeploy
+
+        return VllmDeploy
+    return Deploy
+
+
+def deploy(remote, host, **kwargs) -> DeployResult:
+    """Run a deploy over one connected host with its serving engine's deploy class."""
+    return deploy_class(host)(remote, host, **kwargs).run()

@@ -356,6 +356,8 @@ class Deploy:
             else:
                 self._locked = None  # unknown until the locking probe comes back
                 p = probe(self.remote, self.host, self.ref, self.why, self.token)
+                if not p.took_lock and hostlock.take_over_stale(self.remote, self.host, p.holder, "deploy"):
+                    p = probe(self.remote, self.host, self.ref, self.why, self.token)  # the holder is gone
                 self._locked = p.took_lock
                 self._lock(p)
                 plan = self._plan(p)  # read again under the lock: another run may have changed the host
@@ -632,12 +634,3 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
     if plan.start:
         diffs[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
     return diffs
-
-
-def deploy(remote: Remote, host: HostSpec, **kwargs) -> DeployResult:
-    """Run a deploy (see `Deploy`; a vLLM host's is `deploy.vllm.VllmDeploy`)."""
-    if host.serving.engine == "vllm":
-        from .vllm import VllmDeploy
-
-        return VllmDeploy(remote, host, **kwargs).run()
-    return Deploy(remote, host, **kwargs).run()
