@@ -22,15 +22,22 @@ only ever read `info`, never wait for it.
 
 A holder that died leaves the directory behind.  `stale_reason` proves it
 stale when the holder ran on this machine and its PID is gone, or when a
-single remote shell held it and that PID is gone on the host; anything else
-needs `remote-ops unlock --force`, which writes the release to the host's
-audit log.
+single remote shell held it and that PID is gone on the host.  A lock proved
+stale is taken over by whoever wants it next, the same way everywhere:
+`take_over_stale` (used by `take`, hence `held`, and by deploy's locking
+probe) removes exactly that holder's lock (by its token) and writes a
+`lock-takeover` line to the host's audit log; the one-shell lock of
+`SHELL_TAKE_WAITING` (patching's write script) breaks a dead remote PID's
+lock and writes the same line.  Anything not provably gone (a holder on
+another machine, an `info` without a token) needs `remote-ops unlock
+--force`, which writes the release to the host's audit log.
 
 Reading and taking the lock are probe units (`remote_ops.probes.lock`: the
 commands, the `info` parser, `Holder`), also asked inside deploy's batched
 probe.  Here is the policy: who we are (`info_text`), the stale proof, the
-refusal, the release and its audit line.  `take`, `read`, `release`,
-`release_held` and `held` at the end are the only functions that talk to a host.
+refusal, the takeover, the release and their audit lines.  `take`, `take_over_stale`,
+`read`, `release`, `release_held` and `held` at the end are the only functions that talk
+to a host.
 """
 
 from __future__ import annotations
@@ -133,10 +140,23 @@ def release_cmd(lock_dir: str, token: str | None, audit_log: str | None = None, 
     return remove
 
 
+def takeover_cmd(lock_dir: str, token: str, audit_log: str, record: dict) -> str:
+    """Remove the lock only while it is still the stale holder's (`token`), and only then append
+    `record` to the host's audit log; prints `taken-over` when it did (pure)."""
+    d = shell.quote(lock_dir)
+    moved = shell.quote(f"{lock_dir}.takeover.{token}")
+    return (
+        f"if grep -qxF {shell.quote('token=' + token)} {d}/info 2>/dev/null && mv {d} {moved} 2>/dev/null; then "
+        f"rm -rf {moved}; {audit_append_cmd(audit_log, record)} && echo taken-over; fi"
+    )
+
+
 #: The lock as taken by one remote shell (patching's write script): `$lock` is the lock dir,
 #: `$wait` the seconds to wait, `$info` the info text; `pid=$$` is added so a dead holder can
-#: be proved stale on the host and broken.  The lock is removed when that shell exits (an EXIT
-#: trap calling `release_lock`; a script that sets its own EXIT trap must call it too).
+#: be proved stale on the host and broken: the same takeover as `take_over_stale`, with its
+#: `lock-takeover` line appended to `$lock_audit` (the host's audit log) when the script sets it.
+#: The lock is removed when that shell exits (an EXIT trap calling `release_lock`; a script that
+#: sets its own EXIT trap must call it too).
 SHELL_TAKE_WAITING = r"""
 if [ -n "$lock" ]; then
   end=$(( $(date +%s) + wait ))
@@ -144,7 +164,15 @@ if [ -n "$lock" ]; then
   while ! mkdir "$lock" 2>/dev/null; do
     pid=$(sed -n 's/^pid=//p' "$lock/info" 2>/dev/null)
     if [ -n "$pid" ] && [ ! -d "/proc/$pid" ]; then
-      mv "$lock" "$lock.stale.$$" 2>/dev/null && rm -rf "$lock.stale.$$" && echo "broke stale lock of dead pid $pid"
+      if mv "$lock" "$lock.stale.$$" 2>/dev/null; then
+        rm -rf "$lock.stale.$$"
+        echo "broke stale lock of dead pid $pid"
+        if [ -n "${lock_audit:-}" ]; then
+          mkdir -p "$(dirname "$lock_audit")"
+          printf '{"action": "lock-takeover", "by": "%s", "host_pid": %s, "stale": "stale lock: holder PID %s is gone (on the host)", "time": %s, "tool": "remote-ops"}\n' \
+            "$(printf %s "$what" | tr -d '"\\')" "$$" "$pid" "$(date +%s)" >> "$lock_audit"
+        fi
+      fi
       continue
     fi
     [ "$(date +%s)" -ge "$end" ] && { echo "lock-held: $(tr '\n' '\t' < "$lock/info" 2>/dev/null)"; exit 75; }
@@ -189,12 +217,32 @@ def held_refusal(host: HostSpec, holder: Holder | None, what: str) -> Refused:
     )
 
 
+def take_over_stale(remote: Remote, host: HostSpec, holder: Holder | None, what: str) -> str | None:
+    """THE takeover of a stale lock, for every lock taker: when `holder` is provably gone
+    (`stale_reason`) and its `info` has a token, remove that holder's lock (only it: a run
+    that took the lock meanwhile keeps its own) and write a `lock-takeover` line, naming the
+    holder, why it is stale and `what` takes over, to the host's audit log.  Returns the
+    reason when this call removed it; None when it is not provably stale (no round trip)
+    or was no longer that holder's (another run took it over first).  The caller then takes
+    the lock as usual."""
+    reason = stale_reason(holder, this_client(), pid_alive) if holder else None
+    if holder is None or reason is None or not holder.token:
+        return None
+    record = {**audit_record("lock-takeover", host.name, holder, forced=False, reason=reason), "by": what}
+    r = remote.run(takeover_cmd(host.lock_dir, holder.token, host.audit_log, record), check=False)
+    return reason if "taken-over" in r.stdout else None
+
+
 def take(remote: Remote, host: HostSpec, what: str) -> str:
-    """Take the host lock (no waiting) and return its token, or raise `held_refusal`."""
+    """Take the host lock (no waiting) and return its token; a lock whose holder is provably
+    gone is taken over first (`take_over_stale`, audit-logged); otherwise raise `held_refusal`."""
     token = new_token()
     probe = LockTake(host.lock_dir, info_text(what, token))
     r = remote.run(probe.command(), check=False)
     taken = probe.parse(r.exit_status, r.stdout)
+    if taken.held and take_over_stale(remote, host, taken.holder, what):
+        r = remote.run(probe.command(), check=False)
+        taken = probe.parse(r.exit_status, r.stdout)
     if taken.held:
         raise held_refusal(host, taken.holder, what)
     if not taken.took:
