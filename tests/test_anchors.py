@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from remote_ops.core import anchors as A, patchspec
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

@@ -76,7 +76,7 @@ def test_the_table_is_what_the_released_model_files_do():
     set_eagle3_layers_to_capture, read from the wheel, applies the rule the spec data says."""
     import zipfile
 
-    from remote_ops.workflows import wheels
+    from remote_ops import wheels
 
     found = sorted(wheels.wheel_dir().glob("sglang-0.5.*.whl"))
     if not found:

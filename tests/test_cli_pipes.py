@@ -18,7 +18,7 @@ import os
 import pytest
 
 from remote_ops.cli.console import Console
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 from tests.conftest import run_cli
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"

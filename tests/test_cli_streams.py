@@ -14,7 +14,7 @@ from conftest import run_cli
 
 from remote_ops.cli.app import App
 from remote_ops.cli.console import Console
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 
 INVENTORY = """\
 defaults:

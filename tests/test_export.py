@@ -305,7 +305,7 @@ def test_specforge_wants_the_post_norm_state_and_the_dump_holds_exactly_that():
     import ast
     import inspect
 
-    from remote_ops.workflows import wheels
+    from remote_ops import wheels
 
     pytest.importorskip("specforge")
     from specforge.modeling.target.target_head import TargetHead

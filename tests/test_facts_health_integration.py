@@ -82,7 +82,7 @@ def test_inventory_paths_with_spaces_and_semicolons_stay_one_argument(lab, host,
 
     import yaml
 
-    from remote_ops.workflows.wheels import sglang_source
+    from remote_ops.wheels import sglang_source
 
     checkout = host.paths.root / "sg lang; touch /tmp/remote-ops-INJECTED $(id)"
     target = checkout / "python/sglang/srt/models/deepseek_v2.py"

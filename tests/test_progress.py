@@ -30,7 +30,7 @@ from remote_ops.cli.console import Console, duration, progress_tail
 from remote_ops.core.buildsteps import BuildStep, step
 from remote_ops.core.extractplan import ExtractStatus
 from remote_ops.core.logparse import ExtractionSummary
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 
 VERSION = "0.5.9"
 BAR = "━"  # rich's bar character

@@ -20,7 +20,7 @@ import pytest
 from conftest import require
 
 from remote_ops.errors import ExitCode
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 
 VERSION = "0.5.9"
 

@@ -43,7 +43,7 @@ def _get(url: str, data: bytes | None = None) -> dict:
 @pytest.fixture
 def standin(tmp_path):
     """The stand-in server on 127.0.0.1 with the real 0.5.9 tree (cached wheel) and dumps on."""
-    from remote_ops.workflows.wheels import fetch_sglang_wheel, unpack_python_tree
+    from remote_ops.wheels import fetch_sglang_wheel, unpack_python_tree
 
     try:
         unpack_python_tree(fetch_sglang_wheel("0.5.9"), tmp_path / "tree")

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from remote_ops.errors import NotFound, VerifyFailed
-from remote_ops.workflows import wheels
+from remote_ops import wheels
 
 MEMBER = "sglang/srt/models/deepseek_v2.py"
 

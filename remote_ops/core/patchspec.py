@@ -230,16 +230,22 @@ def load(name_or_path: str | Path) -> PatchSpec:
 
 
 class _SglangSection(Protocol):
-    patch: str | None
+    @property
+    def patch(self) -> str | None: ...
 
 
 class NamedHost(Protocol):
     """What `for_host` reads of an inventory host (`core.inventory.HostSpec` is one): a
     protocol, so that this module needs nothing of the inventory's (the inventory imports it)."""
 
-    name: str
-    source: str | None
-    sglang: _SglangSection
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str | None: ...
+
+    @property
+    def sglang(self) -> _SglangSection: ...
 
 
 def for_host(host: NamedHost) -> PatchSpec:

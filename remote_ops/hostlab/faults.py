@@ -20,13 +20,45 @@ from __future__ import annotations
 
 import shutil
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ..core.shell import join
 from ._proc import LabError, descendants, run, signal_all
 
-if TYPE_CHECKING:
-    from .lab import HostLab, LabHost
+
+class LabHost(Protocol):
+    """What a fault needs of a lab host (`lab.LabHost` is one): named as protocols, so that this
+    module imports nothing of `lab.py`, which imports it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def sshd(self) -> Any: ...
+
+
+class HostLab(Protocol):
+    """What a fault needs of a lab (`lab.HostLab` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def hosts(self) -> Sequence[Any]: ...
+
+    @property
+    def _stopped(self) -> bool: ...
+
+    def host(self, name: str) -> Any: ...
+
+    def restart(self, name: str) -> Any: ...
 
 
 def iptables_available() -> str | None:

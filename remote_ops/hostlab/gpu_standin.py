@@ -207,7 +207,7 @@ def remove(bin_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .lab import HostPaths
+    from .hostpaths import HostPaths
 
     parser = argparse.ArgumentParser(prog="python -m remote_ops.hostlab.gpu_standin", description=__doc__)
     parser.add_argument("--lab", help="the lab dir (default: the sandbox's)")

@@ -47,51 +47,12 @@ from ..remote.sshconfig import SshTarget, Timeouts, load_ssh_config, resolve_tar
 from ._proc import LabError, alive, can_bind, free_port, kill_tree, same_root
 from .delay import DelayProxy
 from .dockerd import Dockerd, dockerd_available, pick_subnet
+from .hostpaths import HostPaths
 from .podman import LabPodman
 from .sshd import DEFAULT_PATH, KeyPair, SshdHost, make_key, sshd_available
 
 #: Timeouts for lab connections: loopback, so short connects; commands as usual.
 LAB_TIMEOUTS = Timeouts(connect=5.0, banner=10.0, auth=10.0, command=120.0, keepalive=5)
-
-
-@dataclass
-class HostPaths:
-    """Where one lab host keeps what a real host keeps under / (all under `root`)."""
-
-    root: Path
-
-    @property
-    def checkout(self) -> Path:
-        return self.root / "sglang"
-
-    @property
-    def dump_dir(self) -> Path:
-        return self.root / "data" / "eagle3-dumps"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "data" / "eagle3-logs"
-
-    @property
-    def audit_log(self) -> Path:
-        return self.root / "var" / "log" / "remote-ops" / "audit.jsonl"
-
-    @property
-    def lock_dir(self) -> Path:
-        return self.root / "var" / "lock" / "remote-ops.lock"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.root / "models" / "standin-model"
-
-    @property
-    def bin(self) -> Path:
-        """This host's own programs, first on its SSH sessions' PATH (the GPU stand-in goes here)."""
-        return self.root / "bin"
-
-    def create(self) -> None:
-        for d in (self.dump_dir, self.logs_dir, self.audit_log.parent, self.lock_dir.parent, self.model_dir):
-            d.mkdir(parents=True, exist_ok=True)
 
 
 @dataclass
@@ -449,7 +410,7 @@ class HostLab:
         with `git=True`, a real git repository with one commit, so `git status`
         and `git diff` on the host behave as on a clone.
         """
-        from ..workflows.wheels import fetch_sglang_wheel, unpack_python_tree
+        from ..wheels import fetch_sglang_wheel, unpack_python_tree
 
         checkout = self.host(name).paths.checkout
         if checkout.exists():

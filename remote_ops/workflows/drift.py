@@ -1,6 +1,6 @@
 """`patch drift`: does the patch still land in other SGLang releases?  Three verdicts.
 
-For each release (the real wheel from PyPI, cached by `remote_ops.workflows.wheels`):
+For each release (the real wheel from PyPI, cached by `remote_ops.wheels`):
 
 - tree anchor: `anchors.plan` on the release's copy of the spec's target file
   (line, neighbours, or the named refusal);
@@ -29,7 +29,7 @@ from pathlib import Path
 from ..core import anchors, patchspec
 from ..core.anchors import AnchorRefusal, PatchSpec
 from ..errors import RemoteOpsError
-from . import wheels
+from .. import wheels
 
 HUNK_RE = re.compile(
     r"Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"

@@ -77,7 +77,7 @@ def lab_dir() -> Path:
 # -- the stand-in base image (built locally, never pulled) ---------------------------------------
 def standin_context(dest: Path, version: str, base_image: str) -> Path:
     """Assemble the stand-in base image's build context in `dest` (pure file work + the cached wheel)."""
-    from .wheels import fetch_sglang_wheel, unpack_python_tree
+    from ..wheels import fetch_sglang_wheel, unpack_python_tree
 
     tree = unpack_python_tree(fetch_sglang_wheel(version), dest / "unpacked")
     shutil.move(str(tree), dest / "sglang")

@@ -31,7 +31,8 @@ def render_cmd(app, hosts, forks, checkout) -> int:
     downloaded from the package index (REMOTE_OPS_INDEX_URL, default PyPI; a bar on
     a terminal).  An index that cannot be reached is exit 15, naming the variable.
     """
-    from ...workflows import deploy, wheels
+    from ... import wheels
+    from ...workflows import deploy
 
     sources = {v: _fetch_once(app, wheels, v, checkout) for v in dict.fromkeys(h.sglang.version for h in hosts)}
 

@@ -172,8 +172,8 @@ def render_for_host(host: HostSpec, checkout: Path | None = None, on_progress=No
     (`wheels.sglang_source`: a local `checkout` of that release, the cached wheel, the index).
     A vLLM host's (`serving.engine: vllm`) is its vLLM image's, which needs no source file.
     """
+    from ... import wheels
     from ...core import anchors
-    from .. import wheels
 
     if host.serving.engine == "vllm":
         from ...serving import vllm

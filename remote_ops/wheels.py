@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, IndexUnreachable, NoSpace, NotFound, VerifyFailed
-from ..paths import cache_dir
+from .errors import ConfigError, IndexUnreachable, NoSpace, NotFound, VerifyFailed
+from .paths import cache_dir
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 #: the environment variable naming the package index (a PEP 691 mirror)
@@ -67,7 +67,7 @@ class Located:
 
 def checkout_version(checkout: Path) -> str | None:
     """The release of a local checkout's `python/sglang/` (`version.py`, then `_version.py`)."""
-    from ..probes.sglang import parse_sglang_version
+    from .probes.sglang import parse_sglang_version
 
     for name in ("version.py", "_version.py"):
         try:
