@@ -183,6 +183,14 @@ class ContractMismatch(Refused):
     kind = "contract_mismatch"
 
 
+class UnsafeHostFile(Refused):
+    """A small host file the tool reads (a config, a manifest, a record) is not a regular file
+    (a FIFO, a device, a symlink to one) or is larger than its cap; nothing was read past the
+    check.  `reason` is `not_regular` or `too_large`; `path` and `cap` name them.  Exit 9."""
+
+    kind = "unsafe_host_file"
+
+
 class VerifyFailed(RemoteOpsError):
     """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
 

@@ -154,12 +154,16 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
-        """click's, plus one check: `-v`/`-q` given before a command that has no such options
-        (`completion`, `inventory schema`, `daemon ...`: nothing they do is traced or silenced)
-        is refused with exit 2, as the same option after it is."""
+        """click's, plus two rules for options given before the command name: `-v`/`-q` before
+        a command that has no such options (`completion`, `inventory schema`, `daemon ...`:
+        nothing they do is traced or silenced) is refused with exit 2, as the same option after
+        it is; `--json` is handed to the command that runs (`remote-ops --json hosts` is
+        `remote-ops hosts --json`), and refused (exit 2) where that command has no `--json`."""
         name, cmd, rest = super().resolve_command(ctx, args)
         if (ctx.params.get("verbose") or ctx.params.get("quiet")) and not ctx.resilient_parsing:
             _refuse_root_verbosity(ctx, name, cmd, rest)
+        if ctx.params.get("as_json") and not ctx.resilient_parsing:
+            rest = _with_json(ctx, name, cmd, rest)
         return name, cmd, rest
 
     def _load(self, module_name: str) -> list[str]:
@@ -197,6 +201,29 @@ def _refuse_root_verbosity(ctx: click.Context, name, cmd, rest: list[str]) -> No
     )
 
 
+def _leaf(ctx: click.Context, name, cmd, rest: list[str]):
+    """(the command that runs, its path, the index in `rest` where its own arguments begin)."""
+    path, at = [name], 0
+    while isinstance(cmd, click.Group):  # down to the command that runs (`dumps audit`)
+        sub = next((a for a in rest[at:] if not a.startswith("-")), None)
+        if sub is None or cmd.get_command(ctx, sub) is None:
+            return None, path, at  # no subcommand: click says so (or shows the group's help)
+        at = rest.index(sub, at) + 1
+        cmd, path = cmd.get_command(ctx, sub), [*path, sub]
+    return cmd, path, at
+
+
+def _with_json(ctx: click.Context, name, cmd, rest: list[str]) -> list[str]:
+    """`rest` with `--json` given to the command that runs (root `--json`); a UsageError when it
+    takes none."""
+    leaf, path, at = _leaf(ctx, name, cmd, rest)
+    if leaf is None or {"-h", "--help"} & set(rest):
+        return rest
+    if not any(p.name == "as_json" for p in leaf.params):
+        raise click.UsageError(f"--json does not apply to `{' '.join(path)}` (it prints no JSON document)", ctx)
+    return rest if "--json" in rest[at:] else [*rest[:at], "--json", *rest[at:]]
+
+
 def _short(text: str, limit: int) -> str:
     """`text` cut at a word to fit `limit` columns, with "..." (as click shortens help)."""
     if len(text) <= limit:
@@ -221,8 +248,9 @@ def _short(text: str, limit: int) -> str:
     "-v each remote command, -vv SSH transport events",
 )
 @click.option("-q", "--quiet", is_flag=True, help="as a command's -q (before or after the command); not with -v")
+@click.option("--json", "as_json", is_flag=True, help="as a command's --json (before or after the command)")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
+def cli(ctx: click.Context, verbose: int, quiet: bool, as_json: bool) -> None:
     """Prepare a GPU host over SSH for EAGLE-3 hidden-state extraction with SGLang.
 
     \b
@@ -291,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
+        if _json_requested(argv):  # with --json every error is one document, a usage error too
+            from ..errors import UsageError
+
+            _boundary_console(run, argv).emit(UsageError(exc.format_message()).to_dict())
         return ExitCode.USAGE
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

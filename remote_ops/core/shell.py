@@ -7,7 +7,10 @@ build argv lists and combine them with the helpers below (`and_then`, `seq`,
 cover (a loop, `$(...)`, a redirection), its module writes that part as an
 f-string, and still passes every value through `quote`: the probe units in
 `remote_ops.probes` and the engine's command lines (`engine.cli`) do.  The
-result is a plain `str` run by `/bin/sh -c` on the host (sshd's exec request).
+result is a plain `str` run by the login shell on the host (sshd's exec request),
+which the seam sends wrapped in `deadline` (the host's `timeout`, so the
+command's deadline ends the host's process too).  A small host file is read
+with `read_small_file` (a regular file, at most a cap), never a bare `cat`.
 """
 
 from __future__ import annotations
@@ -161,3 +164,61 @@ def authorized_keys_value(value: str) -> str:
     if any(c in value for c in "\n\r\0\\"):
         raise ValueError("an authorized_keys option value cannot hold a line break, NUL or backslash")
     return '"' + value.replace('"', '\\"') + '"'
+
+
+# --------------------------------------------------------------------------- deadlines on the host
+
+#: Seconds the host's `timeout` waits after its TERM before it sends KILL.
+KILL_AFTER_S = 2
+#: Seconds the host's deadline runs past the local one, so the local side reports the timeout
+#: (exit 8) and the host ends the process a moment later.
+HOST_GRACE_S = 1
+
+
+def deadline(command: str | Argv, seconds: float) -> str:
+    """`command` bounded ON the host: coreutils `timeout -k 2 N` runs it in its own process group
+    and, at N seconds, sends TERM to that whole group (KILL 2 s later), so a command blocked in
+    `open()` of a FIFO, or a pipeline's readers, end with the deadline instead of living on after
+    the local side gave up.  N is the deadline plus `HOST_GRACE_S`.  The command runs in the
+    login shell sshd would have used (`$SHELL -c`), so its meaning does not change; a host with
+    no `timeout` runs it unbounded there, as before."""
+    n = max(1, int(seconds + 0.999)) + HOST_GRACE_S
+    return (
+        f"if command -v timeout >/dev/null 2>&1; then set -- timeout -k {KILL_AFTER_S} {n}; else set --; fi; "
+        f'exec "$@" "${{SHELL:-/bin/sh}}" -c {quote(cmd(command))}'
+    )
+
+
+# --------------------------------------------------------------------------- small host files
+
+#: The cap of a small host file (a config.json, a run record, a manifest row set): 1 MiB.
+SMALL_FILE_CAP = 1 << 20
+#: Exit statuses of `read_small_file` on the host (distinct from cat's 1 and timeout's 124).
+RC_MISSING, RC_NOT_REGULAR, RC_TOO_LARGE = 65, 66, 67
+SMALL_FILE_PROBLEMS = {RC_MISSING: "missing", RC_NOT_REGULAR: "not_regular", RC_TOO_LARGE: "too_large"}
+
+
+def read_small_file(path: str, cap: int = SMALL_FILE_CAP) -> str:
+    """Print a host file's bytes only when it is a regular file of at most `cap` bytes.
+
+    Checked before it is opened: missing (a dangling symlink too) exits `RC_MISSING`; anything
+    `test -f` does not call regular (a FIFO, a device, a directory, a symlink to one of these)
+    exits `RC_NOT_REGULAR`, never opened; larger than `cap` (`wc -c`, an fstat) exits
+    `RC_TOO_LARGE`.  Then `head -c CAP` reads it: a file that grows after the check still gives
+    at most `cap` bytes.  A file swapped for a FIFO between the check and the open blocks, which
+    the command's deadline ends on the host (`deadline`: every remote command runs under it).
+    The status names the problem (`small_file_problem`); the reason is on stderr."""
+    p = quote(path)
+    return (
+        f"if ! [ -e {p} ]; then echo 'no such file' >&2; exit {RC_MISSING}; fi; "
+        f"if ! [ -f {p} ]; then echo 'not a regular file' >&2; exit {RC_NOT_REGULAR}; fi; "
+        f"n=$(wc -c < {p}) || exit 1; "
+        f'if [ "$n" -gt {int(cap)} ]; then echo "$n bytes" >&2; exit {RC_TOO_LARGE}; fi; '
+        f"exec head -c {int(cap)} < {p}"
+    )
+
+
+def small_file_problem(status: int) -> str | None:
+    """What `read_small_file`'s exit status says: `missing`, `not_regular`, `too_large`, or None
+    (read, or some other failure: the status is then the reader's own); pure."""
+    return SMALL_FILE_PROBLEMS.get(status)

@@ -23,6 +23,12 @@ Its choices, and why:
 - Commands are executed on a raw session channel of Fabric's transport, with
   select() on the channel, so output can be streamed line by line and the
   deadline is exact.
+- The deadline holds on the host too: each command is sent wrapped in
+  `core.shell.deadline` (coreutils `timeout -k 2`, 1 s past the local
+  deadline, over the command's process group).  Closing the channel at the
+  deadline ends only the local wait; sshd leaves a command with no terminal
+  running (a `cat` of a FIFO was still there 15 minutes later).  `on_command`
+  and errors show the command as given, not the wrapper.
 """
 
 from __future__ import annotations
@@ -183,7 +189,7 @@ class FabricRemote(BaseRemote):
         self._count()
         out, err, status = None, b"", None
         try:
-            _exec_pipelined(chan, line)
+            _exec_pipelined(chan, shell.deadline(line, deadline_s))
             if input:
                 chan.sendall(input)
             chan.shutdown_write()

@@ -6,6 +6,8 @@ exact write/lock/backup logic the remote path uses (`remote_ops.workflows.patchi
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -26,11 +28,19 @@ class LocalRemote(BaseRemote):
         self, line: str, input: bytes | None, deadline_s: float, on_line: LineSink | None
     ) -> tuple[int | None, bytes, bytes]:
         self._count()
-        try:
-            proc = subprocess.run(["/bin/sh", "-c", line], input=input or b"", capture_output=True, timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            return None, b"", b""
-        return proc.returncode, proc.stdout, proc.stderr
+        with subprocess.Popen(
+            ["/bin/sh", "-c", line],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: the deadline ends all of it
+        ) as proc:
+            try:
+                out, err = proc.communicate(input or b"", timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                return None, b"", b""
+        return proc.returncode, out, err
 
     def put(self, local: str | Path | bytes, remote_path: str, *, mode: int | None = None) -> None:
         data = local if isinstance(local, bytes) else Path(local).read_bytes()
@@ -40,3 +50,12 @@ class LocalRemote(BaseRemote):
 
     def get(self, remote_path: str, local: str | Path) -> None:
         Path(local).write_bytes(Path(remote_path).read_bytes())
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """KILL the command's whole process group (its pipeline, its children), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

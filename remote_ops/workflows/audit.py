@@ -17,21 +17,19 @@ before it refuses or converts pre-norm final states.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import onhost
-from ..core import layerids, patchspec
+from ..core import jsonload, layerids, patchspec
 from ..core.inventory import HostSpec
-from ..errors import CommandFailed, ConfigError, ContractMismatch, NotFound, RemoteOpsError
+from ..errors import CommandFailed, ContractMismatch, NotFound, RemoteOpsError
 from ..probes import batch
 from ..probes.audit import (
     DumpAudit,
     DumpContract,
     ExtractRun,
-    JsonFile,
     contract_of,
     contract_problems,
     drafter_problems,
@@ -40,6 +38,7 @@ from ..probes.audit import (
 )
 from ..probes.base import Check
 from ..remote import Remote
+from ..remote.smallfile import read_small_file
 
 SCRIPT = "audit_onhost.py"
 #: Seconds the audit may take on the host (reading lm_head once: ~2.3 GB for Kimi-K2.5).
@@ -53,20 +52,29 @@ def script() -> bytes:
 # --------------------------------------------------------------------------- drafter configs
 
 
-def draft_from_doc(doc: Any) -> layerids.DraftConfig:
+#: The drafter config fields that must be positive integers (a float passed the contract).
+SIZE_FIELDS = ("target_hidden_size", "hidden_size")
+
+
+def draft_from_doc(doc: Any, source: str = "the draft config") -> layerids.DraftConfig:
+    """The contract fields of a draft config document; ConfigError (exit 3) naming `source` and
+    the field when a hidden size is not a positive integer."""
+    jsonload.positive_ints(doc, SIZE_FIELDS, source)
     return layerids.read_draft_config(doc)
 
 
 def load_draft_config(path: Path) -> layerids.DraftConfig:
-    """A local drafter config.json, read before any host is contacted; ConfigError (exit 3) when
-    it cannot be read or is not JSON."""
-    try:
-        doc = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read the draft config: {exc.strerror or exc}", source=str(path)) from None
-    except ValueError as exc:
-        raise ConfigError(f"the draft config is not JSON: {exc}", source=str(path)) from None
-    return draft_from_doc(doc)
+    """A local drafter config.json, read before any host is contacted (`core.jsonload`: size and
+    nesting bounded); ConfigError (exit 3) when it cannot be read or is not JSON."""
+    return draft_from_doc(jsonload.load_json(path, what="draft config"), str(path))
+
+
+def host_draft_doc(remote: Remote, path: str) -> Any | None:
+    """The JSON document of a drafter config on the host (bounded: `remote.smallfile`; exit 9
+    for a FIFO, a device or a file past the cap), None when there is no such file; ConfigError
+    naming `host:path` when it is not JSON or nests too deep."""
+    text = read_small_file(remote, path, missing_ok=True)
+    return None if text is None else jsonload.loads_json(text, f"{remote.name}:{path}", what="draft config")
 
 
 def read_draft_config(remote: Remote, path: str, on_host: bool | None = None) -> layerids.DraftConfig:
@@ -75,12 +83,10 @@ def read_draft_config(remote: Remote, path: str, on_host: bool | None = None) ->
     local = Path(path).expanduser().is_file() if on_host is None else not on_host
     if local:
         return load_draft_config(Path(path))
-    found, doc = batch.ask(remote, JsonFile(path))
-    if not found:
-        raise NotFound(f"draft config {path} is neither a local file nor a file on the host", host=remote.name)
+    doc = host_draft_doc(remote, path)
     if doc is None:
-        raise ConfigError("the draft config on the host is not JSON", source=f"{remote.name}:{path}")
-    return draft_from_doc(doc)
+        raise NotFound(f"draft config {path} is neither a local file nor a file on the host", host=remote.name)
+    return draft_from_doc(doc, f"{remote.name}:{path}")
 
 
 # --------------------------------------------------------------------------- the serving release
@@ -262,14 +268,14 @@ def drafter_guard(remote: Remote, spec: HostSpec, draft_dir: str) -> dict[str, A
     """`spec deploy`: the drafter's config.json on the host against the dumps (or the inventory's
     layers) under the host's SGLang release; ContractMismatch (exit 9) when it does not fit."""
     path = draft_dir.rstrip("/") + "/config.json"
-    found, doc = batch.ask(remote, JsonFile(path))
-    if not found or doc is None:
+    doc = host_draft_doc(remote, path)
+    if doc is None:
         raise ContractMismatch(
             f"the drafter has no readable config.json ({path}): SGLang could not load it",
             host=spec.name,
             details={"reason": "contract_mismatch", "problems": [f"no readable {path}"]},
         )
-    result = check_drafter(remote, spec, draft_from_doc(doc))
+    result = check_drafter(remote, spec, draft_from_doc(doc, f"{remote.name}:{path}"))
     if result["problems"]:
         raise refusal(
             spec,

@@ -10,10 +10,12 @@ inventory's own `known_hosts` file, and the host key is fetched (key exchange on
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, NotFound, Refused
+from ..errors import ConfigError, NotFound, Refused, UsageError
 from ..paths import repo_resource
 
 #: The example host's connection lines, replaced when `init --host` names a host.
@@ -43,10 +45,41 @@ def example_files() -> dict[str, str]:
     return {p.name: p.read_text() for p in files}
 
 
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")
+_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_host_ref(ref: str) -> None:
+    """`[user@]address[:port]` checked as text, before any lookup (pure): the address a host
+    name (RFC 1123 labels) or an IP address, the user a login name, the port 1-65535.  A
+    UsageError (exit 2) names the part: `root@$(id)` never reaches DNS."""
+    user, at, rest = ref.rpartition("@")
+    address, port = rest, ""
+    if rest.count(":") == 1:
+        address, _, port = rest.partition(":")
+    if at and not _USER.match(user):
+        raise UsageError(f"--host {ref!r}: {user!r} is not a user name (letters, digits, '.', '_', '-')")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--host {ref!r}: {port!r} is not a port (1-65535)")
+    if rest.count(":") == 1 and not port:
+        raise UsageError(f"--host {ref!r}: empty port")
+    if not _HOSTNAME.match(address):
+        try:
+            ipaddress.ip_address(address.removeprefix("[").removesuffix("]"))
+        except ValueError:
+            raise UsageError(
+                f"--host {ref!r}: {address!r} is neither a host name nor an IP address",
+                hint="give [USER@]ADDRESS[:PORT], e.g. root@10.1.230.174 or root@gpu-node.example:2222",
+            ) from None
+
+
 def parse_target(ref: str) -> Target:
-    """`[user@]address[:port]`, as `--host` takes an ad-hoc host (ConfigError if malformed)."""
+    """`[user@]address[:port]`, as `--host` takes an ad-hoc host: checked as text first
+    (`check_host_ref`, UsageError), then as the inventory's ad-hoc host (ConfigError)."""
     from ..core.inventory import adhoc_host
 
+    check_host_ref(ref)
     spec = adhoc_host(ref)
     return Target(spec.name, spec.user, spec.port)
 

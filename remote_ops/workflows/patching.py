@@ -46,11 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..core import anchors, patchspec, shell, source as srcview
+from ..core import anchors, jsonload, patchspec, shell, source as srcview
 from ..core.anchors import AnchorRefusal, PatchSpec
-from ..errors import CommandFailed, NotFound, Refused, UsageError, VerifyFailed, tail
+from ..errors import CommandFailed, NotFound, Refused, UnsafeHostFile, UsageError, VerifyFailed, tail
 from ..probes.lock import parse_info
 from ..remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
+from ..remote.smallfile import small_file_error
 from . import hostlock
 
 BACKUP_SUFFIX = ".remote-ops-backup"
@@ -134,7 +135,10 @@ def host_spec(remote: Remote, host) -> tuple[PatchSpec, patchspec.Derivation]:
         spec = patchspec.resolve(host.sglang.patch)
         return spec, patchspec.Derivation(spec.name, "inventory", f"inventory {host.source or ''} sglang.patch".strip())
     path = config_path(host)
-    res = remote.run(shell.join(["cat", path]), check=False)
+    res = remote.run(shell.read_small_file(path), check=False)  # a regular file, at most 1 MiB
+    unsafe = small_file_error(res.exit_status, res.stderr, path, shell.SMALL_FILE_CAP, host.name)
+    if isinstance(unsafe, UnsafeHostFile):
+        raise unsafe
     if res.exit_status != 0:
         raise Refused(
             f"cannot read {path} to derive the patch spec ({tail(res.stderr or res.stdout, 1)})",
@@ -142,6 +146,7 @@ def host_spec(remote: Remote, host) -> tuple[PatchSpec, patchspec.Derivation]:
             hint="name the spec in the inventory: sglang.patch (see `patch specs`)",
             details={"reason": "no_model_config"},
         )
+    jsonload.loads_json(res.stdout, f"{host.name}:{path}", what="model config")  # nesting: exit 3, no traceback
     derivation = patchspec.for_architectures(patchspec.parse_config_architectures(res.stdout, path), path)
     return patchspec.resolve(derivation.spec), derivation
 

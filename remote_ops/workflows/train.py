@@ -17,7 +17,8 @@ days of training; they release it with an audit line on the host and write a loc
 run record (`<state>/hosts/<host>/runs/<time>-<pid>-train.json`) naming the failed
 step on failure.  `run.json` next to the log says which run was started (plan and
 fingerprint): `start` of the same plan while it runs is a no-op, of another plan
-refused; `stop` of nothing is a no-op.  `--dry-run` reads the host only.
+refused; `stop` of nothing is a no-op.  `--dry-run` reads the host only; one whose draft
+config fails the contract (not forced) ends with the same refusal, exit 9 (`dry_run_refusal`).
 
 The capture contract guards a start with a draft config (`contract` step): its
 `eagle_config.eagle_aux_hidden_state_layer_ids`, under the numbering of the host's SGLang
@@ -53,6 +54,7 @@ from ..engine import cli_for
 from ..engine.spec import RunSpec
 from ..errors import CommandTimedOut, Refused, RemoteOpsError
 from ..probes.lock import LockRead, parse_read
+from ..remote.smallfile import read_small_file
 from . import hostlock
 
 STANDIN = "specforge_standin_train.py"
@@ -255,7 +257,7 @@ def status_command(p: TrainPaths, spec) -> str:
             ("lock", LockRead(spec.lock_dir).command()),
             ("alive", alive_check(p)),
             ("container", cli_for(spec).running_command(container_name(spec))),
-            ("run", f"cat {shell.quote(p.file('run.json'))} 2>/dev/null"),
+            ("run", shell.read_small_file(p.file("run.json"))),  # a FIFO or /dev/zero there reads as none
             ("log", f"tail -c 200000 {shell.quote(p.log)} 2>/dev/null"),
             ("ckpt", f"ls -1 {shell.quote(p.output)} 2>/dev/null"),
         ]
@@ -592,7 +594,8 @@ def status(remote, spec, p: TrainPaths | None = None) -> TrainStatus:
 
 
 def read_run_json(remote, p: TrainPaths) -> str:
-    return remote.run(f"cat {shell.quote(p.file('run.json'))} 2>/dev/null", check=False).stdout
+    """The host's run.json ("" when there is none), bounded (`remote.smallfile`)."""
+    return read_small_file(remote, p.file("run.json"), missing_ok=True) or ""
 
 
 def plan_commands(spec, p: TrainPaths, plan: RunPlan) -> list[str]:
@@ -705,6 +708,25 @@ def _start_dry_run(remote, spec, p: TrainPaths, plan: RunPlan, guard: Guard | No
         r.steps.append(Step(name, "planned" if decision == "start" else "skipped"))
     r.diff = run_json_diff(read_run_json(remote, p), plan.run_json()) if decision == "start" else ""
     return r
+
+
+def dry_run_refusal(spec, r: TrainResult) -> RemoteOpsError | None:
+    """The error a dry run ends with when its draft config fails the contract and `--force` was not
+    given: the refusal the real start would raise (ContractMismatch, exit 9), its steps in the
+    details.  None when the contract held, was forced or was not checked."""
+    found = r.contract
+    if not r.dry_run or not found or not found["problems"] or found["forced"]:
+        return None
+    from . import audit
+
+    err = audit.refusal(
+        spec,
+        f"the draft config {found.get('draft_config')}",
+        found,
+        "fix the draft config, or --force (recorded in the host's audit log)",
+    )
+    err.details.update(dry_run=True, steps=[asdict(step) for step in r.steps])
+    return err
 
 
 def _decision_text(st: TrainStatus, plan: RunPlan, decision: str) -> str:

@@ -35,7 +35,8 @@ def init_cmd(app, directory: Path | None, host: str | None, accept_new: bool, fo
     gets that address and the host's key is fetched (no login), its
     fingerprint shown, and it is recorded in DIR/known_hosts only when
     confirmed (or with --accept-new, as ssh -o StrictHostKeyChecking=accept-new).
-    Exit 0 written, 6 key not accepted, 4 host unreachable, 9 files exist.
+    Exit 0 written, 2 a --host that is not [USER@]ADDRESS[:PORT] (checked before any
+    lookup), 6 key not accepted, 4 host unreachable, 9 files exist.
 
     \b
       remote-ops init

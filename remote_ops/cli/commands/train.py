@@ -144,7 +144,9 @@ def start_cmd(
     audit line on the host and writes a run record, like deploy.  A draft config
     whose eagle_config.eagle_aux_hidden_state_layer_ids (under the numbering of the
     host's SGLang release) or hidden size do not fit what the dumps record is
-    refused (exit 9, contract_mismatch) unless --force, which the audit line records."""
+    refused (exit 9, contract_mismatch) unless --force, which the audit line records;
+    --dry-run shows the plan and exits 9 the same way.  A draft config that is not JSON,
+    nests too deep or has a hidden size that is not a positive integer: exit 3."""
     if draft_config and not draft_config.on_host:
         from ...workflows import audit as audit_mod
 
@@ -181,6 +183,10 @@ def start_cmd(
         force=force,
         draft_on_host=draft_on_host,
     )
+    refusal = train_mod.dry_run_refusal(spec, result)
+    if refusal is not None:  # the plan is shown, then the start it plans is refused: exit 9
+        _show_result(app.console, result, diff)
+        raise refusal
     _render_result(app, result, diff)
     return 0
 
