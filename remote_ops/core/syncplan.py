@@ -11,6 +11,9 @@ gave that fail `core.hostpaths.problem` were already set aside as unsafe.
   destination has it already.
 - A key with two different contents is a *conflict*: named with every copy's
   host and sha256, never moved, never a silent pick.
+- A row whose file is not a regular file on its host (a FIFO, a symlink, a
+  device: `source_rows` names them from the host's lstat, `sync_onhost.py
+  dir-check`) is never moved and is named apart from a row with no file at all.
 
 The grant (`grant_line`) is one authorized_keys line on a source:
 `restrict,from="<destination>",command="<rrsync> -ro <dump dir>" <key> <mark><sync id>`.
@@ -71,20 +74,60 @@ class SyncPlan:
         }
 
 
-def _copies(r: Reconciliation) -> list[dict]:
-    """The records of `r` whose file is on the host at the manifest's size."""
+def _copies(r: Reconciliation, odd: dict[str, str] | None = None) -> list[dict]:
+    """The records of `r` whose file is on the host at the manifest's size (and regular)."""
     bad = set(r.missing_files) | {str(m["file"]) for m in r.size_mismatches}
-    return [rec for rec in r.records if str(rec["file"]) not in bad]
+    return [rec for rec in r.records if str(rec["file"]) not in bad and not_regular(str(rec["file"]), odd) is None]
 
 
-def plan(sources: dict[str, Reconciliation], dest_name: str, dest: Reconciliation) -> SyncPlan:
-    """What a sync moves (see the module doc); sources in the order given."""
+def not_regular(name: str, odd: dict[str, str] | None) -> str | None:
+    """The kind of a row's file when it is not a regular file on its host (`odd`: the host's
+    `{entry: kind}` of non-regular entries, a rank dir included), else None (pure)."""
+    if not odd:
+        return None
+    if name in odd:
+        return odd[name]
+    rank = name.split("/", 1)[0]
+    return f"{rank} is a {odd[rank]}" if rank in odd else None
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """A source's manifest rows it cannot give: `missing` (no file at all, "<host>:<file>") and
+    `not_regular` ("<host>:<file>: not a regular file (<kind>)")."""
+
+    missing: list[str] = field(default_factory=list)
+    not_regular: list[str] = field(default_factory=list)
+
+
+def source_rows(recons: dict[str, Reconciliation], odd: dict[str, dict[str, str]]) -> SourceRows:
+    """Every source's rows that have no regular file, split into missing and not regular (pure)."""
+    out = SourceRows()
+    for host, r in recons.items():
+        for name in r.missing_files:
+            kind = not_regular(name, odd.get(host))
+            if kind is None:
+                out.missing.append(f"{host}:{name}")
+            else:
+                out.not_regular.append(f"{host}:{name}: not a regular file ({kind})")
+    return out
+
+
+def plan(
+    sources: dict[str, Reconciliation],
+    dest_name: str,
+    dest: Reconciliation,
+    odd: dict[str, dict[str, str]] | None = None,
+) -> SyncPlan:
+    """What a sync moves (see the module doc); sources in the order given; `odd`: each host's
+    non-regular entries (never moved)."""
+    odd = odd or {}
     out = SyncPlan(dest_name, moves={h: [] for h in sources})
     copies: dict[str, list[tuple[str, dict]]] = {}
-    for rec in _copies(dest):
+    for rec in _copies(dest, odd.get(dest_name)):
         copies.setdefault(str(rec["key"]), []).append((dest_name, rec))
     for host, r in sources.items():
-        for rec in _copies(r):
+        for rec in _copies(r, odd.get(host)):
             copies.setdefault(str(rec["key"]), []).append((host, rec))
     for key in sorted(copies):
         found = copies[key]
@@ -117,13 +160,17 @@ def check_name(name: str) -> str:
 
 
 def check_address(address: str) -> str:
-    """An address for `from=` and `BindAddress`: an IP or a plain host name, else ValueError."""
+    """An address for `from=`, `BindAddress` and rsync's host: an IPv4 or IPv6 literal, or a host
+    name of letters, digits, `.` and `-` (no leading `-`), else ValueError (pure).  An IPv6
+    scope (`fe80::1%eth0`) is refused: `from=` cannot match one."""
     try:
-        return str(ipaddress.ip_address(address))
+        ip = ipaddress.ip_address(address)
+        if "%" not in address:
+            return str(ip)
     except ValueError:
-        if _HOSTNAME.fullmatch(address):
+        if len(address) <= 253 and _HOSTNAME.fullmatch(address):
             return address
-    raise ValueError(f"{address!r} is not an IP address or host name")
+    raise ValueError(f"{address!r} is not an IP address or host name (letters, digits, . and -)")
 
 
 def mark(dest: str) -> str:

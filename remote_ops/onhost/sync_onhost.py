@@ -9,11 +9,20 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
 
 - `source-check --dir D`: on a source: the file its own sshd reads for
   authorized keys (`sshd -T` of the listener this session runs under: the
-  `-f` file it was started with, else its default), `rrsync`, `rsync`.
+  `-f` file it was started with, else its default), `rrsync`, `rsync`, and
+  `dir-check`'s answer.
+- `dir-check --dir D`: D resolved once (`realpath`: a symlinked dump dir is
+  used, granted and reported by its target) and every entry of its `rank*`
+  dirs that is not a regular file, with its kind (lstat: nothing followed).
 - `grant --file AK --mark M --line L` / `revoke --file AK --mark M`: on a
-  source: rewrite its authorized_keys without every line holding M (the marks
-  of this destination's transfer keys: what a killed run left), then (grant)
-  append L.  The rewrite is atomic (temp file + rename), mode and owner kept.
+  source, under an exclusive flock of `AK.remote-ops.lock` beside it (waited
+  for at most `--lock-timeout` s, then exit 9 naming the file): read AK again,
+  drop every line holding M (the marks of this destination's transfer keys:
+  what a killed run left), then (grant) append L; written atomically (temp
+  file + fsync + rename, mode and owner kept; a symlinked AK keeps its link and
+  its target is edited), then read back under the same lock: `revoked` (or
+  `granted`) is printed only when the file read back shows it; else exit 10
+  naming the file.
 - `keygen --work W --comment C --bind ADDR --known-host LINE...`: on the
   destination: rsync, ssh and ssh-keygen looked up, and whether ADDR is one of
   its addresses (then ssh binds to it, so the sources' `from=` sees it); with
@@ -34,8 +43,13 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
   deleted and fetched again (up to 3 rsync passes); it is never counted done.
   Progress (`{"event": "progress", "bytes": N}`) at most every 0.5 s.
   rsync dies with this process (PR_SET_PDEATHSIG), and one transfer per
-  staging dir runs at a time (flock).
-  It removes its staging dir and plan when every file arrived.
+  staging dir runs at a time (flock).  However it ends (short of SIGKILL) it
+  removes its plan and the staging dir's lock and file list; the staging dir
+  itself goes when every file arrived, else only rsync's partial files stay
+  (the next run resumes them).
+- `cleanup --work W`: on the destination, at the end of every sync (success or
+  not): the key and known_hosts deleted, and every plan and staging dir that
+  no transfer holds tidied as above (what a SIGKILLed transfer left).
 """
 
 import argparse
@@ -46,10 +60,12 @@ import json
 import os
 import pwd
 import queue
+import re
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -58,6 +74,9 @@ import time
 CHUNK = 1 << 20
 PASSES = 3
 CONNECTION_RC = {5, 10, 12, 30, 35, 255}  # rsync: no daemon, socket I/O, protocol stream, timeouts, ssh
+#: Beside a source's authorized_keys: the lock every grant and revoke takes (`_edit`).
+LOCK_SUFFIX = ".remote-ops.lock"
+NOT_REGULAR_MAX = 1000
 
 
 def emit(doc):
@@ -136,55 +155,172 @@ def authorized_keys_file():
     return default, "default (sshd -T named none)"
 
 
+def _kind(mode):
+    for test, name in (
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def dir_info(path):
+    """The dump dir resolved once here (`realpath`; None when it does not exist) and, inside it,
+    every `rank*` entry that is not a plain directory and every entry of a rank dir that is not a
+    regular file, with its kind (lstat: nothing is followed; at most NOT_REGULAR_MAX)."""
+    if not os.path.isdir(path):
+        return {"dir_real": None, "not_regular": {}}
+    real = os.path.realpath(path)
+    odd = {}
+    try:
+        ranks = [e for e in os.scandir(real) if e.name.startswith("rank")]
+    except OSError:
+        ranks = []
+    for rank in sorted(ranks, key=lambda e: e.name):
+        try:
+            mode = os.lstat(rank.path).st_mode
+            if not stat.S_ISDIR(mode):
+                odd[rank.name] = _kind(mode)
+                continue
+            entries = list(os.scandir(rank.path))
+        except OSError:
+            continue
+        for e in entries:
+            if len(odd) >= NOT_REGULAR_MAX:
+                return {"dir_real": real, "not_regular": odd, "not_regular_truncated": True}
+            try:
+                mode = os.lstat(e.path).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                odd[rank.name + "/" + e.name] = _kind(mode)
+    return {"dir_real": real, "not_regular": odd}
+
+
 def source_check(a):
     path, how = authorized_keys_file()
     emit(
-        {
-            "authorized_keys": path,
-            "how": how,
-            "rrsync": shutil.which("rrsync"),
-            "rsync": shutil.which("rsync"),
-            "dir_exists": os.path.isdir(a.dir),
-            "user": pwd.getpwuid(os.getuid()).pw_name,
-        }
+        dict(
+            dir_info(a.dir),
+            authorized_keys=path,
+            how=how,
+            rrsync=shutil.which("rrsync"),
+            rsync=shutil.which("rsync"),
+            dir_exists=os.path.isdir(a.dir),
+            user=pwd.getpwuid(os.getuid()).pw_name,
+        )
     )
 
 
-def _rewrite(path, mark, line):
-    """Drop every line holding `mark`, append `line` (if any); atomic; returns lines removed."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+def dir_check(a):
+    emit(dir_info(a.dir))
+
+
+def _lock_path(real):
+    return os.path.join(os.path.dirname(real), os.path.basename(real) + LOCK_SUFFIX)
+
+
+def _take_lock(lock_path, timeout):
+    """An exclusive flock on `lock_path` (created, never removed: removing a lock file races its
+    waiters), waited for at most `timeout` seconds; the open fd, or None at the deadline."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def _read_lines(path):
     try:
         with open(path, "rb") as fh:
-            old = fh.read().splitlines()
-        st = os.stat(path)
+            return fh.read().splitlines(), os.fstat(fh.fileno())
     except FileNotFoundError:
-        old, st = [], None
-    keep = [x for x in old if mark.encode() not in x]
-    removed = len(old) - len(keep)
-    if line is None and not removed:
-        return 0
-    new = keep + ([line.encode()] if line else [])
-    tmp = os.path.join(folder, ".%s.remote-ops-%d" % (os.path.basename(path), os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        return [], None
+
+
+def _write_atomic(real, lines, st):
+    """`lines` into `real`: a temp file beside it, fsync, mode and owner of the old file, rename,
+    fsync of the directory."""
+    folder = os.path.dirname(real)
+    tmp = os.path.join(folder, ".%s.remote-ops-%d" % (os.path.basename(real), os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, b"".join(x + b"\n" for x in new))
+        os.write(fd, b"".join(x + b"\n" for x in lines))
         if st is not None:
             os.fchmod(fd, st.st_mode & 0o7777)
             os.fchown(fd, st.st_uid, st.st_gid)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    return removed
+    os.replace(tmp, real)
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _edit(a, line):
+    try:
+        return _edit_locked(a, line)
+    except OSError as exc:
+        emit({"error": "os_error", "file": a.file, "reason": "%s: %s" % (exc.filename or a.file, exc.strerror)})
+        return 7
+
+
+def _edit_locked(a, line):
+    """Under the source's lock: drop every line holding `a.mark`, append `line` (grant), write
+    atomically, then read the file back.  Prints the report; 0, or 9 (lock not had by the
+    deadline) / 10 (the file read back is not what was written), each naming the file."""
+    mark = a.mark.encode()
+    real = os.path.realpath(a.file)  # a symlinked authorized_keys stays a symlink: its target is edited
+    os.makedirs(os.path.dirname(real), mode=0o700, exist_ok=True)
+    lock = _lock_path(real)
+    t0 = time.monotonic()
+    fd = _take_lock(lock, a.lock_timeout)
+    if fd is None:
+        emit({"error": "locked", "file": a.file, "lock": lock, "waited": round(time.monotonic() - t0, 1)})
+        return 9
+    try:
+        old, st = _read_lines(real)  # read again under the lock: what another edit wrote counts
+        keep = [x for x in old if mark not in x]
+        removed = len(old) - len(keep)
+        if line is not None or removed:
+            _write_atomic(real, keep + ([line.encode()] if line is not None else []), st)
+        back, _ = _read_lines(real)
+        left = sum(1 for x in back if mark in x)
+    finally:
+        os.close(fd)  # the lock goes with the fd
+    if line is None:
+        if left:
+            emit({"error": "still_there", "file": a.file, "left": left, "removed": removed})
+            return 10
+        emit({"file": a.file, "removed": removed, "revoked": True})
+        return 0
+    if line.encode() not in back or left != 1:
+        emit({"error": "not_granted", "file": a.file, "left": left, "removed": removed})
+        return 10
+    emit({"file": a.file, "removed": removed, "granted": True})
+    return 0
 
 
 def grant(a):
-    emit({"removed": _rewrite(a.file, a.mark, a.line), "file": a.file})
+    return _edit(a, a.line)
 
 
 def revoke(a):
-    emit({"removed": _rewrite(a.file, a.mark, None), "file": a.file})
+    return _edit(a, None)
 
 
 # --------------------------------------------------------------------------- the destination
@@ -461,41 +597,145 @@ class Transfer:
                         last, sent = now, n
 
 
+def _stage_lock(stage, timeout):
+    """The flock of `stage/.lock`, waited for at most `timeout` s; the fd, or None.  The lock file
+    is removed by whoever holds it when a transfer ends, so the fd must still be the file at that
+    path once locked (else it was removed meanwhile: try again)."""
+    path = os.path.join(stage, ".lock")
+    deadline = time.monotonic() + timeout
+    while True:
+        os.makedirs(stage, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+            continue
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _prune(top):
+    """Remove the empty directories under `top` and `top` itself when empty (bottom up)."""
+    for root, dirs, _ in os.walk(top, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(os.path.join(root, d))
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
+def _tidy_stage(stage, complete):
+    """While its lock is held: a complete stage goes; a failed one keeps only rsync's partial
+    files (the next run resumes them): its lock, file list and empty dirs go."""
+    if complete:
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    for name in (".files-from", ".lock"):
+        try:
+            os.unlink(os.path.join(stage, name))
+        except FileNotFoundError:
+            pass
+    _prune(stage)
+
+
 def transfer(a):
     with open(a.plan) as fh:
         plan = json.load(fh)
-    os.makedirs(plan["stage"], exist_ok=True)
-    lock = open(os.path.join(plan["stage"], ".lock"), "w")
-    deadline = time.monotonic() + 30
-    while True:
+    fd = _stage_lock(plan["stage"], 30)
+    if fd is None:
+        emit({"event": "busy", "stage": plan["stage"]})
+        return 4
+    rc = 7
+    try:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the laptop gone: stop (rsync dies with us)
+        rc = Transfer(plan).run()
+    finally:  # however it ends here (a SIGKILL skips this: the laptop's `cleanup` does it then)
+        _tidy_stage(plan["stage"], rc == 0)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                emit({"event": "busy", "stage": plan["stage"]})
-                return 4
-            time.sleep(0.2)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the laptop gone: stop (rsync dies with us)
-    rc = Transfer(plan).run()
-    if rc == 0:
-        shutil.rmtree(plan["stage"], ignore_errors=True)
-        os.unlink(a.plan)
+            os.unlink(a.plan)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     return rc
+
+
+def cleanup(a):
+    """On the destination, at the end of every sync: the key and known_hosts deleted; every
+    plan and staging dir no transfer holds is tidied (`_tidy_stage`: partial files kept); empty
+    work dirs removed."""
+    removed, busy, failed = [], [], {}
+    for name in ("key", "key.pub", "known_hosts"):
+        path = os.path.join(a.work, name)
+        try:
+            os.unlink(path)
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed[name] = exc.strerror
+    stage_root = os.path.join(a.work, "stage")
+    try:
+        sources = sorted(os.listdir(stage_root))
+    except OSError:
+        sources = []
+    try:
+        plans = [
+            n[len("plan-") : -len(".json")] for n in os.listdir(a.work) if n.startswith("plan-") and n.endswith(".json")
+        ]
+    except OSError:
+        plans = []
+    for source in sorted(set(sources) | set(plans)):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", source):
+            continue  # not a name a sync gave (core.syncplan.check_name)
+        stage = os.path.join(stage_root, source)
+        fd = _stage_lock(stage, 0) if os.path.isdir(stage) or source in plans else None
+        if fd is None:
+            busy.append(source)
+            continue
+        try:
+            _tidy_stage(stage, False)
+            try:
+                os.unlink(os.path.join(a.work, "plan-%s.json" % source))
+                removed.append("plan-%s.json" % source)
+            except FileNotFoundError:
+                pass
+        finally:
+            os.close(fd)
+    for d in (stage_root, a.work):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+    emit({"removed": removed, "busy": busy, "failed": failed})
+    return 0 if not failed else 7
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="sync_onhost")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("source-check")
-    p.add_argument("--dir", required=True)
-    p = sub.add_parser("grant")
-    p.add_argument("--file", required=True)
-    p.add_argument("--mark", required=True)
-    p.add_argument("--line", required=True)
-    p = sub.add_parser("revoke")
-    p.add_argument("--file", required=True)
-    p.add_argument("--mark", required=True)
+    for name in ("source-check", "dir-check"):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", required=True)
+    for name in ("grant", "revoke"):
+        p = sub.add_parser(name)
+        p.add_argument("--file", required=True)
+        p.add_argument("--mark", required=True)
+        p.add_argument("--lock-timeout", type=float, default=30.0)
+        if name == "grant":
+            p.add_argument("--line", required=True)
     p = sub.add_parser("keygen")
     p.add_argument("--work", required=True)
     p.add_argument("--comment", required=True)
@@ -503,13 +743,17 @@ def main(argv=None):
     p.add_argument("--known-host", action="append", default=[])
     p = sub.add_parser("transfer")
     p.add_argument("plan")
+    p = sub.add_parser("cleanup")
+    p.add_argument("--work", required=True)
     a = ap.parse_args(argv)
     handler = {
         "source-check": source_check,
+        "dir-check": dir_check,
         "grant": grant,
         "revoke": revoke,
         "keygen": keygen,
         "transfer": transfer,
+        "cleanup": cleanup,
     }[a.cmd]
     return handler(a) or 0
 

@@ -2,25 +2,31 @@
 
 Steps (docs/sync.md is the reference):
 
-1. Check: every source's and the destination's dump dir is reconciled (the
-   `dumps status` probes) and the sources' tools are looked up (`sync_onhost.py
-   source-check`); `core.syncplan.plan` decides what moves, what is already
-   there and what conflicts.  `--dry-run` stops here.
+1. Check: every host's dump dir is resolved once on the host (`realpath`: a
+   symlinked dump dir is used, granted and reported by its target) and its
+   non-regular entries named (`sync_onhost.py source-check` / `dir-check`, the
+   sources' tools looked up in the same round trip); then it is reconciled (the
+   `dumps status` probes, on the resolved path); `core.syncplan.plan` decides
+   what moves, what is already there and what conflicts.  `--dry-run` stops here.
 2. Grant: under the destination's host lock, in one round trip (`keygen`) the
    destination's tools are looked up, a new ed25519 key is made there and its
    known_hosts is written from the keys this machine has pinned for the
    sources (`remote.pinned`); then each source gets
    one `restrict,from=,command="rrsync -ro DIR"` line (`grant`, which first
-   drops what a killed sync to this destination left).  Each grant goes in the
-   source's audit log.
+   drops what a killed sync to this destination left, under the source's
+   authorized_keys lock).  Each grant goes in the source's audit log.
 3. Act: the destination runs `sync_onhost.py transfer` per source (rsync over
    ssh from the destination to the source, each file checked against the
    source manifest's sha256 on arrival, renamed into `rank<R>/` and recorded
    in the manifest with its `host`).  Only progress lines reach this process.
    The transfer removes its staging dir when every file arrived.
 4. Always (success, failure, Ctrl-C): the lines are revoked on every source
-   (audit-logged) and the key and known_hosts deleted on the destination.  A
-   revoke that cannot run (a source down) is named; the next sync removes it.
+   (under the same lock, and read back: `revoked` only when the line is gone;
+   audit-logged) and the destination cleaned up (`cleanup`: the key and
+   known_hosts deleted, plans and staging locks removed, partial files kept).
+   A revoke that cannot run (a source down) is named; the next sync removes
+   it.  A revoke that ran and could not remove the line (the lock not had in
+   time, the line read back) is an error naming the file.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .. import onhost, signals
 from ..core import shell, syncplan
 from ..core.dumpcheck import Reconciliation
-from ..errors import CommandFailed, NotFound, Refused, RemoteOpsError, UsageError
+from ..errors import CommandFailed, ConfigError, NotFound, Refused, RemoteOpsError, UsageError, VerifyFailed
 from ..remote.pinned import pinned_lines
 from . import dumps as dumps_mod, fleet, hostlock
 
@@ -73,6 +79,14 @@ class Checked:
     dest_tools: dict
     plan: syncplan.SyncPlan
     host_errors: dict[str, RemoteOpsError] = field(default_factory=dict)
+    dirs: dict[str, str] = field(default_factory=dict)  # host -> its dump dir as the host resolved it
+    odd: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> {entry: kind} not regular
+    configured: dict[str, str] = field(default_factory=dict)  # host -> its inventory dump.dir
+
+    @property
+    def rows(self) -> syncplan.SourceRows:
+        """The sources' rows with no regular file: missing, and not regular."""
+        return syncplan.source_rows(self.recons, self.odd)
 
 
 @dataclass
@@ -86,6 +100,8 @@ class SyncResult:
     grants: dict[str, dict] = field(default_factory=dict)
     revoked: dict[str, dict] = field(default_factory=dict)
     revoke_errors: dict[str, str] = field(default_factory=dict)
+    #: revokes that ran and did not remove the line (lock not had, line read back): errors
+    revoke_failures: dict[str, RemoteOpsError] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -106,9 +122,11 @@ class SyncResult:
 
     def to_dict(self) -> dict:
         c = self.checked
+        rows = c.rows
         return {
             "dest": c.plan.dest,
             "sync_id": self.sync_id,
+            "dump_dirs": c.dirs,
             "plan": c.plan.to_dict(),
             "moved": self.moved,
             "bytes": self.bytes,
@@ -120,7 +138,8 @@ class SyncResult:
             "conflicts": c.plan.conflicts,
             "errors": {h: e.to_dict() for h, e in {**c.host_errors, **self.errors}.items()},
             "unsafe": [f"{h}:{u}" for h, r in c.recons.items() for u in r.unsafe],
-            "missing_on_source": [f"{h}:{m}" for h, r in c.recons.items() for m in r.missing_files],
+            "missing_on_source": rows.missing,
+            "not_regular_on_source": rows.not_regular,
             "torn": [f"{h}:{t}" for h, r in c.recons.items() for t in r.torn],
             "grants": self.grants,
             "revoked": self.revoked,
@@ -150,6 +169,46 @@ def on_host(remote: Remote, *args: str, timeout: float | None = None, on_line=No
     return doc or {}
 
 
+def _edit(remote: Remote, *args: str) -> dict:
+    """`grant` / `revoke` on a source (under its authorized_keys lock, read back); a report that
+    did not happen is a typed error naming the file: the lock not had in time (Refused, 9), the
+    file read back without the grant or still with the line (VerifyFailed, 10), the file not
+    writable (CommandFailed, 7)."""
+    doc = on_host(remote, *args, check=False)
+    what = args[0]
+    problem = doc.get("error")
+    if problem is None and doc.get("granted" if what == "grant" else "revoked") is True:
+        return doc
+    file = doc.get("file", "authorized_keys")
+    details = {"reason": f"{what}_{problem}", "file": file, "report": doc}
+    if problem == "locked":
+        raise Refused(
+            f"{what}: {file} is being edited by another run: its lock {doc.get('lock')} "
+            f"was not free within {doc.get('waited')}s",
+            host=remote.name,
+            hint="another dumps sync from this source holds it; re-run when it is done",
+            details=details,
+        )
+    if problem in ("still_there", "not_granted"):
+        said = (
+            f"{doc.get('left')} transfer-key line(s) of this destination are still there"
+            if problem == "still_there"
+            else "the grant line is not there"
+        )
+        raise VerifyFailed(
+            f"{what}: {file} read back after the edit: {said}",
+            host=remote.name,
+            hint="something else edits that file; look at it on the host (a transfer key line ends by "
+            "its expiry-time, 48 h)",
+            details=details,
+        )
+    raise CommandFailed(
+        f"{what} of {file} failed: {doc.get('reason') or 'no report'}",
+        host=remote.name,
+        details=details,
+    )
+
+
 def _last_json(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
         try:
@@ -165,26 +224,55 @@ def _last_json(text: str) -> dict | None:
 
 
 def check(sources: list[HostSpec], dest: HostSpec, remote_of: Callable[[HostSpec], Remote], forks: int) -> Checked:
-    """Reconcile every host (`forks` at a time) and look up their tools; the plan.  A source that
-    cannot be reached or read is left out (its error in `host_errors`); the destination must
-    answer (a destination without a dump dir yet counts as empty)."""
+    """Resolve and reconcile every host (`forks` at a time) and look up their tools; the plan.  A
+    source that cannot be reached or read is left out (its error in `host_errors`); the
+    destination must answer (a destination without a dump dir yet counts as empty)."""
     dest_remote = remote_of(dest)
+    dest_dir = on_host(dest_remote, "dir-check", "--dir", dest.dump.dir)
+    dest_real = str(dest_dir.get("dir_real") or dest.dump.dir)
     try:
-        dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest.dump.dir), dest.dump.dir)
+        dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest_real), dest_real)
     except NotFound:
-        dest_recon = Reconciliation(dest.dump.dir)  # no dump dir yet: the transfer makes it
+        dest_recon = Reconciliation(dest_real)  # no dump dir yet: the transfer makes it
 
     def work(spec: HostSpec) -> tuple[int, tuple[Reconciliation, dict]]:
         remote = remote_of(spec)
-        recon = dumps_mod.reconcile_probe(dumps_mod.probe(remote, spec.dump.dir), spec.dump.dir)
-        return 0, (recon, on_host(remote, "source-check", "--dir", spec.dump.dir))
+        tools = on_host(remote, "source-check", "--dir", spec.dump.dir)
+        real = str(tools.get("dir_real") or spec.dump.dir)
+        return 0, (dumps_mod.reconcile_probe(dumps_mod.probe(remote, real), real), tools)
 
     run = fleet.fan_out(sources, work, forks=forks)
     done = {o.host: o.result for o in run.outcomes if o.error is None}
     host_errors = {o.host: o.error for o in run.outcomes if o.error is not None}
     recons = {h: v[0] for h, v in done.items()}
-    plan = syncplan.plan(recons, dest.name, dest_recon)
-    return Checked(recons, dest_recon, {h: v[1] for h, v in done.items()}, {}, plan, host_errors)
+    tools = {h: v[1] for h, v in done.items()}
+    odd = {h: dict(t.get("not_regular") or {}) for h, t in tools.items()}
+    odd[dest.name] = dict(dest_dir.get("not_regular") or {})
+    plan = syncplan.plan(recons, dest.name, dest_recon, odd)
+    dirs = {dest.name: dest_real, **{h: r.dump_dir for h, r in recons.items()}}
+    configured = {spec.name: spec.dump.dir for spec in [dest, *sources]}
+    return Checked(recons, dest_recon, tools, {}, plan, host_errors, dirs, odd, configured)
+
+
+def check_addresses(
+    sources: list[HostSpec], dest: HostSpec, target_of: Callable[[HostSpec], SshTarget], opts: SyncOptions
+) -> None:
+    """Every address a sync writes into a grant or a transfer plan, checked before anything
+    connects: `--dest-address` a UsageError (exit 2), an inventory or ssh_config address a
+    ConfigError (exit 3), each naming the value (`core.syncplan.check_address`)."""
+    if opts.dest_address is not None:
+        try:
+            syncplan.check_address(opts.dest_address)
+        except ValueError as exc:
+            raise UsageError(f"--dest-address: {exc}") from None
+    for spec in [*sources, dest]:
+        address = target_of(spec).hostname
+        try:
+            syncplan.check_address(address)
+        except ValueError as exc:
+            raise ConfigError(
+                f"cannot go into a sync grant or transfer plan: {exc}", field=f"{spec.name}.address"
+            ) from None
 
 
 def _source_problem(name: str, tools: dict) -> str | None:
@@ -234,8 +322,13 @@ class _Sync:
         return self.remote_of(self.dest)
 
     @property
+    def dest_dir(self) -> str:
+        """The destination's dump dir as it resolved it (step 1)."""
+        return self.checked.dirs.get(self.dest.name, self.dest.dump.dir)
+
+    @property
     def work(self) -> str:
-        return syncplan.work_dir(self.dest.dump.dir)
+        return syncplan.work_dir(self.dest_dir)
 
     # -- grant --------------------------------------------------------------
     def prepare_dest(self, moving: list[str]) -> dict:
@@ -254,28 +347,28 @@ class _Sync:
         line = syncplan.grant_line(
             public,
             str(tools["rrsync"]),
-            spec.dump.dir,
+            self.checked.dirs.get(name, spec.dump.dir),  # rrsync confined to the resolved dir
             self.from_address(),
             self.dest.name,
             self.result.sync_id,
             expiry=time.strftime("%Y%m%d%H%M", time.gmtime(time.time() + GRANT_HOURS * 3600)) + "Z",
         )
         remote = self.remote_of(spec)
-        out = on_host(
-            remote, "grant", "--file", tools["authorized_keys"], "--mark", syncplan.mark(self.dest.name), "--line", line
-        )
-        self._audit(remote, spec, "sync-grant", {"authorized_keys": tools["authorized_keys"], "line": line})
-        return {"file": tools["authorized_keys"], "line": line, "stale_removed": out.get("removed", 0)}
+        ak = str(tools["authorized_keys"])
+        out = _edit(remote, "grant", "--file", ak, "--mark", syncplan.mark(self.dest.name), "--line", line)
+        self._audit(remote, spec, "sync-grant", {"authorized_keys": ak, "line": line})
+        return {"file": ak, "line": line, "stale_removed": out.get("removed", 0)}
 
     def revoke(self, name: str) -> dict:
+        """Remove this destination's lines; `revoked` is true only when the file, read back under
+        the lock, holds none (else `_edit` raises, naming the file)."""
         spec, tools = self.sources[name], self.checked.tools[name]
         remote = self.remote_of(spec)
-        out = on_host(remote, "revoke", "--file", tools["authorized_keys"], "--mark", syncplan.mark(self.dest.name))
+        ak = str(tools["authorized_keys"])
+        out = _edit(remote, "revoke", "--file", ak, "--mark", syncplan.mark(self.dest.name))
         if out.get("removed"):
-            self._audit(
-                remote, spec, "sync-revoke", {"authorized_keys": tools["authorized_keys"], "removed": out["removed"]}
-            )
-        return {"file": tools["authorized_keys"], "removed": out.get("removed", 0)}
+            self._audit(remote, spec, "sync-revoke", {"authorized_keys": ak, "removed": out["removed"]})
+        return {"file": ak, "removed": out.get("removed", 0), "revoked": out.get("revoked") is True}
 
     def _audit(self, remote: Remote, spec: HostSpec, action: str, extra: dict) -> None:
         record = {
@@ -297,7 +390,7 @@ class _Sync:
             address=target.hostname,
             port=target.port,
             user=target.user,
-            dest_dump_dir=self.dest.dump.dir,
+            dest_dump_dir=self.dest_dir,
             bind=bind,
             records=self.checked.plan.moves[name],
             compress=self.opts.compress,
@@ -395,6 +488,7 @@ def sync(
     progress: Progress,
 ) -> SyncResult:
     """Steps 2-4 (see the module doc) for the sources that answered step 1."""
+    check_addresses(sources, dest, target_of, opts)
     result = SyncResult(checked, sync_id=hostlock.new_token())
     by_name = {s.name: s for s in sources if s.name in checked.recons}
     for name, tools in checked.tools.items():
@@ -454,16 +548,20 @@ def _grant_and_move(s: _Sync) -> None:
 
 def _revoke_all(s: _Sync) -> None:
     """Revoke on every source (also those with nothing to move: a killed run's lines go too), then
-    delete the key on the destination."""
+    clean up the destination (`cleanup`: the key deleted, plans and staging locks removed)."""
     specs = list(s.sources.values())
     run = fleet.fan_out(specs, lambda spec: (0, s.revoke(spec.name)), forks=s.opts.forks)
     for o in run.outcomes:
         if o.error is not None:
             s.result.revoke_errors[o.host] = o.error.message
+            if (o.error.details or {}).get("reason", "").startswith("revoke_"):  # it ran: an error
+                s.result.revoke_failures[o.host] = o.error
         else:
             s.result.revoked[o.host] = o.result
     try:
-        s.dest_remote.run(["rm", "-f", *(f"{s.work}/{n}" for n in ("key", "key.pub", "known_hosts"))])
+        done = on_host(s.dest_remote, "cleanup", "--work", s.work, check=False)
+        if done.get("failed") or "removed" not in done:
+            s.result.revoke_errors[s.dest.name] = f"key not deleted in {s.work}: {done.get('failed') or 'no report'}"
     except RemoteOpsError as exc:
         s.result.revoke_errors[s.dest.name] = f"key not deleted: {exc.message}"
 

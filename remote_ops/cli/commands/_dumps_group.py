@@ -188,9 +188,9 @@ def _pull_result(app, run, recons, merged, pulled: dumps_mod.GroupPull, local_ro
     return run.exit_code
 
 
-def _list(console, label: str, items: list[str], limit: int = 10) -> None:
+def _list(console, label: str, items: list[str], limit: int = 10, level: str = "fail") -> None:
     if items:
-        console.status("fail", f"{label}: {len(items)}")
+        console.status(level, f"{label}: {len(items)}")
         for item in items[:limit]:
             console.say(f"    {item}", style="dim")
         if len(items) > limit:
@@ -229,24 +229,35 @@ class _Meter:
         return "; ".join(parts)
 
 
-def group_sync(app, sources, dest, opts, dry_run: bool) -> int:
+def group_sync(app, sources, dest, opts, dry_run: bool, allow_missing: bool = False) -> int:
     """`dumps sync`: check, then (unless --dry-run) grant, move on the hosts, revoke
-    (`workflows.sync`); the summary on stderr, one JSON document with --json."""
+    (`workflows.sync`); the summary on stderr, one JSON document with --json.  Rows missing on a
+    source (or torn lines) fail the run (exit 10) unless `allow_missing`; rows that are not
+    regular files, conflicts, unsafe names and files that failed sha256 always do."""
     from ...workflows import sync as sync_mod
 
+    sync_mod.check_addresses(sources, dest, app.target, opts)  # before anything connects
     checked = sync_mod.check(sources, dest, app.remote, opts.forks)
     plan = checked.plan
-    _render_sync_plan(app.console, plan, dry_run)
+    _render_sync_plan(app.console, checked, dry_run)
     if dry_run:
         for host, err in checked.host_errors.items():
             app.console.error(f"{host}: {err.message}", err.hint)
-        app.console.emit(
-            {
-                "dry_run": True,
-                "plan": plan.to_dict(),
-                "errors": {h: e.to_dict() for h, e in checked.host_errors.items()},
-            }
-        )
+        doc = {
+            "dry_run": True,
+            "plan": plan.to_dict(),
+            "dump_dirs": checked.dirs,
+            "missing_on_source": checked.rows.missing,
+            "not_regular_on_source": checked.rows.not_regular,
+            "torn": _torn(checked),
+            "unsafe": _sync_unsafe(checked),
+            "allow_missing": allow_missing,
+            "errors": {h: e.to_dict() for h, e in checked.host_errors.items()},
+        }
+        verdict = _sync_verdict(app.console, checked, {}, allow_missing)
+        if verdict is not None:
+            raise VerifyFailed(verdict[0], details=doc, hint=verdict[1])
+        app.console.emit(doc)
         return fleet.worst_exit([0, *(e.exit_code for e in checked.host_errors.values())])
     totals = {h: plan.source_bytes(h) for h, recs in plan.moves.items() if recs}
     meter = _Meter(totals)
@@ -256,7 +267,7 @@ def group_sync(app, sources, dest, opts, dry_run: bool) -> int:
             advance(n, description=meter.add(host, n))
 
         result = sync_mod.sync(sources, dest, checked, app.remote, app.target, opts, _serialised(progress))
-    return _sync_result(app, result)
+    return _sync_result(app, result, allow_missing)
 
 
 def _serialised(fn):
@@ -271,7 +282,16 @@ def _serialised(fn):
     return call
 
 
-def _render_sync_plan(console, plan, dry_run: bool) -> None:
+def _torn(checked) -> list[str]:
+    return [f"{h}:{t}" for h, r in checked.recons.items() for t in r.torn]
+
+
+def _sync_unsafe(checked) -> list[str]:
+    return [f"{h}:{u}" for h, r in checked.recons.items() for u in r.unsafe]
+
+
+def _render_sync_plan(console, checked, dry_run: bool) -> None:
+    plan = checked.plan
     doc = plan.to_dict()
     verb = "would move" if dry_run else "to move"
     console.status(
@@ -282,6 +302,7 @@ def _render_sync_plan(console, plan, dry_run: bool) -> None:
     )
     for host, per in doc["per_source"].items():
         console.say(f"    {host}: {per['files']} file(s), {per['bytes'] / 1e6:,.1f} MB", style="dim")
+    _render_resolved(console, checked)
     _list(
         console,
         "conflicting keys (never moved)",
@@ -292,35 +313,114 @@ def _render_sync_plan(console, plan, dry_run: bool) -> None:
     )
 
 
-def _sync_result(app, result) -> int:
+def _render_resolved(console, checked) -> None:
+    """Name each host whose dump dir is a symlink, with the path used (its target)."""
+    for host, real in checked.dirs.items():
+        configured = checked.configured.get(host)
+        if configured and real != configured.rstrip("/"):
+            console.say(f"    {host}: dump dir {configured} -> {real} (a symlink: the resolved path is used)")
+
+
+#: How many paths each source's problem rows name on stderr (all are in --json).
+SHOWN = 5
+
+
+def _per_source(items: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        host, _, rest = item.partition(":")
+        out.setdefault(host, []).append(rest)
+    return out
+
+
+def _name_rows(console, level: str, what: str, items: list[str], dirs: dict[str, str]) -> None:
+    """`[fail] N manifest row(s) <what> on HOST (dump dir D): first paths, ... M more` per source."""
+    for host, rows in _per_source(items).items():
+        console.status(level, f"{len(rows)} manifest row(s) {what} on {host} (dump dir {dirs.get(host, '?')})")
+        for row in rows[:SHOWN]:
+            console.say(f"    {row}", style="dim")
+        if len(rows) > SHOWN:
+            console.say(f"    ... {len(rows) - SHOWN} more (all in --json)", style="dim")
+
+
+def _first(items: list[str]) -> str:
+    """`lab1: rank0/a, rank0/b, ... (N more); lab2: ...`: the first paths of each source."""
+    parts = []
+    for host, rows in _per_source(items).items():
+        more = f", ... {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
+        parts.append(f"{host}: {', '.join(rows[:SHOWN])}{more}")
+    return "; ".join(parts) or "none"
+
+
+def _sync_verdict(console, checked, failed: dict[str, str], allow_missing: bool) -> tuple[str, str] | None:
+    """Name on stderr what makes a sync's data incomplete or wrong; (message, hint) of the exit-10
+    error it makes, or None.  The hint speaks only of the causes found."""
+    rows = checked.rows
+    torn = _torn(checked)
+    unsafe = _sync_unsafe(checked)
+    level = "warn" if allow_missing else "fail"
+    _name_rows(console, level, "missing", rows.missing, checked.dirs)
+    _name_rows(console, "fail", "with a file that is not a regular file (never moved)", rows.not_regular, checked.dirs)
+    _list(console, "torn manifest lines (never moved)", torn, level=level)
+    _list(console, "files that failed verification", [f"{k}: {v}" for k, v in failed.items()])
+    _list(console, "unsafe host names (never moved)", unsafe)
+    causes, hints = [], []
+    if failed:
+        causes.append(f"{len(failed)} file(s) failed verification")
+        hints.append(
+            "a file that failed sha256 on arrival was fetched again and still differs from its source manifest: "
+            "check the source's copy (`dumps verify --host SOURCE --sha`), then re-run"
+        )
+    if checked.plan.conflicts:
+        causes.append(f"{len(checked.plan.conflicts)} conflicting key(s)")
+        hints.append("conflicts: the same key with different content on two hosts; remove the wrong copy, then re-run")
+    if unsafe:
+        causes.append(f"{len(unsafe)} unsafe name(s)")
+        hints.append("unsafe names must be removed or renamed on their host")
+    if rows.not_regular:
+        causes.append(f"{len(rows.not_regular)} row(s) whose file is not a regular file")
+        hints.append("a FIFO, symlink or device in a dump dir is never read: put the dump file there or drop its row")
+    if not allow_missing and (rows.missing or torn):
+        causes.append(
+            f"{len(rows.missing)} row(s) missing on their source ({_first(rows.missing)}), {len(torn)} torn line(s)"
+        )
+        hints.append("rows missing: restore the files (or fix dump.dir), or --allow-missing to accept them")
+    if not causes:
+        return None
+    return ", ".join(causes), "; ".join(hints)
+
+
+def _sync_result(app, result, allow_missing: bool = False) -> int:
     doc = result.to_dict()
-    errors = {**result.checked.host_errors, **result.errors}
+    doc["allow_missing"] = allow_missing
+    checked = result.checked
+    errors = {**checked.host_errors, **result.errors}
+    errors.update({f"{h} (revoke)": e for h, e in result.revoke_failures.items()})
     worst = fleet.worst_exit([e.exit_code for e in errors.values()]) if errors else 0
     raised = next((e for e in errors.values() if e.exit_code == worst), None)
     for host, err in errors.items():
         if err is not raised:  # the one raised is rendered once, at the CLI boundary
             app.console.error(f"{host}: {err.message}", err.hint)
     for host, why in result.revoke_errors.items():
-        app.console.warn(
-            f"{host}: transfer key not removed ({why}); the next dumps sync to this destination removes it"
-        )
+        if host not in result.revoke_failures:
+            app.console.warn(
+                f"{host}: transfer key not removed ({why}); the next dumps sync to this destination removes it"
+            )
+    rows = checked.rows
+    fails = errors or result.failed or checked.plan.conflicts or rows.not_regular or doc["unsafe"]
+    incomplete = rows.missing or doc["torn"]
     app.console.status(
-        "fail" if errors or result.failed or result.checked.plan.conflicts else "ok",
+        "fail" if fails or (incomplete and not allow_missing) else "warn" if incomplete else "ok",
         f"{result.moved} file(s), {result.bytes / 1e6:,.1f} MB moved host to host in {result.seconds:.2f}s "
-        f"({doc['mb_per_s']:,.1f} MB/s), verified on {result.checked.plan.dest}; "
-        f"{len(result.failed)} failed, {len(result.checked.plan.conflicts)} conflicting",
+        f"({doc['mb_per_s']:,.1f} MB/s), verified on {checked.plan.dest}; "
+        f"{len(result.failed)} failed, {len(checked.plan.conflicts)} conflicting",
     )
-    _list(app.console, "files that failed verification", [f"{k}: {v}" for k, v in result.failed.items()])
-    _list(app.console, "unsafe host names (never moved)", doc["unsafe"])
+    _render_resolved(app.console, checked)
+    verdict = _sync_verdict(app.console, checked, result.failed, allow_missing)
     if raised is not None:
         raised.details = {**(raised.details or {}), "sync": doc}
         raise raised
-    if result.failed or result.checked.plan.conflicts or doc["unsafe"]:
-        raise VerifyFailed(
-            f"{len(result.failed)} file(s) failed verification, {len(result.checked.plan.conflicts)} conflicting key(s), "
-            f"{len(doc['unsafe'])} unsafe name(s)",
-            details=doc,
-            hint="conflicts: the same key with different content on two hosts; remove the wrong copy, then re-run",
-        )
+    if verdict is not None:
+        raise VerifyFailed(verdict[0], details=doc, hint=verdict[1])
     app.console.emit(doc)
     return 0

@@ -543,31 +543,55 @@ def export_cmd(
     help="deadline of the whole transfer, in seconds",
 )
 @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True, help="hosts worked on at once")
+@click.option(
+    "--allow-missing",
+    is_flag=True,
+    help="manifest rows with no file on their source (or torn lines) are a warning, not exit 10",
+)
 @click.option("--dry-run", is_flag=True, help="say what would move, from where; grant and move nothing")
 @app_options
-def sync_cmd(app, from_, to, dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks, dry_run) -> int:
+def sync_cmd(
+    app, from_, to, dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks, allow_missing, dry_run
+) -> int:
     """Bring the sources' dumps to one host, host to host: no dump byte passes through here.
 
     The destination runs rsync over ssh to each source, with a key made for
     this sync only, allowed on each source by one authorized_keys line
     (restrict, from= the destination, command= a read-only rrsync of the dump
     dir), removed afterwards, also after a failure (the next sync to this
-    destination removes what a killed one left).  The sources' host keys come
+    destination removes what a killed one left); each grant and revoke edits
+    the file under a lock and reads it back.  The sources' host keys come
     from this machine's known_hosts: nothing is accepted on first use.  Every
     file is checked against its source manifest's sha256 on the destination
     and recorded in its manifest with its source host; a corrupt or torn file
     is fetched again and never counted.  A key with different content on two
-    hosts is a conflict: named, never moved (exit 10).  Re-running resumes and
-    moves nothing twice.  See docs/sync.md.
+    hosts is a conflict: named, never moved (exit 10).  Rows with no file on
+    their source are named and exit 10 (--allow-missing: a warning); a row
+    whose file is a FIFO, symlink or device is never moved (exit 10).  A
+    symlinked dump dir is resolved once on its host and used by its target.
+    Re-running resumes and moves nothing twice.  See docs/sync.md.
     """
+    from ...core.syncplan import check_address
     from ...workflows.sync import SyncOptions
 
-    dest = app.host(to)
+    if dest_address is not None:
+        try:
+            dest_address = check_address(dest_address)
+        except ValueError as exc:
+            raise UsageError(f"--dest-address: {exc}") from None
+    dests = app.select(to)
+    if len(dests) != 1:
+        shown = ", ".join(h.name for h in dests[:5]) + (", ..." if len(dests) > 5 else "")
+        raise UsageError(
+            f"--to {to!r} names {len(dests)} hosts ({shown}); `dumps sync` fetches into one destination host",
+            hint="name one host with --to; the sources go in --from (a pattern or group)",
+        )
+    dest = dests[0]
     sources = [h for h in app.select(from_) if h.name != dest.name]
     if not sources:
         raise UsageError(f"--from {from_!r} selects no host other than the destination {dest.name}")
     opts = SyncOptions(dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks)
-    return _dumps_group.group_sync(app, sources, dest, opts, dry_run)
+    return _dumps_group.group_sync(app, sources, dest, opts, dry_run, allow_missing)
 
 
 dumps_group.add_command(_dumps_stats.stats_cmd)  # dumps stats: the dumper's cost
