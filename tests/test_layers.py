@@ -133,3 +133,19 @@ def a(app, spec, report: dict, options):
     app.console.progress("x").get("y")
 """
     assert violations(source) == []
+
+
+def test_spec_deploy_builds_no_server_flags_in_the_command():
+    """The drafter's server flags (SGLang's `--speculative-*`, vLLM's `--speculative-config`) are
+    decided below the CLI (`remote_ops.serving`, `workflows.specdeploy`), not in the command:
+    no string in cli/commands/spec.py is such a flag (help texts may name them)."""
+    import re
+
+    tree = ast.parse((COMMANDS / "spec.py").read_text(encoding="utf-8"))
+    flag = re.compile(r"^--speculative-[a-z-]+(=.*)?$")
+    built = [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and flag.match(n.value)
+    ]
+    assert not built, f"cli/commands/spec.py builds speculative flags: {built}"

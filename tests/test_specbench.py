@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_ops.cli.commands.spec import spec_host, without_spec_flags
+from remote_ops.serving.sglang import spec_host, without_spec_flags
 from remote_ops.workflows import specbench as sb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,8 +93,47 @@ def test_spec_host_adds_eagle3_flags_once_and_mounts_the_draft_read_only():
     assert without_spec_flags(["--speculative-eagle-topk=2", "--x"]) == ["--x"]
 
 
+def test_the_speculative_flags_exist_in_sglang_0_5_9s_own_server_args():
+    """Each flag `spec deploy` passes, and EAGLE3 among the algorithm's choices, in the argparse
+    definitions of the released 0.5.9 `server_args.py` (the wheel the tests cache); a flag the
+    release lacks, or a value outside its choices, is named."""
+    from remote_ops import wheels
+    from remote_ops.serving import sglang
+
+    if wheels.cached_wheel("0.5.9") is None:
+        pytest.skip("the SGLang 0.5.9 wheel is not cached (scripts/setup --test downloads it)")
+    text = wheels.sglang_source("0.5.9", sglang.SERVER_ARGS_FILE).decode()
+    flags = sglang.argparse_flags(text)
+    assert set(sglang.SPEC_FLAGS) <= set(flags) and "EAGLE3" in flags["--speculative-algorithm"]
+    args = sglang.speculative_args("/data/drafter", 3, 1, 4)
+    assert sglang.flag_problems(args, flags) == []
+    assert sglang.spec_args_of(["--x", *args, "--y"]) == args
+    assert sglang.flag_problems(["--speculative-algorithm", "EAGLE4", "--speculative-depth=3"], flags) == [
+        "--speculative-algorithm EAGLE4: not one of EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM",
+        "--speculative-depth: no such flag",
+    ]
+
+
+def test_vllm_speculative_settings_are_a_chain_of_num_steps_tokens(tmp_path):
+    from remote_ops.core.inventory import HostSpec
+    from remote_ops.errors import UsageError
+    from remote_ops.workflows import specdeploy
+
+    v = HostSpec(name="v", serving={"engine": "vllm"}, speculative={"draft_model_path": "/data/d"})
+    s = specdeploy.settings(v, None, 5, None, None)
+    assert (s["draft"], s["num_steps"], s["num_draft_tokens"]) == ("/data/d", 5, 6)
+    assert "num_speculative_tokens 5" in specdeploy.describe(v, s)
+    assert specdeploy.settings(v, None, None, None, None, target_only=True)["draft"] is None
+    with pytest.raises(UsageError, match="eagle_topk must be 1"):
+        specdeploy.settings(v, None, 3, 2, 7)
+    with pytest.raises(UsageError, match="--target-only is for a vLLM host"):
+        specdeploy.settings(HostSpec(name="s"), "/d", None, None, None, target_only=True)
+    argv = specdeploy.spec_host(v, s).server.extra_args
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 5
+
+
 def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
-    from remote_ops.cli.commands.spec import speculative_settings
+    from remote_ops.workflows.specdeploy import settings as speculative_settings
     from remote_ops.core.inventory import HostSpec, load_inventory
     from remote_ops.errors import ConfigError, UsageError
 

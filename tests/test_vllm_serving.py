@@ -186,3 +186,82 @@ def test_a_vllm_image_built_by_deploy_is_the_expected_image_without_patch_labels
     built = ImageInfo("sha256:i", (ref,), {labels.LABEL_PREFIX + "serving": "vllm", labels.CONTEXT_HASH: "x"})
     assert check_image(c, built, ref).status == "ok"
     assert check_image(c, ImageInfo("sha256:i", (ref,), {}), ref).status == "fail"
+
+
+# --------------------------------------------------------------------------- vLLM's own layer numbering
+
+
+def test_vllm_numbers_a_drafters_ids_as_the_layers_it_captures():
+    """vLLM 0.32.0 uses the ids as given (id k: the state after k layers, the state entering layer
+    k), sorted: the dumps' layers_to_capture are the ids a drafter served by vLLM must carry."""
+    from remote_ops.core import layerids
+
+    c = layerids.vllm_convention("0.32.0")
+    assert c is not None and c.rule == "as_given" and c.engine == "vLLM" and "gpu_model_runner.py" in c.source
+    assert layerids.served_layers("as_given", [3, 1, 2], 4) == [1, 2, 3]
+    assert layerids.served_layers("as_given", None, 40) == [2, 20, 37]  # get_eagle3_default_aux_hidden_state_layers
+    assert layerids.ids_for("as_given", [1, 2, 3]) == [1, 2, 3]
+    assert layerids.vllm_convention("not a release") is None
+
+
+def test_vllm_reads_the_top_level_ids_first_then_eagle_config():
+    from remote_ops.core import layerids
+
+    c = layerids.vllm_convention("0.32.0")
+    top = layerids.read_draft_config({"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "hidden_size": 128})
+    assert layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4, top) == ([], [])
+    both = layerids.read_draft_config(
+        {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}
+    )
+    assert layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4, both) == ([], [])
+    # a drafter numbered for SGLang (ids = layers - 1) is one layer off under vLLM
+    sglang_numbered = layerids.read_draft_config({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}})
+    fails, _ = layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4, sglang_numbered)
+    assert len(fails) == 1 and "would make vLLM 0.32.0 (as_given" in fails[0]
+    assert "capture layers [0, 1, 2]; the dumps hold layers [1, 2, 3] (a drafter served there needs [1, 2, 3])" in fails[0]
+    # no drafter: the note names the ids a drafter served by vLLM needs
+    fails, notes = layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4)
+    assert not fails and "vLLM 0.32.0" in notes[0] and "= [1, 2, 3]" in notes[0]
+
+
+def test_the_audit_of_a_vllm_host_judges_under_vllms_numbering(tmp_path):
+    """`dumps audit`, `train start`'s contract and `spec deploy` ask `audit.serving`: on a vLLM host
+    it is the host's vLLM release, not its (unused) SGLang release; --serving-sglang still asks SGLang."""
+    from remote_ops.workflows import audit
+
+    host = vllm_host(tmp_path)
+    srv = audit.serving(host, None, ["LlamaForCausalLM"])
+    assert srv.engine == "vLLM" and srv.version == "0.32.0" and srv.convention.rule == "as_given"
+    assert srv.to_dict()["engine"] == "vLLM" and "vllm.version" in srv.how
+    asked = audit.serving(host, "0.5.9", ["LlamaForCausalLM"])
+    assert asked.engine == "SGLang" and asked.convention.rule == "plus_one"
+
+
+# --------------------------------------------------------------------------- spec deploy on vLLM (pure)
+
+
+def test_vllm_spec_host_serves_the_drafter_with_eagle3_and_extraction_off(tmp_path):
+    from remote_ops.engine.labels import RUN_CONFIG
+    from remote_ops.serving import vllm as v
+
+    host = vllm_host(tmp_path)
+    spec = v.spec_host(v.spec_host(host, "/data/drafter", 5), "/data/drafter", 3)  # a re-run replaces
+    argv = list(v.command(spec))
+    assert argv.count("--speculative-config") == 1 and "--kv-transfer-config" not in argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "eagle3",
+        "model": "/data/drafter",
+        "num_speculative_tokens": 3,
+    }
+    assert "extract_hidden_states" not in " ".join(argv)
+    assert spec == v.spec_host(spec, "/data/drafter", 3)
+    run = v.run_spec(spec, "img")
+    assert run.volumes.count("/data/drafter:/data/drafter:ro") == 1
+    assert run.labels[v.SERVES_LABEL] == "eagle3" and run.env[v.SERVE_ENV] == "eagle3"
+    target = v.run_spec(v.spec_host(spec, None, 3), "img")
+    assert "--speculative-config" not in target.command and "--kv-transfer-config" not in target.command
+    assert target.labels[v.SERVES_LABEL] == "target" and "/data/drafter:/data/drafter:ro" not in target.volumes
+    extract = v.run_spec(host, "img")  # the extraction server: no label, its run-config as before
+    assert v.SERVES_LABEL not in extract.labels and v.SERVE_ENV not in extract.env
+    assert len({run.labels[RUN_CONFIG], target.labels[RUN_CONFIG], extract.labels[RUN_CONFIG]}) == 3
+    assert v.serves(host) == "extract" and v.serves(spec) == "eagle3"

@@ -17,6 +17,19 @@ What the server is asked for (pure, from the inventory):
 - the connector's output dir `<dump.dir>/<vllm.connector_dir>`: the extraction client moves
   each file to `<dump.dir>/rank0/<key>.safetensors` and writes the dump manifest, so status,
   pull, sync, verify, audit and export read vLLM's dumps through the dump contract.
+
+What the server serves is `serves(host)`, the container env `REMOTE_OPS_VLLM_SERVES`
+(`SERVE_ENV`; `spec_host` sets it, the inventory never needs to):
+
+- `extract` (absent): the extraction server above;
+- `eagle3`: a trained EAGLE-3 drafter, `--speculative-config '{"method": "eagle3", "model":
+  DRAFT, "num_speculative_tokens": K}'` in `server.extra_args`, the draft dir mounted
+  read-only, extraction and the KV connector off (`spec deploy`);
+- `target`: the target alone, neither (`spec deploy --target-only`: spec bench's baseline).
+
+The container of a non-extracting server carries the label `org.remote-ops.vllm.serves`
+(`SERVES_LABEL`), which `spec bench` reads; an extraction container has none, so its
+run-config is the one it always had.
 """
 
 from __future__ import annotations
@@ -53,6 +66,12 @@ TEMPLATE = "Dockerfile.vllm.j2"
 TOOL_DIR = "/opt/remote-ops"
 #: what `patch`, `verify` and `push` of a SGLang deploy become
 NO_PATCH = "vLLM: no source patch (extraction is vLLM's own extract_hidden_states method)"
+#: the container env key saying what the server serves (`serves`), and its values
+SERVE_ENV = "REMOTE_OPS_VLLM_SERVES"
+SERVES = ("extract", "eagle3", "target")
+#: the container label of a non-extracting server (`spec bench` reads it)
+SERVES_LABEL = "org.remote-ops.vllm.serves"
+SPEC_FLAG = "--speculative-config"
 
 
 def version_of(body: dict[str, Any]) -> str | None:
@@ -87,6 +106,72 @@ def connector_dir(host: "HostSpec") -> str:
     return f"{host.dump.dir.rstrip('/')}/{host.vllm.connector_dir}"
 
 
+def serves(host: "HostSpec") -> str:
+    """What the server serves: `extract` (the default; also for a value not in `SERVES`), `eagle3`
+    (a drafter) or `target` (alone)."""
+    mode = host.container.env.get(SERVE_ENV, "extract")
+    return mode if mode in SERVES else "extract"
+
+
+def eagle3_config(draft: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's `--speculative-config` for an EAGLE-3 drafter dir (vllm 0.32.0 `SpeculativeConfig`:
+    `method`, `model`, `num_speculative_tokens`; a chain of K draft tokens, top-1)."""
+    return {"method": "eagle3", "model": draft, "num_speculative_tokens": int(num_speculative_tokens)}
+
+
+def without_spec_config(args: list[str]) -> list[str]:
+    """`args` without a `--speculative-config` (and its value, or `=value`)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == SPEC_FLAG:
+            skip = True
+        elif not a.startswith(SPEC_FLAG + "="):
+            out.append(a)
+    return out
+
+
+def drafter_of(host: "HostSpec") -> str | None:
+    """The drafter dir of an `eagle3` `--speculative-config` in `server.extra_args` (None: none)."""
+    args = list(host.server.extra_args)
+    for i, a in enumerate(args):
+        text = (
+            args[i + 1]
+            if a == SPEC_FLAG and i + 1 < len(args)
+            else a.partition("=")[2]
+            if a.startswith(SPEC_FLAG + "=")
+            else None
+        )
+        if text is None:
+            continue
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        return str(doc["model"]) if isinstance(doc, dict) and doc.get("model") else None
+    return None
+
+
+def spec_host(host: "HostSpec", draft: str | None, num_speculative_tokens: int) -> "HostSpec":
+    """The host spec serving the drafter at `draft` (a dir on the host), or with `draft` None the
+    target alone; extraction off either way (pure, idempotent: a re-run gives the same spec)."""
+    earlier = drafter_of(host)
+    extra = without_spec_config(list(host.server.extra_args))
+    volumes = [m for m in host.container.volumes if earlier is None or m != f"{earlier}:{earlier}:ro"]
+    if draft is not None:
+        extra += [SPEC_FLAG, json.dumps(eagle3_config(draft, num_speculative_tokens), separators=(",", ":"))]
+        mount = f"{draft}:{draft}:ro"
+        volumes += [mount] if mount not in volumes else []
+    env = {**host.container.env, SERVE_ENV: "eagle3" if draft is not None else "target"}
+    return host.model_copy(
+        update={
+            "server": host.server.model_copy(update={"extra_args": extra}),
+            "container": host.container.model_copy(update={"volumes": volumes, "env": env}),
+        }
+    )
+
+
 def speculative_config(host: "HostSpec") -> dict[str, Any]:
     return {
         "method": "extract_hidden_states",
@@ -105,8 +190,10 @@ def kv_transfer_config(host: "HostSpec") -> dict[str, Any]:
 
 
 def server_args(host: "HostSpec") -> list[str]:
-    """vLLM's OpenAI server arguments from the inventory (extraction on, chunked prefill and prefix caching off)."""
+    """vLLM's OpenAI server arguments from the inventory (chunked prefill and prefix caching off;
+    extraction on unless `serves(host)` says a drafter or the target alone)."""
     s, m = host.server, host.model
+    extract = serves(host) == "extract"
     args = [
         "--model",
         m.path,
@@ -120,11 +207,14 @@ def server_args(host: "HostSpec") -> list[str]:
         "0.0.0.0",
         "--no-enable-chunked-prefill",
         "--no-enable-prefix-caching",
-        "--speculative-config",
-        json.dumps(speculative_config(host), separators=(",", ":")),
-        "--kv-transfer-config",
-        json.dumps(kv_transfer_config(host), separators=(",", ":")),
     ]
+    if extract:
+        args += [
+            SPEC_FLAG,
+            json.dumps(speculative_config(host), separators=(",", ":")),
+            "--kv-transfer-config",
+            json.dumps(kv_transfer_config(host), separators=(",", ":")),
+        ]
     args += ["--trust-remote-code"] if m.trust_remote_code else []
     args += ["--gpu-memory-utilization", str(s.mem_fraction_static)] if s.mem_fraction_static else []
     return args + list(s.extra_args)
@@ -142,12 +232,16 @@ def run_spec(host: "HostSpec", image: str) -> "RunSpec":
 
     base = for_host(host, image)
     env = {k: v for k, v in base.env.items() if not k.startswith(("SGLANG_HS_DUMP_", "SGLANG_PORT"))}
+    mode = serves(host)
     spec = replace(
         base,
         command=command(host),
         entrypoint=(),
         env={**env, "VLLM_PORT": str(host.server.port), **host.container.env},
-        labels={k: v for k, v in base.labels.items() if k != RUN_CONFIG},
+        labels={
+            **{k: v for k, v in base.labels.items() if k != RUN_CONFIG},
+            **({SERVES_LABEL: mode} if mode != "extract" else {}),
+        },
     )
     return replace(spec, labels={**spec.labels, RUN_CONFIG: inventory_run_config(spec, len(host.vllm.launcher))})
 

@@ -22,84 +22,14 @@ def spec_group() -> None:
       remote-ops spec bench --host gpu-node                         # acceptance length, speed-up, PNG
 
     `remote-ops deploy` afterwards restores the server without the drafter.
+    On vLLM the baseline is `spec deploy --target-only` (the extraction server is not one),
+    and the bench counts what vLLM accepted (its spec-decode counters on /metrics).
     Against the SGLang stand-in the numbers come from its deterministic acceptance
     model and are labelled STAND-IN: they measure no drafter.
     """
 
 
 # --------------------------------------------------------------------------- deploy
-
-SPEC_FLAGS = (
-    "--speculative-algorithm",
-    "--speculative-draft-model-path",
-    "--speculative-num-steps",
-    "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens",
-)
-
-
-def speculative_args(draft: str, steps: int, topk: int, draft_tokens: int) -> list[str]:
-    return [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        draft,
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        str(topk),
-        "--speculative-num-draft-tokens",
-        str(draft_tokens),
-    ]
-
-
-def without_spec_flags(args: list[str]) -> list[str]:
-    """Drop earlier speculative flags (and their values) from the inventory's extra_args."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in SPEC_FLAGS:
-            skip = True
-        elif not a.startswith(tuple(f + "=" for f in SPEC_FLAGS)):
-            out.append(a)
-    return out
-
-
-def spec_host(spec, draft: str, steps: int, topk: int, draft_tokens: int):
-    """The host spec with the drafter: server extra args + the draft dir mounted read-only (pure)."""
-    extra = without_spec_flags(list(spec.server.extra_args)) + speculative_args(draft, steps, topk, draft_tokens)
-    server = spec.server.model_copy(update={"extra_args": extra})
-    mount = f"{draft}:{draft}:ro"
-    volumes = list(spec.container.volumes) + ([mount] if mount not in spec.container.volumes else [])
-    return spec.model_copy(
-        update={"server": server, "container": spec.container.model_copy(update={"volumes": volumes})}
-    )
-
-
-def speculative_settings(
-    spec, draft: str | None, num_steps: int | None, eagle_topk: int | None, num_draft_tokens: int | None
-) -> dict:
-    """The inventory's `speculative:` section with the CLI's overrides (pure; refused as a usage
-    error when no draft dir is known or the combination is one SGLang would rewrite)."""
-    from ...core.inventory import check_speculative
-    from ...errors import UsageError
-
-    inv = spec.speculative
-    steps = inv.num_steps if num_steps is None else num_steps
-    topk = inv.eagle_topk if eagle_topk is None else eagle_topk
-    tokens = inv.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-    out = {"draft": draft or inv.draft_model_path, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": tokens}
-    if not out["draft"]:
-        raise UsageError(
-            f"{spec.name}: no drafter: pass --draft DIR or set speculative.draft_model_path "
-            f"in the inventory ({spec.source or 'inventory'})"
-        )
-    try:
-        check_speculative(steps, topk, tokens)
-    except ValueError as exc:
-        raise UsageError(f"{spec.name}: speculative settings: {exc}") from None
-    return out
 
 
 @spec_group.command("deploy")
@@ -109,56 +39,70 @@ def speculative_settings(
     metavar="DIR",
     help="drafter checkpoint dir on the host (default: inventory speculative.draft_model_path)",
 )
-@click.option("--num-steps", type=int, default=None, help="--speculative-num-steps (default: inventory, 3)")
+@click.option(
+    "--num-steps",
+    type=int,
+    default=None,
+    help="--speculative-num-steps; on vLLM num_speculative_tokens (default: inventory, 3)",
+)
 @click.option("--eagle-topk", type=int, default=None, help="--speculative-eagle-topk (default: inventory, 1)")
 @click.option(
     "--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens (default: inventory, 4)"
 )
-@click.option("--dry-run", is_flag=True, help="print the plan; change nothing")
+@click.option(
+    "--target-only",
+    is_flag=True,
+    help="vLLM: serve the target alone (no drafter, no extraction): the baseline spec bench compares with",
+)
+@click.option("--dry-run", is_flag=True, help="print the plan and every diff; change nothing")
+@click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before restarting the server")
 @host_command
-def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, dry_run, yes) -> None:
-    """Restart the server with --speculative-algorithm EAGLE3 and the drafter (through `deploy`).
+def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, target_only, dry_run, show_diff, yes) -> None:
+    """Restart the server with the EAGLE-3 drafter (through `deploy`; a re-run is a no-op).
 
-    The draft dir and the --speculative-* values come from the host's `speculative:`
-    inventory section; the options override them for this run.  A drafter whose
-    config.json ids (eagle_config.eagle_aux_hidden_state_layer_ids), numbered the way
-    the host's SGLang release numbers them, do not give the layers the dumps hold (or,
-    with no dumps, the inventory's layers) is refused: exit 9, contract_mismatch."""
-    from ...workflows import deploy as deploy_mod
+    SGLang: --speculative-algorithm EAGLE3 and the draft path, steps, topk, draft tokens.
+    vLLM: --speculative-config '{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}'
+    (K = --num-steps), extraction and its KV connector off; --target-only serves the target
+    alone.  The draft dir is mounted read-only.  The values come from the host's
+    `speculative:` inventory section; the options override them for this run.  A drafter
+    whose config.json ids, numbered the way the serving release numbers them (SGLang's per
+    release, vLLM's own), do not give the layers the dumps hold (or, with no dumps, the
+    inventory's layers) is refused: exit 9, contract_mismatch.  `remote-ops deploy`
+    afterwards restores the inventory's server."""
+    from ...workflows import deploy as deploy_mod, specdeploy
     from ._deploy_events import ConsoleEvents
     from .deploy import _confirm, _summary
 
     base = app.host(host)
-    s = speculative_settings(base, draft, num_steps, eagle_topk, num_draft_tokens)
-    spec = spec_host(base, s["draft"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"])
+    s = specdeploy.settings(base, draft, num_steps, eagle_topk, num_draft_tokens, target_only)
+    spec = specdeploy.spec_host(base, s)
     remote = app.remote(spec)
-    app.console.step(
-        f"spec deploy {spec.name}: EAGLE3 draft {s['draft']}, steps {s['num_steps']}, "
-        f"topk {s['eagle_topk']}, draft tokens {s['num_draft_tokens']}"
-    )
-    _check_drafter(app, remote, spec, s["draft"])
+    app.console.step(f"spec deploy {spec.name}: {specdeploy.describe(spec, s)}")
+    if s["draft"] is not None:
+        _render_fit(app, specdeploy.check_drafter(remote, spec, s["draft"]))
+        flags = specdeploy.check_flags(remote, spec)
+        if flags["checked"]:
+            app.console.status("ok", f"the speculative flags exist in {flags['source']}")
     if not dry_run and not yes:
-        preview = deploy_mod.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
+        preview = specdeploy.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
             _confirm(app, spec, preview)
-    result = deploy_mod.deploy(
-        remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name), why="spec deploy"
-    )
+    result = specdeploy.deploy(remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name))
+    if dry_run or show_diff:
+        for name, text in result.diffs.items():
+            app.console.step(f"{spec.name} diff: {name}")
+            app.console.text_block(text)
     _summary(app, result)
     app.console.emit(result)
 
 
-def _check_drafter(app, remote, spec, draft: str) -> None:
-    """The drafter's layer ids against the dumps under the host's SGLang release (refused: exit 9)."""
-    from ...workflows import audit as audit_mod
-
-    fit = audit_mod.drafter_guard(remote, spec, draft)
+def _render_fit(app, fit: dict) -> None:
     srv = fit["serving"]
     app.console.status(
         "ok",
-        f"drafter fits {fit['from']}: layers {fit['contract'].get('layers_to_capture')} under SGLang "
-        f"{srv['version']} ({srv['rule']})",
+        f"drafter fits {fit['from']}: layers {fit['contract'].get('layers_to_capture')} under "
+        f"{srv.get('engine', 'SGLang')} {srv['version']} ({srv['rule']})",
     )
 
 
