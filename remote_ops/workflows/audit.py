@@ -6,7 +6,8 @@ lie, never pulled.  The extraction's run.json says which dataset the run used (i
 mounted read-only beside the dump, model and work dirs).  The report is judged here with
 the pure evaluators of `remote_ops.probes.audit`, and the layer ids against the numbering
 of the SGLang release that will serve the drafter (`remote_ops.core.layerids`; the table
-per release is spec data: `patchspec.layer_convention`).
+per release is spec data: `patchspec.layer_convention`), on a vLLM host its vLLM release's
+own (`layerids.vllm_convention`).
 
 The guards read the dumps' recorded contract with the host's python3 (headers only,
 `probes.audit.DumpContract`) and compare a drafter's config with it:
@@ -100,10 +101,12 @@ class Serving:
     model: str | None  # the patch spec model whose file sets the layers
     convention: layerids.Convention | None
     how: str  # where version and model came from
+    engine: str = "SGLang"  # the serving engine of that release: SGLang | vLLM
 
     def to_dict(self) -> dict[str, Any]:
         c = self.convention
         return {
+            **({"engine": self.engine} if self.engine != "SGLang" else {}),  # absent: SGLang (as before)
             "version": self.version,
             "model": self.model,
             "rule": c.rule if c else None,
@@ -115,7 +118,12 @@ class Serving:
 
 def serving(spec: HostSpec, version: str | None, architectures: list[str]) -> Serving:
     """`version` (default: the host's deployed SGLang, `sglang.version`) and the spec model
-    (`sglang.patch`, else the one serving the model's `architectures`)."""
+    (`sglang.patch`, else the one serving the model's `architectures`).  A vLLM host
+    (`serving.engine: vllm`) without `version` is judged under its vLLM release's own
+    numbering (`layerids.vllm_convention`)."""
+    if spec.serving.engine == "vllm" and not version:
+        vv = spec.vllm.version
+        return Serving(vv, None, layerids.vllm_convention(vv), f"{spec.name}'s vLLM (vllm.version)", "vLLM")
     v = version or spec.sglang.version
     how = "--serving-sglang" if version else f"{spec.name}'s deployed SGLang (sglang.version)"
     name = spec.sglang.patch
