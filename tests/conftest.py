@@ -8,9 +8,13 @@ harness can never pass as "all skipped".
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -22,6 +26,28 @@ LAB_HOSTS = 3
 # CLI subprocesses of the tests run in-process, never through a warm fork server the developer
 # may have running (`remote-ops daemon start`); tests/test_daemon.py turns it on for its own.
 os.environ["REMOTE_OPS_DAEMON"] = "0"
+
+#: Seconds a test waits for its turn under the `serial` lock (pytest-xdist workers) before it fails.
+SERIAL_WAIT_S = 1800.0
+
+
+def pytest_configure(config):
+    """Each test process (the one process, or each pytest-xdist worker) gets its own local state
+    dir (run records, the sandbox): a test that does not name one never shares another worker's,
+    nor writes the developer's own.  The cache dir (wheels, rootfs tarballs) stays shared: its
+    builds take file locks.  Under pytest-xdist the work units go out in the order that
+    `pytest_collection_modifyitems` makes, not by their size."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # pytest-xdist: keep the order made below
+    state = tempfile.mkdtemp(prefix="ro-test-state-")
+    config._remote_ops_state = state
+    os.environ["REMOTE_OPS_STATE_DIR"] = state
+
+
+def pytest_unconfigure(config):
+    state = getattr(config, "_remote_ops_state", None)
+    if state:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def require(reason: str | None) -> None:
@@ -192,9 +218,9 @@ def deployed(sglang_remote, spec):
     sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests that use a lab fixture get the `hosts` marker (select with -m hosts / -m 'not hosts')."""
-    lab_fixtures = {
+#: Fixtures that put a test on the lab (it gets the `hosts` marker).
+LAB_FIXTURES = frozenset(
+    {
         "lab",
         "host",
         "remote",
@@ -210,9 +236,77 @@ def pytest_collection_modifyitems(config, items):
         "spec",
         "deployed",
     }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
+def pytest_collection_modifyitems(config, items):
+    """Tests that use a lab fixture get the `hosts` marker (select with -m hosts / -m 'not hosts').
+
+    Under pytest-xdist (`--dist loadgroup`, as scripts/test runs it) a test file is one unit of
+    work, run by one worker in file order, as without xdist: its module fixtures are made once and
+    a test may rely on an earlier one of its file.  `@pytest.mark.xdist_group("name")` puts tests
+    of several files in one unit instead (they share a session-scoped deployment).  On a worker,
+    files with more lab tests come first, so that the long ones do not start last."""
+    lab_tests: dict[str, int] = {}
     for item in items:
-        if lab_fixtures & set(getattr(item, "fixturenames", ())):
+        path = item.nodeid.split("::", 1)[0]
+        if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.hosts)
+            lab_tests[path] = lab_tests.get(path, 0) + 1
+        if not any(m.args or m.kwargs for m in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(path))
+    if hasattr(config, "workerinput"):
+        first = {}
+        for i, item in enumerate(items):
+            first.setdefault(_group(item), i)
+        weight = {}
+        for item in items:
+            g = _group(item)
+            weight[g] = weight.get(g, 0) + (1 if item.get_closest_marker("hosts") else 0)
+        items.sort(key=lambda it: (-weight[_group(it)], first[_group(it)]))
+
+
+def _group(item) -> str:
+    return str(next(m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")))
+
+
+@pytest.fixture(autouse=True)
+def _serial_turn(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `serial` runs alone: it waits until the tests running on
+    the other workers end, and none starts until it has ended (a readers-writer lock on files
+    shared by the run's workers; a waiting `serial` test goes first).  Without xdist it does
+    nothing.  Session and module fixtures are set up before this one, outside the lock."""
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's own
+    exclusive = request.node.get_closest_marker("serial") is not None
+    with open(shared / "serial-gate.lock", "a") as gate, open(shared / "serial-run.lock", "a") as run:
+        if exclusive:
+            _flock(gate, fcntl.LOCK_EX, request.node)  # no test starts from now on
+            _flock(run, fcntl.LOCK_EX, request.node)  # until the running ones end
+        else:
+            _flock(gate, fcntl.LOCK_SH, request.node)
+            _flock(run, fcntl.LOCK_SH, request.node)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def _flock(fh, op: int, item) -> None:
+    deadline = time.monotonic() + SERIAL_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fh, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{item.nodeid}: no turn under the serial lock after {SERIAL_WAIT_S:g}s", pytrace=False)
+            time.sleep(0.05)
 
 
 def run_cli_process(env: dict, *args: str, timeout: float = 180, cwd=None) -> subprocess.CompletedProcess:

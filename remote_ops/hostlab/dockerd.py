@@ -27,15 +27,20 @@ import os
 import random
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._proc import LabError, free_port, kill_tree, pids_with_arg, run, spawn, wait_for
-from .images import docker
+from ._proc import LabError, alive, free_port, kill_tree, pids_with_arg, run, spawn, wait_for
+from .images import _file_lock, docker
 
 LAB_RANGE = "10.231.0.0/16"
 HOOK = "#!/bin/sh\n# remote-ops hostlab standin for NVIDIA's OCI prestart hook: no GPUs here.\ncat >/dev/null\nexit 0\n"
 DAEMON_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
+#: Subnets picked by labs of live processes: one file per /24 holding the picker's PID, written
+#: under a lock, so labs started at the same moment (pytest-xdist workers, concurrent runs, a
+#: podman network whose bridge appears only with its first container) never share one.
+SUBNET_DIR = Path(tempfile.gettempdir()) / "remote-ops-subnets"
 
 
 @dataclass
@@ -195,6 +200,7 @@ class Dockerd:
             unmount_under(self.run_dir)
             shutil.rmtree(self.run_dir, ignore_errors=True)
         teardown_bridge(self.bridge, self.subnet)
+        release_subnet(self.subnet)
 
 
 def setup_bridge(bridge: str, subnet: str) -> None:
@@ -225,13 +231,43 @@ def _iptables_forward(op: str, bridge: str, check: bool = True) -> bool:
 
 
 def pick_subnet() -> str:
-    """A random free 10.231.N.0/24 (N in 1..254) not already routed on this machine."""
-    routes = run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout.decode()
-    taken = {line.split()[0] for line in routes.splitlines() if line.startswith("10.231.")}
-    free = [f"10.231.{n}.0/24" for n in range(1, 255) if f"10.231.{n}.0/24" not in taken]
-    if not free:
-        raise LabError("no free /24 left under 10.231.0.0/16")
-    return random.choice(free)
+    """A random free 10.231.N.0/24 (N in 1..254): not routed on this machine and not reserved by
+    a live process; reserved for this one until `release_subnet` (or until this process exits)."""
+    SUBNET_DIR.mkdir(parents=True, exist_ok=True)
+    with _file_lock(SUBNET_DIR / ".lock", 30.0):
+        routes = run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout.decode()
+        taken = {line.split()[0] for line in routes.splitlines() if line.startswith("10.231.")}
+        taken |= _reserved_subnets()
+        free = [f"10.231.{n}.0/24" for n in range(1, 255) if f"10.231.{n}.0/24" not in taken]
+        if not free:
+            raise LabError("no free /24 left under 10.231.0.0/16")
+        subnet = random.choice(free)
+        _reservation(subnet).write_text(f"{os.getpid()}\n")
+    return subnet
+
+
+def _reservation(subnet: str) -> Path:
+    return SUBNET_DIR / subnet.split("/")[0]
+
+
+def _reserved_subnets() -> set[str]:
+    """Subnets reserved by live processes (a dead process's reservation is removed)."""
+    out = set()
+    for path in SUBNET_DIR.glob("10.231.*"):
+        try:
+            pid = int(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if pid and alive(pid):
+            out.add(f"{path.name}/24")
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def release_subnet(subnet: str) -> None:
+    """Drop the reservation of `subnet` (its lab is stopping); no error if there is none."""
+    _reservation(subnet).unlink(missing_ok=True)
 
 
 def unmount_under(path: Path) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._proc import LabError, kill_tree, pids_with_arg, run, spawn, wait_for
-from .dockerd import LAB_RANGE, unmount_under
+from .dockerd import LAB_RANGE, release_subnet, unmount_under
 
 PODMAN = "/usr/bin/podman"
 CATATONIT = "/usr/libexec/podman/catatonit"
@@ -184,6 +184,7 @@ class LabPodman:
             pass
         if run(["ip", "link", "show", self.bridge], check=False).returncode == 0:
             run(["ip", "link", "del", self.bridge], check=False)
+        release_subnet(self.subnet)
 
 
 def _egress_rule(op: str, bridge: str, subnet: str, check: bool = True) -> bool:
