@@ -54,7 +54,7 @@ class DumperStats(Probe[dict[int, dumpercost.RankStats]]):
     def command(self) -> str:
         d = shell.quote(self.dump_dir.rstrip("/") or "/")
         mark = dumpercost.STATS_MARK
-        return f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ printf \'{mark}%s\\n\' "$f"; cat "$f"; echo; }}; done; true'
+        return f'for f in {d}/rank*/stats.json; do [ -f "$f" ] && {{ printf \'{mark}%s\\n\' "$f"; head -c {shell.SMALL_FILE_CAP} "$f"; echo; }}; done; true'
 
     def parse(self, status: int, text: str) -> dict[int, dumpercost.RankStats]:
         return dumpercost.parse_stats(text)
@@ -69,7 +69,7 @@ class RunStarted(Probe[str | None]):
         self.paths = paths
 
     def command(self) -> str:
-        return f"cat {shell.quote(self.paths.file('run.json'))}"
+        return shell.read_small_file(self.paths.file("run.json"))  # a regular file, at most 1 MiB
 
     def parse(self, status: int, text: str) -> str | None:
         try:
