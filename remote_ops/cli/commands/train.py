@@ -1,4 +1,4 @@
-"""`remote-ops train start|status|stop`: EAGLE-3 drafter training (SpecForge 0.2.0) on a host."""
+"""`remote-ops train start|status|stop|export`: EAGLE-3 drafter training (SpecForge 0.2.0) on a host."""
 
 from __future__ import annotations
 
@@ -13,43 +13,57 @@ from ._options import PathOption, host_command, hosts_command
 
 @click.group("train")
 def train_group() -> None:
-    """Train the drafter on the exported features, follow it, stop it.
+    """Train the drafter on the exported features with SpecForge 0.2.0, follow it, stop it, export it.
 
     \b
     Examples:
       remote-ops train start --host gpu-node --draft-config host:/data/kimi-eagle3.json --epochs 10
-      remote-ops train start --host sandbox --standin      # no GPU: the labelled stand-in
       remote-ops train status --host gpu-node
       remote-ops train status --host fleet          # every host's run
       remote-ops train stop --host gpu-node
+      remote-ops train export --host gpu-node       # the best checkpoint -> a drafter vLLM loads
 
     Data: the `dumps export` dir (default <dump.dir>-specforge); checkpoints:
-    <dump.dir>-drafter/<run_id>-step<N>.  With --standin nothing is trained: the
-    STAND-IN writes SpecForge 0.2.0's metrics lines with SYNTHETIC values and
-    weightless checkpoint folders, all labelled STAND-IN, so the commands can be
-    exercised without a GPU.  `start` and `stop` take the host lock for the change,
-    append an audit line on the host and write a run record, as deploy does.
-    ETA: 0.2.0 runs with a known number of steps (the stand-in) give the time left
-    in the run; older SpecForge tqdm bars give the time left in the epoch.
+    <dump.dir>-drafter/<run_id>-step<N>; the exported drafter:
+    <dump.dir>-drafter/<run_id>-drafter-<hf|sglang>.  A host whose containers get no
+    GPU (container.gpus: none, the sandbox) trains on the CPU, from the CPU training
+    image (SpecForge with a labelled CPU shim for its Triton loss).  `start` and
+    `stop` take the host lock for the change, append an audit line on the host and
+    write a run record, as deploy does.  ETA: the export's sample count and
+    SpecForge's perf/optimizer_step_time_s; older SpecForge tqdm bars give the time
+    left in the epoch.
     """
 
 
+def _per_position(values: dict[int, float], fmt: str = "{:.2f}") -> str:
+    return ", ".join(f"{k}: {fmt.format(v)}" for k, v in sorted(values.items())) or "-"
+
+
 def _render(console, st: train_mod.TrainStatus) -> None:
-    tag = "STAND-IN " if st.standin else ""
-    acc = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(st.acc.items())) or "-"
     eta = f"ETA {st.eta_s:.0f}s" if st.eta_s is not None else "ETA -"
     console.status(
-        "ok" if st.running else "info",
-        f"{tag}training {st.state}: epoch {st.epoch or '-'}/{st.epochs or '-'}, step {st.step or '-'}/"
-        f"{st.steps or '-'}, {eta}",
+        "ok" if st.running or st.state == "finished" else ("fail" if st.state == "failed" else "info"),
+        f"training {st.state}"
+        + (f" (exit {st.exit_code})" if st.exit_code else "")
+        + f": epoch {st.epoch or '-'}/{st.epochs or '-'}, step {st.step or '-'}/{st.steps or '-'}, {eta}",
     )
-    console.say(f"  per-position accuracy (latest): {acc}")
+    console.say(f"  acc_k (SpecForge, newest line): {_per_position(st.acc)}")
+    console.say(f"  ploss_k: {_per_position(st.ploss, '{:.3f}')}")
+    if st.acceptance_rate:
+        console.say(f"  acceptance_rate_k (SpecForge): {_per_position(st.acceptance_rate)}")
+    if st.eval:
+        sal = st.eval.get("simulated_acc_len")
+        console.say(
+            f"  eval at step {st.eval['step']}: simulated_acc_len {sal:.3f}, per-position acc "
+            f"{_per_position(st.eval.get('acc') or {})}"
+            if sal is not None
+            else f"  eval at step {st.eval['step']}: per-position acc {_per_position(st.eval.get('acc') or {})}"
+        )
+    best = f"; best: step {st.best['step']} ({st.best['score']:.3f})" if st.best else ""
     console.say(
-        f"  tau (estimated from accuracies, not measured): {st.tau_estimate or '-'}; "
-        f"latest checkpoint: {st.latest_checkpoint or '-'}"
+        f"  tau (estimated from acc_k, not measured): {st.tau_estimate or '-'}; "
+        f"newest checkpoint: {st.latest_checkpoint or '-'}{best}"
     )
-    if st.standin:
-        console.say("  STAND-IN: synthetic numbers, no drafter is being trained", style="dim")
 
 
 _STEP_STATUS = {"ok": "ok", "changed": "ok", "planned": "info", "skipped": "info", "failed": "fail", "forced": "warn"}
@@ -119,14 +133,32 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
     type=PathOption("file", host_ok=True),
     help="EAGLE-3 draft model config: a local file (checked before connecting), or host:PATH for a file "
     "on the host; checked against the dumps' layer ids and hidden size, then copied into the training "
-    "image (real runs need it; with --standin it is only checked)",
+    "image (a start needs it; a dry run without it shows a placeholder)",
 )
 @click.option("--run-id", default="eagle3", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
-@click.option("--nproc", type=int, default=8, show_default=True, help="GPUs for the trainer (real runs)")
-@click.option("--standin", is_flag=True, help="run the labelled training STAND-IN (no GPU, nothing trained)")
-@click.option("--steps", type=int, default=20, show_default=True, help="stand-in: steps per epoch")
-@click.option("--step-s", type=float, default=0.1, show_default=True, help="stand-in: seconds per step")
+@click.option("--nproc", type=int, default=8, show_default=True, help="GPUs for the trainer (1 on the CPU)")
+@click.option(
+    "--base-image",
+    default=None,
+    metavar="IMAGE",
+    help=f"image the training image is built FROM (default: {train_mod.GPU_BASE_IMAGE} on a GPU host, "
+    f"{train_mod.CPU_BASE_IMAGE} where containers get no GPU)",
+)
+@click.option(
+    "--eval-data",
+    default=None,
+    metavar="DIR",
+    help="a second `dumps export` dir on the host for SpecForge's eval (eval/simulated_acc_len picks the "
+    "checkpoint `train export` exports)",
+)
+@click.option(
+    "--log-interval", type=click.IntRange(1), default=10, show_default=True, help="steps between metrics lines"
+)
+@click.option(
+    "--save-interval", type=click.IntRange(0), default=0, help="steps between checkpoints (default: once per epoch)"
+)
+@click.option("--learning-rate", type=float, default=1e-4, show_default=True)
 @click.option(
     "--force",
     is_flag=True,
@@ -136,7 +168,22 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
 @click.option("--diff", is_flag=True, help="show the training state before/after and the run.json change")
 @host_command
 def start_cmd(
-    app, host, data, output, draft_config, run_id, epochs, nproc, standin, steps, step_s, force, dry_run, diff
+    app,
+    host,
+    data,
+    output,
+    draft_config,
+    run_id,
+    epochs,
+    nproc,
+    base_image,
+    eval_data,
+    log_interval,
+    save_interval,
+    learning_rate,
+    force,
+    dry_run,
+    diff,
 ) -> int:
     """Start a training run: a no-op while this same run runs, refused (exit 9) while another does.
 
@@ -155,23 +202,24 @@ def start_cmd(
     draft_on_host = bool(draft_config and draft_config.on_host)
     draft_config = draft_config.path if draft_config else None
     p = train_mod.paths_for(spec, data, output)
-    if standin:
-        plan = train_mod.standin_plan(p, run_id, epochs, steps, step_s)
-    elif draft_config:
-        plan = train_mod.real_plan(p, draft_config, run_id, epochs, nproc)
-    elif dry_run:
-        plan = train_mod.real_plan(p, "<--draft-config>", run_id, epochs, nproc)
-    else:
-        raise click.UsageError("a real run needs --draft-config (or use --standin without a GPU)")
-    if dry_run and not plan.standin:
-        app.console.text_block(train_mod.dockerfile(spec))
-        app.console.text_block(train_mod.run_yaml(spec, p, run_id, epochs, nproc))
-    if plan.standin:
-        app.console.say(
-            "STAND-IN: synthetic SpecForge 0.2.0-format metrics lines and weightless checkpoints; "
-            "no drafter is trained",
-            style="yellow",
-        )
+    if not draft_config and not dry_run:
+        raise click.UsageError("train start needs --draft-config (the drafter SpecForge trains)")
+    plan = train_mod.real_plan(
+        spec,
+        p,
+        draft_config or "<--draft-config>",
+        run_id,
+        epochs,
+        nproc,
+        base_image=base_image,
+        eval_data=eval_data,
+        log_interval=log_interval,
+        save_interval=save_interval,
+        learning_rate=learning_rate,
+    )
+    if dry_run:
+        app.console.text_block(train_mod.dockerfile(spec, plan))
+        app.console.text_block(train_mod.run_yaml(spec, p, plan))
     result = train_mod.start(
         app.remote(spec),
         spec,
@@ -195,7 +243,7 @@ def start_cmd(
 @click.option("--output", default=None, metavar="DIR", help="checkpoint dir on the host (default <dump.dir>-drafter)")
 @hosts_command
 def status_cmd(app, hosts, forks, output) -> int:
-    """Epoch, step, per-position accuracy, tau estimate, ETA, latest checkpoint. One round trip a host.
+    """SpecForge's own metrics (acc_k, ploss_k, eval simulated_acc_len), ETA, checkpoints. One round trip a host.
 
     A pattern shows each host's run (read only), then the per-host table."""
 
@@ -210,7 +258,7 @@ def status_cmd(app, hosts, forks, output) -> int:
 @click.option("--diff", is_flag=True, help="show the training state before/after")
 @hosts_command
 def stop_cmd(app, hosts, forks, dry_run, diff) -> int:
-    """Stop the run by its recorded PID (stand-in) or `docker stop` (container); nothing running: no-op.
+    """Stop the trainer container (`docker stop`: SIGTERM, SIGKILL after 30 s); nothing running: no-op.
 
     Holds the host lock while it stops, appends an audit line and writes a run record, on each
     host of a pattern (a host's failure does not stop the others; the exit is the worst host's)."""
@@ -220,6 +268,43 @@ def stop_cmd(app, hosts, forks, dry_run, diff) -> int:
         return 0, train_mod.stop(app.remote(spec), spec, dry_run=dry_run, events=events)
 
     return run_on_hosts(app, hosts, work, lambda console, _spec, r: _show_result(console, r, diff), forks=forks)
+
+
+@train_group.command("export")
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(["hf", "sglang"]),
+    default="hf",
+    show_default=True,
+    help="hf: what vLLM loads; sglang: what SGLang loads",
+)
+@click.option("--step", type=click.IntRange(1), default=None, help="this saved step, not the chosen one")
+@click.option("--output", default=None, metavar="DIR", help="checkpoint dir on the host (default <dump.dir>-drafter)")
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="seconds for the export")
+@click.option("--dry-run", is_flag=True, help="show the checkpoint chosen and the command; change nothing")
+@host_command
+def export_cmd(app, host, to, step, output, timeout_s, dry_run) -> int:
+    """Export a checkpoint of the run as a drafter an engine serves (`specforge export` on the host).
+
+    The checkpoint: the best by eval simulated_acc_len when the run had eval data (SpecForge's
+    <run_id>.best_meta.json), else the newest.  Written to <output>/<run_id>-drafter-<to>
+    (config.json, model.safetensors) with provenance.json naming the checkpoint, its step and
+    metrics and the run.  When the draft vocabulary is the target's, the d2t/t2d tensors
+    SpecForge still writes (which vLLM refuses) are dropped."""
+    spec = app.host(host)
+    p = train_mod.paths_for(spec, output=output)
+    r = train_mod.export(app.remote(spec), spec, p, to=to, step=step, dry_run=dry_run, timeout_s=timeout_s)
+    app.console.status(
+        "info" if dry_run else "ok",
+        f"{r.host}: {'would export' if dry_run else 'exported'} {r.checkpoint} -> {r.out} ({r.reason})",
+    )
+    if dry_run:
+        app.console.say(f"would run: {r.command}")
+    else:
+        app.console.say(f"  files: {', '.join(r.files)}" + ("; d2t/t2d dropped" if r.vocab_mapping_dropped else ""))
+    app.console.emit(r)
+    return 0
 
 
 commands = [train_group]
