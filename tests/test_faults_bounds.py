@@ -149,7 +149,7 @@ def test_nested_json_draft_configs_are_config_errors_not_tracebacks(lab_env, rem
     nested = tmp_path / "nested.json"
     nested.write_text(NESTED)
     for args in (
-        ("train", "start", "--host", host.name, "--standin", "--dry-run", "--json", "--draft-config", str(nested)),
+        ("train", "start", "--host", host.name, "--dry-run", "--json", "--draft-config", str(nested)),
         ("dumps", "audit", "--host", host.name, "--json", "--draft-config", str(nested)),
     ):
         rc, out, err = run_cli(lab_env, *args)
@@ -191,7 +191,7 @@ def test_a_hidden_size_that_is_not_an_integer_is_a_config_error(lab_env, host, t
         ids = '{"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}'
         f.write_text(f'{{"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {ids}, "{field}": {value}}}')
         rc, out, err = run_cli(
-            lab_env, "train", "start", "--host", host.name, "--standin", "--dry-run", "--json", "--draft-config", str(f)
+            lab_env, "train", "start", "--host", host.name, "--dry-run", "--json", "--draft-config", str(f)
         )
         doc = json.loads(out) if out.strip() else {}
         assert rc == 3 and doc.get("field") == field and doc.get("source") == str(f), (value, rc, out, err[-1000:])
@@ -225,7 +225,7 @@ def lab1_dumps(host, tmp_path):
 def test_train_start_dry_run_with_a_failed_contract_exits_9(lab_env, host, lab1_dumps, tmp_path):
     off = tmp_path / "off.json"
     off.write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "hidden_size": 64}))
-    args = ("train", "start", "--host", host.name, "--standin", "--dry-run", "--json", "--draft-config", str(off))
+    args = ("train", "start", "--host", host.name, "--dry-run", "--json", "--draft-config", str(off))
     rc, out, err = run_cli(lab_env, *args)
     doc = json.loads(out)
     steps = {s["name"]: s for s in doc["steps"]}

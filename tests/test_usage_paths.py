@@ -146,7 +146,7 @@ def test_a_group_start_refuses_a_dataset_on_the_host(cli):
 @pytest.mark.parametrize(
     "args",
     [
-        ("train", "start", "--host", "far", "--standin"),
+        ("train", "start", "--host", "far"),
         ("spec", "bench", "--host", "far"),
         ("spec", "deploy", "--host", "far1,far2", "--draft", "/d"),
         ("dataset", "prepare", "x.jsonl", "--host", "far", "--max-length", "8"),

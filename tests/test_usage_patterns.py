@@ -28,7 +28,7 @@ def test_one_host_status_keeps_its_own_document(lab, lab_env):
 
 
 def test_train_start_given_a_pattern_is_a_usage_error(lab, lab_env):
-    rc, out, err = run_cli(lab_env, "train", "start", "--host", "lab1,lab2", "--standin", "--json")
+    rc, out, err = run_cli(lab_env, "train", "start", "--host", "lab1,lab2", "--json")
     assert rc == 2, err
     doc = json.loads(out)
     assert doc["error"] == "usage" and doc["hosts"] == ["lab1", "lab2"]
