@@ -85,7 +85,7 @@ def test_probe_output_parses_files_manifest_and_free_space():
             shell.SECTION + "exists:begin",
             shell.SECTION + "exists:end 0",
             shell.SECTION + "files:begin",
-            base64.b64encode(b"rank0/a-p0.safetensors\x00123\x00rank0/manifest.jsonl\x009\x00").decode(),
+            base64.b64encode(b"rank0/a-p0.safetensors\x00123\x00f\x00rank0/manifest.jsonl\x009\x00f\x00").decode(),
             shell.SECTION + "files:end 0",
             shell.SECTION + "manifest:begin",
             '{"key":"a-p0","file":"rank0/a-p0.safetensors"}',
@@ -102,7 +102,9 @@ def test_probe_output_parses_files_manifest_and_free_space():
 
 def test_verify_command_ships_format_py_on_stdin():
     cmd = DumpVerify("/data/d x", 7168, check_sha=False).command()
-    assert cmd == "python3 - verify '/data/d x' --json --hidden-size 7168 --no-sha"
+    assert cmd == (  # in the dir as the host resolves it (the configured one may be a symlink)
+        "cd -P -- '/data/d x' 2>/dev/null || exit 3; python3 - verify \"$(pwd -P)\" --json --hidden-size 7168 --no-sha"
+    )
     assert b"def verify_dir" in dumps.format_script()
 
 

@@ -214,7 +214,7 @@ def test_the_listing_is_nul_separated_so_a_newline_cannot_forge_an_entry():
     from remote_ops.probes import batch
     from remote_ops.probes.dumps import DumpStatus
 
-    listing = b"rankZ\n../PWN.safetensors\x009437184\x00rank0/a-p0.safetensors\x00123\x00rank0/\xff.bin\x004\x00"
+    listing = b"rankZ\n../PWN.safetensors\x009437184\x00f\x00rank0/a-p0.safetensors\x00123\x00f\x00rank0/\xff.bin\x004\x00f\x00"
     import base64
 
     out = "\n".join(

@@ -10,7 +10,10 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
   bf16), files missing from the manifest, manifest rows with no file, size
   mismatches, temp leftovers.  Every name the host gives (a listed file, a
   manifest row's `file`) passes `remote_ops.core.hostpaths.problem` or is set
-  aside as *unsafe*: named in `unsafe`, never counted, never pulled.
+  aside as *unsafe*: named in `unsafe`, never counted, never pulled.  An entry
+  that is not a regular file (a FIFO, a device, a symlink: entries of the dump
+  dir are never followed, `not_regular_reason`) is named in `not_regular` (and
+  in `unsafe`: never opened, never pulled), never counted as missing.
 - `errors_of`: the error-level problems of the host-side check (`dumps verify`).
 - `project`: space for the remaining samples against free space on the host and
   locally.
@@ -72,18 +75,57 @@ class Reconciliation:
     # names the host gave that may not become local paths (listed files, manifest rows'
     # `file`), "<name>: <reason>"; never counted above, never pulled (they fail a pull)
     unsafe: list[str] = field(default_factory=list)
+    # entries that are not regular files (FIFO, device, symlink; a row inside a symlinked rank
+    # dir), "<name>: not a regular file (<what>)": never counted, never opened, never pulled
+    not_regular: list[str] = field(default_factory=list)
+    configured_dir: str | None = None  # the inventory's dump dir when `dump_dir` is where it resolved to
     records: list[dict] = field(default_factory=list, repr=False)
+    unusable: set[str] = field(default_factory=set, repr=False)  # manifest rows' files that are not regular
 
     @property
     def ok(self) -> bool:
         """Manifest and files agree (`unsafe` names are judged by the pull, which refuses them)."""
-        return not (self.missing_files or self.size_mismatches)
+        return not (self.missing_files or self.size_mismatches or self.not_regular)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("records")
+        d.pop("unusable")
         d["ok"] = self.ok
         return d
+
+
+#: find's %y type letters of entries that are not regular files, in words
+NOT_REGULAR = {
+    "l": "a symlink: entries of the dump dir are never followed",
+    "p": "a FIFO",
+    "c": "a character device",
+    "b": "a block device",
+    "s": "a socket",
+    "D": "a door",
+}
+
+
+def not_regular_reason(kind: str) -> str:
+    """`not a regular file (a FIFO)` for find's %y letter `kind` (pure): the one wording of this
+    fault in `dumps status`, `verify`, `audit` and `sync`."""
+    return f"not a regular file ({NOT_REGULAR.get(kind, f'type {kind!r}')})"
+
+
+def _not_regular(irregular: dict[str, str], rows: Iterable[str]) -> tuple[list[str], set[str]]:
+    """(entries "<name>: not a regular file (...)" sorted by name, the manifest rows among them):
+    every listed entry that is not a regular file, and every row inside a rank dir that is one."""
+    named = {name: not_regular_reason(kind) for name, kind in irregular.items()}
+    hit: set[str] = set()
+    for row in rows:
+        parent = row.split("/", 1)[0]
+        if row in irregular:
+            hit.add(row)
+        elif "/" in row and parent in irregular:
+            what = "a symlink, never followed" if irregular[parent] == "l" else NOT_REGULAR.get(irregular[parent], "?")
+            named[row] = f"not a regular file (its rank dir {parent} is {what})"
+            hit.add(row)
+    return [f"{n}: {named[n]}" for n in sorted(named)], hit
 
 
 def latest_records(manifest_text: str) -> tuple[dict[str, dict], int]:
@@ -136,27 +178,40 @@ def reconcile(
     manifest_text: str,
     hidden_size: int | None = None,
     unsafe: Iterable[str] = (),
+    irregular: dict[str, str] | None = None,
+    configured_dir: str | None = None,
 ) -> Reconciliation:
     """Compare the manifest with the files present (pure).
 
     `unsafe`: the listing's refused names (`DumpDirState.unsafe`); manifest rows whose
     `file` is refused (or whose `bytes` is not a whole number) join them and are
-    left out of everything else.
+    left out of everything else.  `irregular`: the listing's entries that are not
+    regular files ({name: find's %y letter}): each is named in `not_regular` (and
+    `unsafe`), and a row naming one (or a file inside one) is neither present nor
+    missing.  `dump_dir` is the dir as the host resolved it; `configured_dir` the
+    inventory's, when it differs (a symlink to a big disk).
     """
     latest, torn = latest_records(manifest_text)
     latest, refused = _safe_records(latest)
+    not_regular, unusable = _not_regular(irregular or {}, (str(rec["file"]) for rec in latest.values()))
     r = Reconciliation(
         dump_dir,
         manifest_rows=len(latest),
         torn_lines=torn,
         torn=torn_entries(manifest_text, dump_dir),
-        unsafe=list(dict.fromkeys([*unsafe, *refused])),
+        unsafe=list(dict.fromkeys([*unsafe, *refused, *not_regular])),
+        not_regular=not_regular,
+        configured_dir=configured_dir if configured_dir not in (None, dump_dir) else None,
+        unusable=unusable,
     )
     complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
     listed: set[str] = set()
     for rec in latest.values():
+        if str(rec["file"]) in unusable:
+            listed.add(str(rec["file"]))
+            continue
         _account_record(r, rec, complete, listed)
     r.unlisted_files = sorted(set(complete) - listed)
     _bytes_per_token(r, latest, hidden_size)
@@ -324,7 +379,7 @@ def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | No
     """Every key with a file on some host; its copies ordered: not known bad first, then host order (pure)."""
     merged = FleetDumps(list(recons))
     for host, r in recons.items():
-        missing = set(r.missing_files) | {m["file"] for m in r.size_mismatches}
+        missing = set(r.missing_files) | {m["file"] for m in r.size_mismatches} | r.unusable
         for rec in r.records:
             if str(rec["file"]) not in missing:
                 merged.copies.setdefault(str(rec["key"]), []).append((host, rec))

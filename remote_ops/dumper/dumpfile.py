@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import stat
 import struct
 import sys
 import threading
@@ -582,9 +583,13 @@ def verify_record(
     """Verify one manifest record against its file; findings go into `report`."""
     where = str(rec.get("file"))
     path = os.path.join(root, where)
-    if not os.path.isfile(path):
+    try:
+        st = os.lstat(path)  # entries of the dump dir are never followed
+    except OSError:
         return report.add("error", where, "listed in the manifest but missing")
-    size = os.path.getsize(path)
+    if not stat.S_ISREG(st.st_mode):
+        return report.add("error", where, not_regular(st.st_mode))
+    size = st.st_size
     if size != rec.get("bytes"):
         return report.add("error", where, "size %d, manifest says %s" % (size, rec.get("bytes")))
     try:
@@ -640,10 +645,30 @@ def _account(report: VerifyReport, rec: Mapping[str, Any], h: int, per_token: in
     rank["partial"] += 1 if rec.get("partial") else 0
 
 
+NOT_REGULAR = {
+    stat.S_IFLNK: "a symlink: entries of the dump dir are never followed",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def not_regular(mode: int) -> str:
+    """`not a regular file (a FIFO)`: the words `dumps status` uses for the same entry."""
+    return "not a regular file (%s)" % NOT_REGULAR.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def rank_dirs(root: str) -> List[str]:
-    """The `rank<R>` folders of a dump dir, in rank order."""
+    """The `rank<R>` folders of a dump dir, in rank order (a symlinked one is never followed)."""
     names = [
-        n for n in os.listdir(root) if n.startswith("rank") and n[4:].isdigit() and os.path.isdir(os.path.join(root, n))
+        n
+        for n in os.listdir(root)
+        if n.startswith("rank")
+        and n[4:].isdigit()
+        and os.path.isdir(os.path.join(root, n))
+        and not os.path.islink(os.path.join(root, n))
     ]
     return sorted(names, key=lambda n: int(n[4:]))
 

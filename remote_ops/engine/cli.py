@@ -215,14 +215,52 @@ class DockerCLI:
         return [self.binary, *cli_argv(spec)[1:]]
 
     def throwaway_command(
-        self, image_word: str, args: list[str], *, entrypoint: str, mounts: tuple[str, ...] = (), stdin: bool = False
+        self,
+        image_word: str,
+        args: list[str],
+        *,
+        entrypoint: str,
+        mounts: tuple[str, ...] = (),
+        stdin: bool = False,
+        name: str | None = None,
     ) -> str:
         """A throwaway container (`--rm`, no network, never pulls) of `image_word` (a shell word:
         quoted, or a `"$(...)"` the host expands) running `entrypoint` with `args`; with `stdin`
-        the caller's input reaches it."""
-        head = [self.binary, "run", "--rm", *(["-i"] if stdin else []), "--pull=never", "--network", "none"]
-        head += ["--entrypoint", entrypoint, *[a for m in mounts for a in ("-v", m)]]
+        the caller's input reaches it; with `name`, named so that it can be removed by name."""
+        head = [self.binary, "run", "--rm", *(["--name", name] if name else []), *(["-i"] if stdin else [])]
+        head += [
+            "--pull=never",
+            "--network",
+            "none",
+            "--entrypoint",
+            entrypoint,
+            *[a for m in mounts for a in ("-v", m)],
+        ]
         return f"{shell.join(head)} {image_word} {shell.join(args)}".rstrip()
+
+    def bounded_throwaway_command(
+        self,
+        image_word: str,
+        args: list[str],
+        *,
+        name: str,
+        seconds: float,
+        entrypoint: str,
+        mounts: tuple[str, ...] = (),
+        stdin: bool = False,
+    ) -> str:
+        """`throwaway_command` named `name`, whose engine client ends on the host within `seconds`
+        (coreutils `timeout`, SIGKILL 2 s later; exit 124), and whose container is removed however
+        the shell ends: `rm -f` on EXIT, and HUP/INT/PIPE/TERM end the shell through it.  A laptop
+        killed mid-run therefore leaves nothing behind once `seconds` have passed.  Hosts without
+        `timeout` run it unbounded (the trap still removes it when the shell ends)."""
+        run = self.throwaway_command(image_word, args, entrypoint=entrypoint, mounts=mounts, stdin=stdin, name=name)
+        limit = max(1, int(seconds))
+        traps = (
+            f"trap {shell.quote(self.remove_cmd(name))} EXIT; "
+            "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 141' PIPE; trap 'exit 143' TERM"
+        )
+        return f"{traps}; if command -v timeout >/dev/null 2>&1; then timeout -k 2 {limit} {run}; else {run}; fi"
 
     def verify_in_image_cmd(self, image: str, expected_sha256: str | None) -> str:
         """Run the verifier with the image's python3 in a throwaway container (no network, no pull)."""

@@ -12,8 +12,9 @@ in each) it checks:
 - shape: 3 aux states plus the final state, hidden size = the model's config.json,
   tokens = the sample's tokens (dataset, client manifest and dump manifest agree);
 - finite: NaN and Inf counts per tensor (SpecForge skips such samples silently);
-- alignment: the dump's token ids are the dataset's for its key, and the dataset line
-  has a loss_mask of the same length (what `dumps export` joins by key);
+- alignment: the dump's token ids are the dataset's for its key, and the dataset line's
+  loss_mask (what `dumps export` joins by key) has the same length; a line without one is
+  a warning naming --mask-all (a property of the dataset, not of the capture);
 - token: argmax(lm_head . hidden_states[last]) = the `generated_token` the server
   answered (temperature 0) on the client's `ok` line; `lm_head.weight` (or the tied
   embedding) is read alone through the safetensors index, in row blocks, once for all
@@ -38,6 +39,16 @@ over the manifest; `train start` and `spec deploy` compare a drafter with it.
 `norm-check` is `audit` over 8 samples by default: `dumps export` reads its norm
 verdict before it converts pre-norm finals or refuses them.
 
+Every file it opens is checked first and read with a cap: inside the dump dir (`Rel`) no
+component is followed and only a regular file is opened (O_NONBLOCK|O_NOFOLLOW, then fstat),
+so a FIFO, a device or a symlink named like a dump fails THAT sample ("not a regular file (a
+FIFO)"); a header nested too deeply, data_offsets that are negative, not whole numbers or past
+the file's end fail it too: nothing is allocated beyond the file's own size, and one bad dump
+never ends the run.  Files outside it (model, work dir, dataset) may be reached through
+symlinks but must be regular files.  `--deadline S` ends the program after S seconds (and on
+SIGTERM) with an error document and exit 3, whatever it is blocked in: as a container's PID 1
+it has no default action for those signals.
+
 Each prints one JSON document on stdout (`{"error": ...}` and exit 2 when it cannot run).
 """
 
@@ -47,6 +58,8 @@ import json
 import math
 import os
 import random
+import signal
+import stat
 import struct
 import sys
 import time
@@ -74,49 +87,217 @@ def dump_key(ids, prefix_len=0):
     return "%s-p%d" % (hashlib.sha256(struct.pack("<%di" % len(ids), *ids)).hexdigest()[:32], prefix_len)
 
 
-def read_json(path):
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+class NotRegular(ValueError):
+    """A path the audit will not read: not a regular file (a FIFO, a device, a symlink inside the
+    dump dir); the message says what it is."""
+
+
+class Rel:
+    """`name` inside the dump dir `root` (already resolved on the host): opened component by
+    component, none of them followed (a symlinked entry is not a regular file)."""
+
+    def __init__(self, root, name):
+        self.root, self.name = root, name
+
+    def __str__(self):
+        return self.name
+
+
+KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink: entries of the dump dir are never followed",
+}
+JSON_CAP = 64 << 20  # config.json, the safetensors index, run.json
+LINE_CAP = 64 << 20  # one line of a manifest or the dataset (longer lines are skipped)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def not_regular(mode, where=None):
+    what = KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    if where:
+        return NotRegular("not a regular file (%s is %s)" % (where, what))
+    return NotRegular("not a regular file (%s)" % what)
+
+
+def open_regular(path):
+    """(binary file object, size) of a regular file, checked before it is opened and again after:
+    never blocks on a FIFO, never opens a device.  A `Rel` is opened inside its dump dir with no
+    component followed; a plain path may pass symlinks (a model dir in a Hugging Face cache) but
+    must end at a regular file.  The caller reads at most `size` bytes."""
+    if isinstance(path, Rel):
+        return _open_inside(path.root, path.name)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(st.st_mode)
+    return _checked(os.open(path, os.O_RDONLY | os.O_NONBLOCK | O_CLOEXEC))
+
+
+def _checked(fd):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(st.st_mode)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_inside(root, name):
+    parts = str(name).split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise NotRegular("not a name inside the dump dir")
+    fd = os.open(root, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if last and not stat.S_ISREG(st.st_mode):
+                raise not_regular(st.st_mode)
+            if not last and not stat.S_ISDIR(st.st_mode):
+                raise not_regular(st.st_mode, "/".join(parts[: i + 1]))
+            flags = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (os.O_NONBLOCK if last else O_DIRECTORY)
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:  # swapped for a symlink since the stat (ELOOP)
+                raise NotRegular("not a regular file (%s)" % exc.strerror) from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return _checked(fd)
+
+
+def read_bytes(path, cap):
+    """A regular file's bytes, at most `cap` (more is a ValueError naming both sizes)."""
+    fh, size = open_regular(path)
+    with fh:
+        if size > cap:
+            raise ValueError("%d bytes, more than the %d the audit reads" % (size, cap))
+        return fh.read(size)
+
+
+def loads(raw):
+    """json.loads, a document nested too deeply being a ValueError like any other non-JSON."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("not JSON the audit reads: nested too deeply") from None
+
+
+def read_json(path, cap=JSON_CAP):
+    return loads(read_bytes(path, cap).decode("utf-8"))
+
+
+def read_lines(path):
+    """The lines of a regular file, each at most LINE_CAP bytes (a longer one is read past and
+    given as None, so line numbers stay the file's)."""
+    fh, size = open_regular(path)
+    with fh:
+        left = size
+        while left > 0:
+            raw = fh.readline(min(LINE_CAP + 1, left))
+            if not raw:
+                return
+            left -= len(raw)
+            if len(raw) > LINE_CAP:
+                while raw and not raw.endswith(b"\n") and left > 0:  # the rest of the long line
+                    raw = fh.readline(min(LINE_CAP, left))
+                    left -= len(raw)
+                yield None
+                continue
+            yield raw
 
 
 def jsonl(path):
-    """Readable JSON-object lines of a file, in order (torn or foreign lines skipped)."""
+    """Readable JSON-object lines of a file, in order (torn or foreign lines skipped; no file:
+    none).  A path that is not a regular file is a NotRegular error."""
     out = []
-    if not os.path.isfile(path):
+    try:
+        lines = list(read_lines(path))
+    except FileNotFoundError:
         return out
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
+    for raw in lines:
+        if raw is None:
+            continue
+        try:
+            rec = loads(raw.decode("utf-8"))
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 
 def read_header(path):
-    """(data start, {name: entry}, metadata) of a safetensors file."""
-    with open(path, "rb") as fh:
+    """(data start, {name: entry}, metadata) of a safetensors file (a regular file; its header
+    at most 100 MB and inside the file)."""
+    fh, size = open_regular(path)
+    with fh:
         head = fh.read(8)
         if len(head) < 8:
             raise ValueError("shorter than 8 bytes")
-        (size,) = struct.unpack("<Q", head)
-        if size > 100 << 20:
-            raise ValueError("header length %d is implausible" % size)
-        header = json.loads(fh.read(size))
+        (length,) = struct.unpack("<Q", head)
+        if length > 100 << 20:
+            raise ValueError("header length %d is implausible" % length)
+        if 8 + length > size:
+            raise ValueError("header length %d is past the end of the file (%d bytes)" % (length, size))
+        try:
+            header = json.loads(fh.read(length))
+        except RecursionError:
+            raise ValueError("the header is nested too deeply to be a safetensors header") from None
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
-    return 8 + size, header, meta
+    if not isinstance(meta, dict):
+        raise ValueError("__metadata__ is not a JSON object")
+    return 8 + length, header, meta
+
+
+def span(entry, start, size):
+    """(first, last) byte of a tensor's data in its file, checked: two whole numbers, not
+    negative, in order, inside the file of `size` bytes."""
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not isinstance(offsets, list) or len(offsets) != 2:
+        raise ValueError("data_offsets %s: not two offsets" % json.dumps(offsets))
+    said = json.dumps(offsets)
+    if not all(type(x) is int for x in offsets):
+        raise ValueError("data_offsets %s: not whole numbers" % said)
+    a, b = offsets
+    if a < 0 or b < 0:
+        raise ValueError("data_offsets %s: negative" % said)
+    if b < a:
+        raise ValueError("data_offsets %s: ends before it starts" % said)
+    if start + b > size:
+        raise ValueError("data_offsets %s: past the end of the file (%d bytes)" % (said, size))
+    return start + a, start + b
 
 
 def read_range(path, start, entry):
-    a, b = entry["data_offsets"]
-    with open(path, "rb") as fh:
-        fh.seek(start + a)
-        data = fh.read(b - a)
-    if len(data) != b - a:
+    """One tensor's bytes: never more than the file holds (its offsets are checked first)."""
+    fh, size = open_regular(path)
+    with fh:
+        first, last = span(entry, start, size)
+        fh.seek(first)
+        data = fh.read(last - first)
+    if len(data) != last - first:
         raise ValueError("file shorter than its header says")
     return data
+
+
+def shape_of(entry, dims):
+    """A tensor's shape: `dims` whole non-negative numbers, or a ValueError."""
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if not isinstance(shape, list) or len(shape) != dims or not all(type(x) is int and x >= 0 for x in shape):
+        raise ValueError("shape %s is not %d whole numbers" % (json.dumps(shape), dims))
+    return shape
 
 
 def meta_list(meta, name):
@@ -281,8 +462,8 @@ class Logits:
 def lm_head_logits(fl, path, start, entry, rows, wanted):
     """Stream lm_head [V, H] in blocks of rows; for each query row, argmax and the logit of its
     wanted token (None: no token).  Returns (Logits, bytes read)."""
-    v, h = entry["shape"]
-    dtype, size = entry["dtype"], FLOAT_SIZE.get(entry["dtype"])
+    v, h = shape_of(entry, 2)
+    dtype, size = entry.get("dtype"), FLOAT_SIZE.get(entry.get("dtype"))
     if size is None:
         raise AuditError("lm_head dtype %s is not a float type the audit reads" % dtype)
     out, read = Logits(len(rows)), 0
@@ -290,8 +471,12 @@ def lm_head_logits(fl, path, start, entry, rows, wanted):
     exact = np is not None and h <= 1024  # small models in float64; big ones in float32 (bounded memory)
     kind = np.float64 if exact else (np.float32 if np is not None else None)
     queries = np.asarray(rows, dtype=kind).T if np is not None and rows else None  # [H, S]
-    with open(path, "rb") as fh:
-        fh.seek(start + entry["data_offsets"][0])
+    fh, file_size = open_regular(path)
+    with fh:
+        begin, end = span(entry, start, file_size)
+        if end - begin != v * h * size:
+            raise AuditError("lm_head %s %s holds %d bytes, not %d" % (dtype, [v, h], end - begin, v * h * size))
+        fh.seek(begin)
         for first in range(0, v, LM_HEAD_BLOCK):
             count = min(LM_HEAD_BLOCK, v - first)
             data = fh.read(count * h * size)
@@ -346,8 +531,13 @@ def dump_manifest(dump_dir):
         (d for d in os.listdir(dump_dir) if d.startswith("rank") and d[4:].isdigit()), key=lambda d: int(d[4:])
     )
     for rank in reversed(ranks):  # rank0's records win
-        for rec in jsonl(os.path.join(dump_dir, rank, "manifest.jsonl")):
-            if "key" in rec and "file" in rec:
+        name = rank + "/manifest.jsonl"
+        try:
+            records = jsonl(Rel(dump_dir, name))
+        except NotRegular as exc:
+            raise AuditError("%s: %s" % (name, exc)) from None
+        for rec in records:
+            if "key" in rec and isinstance(rec.get("file"), str):
                 out[str(rec["key"])] = rec
     return out
 
@@ -358,11 +548,8 @@ def population(workdir):
     records = jsonl(os.path.join(workdir, "manifest.jsonl"))
     if not records:
         raise AuditError("no extraction manifest at %s (run `extract start` first)" % workdir)
-    keys_path = os.path.join(workdir, "dataset.keys")
-    current = None
-    if os.path.isfile(keys_path):
-        with open(keys_path) as fh:
-            current = set(line.strip() for line in fh if line.strip())
+    keys = keys_of_run(workdir)
+    current = None if keys is None else set(keys)
     order, best = [], {}
     for rec in records:
         key = rec.get("key")
@@ -374,6 +561,15 @@ def population(workdir):
         elif "generated_token" in rec and "generated_token" not in best[key]:
             best[key] = rec
     return [(k, best[k]) for k in order]
+
+
+def keys_of_run(workdir):
+    """dataset.keys (the run's keys in the dataset's sample order), or None when there is none."""
+    try:
+        lines = read_lines(os.path.join(workdir, "dataset.keys"))
+        return [k for k in (raw.decode("utf-8", "replace").strip() for raw in lines if raw) if k]
+    except FileNotFoundError:
+        return None
 
 
 def stratified(n_total, n_samples, seed):
@@ -392,29 +588,24 @@ def dataset_lines(dataset, workdir, keys):
     run's keys in the dataset's sample order, so only those lines are parsed; without it every
     line is."""
     want = set(keys)
-    keys_path = os.path.join(workdir, "dataset.keys")
-    by_sample = None
-    if os.path.isfile(keys_path):
-        with open(keys_path) as fh:
-            by_sample = [line.strip() for line in fh if line.strip()]
+    by_sample = keys_of_run(workdir)
     out, sample = {}, -1
-    with open(dataset, "rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            sample += 1
-            if by_sample is not None and (sample >= len(by_sample) or by_sample[sample] not in want):
-                continue
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-                ids = rec.get("input_ids", rec.get("token_ids"))
-                key = dump_key(ids)
-            except (ValueError, TypeError, AttributeError, struct.error):
-                continue
-            if by_sample is not None and by_sample[sample] != key:
-                out[by_sample[sample]] = (number, {"_changed": key})
-            elif key in want:
-                out[key] = (number, rec)
+    for number, raw in enumerate(read_lines(dataset), 1):
+        if raw is not None and not raw.strip():
+            continue
+        sample += 1
+        if raw is None or by_sample is not None and (sample >= len(by_sample) or by_sample[sample] not in want):
+            continue
+        try:
+            rec = loads(raw.decode("utf-8"))
+            ids = rec.get("input_ids", rec.get("token_ids"))
+            key = dump_key(ids)
+        except (ValueError, TypeError, AttributeError, struct.error, OverflowError):
+            continue
+        if by_sample is not None and by_sample[sample] != key:
+            out[by_sample[sample]] = (number, {"_changed": key})
+        elif key in want:
+            out[key] = (number, rec)
     return out
 
 
@@ -453,12 +644,17 @@ class Sample:
         self.position, self.key, self.client = position, key, client
         self.doc = {"key": key, "id": client.get("id"), "position": position, "tokens": client.get("tokens")}
         self.problems = {}
+        self.warnings = {}
         self.last_row = None  # the final state at the last position (floats), for the token check
         self.dtype = None
         self.vllm = False  # a vLLM file: its final state is layer L, captured before the final norm
 
     def fail(self, check, message):
         self.problems.setdefault(check, message)
+
+    def warn(self, check, message):
+        """A finding about the sample that is not a fault of its capture (a dataset without loss_mask)."""
+        self.warnings.setdefault(check, message)
 
 
 def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
@@ -474,8 +670,13 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
     else:
         ids = rec.get("input_ids", rec.get("token_ids"))
         mask = rec.get("loss_mask")
-        if mask is None:
-            s.fail("alignment", "dataset line %d has no loss_mask to join by key (export needs --mask-all)" % line)
+        if mask is None:  # a property of the dataset, not of the capture: the ids are still checked
+            s.warn(
+                "alignment",
+                "dataset line %d has no loss_mask: `dumps export` needs --mask-all (its token ids were checked)" % line,
+            )
+        elif not isinstance(mask, list):
+            s.fail("alignment", "dataset line %d: loss_mask is not a list" % line)
         elif len(mask) != len(ids):
             s.fail("alignment", "loss_mask has %d entries, the sample %d tokens" % (len(mask), len(ids)))
     spans = find_spans(ids, manifest) if ids is not None else _spans_by_key(s.key, manifest)
@@ -485,9 +686,12 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
     s.doc["files"] = [r["file"] for r in spans]
     got_ids, n_total, layers = [], 0, []
     for rec in spans:
-        path = os.path.join(dump_dir, rec["file"])
+        path = Rel(dump_dir, rec["file"])
         try:
             start, header, meta = read_header(path)
+        except NotRegular as exc:
+            s.fail("shape", "%s: %s" % (rec["file"], exc))
+            return
         except (OSError, ValueError) as exc:
             s.fail("shape", "%s: cannot read its header: %s" % (rec["file"], exc))
             return
@@ -583,7 +787,12 @@ def _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers):
     if hs is None or ids is None:
         s.fail("shape", "%s has no %s" % (name, "hidden_states" if hs is None else "token_ids"))
         return None
-    if len(hs["shape"]) != 3 or hs["dtype"] not in FLOAT_SIZE or ids["dtype"] != "I64":
+    try:
+        shape_of(hs, 3), shape_of(ids, 1)
+    except ValueError as exc:
+        s.fail("shape", "%s: %s" % (name, exc))
+        return None
+    if hs.get("dtype") not in FLOAT_SIZE or ids.get("dtype") != "I64" or not hs["shape"][2]:
         s.fail("shape", "%s: hidden_states %s %s, token_ids %s" % (name, hs["dtype"], hs["shape"], ids["dtype"]))
         return None
     n, count, h = hs["shape"]
@@ -631,8 +840,16 @@ def _check_shapes(s, rec, header, hidden):
     if missing:
         s.fail("shape", "%s has no %s" % (rec["file"], ", ".join(missing)))
         return None
+    try:
+        for tensor, dims in (("hidden_states", 2), ("aux_hidden_states", 2), ("input_ids", 1), ("positions", 1)):
+            shape_of(header[tensor], dims)
+        if not header["hidden_states"]["shape"][1]:
+            raise ValueError("hidden size 0")
+    except ValueError as exc:
+        s.fail("shape", "%s: %s: %s" % (rec["file"], tensor, exc))
+        return None
     hs, aux = header["hidden_states"], header["aux_hidden_states"]
-    if hs["dtype"] not in FLOAT_SIZE or aux["dtype"] != hs["dtype"]:
+    if hs.get("dtype") not in FLOAT_SIZE or aux.get("dtype") != hs.get("dtype"):
         s.fail("shape", "%s: dtypes %s / %s" % (rec["file"], hs["dtype"], aux["dtype"]))
         return None
     n, h = hs["shape"]
@@ -765,31 +982,46 @@ def norm_verdict(samples):
 # --------------------------------------------------------------------------- commands
 
 
+def named(what, fn, *args):
+    """fn(*args); a file it may not read (a FIFO, a device) is an AuditError naming `what`."""
+    try:
+        return fn(*args)
+    except NotRegular as exc:
+        raise AuditError("%s: %s" % (what, exc)) from None
+
+
 def audit(args):
     t0 = time.monotonic()
     fl = Floats(use_numpy=not args.no_numpy)
-    cfg = model_config(args.model_dir)
-    runs = population(args.workdir)
-    dataset = args.dataset or (read_json(os.path.join(args.workdir, "run.json")).get("dataset"))
+    cfg = named(args.model_dir + "/config.json", model_config, args.model_dir)
+    runs = named(args.workdir + "/manifest.jsonl", population, args.workdir)
+    dataset = args.dataset
+    if not dataset:
+        run = named(args.workdir + "/run.json", read_json, os.path.join(args.workdir, "run.json"))
+        dataset = run.get("dataset") if isinstance(run, dict) and isinstance(run.get("dataset"), str) else None
     positions = stratified(len(runs), args.samples, args.seed)
     chosen = [Sample(p, runs[p][0], runs[p][1]) for p in positions]
     manifest = dump_manifest(args.dump_dir)
-    lines = dataset_lines(dataset, args.workdir, [s.key for s in chosen]) if dataset else {}
+    keys = [s.key for s in chosen]
+    lines = named("the dataset " + str(dataset), dataset_lines, dataset, args.workdir, keys) if dataset else {}
     for s in chosen:
         try:
             check_sample(s, args.dump_dir, manifest, lines.get(s.key), cfg, fl)
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except Exception as exc:  # one bad dump fails its own sample (RecursionError, MemoryError too)
             s.fail("shape", "cannot read this sample's dump: %s: %s" % (type(exc).__name__, exc))
             s.last_row = None
     head = check_tokens(chosen, args.model_dir, cfg, fl)
     for s in chosen:
         s.doc["problems"] = s.problems
+        if s.warnings:
+            s.doc["warnings"] = s.warnings
     layers = {}
     for s in chosen:
         k = json.dumps([s.doc.get("layers_to_capture"), s.doc.get("eagle_aux_hidden_state_layer_ids")])
         layers[k] = layers.get(k, 0) + 1
     doc = {
         "event": "audit",
+        "dump_dir": args.dump_dir,
         "model": dict(cfg, lm_head=head),
         "dataset": dataset,
         "population": len(runs),
@@ -821,14 +1053,14 @@ def contract(args):
     for i in picks:
         rec = records[i]
         try:
-            _, header, meta = read_header(os.path.join(args.dump_dir, rec["file"]))
+            _, header, meta = read_header(Rel(args.dump_dir, rec["file"]))
             if is_vllm_file(header, meta):
                 entry = vllm_contract(header, meta)
             else:
                 n_tok, h = header["hidden_states"]["shape"]
                 aux = header["aux_hidden_states"]["shape"][1]
                 entry = None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # one bad dump is one named problem (RecursionError, MemoryError too)
             problems.append("%s: %s" % (rec["file"], exc))
             continue
         entry = entry or {
@@ -892,14 +1124,39 @@ def parse_args(argv):
     c = sub.add_parser("contract")
     c.add_argument("--dump-dir", required=True)
     c.add_argument("--files", type=int, default=8)
+    for p in (c, *(sub.choices[n] for n in ("audit", "norm-check"))):
+        p.add_argument("--deadline", type=float, default=0, help="seconds: then exit 3 with an error document")
     return ap.parse_args(argv)
+
+
+DEADLINE_EXIT = 3
+
+
+def ends_at(seconds):
+    """The auditor ends itself `seconds` from now (SIGALRM), and on SIGTERM, with one error
+    document and exit 3, whatever it is blocked in.  As a container's first process (PID 1) it
+    gets no default action for these signals: the handlers are what end it."""
+
+    def stop(signum, _frame):
+        why = (
+            "ran past its deadline of %gs" % seconds if signum == signal.SIGALRM else "was ended by signal %d" % signum
+        )
+        doc = {"event": "error", "error": "the audit %s" % why, "reason": "deadline"}
+        os.write(1, (json.dumps(doc) + "\n").encode())
+        os._exit(DEADLINE_EXIT)
+
+    signal.signal(signal.SIGTERM, stop)
+    if seconds > 0:
+        signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    ends_at(args.deadline)
     try:
         return contract(args) if args.action == "contract" else audit(args)
-    except (AuditError, OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # the audit cannot run at all: one error document, never a traceback
         sys.stdout.write(json.dumps({"event": "error", "error": "%s: %s" % (type(exc).__name__, exc)}) + "\n")
         return 2
 

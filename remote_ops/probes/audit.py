@@ -3,14 +3,15 @@ recorded dump contract that `train start` and `spec deploy` compare a drafter wi
 
 - `DumpAudit`: `remote_ops/onhost/audit_onhost.py` on stdin to the python of the served
   image, in a throwaway container of it (no network, never pulls, the engine's command
-  line: `engine.cli_for(host).throwaway_command`) with the dump dir, the model dir, the
-  extraction work dir and the dataset mounted read-only.  Its JSON report.
+  line: `engine.cli_for(host).bounded_throwaway_command`: named, ended on the host before
+  the deadline, removed however it ends) with the dump dir (as the host resolved it), the
+  model dir, the extraction work dir and the dataset mounted read-only.  Its JSON report.
 - `DumpContract`: the same program's `contract` on the host's own python3 (headers only):
   the layers, eagle ids, hidden size, aux states and dtype a few dumps record.
-- `ExtractRun`, `JsonFile`: the extraction's run.json (which dataset it used), a JSON
-  file on the host (a drafter's config.json).
+- `ExtractRun`: the extraction's run.json (which dataset it used; a small regular file).
 - `evaluate`: the report -> one `Check` per audit check (ok / warn / fail), the failed
-  samples named in `data["samples"]` (pure).  `drafter_problems`: a drafter's config
+  samples named in `data["samples"]` (pure); samples with only a warning (a dataset line
+  without loss_mask: `dumps export` needs --mask-all) make their check a warning.  `drafter_problems`: a drafter's config
   against a recorded contract and the serving release's numbering (pure).
 """
 
@@ -35,14 +36,15 @@ def _last_json(text: str) -> dict[str, Any] | None:
     for line in reversed(text.strip().splitlines()):
         try:
             doc = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested too deeply is no document either
             continue
         return doc if isinstance(doc, dict) else None
     return None
 
 
 class ExtractRun(Probe[dict[str, Any]]):
-    """The extraction's `run.json` ({} when there is none): which dataset the run used."""
+    """The extraction's `run.json` ({} when there is none, or it is not a JSON object in a
+    regular file of at most 1 MiB: `shell.read_small_file`): which dataset the run used."""
 
     name = "run"
 
@@ -50,30 +52,10 @@ class ExtractRun(Probe[dict[str, Any]]):
         self.path = paths_for(host).file("run.json")
 
     def command(self) -> str:
-        return f"cat {shell.quote(self.path)} 2>/dev/null"
+        return shell.read_small_file(self.path)
 
     def parse(self, status: int, text: str) -> dict[str, Any]:
         return (_last_json(text) or {}) if status == 0 else {}
-
-
-class JsonFile(Probe[tuple[bool, Any]]):
-    """A JSON file on the host: (found, document); a file that is not JSON reads (True, None)."""
-
-    name = "json"
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def command(self) -> str:
-        return f"cat {shell.quote(self.path)}"
-
-    def parse(self, status: int, text: str) -> tuple[bool, Any]:
-        if status != 0:
-            return False, None
-        try:
-            return True, json.loads(text)
-        except ValueError:
-            return True, None
 
 
 def audit_mounts(paths: list[str]) -> tuple[str, ...]:
@@ -87,20 +69,47 @@ def audit_mounts(paths: list[str]) -> tuple[str, ...]:
     return tuple(f"{p}:{p}:ro" for p in kept)
 
 
+def audit_deadlines(seconds: float) -> tuple[float, float]:
+    """(the auditor's own alarm inside the container, the engine client's `timeout` on the host)
+    for a run whose local wait ends after `seconds`: 3 s and 1 s before it, so the auditor's
+    error document, else the host's exit 124 and its `rm -f`, come back before the wait ends (pure)."""
+    return max(1.0, float(int(seconds) - 3)), max(1.0, float(int(seconds) - 1))
+
+
 class DumpAudit(Probe[dict[str, Any] | None]):
     """The audit in a throwaway container of the served image (the script on stdin).  Its JSON
-    report, an `{"event": "error", ...}` document, or None when nothing readable came back."""
+    report, an `{"event": "error", ...}` document, or None when nothing readable came back.
+
+    `dump_dir`: the dump dir as the host resolved it (`probes.dumps.DumpDirResolved`; default the
+    configured one), mounted and audited.  With `name` and `deadline_s` the container is named,
+    ended by the auditor's own alarm and the host's `timeout` before `deadline_s`, and removed
+    on the host however the shell ends (`DockerCLI.bounded_throwaway_command`)."""
 
     name = "audit"
     bounded = False  # one long command, run alone with its own deadline
 
-    def __init__(self, host: HostSpec, dataset: str | None, samples: int, seed: int, action: str = "audit") -> None:
+    def __init__(
+        self,
+        host: HostSpec,
+        dataset: str | None,
+        samples: int,
+        seed: int,
+        action: str = "audit",
+        *,
+        dump_dir: str | None = None,
+        name: str | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
         self.host, self.dataset, self.samples, self.seed, self.action = host, dataset, samples, seed, action
+        self.dump_dir = dump_dir or host.dump.dir
+        self.container, self.deadline_s = name, deadline_s
 
     def argv(self) -> list[str]:
         workdir = paths_for(self.host).workdir
-        argv = ["-", self.action, "--dump-dir", self.host.dump.dir, "--model-dir", self.host.model.path]
+        argv = ["-", self.action, "--dump-dir", self.dump_dir, "--model-dir", self.host.model.path]
         argv += ["--workdir", workdir, "--samples", str(self.samples), "--seed", str(self.seed)]
+        if self.deadline_s:
+            argv += ["--deadline", f"{audit_deadlines(self.deadline_s)[0]:g}"]
         return argv + (["--dataset", self.dataset] if self.dataset else [])
 
     def command(self) -> str:
@@ -109,13 +118,24 @@ class DumpAudit(Probe[dict[str, Any] | None]):
         cli = cli_for(self.host)
         mounts = audit_mounts(
             [
-                self.host.dump.dir,
+                self.dump_dir,
                 self.host.model.path,
                 paths_for(self.host).workdir,
                 str(PurePosixPath(self.dataset).parent) if self.dataset else "",
             ]
         )
-        run = cli.throwaway_command('"$img"', self.argv(), entrypoint="python3", mounts=mounts, stdin=True)
+        if self.container and self.deadline_s:
+            run = cli.bounded_throwaway_command(
+                '"$img"',
+                self.argv(),
+                name=self.container,
+                seconds=audit_deadlines(self.deadline_s)[1],
+                entrypoint="python3",
+                mounts=mounts,
+                stdin=True,
+            )
+        else:
+            run = cli.throwaway_command('"$img"', self.argv(), entrypoint="python3", mounts=mounts, stdin=True)
         missing = shell.quote(
             json.dumps({"event": "error", "error": NO_CONTAINER.format(name=self.host.container.name)})
         )
@@ -155,10 +175,29 @@ def _named(samples: list[dict[str, Any]], check: str) -> list[dict[str, Any]]:
     ]
 
 
+def _warned(samples: list[dict[str, Any]], check: str) -> list[dict[str, Any]]:
+    return [
+        {"key": s.get("key"), "id": s.get("id"), "position": s.get("position"), "message": s["warnings"][check]}
+        for s in samples
+        if check in (s.get("warnings") or {})
+    ]
+
+
 def _sample_check(report: dict[str, Any], check: str, what: str) -> Check:
+    """Failed samples fail the check; samples with only a warning (a dataset without loss_mask:
+    a property of the dataset, not of the capture) make it a warning naming them."""
     samples = report.get("samples") or []
     bad = _named(samples, check)
     if not bad:
+        warned = _warned(samples, check)
+        if warned:
+            return Check(
+                "audit",
+                check,
+                "warn",
+                f"{len(warned)} of {len(samples)} samples: {warned[0]['message']}",
+                {"samples": warned},
+            )
         return Check("audit", check, "ok", f"{len(samples)} of {len(samples)} samples: {what}")
     return Check(
         "audit",

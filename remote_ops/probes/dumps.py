@@ -1,17 +1,27 @@
 """The dump dir on the host: what `dumps status` lists, what `dumps verify` checks, and what
 `health` watches (growth and free space).
 
-`dumps status` asks four probes in one round trip (`DumpStatus`) and reads
-them into one `DumpDirState`: whether the dir exists, its files
-(name + size), every rank's manifest, the free space.  The listing is
-NUL-separated (`find -printf '%P\\0%s\\0'`, base64 on the wire so the section
-framing holds), so a name holding a newline stays one name, and every name
-passes `remote_ops.core.hostpaths.problem` or is set aside as *unsafe*.  The
-comparison of manifest and files is pure and lives in `remote_ops.core.dumpcheck`.
+`dumps status` asks five probes in one round trip (`DumpStatus`) and reads
+them into one `DumpDirState`: whether the dir exists and where it really is,
+its entries (name + size + type), every rank's manifest, the free space.  The
+listing is NUL-separated (`find -printf '%P\\0%s\\0%y\\0'`, base64 on the wire
+so the section framing holds), so a name holding a newline stays one name, and
+every name passes `remote_ops.core.hostpaths.problem` or is set aside as
+*unsafe*.  The comparison of manifest and files is pure and lives in
+`remote_ops.core.dumpcheck`.
+
+The dump dir rule, the same in every command: the configured dir may itself be
+a symlink (operators link it to a big disk); each probe resolves it on the host
+(`cd -P`, `real_dir_command`) and works inside the resolved dir, which is what
+is reported (`DumpDirResolved`).  Entries inside it are never followed: the
+listing does not descend into a symlinked rank dir, a symlink, FIFO or device
+where a dump file or rank dir should be is listed with its type and named "not
+a regular file" (`dumpcheck.reconcile`), never counted as missing and never
+opened; a manifest that is not a regular file is not read.
 
 `dumps verify` is `DumpVerify`: the stdlib-only `remote_ops/dumper/dumpfile.py`
-sent on stdin to the host's `python3` (`python3 - verify DIR --json`), one
-round trip, nothing installed.
+sent on stdin to the host's `python3` (`python3 - verify DIR --json`, DIR the
+resolved dir), one round trip, nothing installed.
 
 `health`'s `DumpUsage` counts the finished dump files and their bytes, then the
 free space; `check_dumps` says whether they grow (against a local baseline)
@@ -37,6 +47,28 @@ def _dir(dump_dir: str) -> str:
     return shell.quote(dump_dir.rstrip("/") or "/")
 
 
+def real_dir_command(dump_dir: str) -> str:
+    """Shell that enters the dump dir as the host resolves it (the dir itself may be a symlink:
+    `cd -P`, builtins only) or exits 3 when there is none; then `.` is the real dir (pure)."""
+    return f"cd -P -- {_dir(dump_dir)} 2>/dev/null || exit 3"
+
+
+class DumpDirResolved(Probe[str | None]):
+    """The dump dir's real path on the host (`pwd -P` inside it), or None when there is none."""
+
+    name = "real"
+
+    def __init__(self, dump_dir: str) -> None:
+        self.dump_dir = dump_dir
+
+    def command(self) -> str:
+        return f"{real_dir_command(self.dump_dir)}; pwd -P"
+
+    def parse(self, status: int, text: str) -> str | None:
+        lines = text.strip().splitlines()
+        return lines[-1] if status == 0 and lines and lines[-1].startswith("/") else None
+
+
 class DumpDirExists(Probe[bool]):
     name = "exists"
 
@@ -50,13 +82,15 @@ class DumpDirExists(Probe[bool]):
         return status == 0
 
 
-#: ({relative name: size}, refused "<name>: <reason>")
-Listing = tuple[dict[str, int], list[str]]
+#: ({relative name: size} of regular files, refused "<name>: <reason>", {name: find's %y type
+#: letter} of the entries that are not regular files: `l` symlink, `p` FIFO, `c`/`b` device, `s` socket)
+Listing = tuple[dict[str, int], list[str], dict[str, str]]
 
 
 class DumpFiles(Probe[Listing]):
-    """Every file under `rank*/`, name NUL size NUL ... (any byte but NUL and / may be in a name,
-    a newline too), base64 so the section framing holds."""
+    """Every entry of the resolved dump dir that is a rank dir or in one and is not a directory,
+    never followed: name NUL size NUL type NUL ... (any byte but NUL and / may be in a name, a
+    newline too), base64 so the section framing holds."""
 
     name = "files"
     absent = (0, "")
@@ -65,15 +99,18 @@ class DumpFiles(Probe[Listing]):
         self.dump_dir = dump_dir
 
     def command(self) -> str:
-        d = _dir(self.dump_dir)
-        return f"find {d} -mindepth 2 -maxdepth 2 -path {d}'/rank*/*' -type f -printf '%P\\0%s\\0' | base64 -w0"
+        return (
+            f"{real_dir_command(self.dump_dir)}; "
+            "find . -mindepth 1 -maxdepth 2 -path './rank*' ! -type d -printf '%P\\0%s\\0%y\\0' | base64 -w0"
+        )
 
     def parse(self, status: int, text: str) -> Listing:
         return parse_listing(text)
 
 
 def parse_listing(text: str) -> Listing:
-    """The base64 of `name NUL size NUL ...` -> ({name: size}, refused "<name>: <reason>") (pure).
+    """The base64 of `name NUL size NUL type NUL ...` -> ({name: size} of regular files, refused
+    "<name>: <reason>", {name: type} of the rest) (pure).
 
     Every name is checked (`hostpaths`): a name with a newline, `..`, a leading
     `/` or bytes that are not UTF-8 is refused, never split into entries.
@@ -81,16 +118,18 @@ def parse_listing(text: str) -> Listing:
     try:
         raw = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
-        return {}, []  # no readable listing: every manifest row shows as missing
+        return {}, [], {}  # no readable listing: every manifest row shows as missing
     fields = raw.split(b"\0")
-    files, unsafe = {}, []
-    for name_bytes, size in zip(fields[0::2], fields[1::2]):
+    files, unsafe, irregular = {}, [], {}
+    for name_bytes, size, kind in zip(fields[0::3], fields[1::3], fields[2::3]):
         name, reason = hostpaths.decode_name(name_bytes)
         if reason is not None:
             unsafe.append(hostpaths.Unsafe(name, reason).entry)
+        elif kind != b"f":
+            irregular[name] = kind.decode("ascii", "replace")[:1] or "?"
         elif size.isdigit():
             files[name] = int(size)
-    return files, unsafe
+    return files, unsafe, irregular
 
 
 class DumpManifests(Probe[str]):
@@ -105,10 +144,11 @@ class DumpManifests(Probe[str]):
         self.dump_dir = dump_dir
 
     def command(self) -> str:
-        d = _dir(self.dump_dir)
-        return (
-            f'for f in {d}/rank*/{MANIFEST}; do [ -f "$f" ] && '
-            f"{{ printf '%s' \"{SOURCE_MARK}$f\" | tr '[:cntrl:]' '?'; echo; cat \"$f\"; echo; }}; done; true"
+        return (  # inside the resolved dir; a manifest (or its rank dir) that is a symlink is not read
+            f"{real_dir_command(self.dump_dir)}; "
+            f'for f in rank*/{MANIFEST}; do [ -f "$f" ] && [ ! -L "$f" ] && [ ! -L "${{f%/*}}" ] && '
+            f"{{ printf '%s' \"{SOURCE_MARK}$f\" | tr '[:cntrl:]' '?'; echo; cat \"$f\"; echo; }}; "
+            "done; true"
         )
 
     def parse(self, status: int, text: str) -> str:
@@ -124,7 +164,7 @@ class DumpDirFree(Probe[int | None]):
         self.dump_dir = dump_dir
 
     def command(self) -> str:
-        return f"df -PB1 {_dir(self.dump_dir)} | tail -n 1"
+        return f"{real_dir_command(self.dump_dir)}; df -PB1 . | tail -n 1"
 
     def parse(self, status: int, text: str) -> int | None:
         df = text.split()
@@ -140,6 +180,8 @@ class DumpDirState:
     manifest_text: str
     free_bytes: int | None
     unsafe: list[str] = field(default_factory=list)  # listed names refused: "<name>: <reason>"
+    irregular: dict[str, str] = field(default_factory=dict)  # entries that are not regular files: name -> type
+    real_dir: str | None = None  # the dump dir as the host resolved it (None: not there)
 
 
 class DumpStatus:
@@ -147,19 +189,26 @@ class DumpStatus:
 
     def __init__(self, dump_dir: str) -> None:
         self.exists = DumpDirExists(dump_dir)
+        self.real = DumpDirResolved(dump_dir)
         self.files = DumpFiles(dump_dir)
         self.manifests = DumpManifests(dump_dir)
         self.free = DumpDirFree(dump_dir)
 
     @property
     def probes(self) -> list[Probe[Any]]:
-        return [self.exists, self.files, self.manifests, self.free]
+        return [self.exists, self.real, self.files, self.manifests, self.free]
 
     def read(self, sections: Sections) -> DumpDirState:
         """The round trip's answers -> DumpDirState (pure)."""
-        files, unsafe = self.files.read(sections)
+        files, unsafe, irregular = self.files.read(sections)
         return DumpDirState(
-            self.exists.read(sections), files, self.manifests.read(sections), self.free.read(sections), unsafe
+            self.exists.read(sections),
+            files,
+            self.manifests.read(sections),
+            self.free.read(sections),
+            unsafe,
+            irregular,
+            self.real.read(sections),
         )
 
 
@@ -176,12 +225,11 @@ class DumpVerify(Probe[dict[str, Any] | None]):
         self.dump_dir, self.hidden_size, self.check_sha = dump_dir, hidden_size, check_sha
 
     def command(self) -> str:
-        argv = ["python3", "-", "verify", self.dump_dir, "--json"]
-        if self.hidden_size:
-            argv += ["--hidden-size", str(self.hidden_size)]
-        if not self.check_sha:
-            argv.append("--no-sha")
-        return shell.join(argv)
+        """In the resolved dump dir (the configured one may be a symlink), its real path given."""
+        argv = ["python3", "-", "verify"]
+        rest = ["--json", *(["--hidden-size", str(self.hidden_size)] if self.hidden_size else [])]
+        rest += [] if self.check_sha else ["--no-sha"]
+        return f'{real_dir_command(self.dump_dir)}; {shell.join(argv)} "$(pwd -P)" {shell.join(rest)}'
 
     def parse(self, status: int, text: str) -> dict[str, Any] | None:
         """The report whatever the exit status (problems exit non-zero); None when there is none."""
@@ -213,9 +261,11 @@ class DumpUsage(Probe[DumpUse]):
         self.dump_dir = dump_dir
 
     def command(self) -> str:
+        # the dump dir resolved once (a symlinked dump dir: its target, `probes.dumpdir`); find never follows inside
         d = shell.quote(self.dump_dir)
         return (
-            f"if [ -d {d} ]; then find {d} -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
+            f"d=$(realpath -e -- {d} 2>/dev/null) || d={d}; "
+            "if [ -d \"$d\" ]; then find \"$d\" -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
             "| awk '{n++; s+=$1} END {print n+0, s+0}'; else echo 'absent'; fi; " + existing_parent_df(self.dump_dir)
         )
 

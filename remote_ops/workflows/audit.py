@@ -9,6 +9,15 @@ of the SGLang release that will serve the drafter (`remote_ops.core.layerids`; t
 per release is spec data: `patchspec.layer_convention`), on a vLLM host its vLLM release's
 own (`layerids.vllm_convention`).
 
+The dump dir is resolved once on the host (it may be a symlink to a big disk:
+`probes.dumps.DumpDirResolved`) and the resolved path is mounted, audited and reported
+(`report["dump_dir"]`).  The run is bounded by `audit_deadline` (the run's
+`--command-timeout` when set, else `AUDIT_TIMEOUT_S`) on the host too: the auditor's own
+alarm inside the container, the engine client's `timeout` on the host, and the container,
+named `remote-ops-audit-<hex>`, removed by the host shell's trap however it ends and by an
+`rm -f` from here when the local wait ends first (deadline, Ctrl-C).  Past the deadline the
+audit is a CommandTimedOut (exit 8) naming the container as removed.
+
 The guards read the dumps' recorded contract with the host's python3 (headers only,
 `probes.audit.DumpContract`) and compare a drafter's config with it:
 `train_problems` (`train start`: refused unless `--force`, which the audit line records)
@@ -18,14 +27,17 @@ before it refuses or converts pre-norm final states.
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import onhost
+from .. import onhost, signals
 from ..core import jsonload, layerids, patchspec
 from ..core.inventory import HostSpec
-from ..errors import CommandFailed, ContractMismatch, NotFound, RemoteOpsError
+from ..errors import CommandFailed, CommandTimedOut, ContractMismatch, Interrupted, NotFound, RemoteOpsError
 from ..probes import batch
 from ..probes.audit import (
     DumpAudit,
@@ -38,7 +50,9 @@ from ..probes.audit import (
     recorded_layers,
 )
 from ..probes.base import Check
+from ..probes.dumps import DumpDirResolved
 from ..remote import Remote
+from ..remote.base import DEFAULT_COMMAND_S, command_deadline
 from ..remote.smallfile import read_small_file
 
 SCRIPT = "audit_onhost.py"
@@ -170,15 +184,54 @@ class AuditResult:
         }
 
 
+def audit_deadline(remote: Remote) -> float:
+    """Seconds the audit may take: the run's `--command-timeout` when it is set to anything but
+    the default (the operator's bound), else `AUDIT_TIMEOUT_S` (a big model's lm_head takes long)."""
+    command_s = command_deadline(remote)
+    return command_s if command_s != DEFAULT_COMMAND_S else AUDIT_TIMEOUT_S
+
+
+#: The audit's throwaway containers are named `remote-ops-audit-<12 hex>`.
+CONTAINER_PREFIX = "remote-ops-audit-"
+
+
 def run_auditor(
-    remote: Remote, spec: HostSpec, samples: int, seed: int, action: str = "audit", timeout: float = AUDIT_TIMEOUT_S
+    remote: Remote,
+    spec: HostSpec,
+    samples: int,
+    seed: int,
+    action: str = "audit",
+    timeout: float | None = None,
 ) -> dict[str, Any]:
-    """The on-host auditor's report (run.json's dataset, then the throwaway container)."""
-    run = batch.ask(remote, ExtractRun(spec))
+    """The on-host auditor's report: one round trip for run.json's dataset and the dump dir as
+    the host resolves it (it may be a symlink), then the throwaway container, named and bounded
+    by `timeout` (default `audit_deadline`) on the host as well as here, and removed however
+    the run ends (`_removed_however_it_ends`)."""
+    deadline = audit_deadline(remote) if timeout is None else timeout
+    run_probe, real_probe = ExtractRun(spec), DumpDirResolved(spec.dump.dir)
+    answers = batch.run(remote, [run_probe, real_probe])
+    run, real = run_probe.read(answers), real_probe.read(answers)
+    if real is None:
+        raise NotFound(
+            f"dump dir {spec.dump.dir} does not exist",
+            host=remote.name,
+            hint="check dump.dir in the inventory, or run an extraction first",
+        )
     dataset = run.get("dataset") if isinstance(run.get("dataset"), str) else None
-    probe = DumpAudit(spec, dataset, samples, seed, action)
-    result = remote.run(probe.command(), input=script(), check=False, timeout=timeout)
+    name = f"{CONTAINER_PREFIX}{secrets.token_hex(6)}"
+    probe = DumpAudit(spec, dataset, samples, seed, action, dump_dir=real, name=name, deadline_s=deadline)
+    with _removed_however_it_ends(remote, spec, name, deadline):
+        result = remote.run(probe.command(), input=script(), check=False, timeout=deadline)
     report = probe.parse(result.exit_status, result.stdout)
+    if (report or {}).get("reason") == "deadline" or (report is None and result.exit_status in (124, 137)):
+        why = (report or {}).get("error") or f"the audit ran past its deadline of {deadline:g}s"
+        raise CommandTimedOut(
+            f"dumps audit: {why} on the host; its container {name} was removed",
+            host=remote.name,
+            command=result.command,
+            timeout=deadline,
+            hint=RAISE_DEADLINE,
+        )
     if report is None or report.get("event") != "audit":
         why = (report or {}).get("error") or "no report (is python3 in the served image?)"
         raise CommandFailed(
@@ -189,6 +242,43 @@ def run_auditor(
             stderr_tail=result.stderr[-2000:],
         )
     return report
+
+
+RAISE_DEADLINE = "raise --command-timeout: the audit reads lm_head once and every sampled dump"
+
+
+@contextmanager
+def _removed_however_it_ends(remote: Remote, spec: HostSpec, name: str, deadline: float) -> Iterator[None]:
+    """When the local wait ends other than by the command's own end (its deadline, Ctrl-C,
+    SIGTERM), remove the throwaway container `name` on the host before the error goes on (the
+    host's own `timeout` and trap remove it too when this connection is gone).  A timed-out
+    audit becomes a CommandTimedOut (exit 8) saying so."""
+    try:
+        yield
+    except (CommandTimedOut, Interrupted) as exc:
+        with signals.deferred():
+            removed = _remove(remote, spec, name)
+        if isinstance(exc, CommandTimedOut):
+            raise CommandTimedOut(
+                f"dumps audit: no report within its deadline of {deadline:g}s; its container {name} was "
+                + ("removed" if removed else "left to the host's own timeout, which removes it"),
+                host=remote.name,
+                command=exc.command,
+                timeout=deadline,
+                hint=RAISE_DEADLINE,
+            ) from None
+        raise
+
+
+def _remove(remote: Remote, spec: HostSpec, name: str) -> bool:
+    """`rm -f` of the container on the host (bounded); False when the host did not answer."""
+    from ..engine import cli_for
+
+    try:
+        remote.run(cli_for(spec).remove_cmd(name), check=False, timeout=min(command_deadline(remote), 30.0))
+    except RemoteOpsError:
+        return False
+    return True
 
 
 def audit(

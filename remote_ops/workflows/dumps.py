@@ -59,7 +59,8 @@ def local_bytes(root: Path) -> int:
 
 def probe(remote: Remote, dump_dir: str, timeout: float | None = None) -> DumpDirState:
     """Ask the status probes on the host (one round trip: `probes.dumps.DumpStatus`); refused
-    names are in `DumpDirState.unsafe`."""
+    names are in `DumpDirState.unsafe`, entries that are not regular files in `.irregular`, the
+    dir as the host resolved it (it may be a symlink) in `.real_dir`."""
     status = DumpStatus(dump_dir)
     found = status.read(batch.run(remote, status.probes, check=True, timeout=timeout))
     if not found.exists:
@@ -84,6 +85,8 @@ def host_verify(
     verify = DumpVerify(dump_dir, hidden_size, check_sha)
     result = remote.run(verify.command(), input=format_script(), check=False, timeout=timeout)
     report = verify.parse(result.exit_status, result.stdout)
+    if report is None and result.exit_status == 3 and not result.stdout.strip():
+        raise NotFound(f"dump dir {dump_dir} does not exist", host=remote.name)
     if report is None:
         raise CommandFailed(
             "host-side dump check gave no report (is python3 on the host?)",
@@ -102,8 +105,18 @@ def local_dump_dir(host_name: str) -> Path:
 
 
 def reconcile_probe(probe: DumpDirState, dump_dir: str, hidden_size: int | None = None) -> Reconciliation:
-    """`dumpcheck.reconcile` of a probe, its listing's refused names included."""
-    return reconcile(dump_dir, probe.files, probe.manifest_text, hidden_size, unsafe=probe.unsafe)
+    """`dumpcheck.reconcile` of a probe, its listing's refused names and entries that are not
+    regular files included; reported at the dir the host resolved (`configured_dir`: `dump_dir`
+    when that differs)."""
+    return reconcile(
+        probe.real_dir or dump_dir,
+        probe.files,
+        probe.manifest_text,
+        hidden_size,
+        unsafe=probe.unsafe,
+        irregular=probe.irregular,
+        configured_dir=dump_dir.rstrip("/") or "/",
+    )
 
 
 def _item(rec: dict, local_root: Path) -> PullItem:
@@ -112,8 +125,9 @@ def _item(rec: dict, local_root: Path) -> PullItem:
 
 
 def pull_items(r: Reconciliation, local_root: Path) -> list[PullItem]:
-    """One item per manifest row whose file is on the host (missing ones cannot be pulled)."""
-    missing = set(r.missing_files)
+    """One item per manifest row whose file is on the host (missing ones cannot be pulled, and
+    one that is not a regular file is never opened)."""
+    missing = set(r.missing_files) | r.unusable
     return [_item(rec, local_root) for rec in r.records if str(rec["file"]) not in missing]
 
 
