@@ -209,8 +209,8 @@ time.sleep(300)
 """
 
 
-def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_env):
-    spec = lab.spec(spare_host.name)
+def _killed_holder(spec, lab_env) -> subprocess.Popen:
+    """A process that took the host lock, then was killed with -9 (the lock stays behind)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, spec.name],
         env=lab_env,
@@ -224,9 +224,18 @@ def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_en
         holder.kill()  # SIGKILL: no cleanup can run
         holder.wait(timeout=30)
     assert f"client_pid={holder.pid}" in lock_info(spec)
-    p = cli(lab_env, "container", "restart", "--host", spec.name)
-    assert p.returncode == ExitCode.REFUSED
-    assert f"stale lock: holder PID {holder.pid} is gone" in p.stderr and "remote-ops unlock" in p.stderr
+    return holder
+
+
+def test_kill_9_leaves_a_stale_lock_that_unlock_releases(lab, spare_host, lab_env):
+    spec = lab.spec(spare_host.name)
+    holder = _killed_holder(spec, lab_env)
+    before = len(audit_lines(spec))
+    p = cli(lab_env, "container", "restart", "--host", spec.name)  # the next taker takes the stale lock over
+    assert p.returncode != ExitCode.REFUSED and lock_info(spec) is None, p.stderr
+    line = next(a for a in audit_lines(spec)[before:] if a["action"] == "lock-takeover")
+    assert line["stale"] == f"stale lock: holder PID {holder.pid} is gone" and line["by"] == "container restart"
+    holder = _killed_holder(spec, lab_env)
     p = cli(lab_env, "unlock", "--host", spec.name, "--dry-run")
     assert p.returncode == 0 and lock_info(spec) is not None
     before = len(audit_lines(spec))

@@ -161,6 +161,7 @@ def test_samples_without_a_dump_file_are_reported(lab, host, remote, standin, fr
     spec = lab.spec(host.name)
     _dataset(tmp_path / "ds.jsonl", 6, 20)
     other_dir = spec.model_copy(update={"dump": spec.dump.model_copy(update={"dir": str(tmp_path / "nowhere")})})
+    (tmp_path / "nowhere").mkdir()  # a dump dir the server does not write into (a missing one is refused)
     extract.start(remote, other_dir, str(tmp_path / "ds.jsonl"), concurrency=2, dump_grace=0.5)
     final = _wait_state(remote, other_dir, ("finished",))
     assert final.summary.missing_dumps == 6 and len(final.missing) == 6 and final.missing[0]["key"].endswith("-p0")

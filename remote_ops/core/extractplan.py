@@ -109,6 +109,24 @@ class ExtractStatus:
     dataset_total: int = 0  # samples in the current dataset (after --limit)
     dataset_id: str | None = None  # sha256 of the dataset file, 16 hex
     reused_ids: int = 0  # ids done earlier with OTHER token ids: sent again (new dumps)
+    #: the cause the current run's client stopped on (its `fatal` line: `cause`, `dir`, `says`,
+    #: `since`), e.g. the dump dir gone; None when it did not
+    fatal: dict | None = None
+
+    def outcome(self) -> tuple[int, str | None]:
+        """A finished run's exit code (0, 7 or 10) and the sentence that names why (pure):
+        7 when the client stopped on a fatal cause or samples failed (as `dataset regenerate
+        --wait` when chats fail), 10 when samples have no dump file; 0 otherwise."""
+        s = self.summary
+        if self.fatal:
+            return 7, f"the client stopped: {self.fatal.get('says') or self.fatal.get('cause')}"
+        if s.failed:
+            last = next((line for line in reversed(s.error_lines) if " failed " in line), "")
+            return 7, f"{s.failed} sample(s) failed" + (f"; last: {last}" if last else "")
+        missing = len(self.missing) or (s.missing_dumps or 0)
+        if missing:
+            return 10, f"{missing} sample(s) produced no dump file (listed in missing.jsonl in the work dir)"
+        return 0, None
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -50,6 +50,14 @@ token (`choices[0].token_ids[0]`).  Keys, resume and retries are the same in bot
   every sample still to do), waits without spending the sample's retries, and
   logs `space` when there is room again (polled every few seconds; SIGTERM ends
   the wait).
+- A dump dir that is gone ends the run: missing, not a directory, not writable,
+  or removed and made again since the client started (a running server keeps
+  writing into the removed one).  It is checked after every failed attempt and
+  at every progress tick (`DumpDirWatch`); the client then logs `fatal
+  cause=dump_dir_missing dir=.. says=".."` (the cause never retried: every
+  later sample would fail the same way), sends nothing more, and ends with
+  `stopped cause=..` (exit 4).  The samples in flight are not recorded, so a
+  re-run sends them again.
 - A bad dataset line ends it at start with one line on stderr,
   `dataset error: FILE:LINE: reason`, exit 2 (rules: `read_dataset`).
 - At the end it checks that each sample's dump file exists
@@ -67,6 +75,7 @@ import os
 import random
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -502,6 +511,43 @@ class SpaceWatch:
         )
 
 
+class DumpDirWatch:
+    """Is the dump dir (resolved once by the laptop: `--dump-dir` is its realpath) still there,
+    a writable directory, and the very one the run started with?  The client keeps it open
+    from the start: a removed directory then has no links left (and its inode cannot be reused
+    by one made again at the same path)."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, None
+        if path:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except OSError:
+                pass
+
+    def problem(self):
+        """(cause, sentence) when the server cannot write its dumps there, else None."""
+        if not self.path:
+            return None
+        removed = self.fd is not None and os.fstat(self.fd).st_nlink == 0
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return "dump_dir_missing", "dump dir %s does not exist (removed?): the server cannot write its dumps" % (
+                self.path
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            return "dump_dir_not_a_directory", "dump dir %s is not a directory" % self.path
+        if removed:
+            return "dump_dir_replaced", (
+                "dump dir %s was removed and made again during the run: the running server still writes "
+                "into the removed one (restart the server)" % self.path
+            )
+        if not os.access(self.path, os.W_OK):
+            return "dump_dir_not_writable", "dump dir %s is not writable (uid %d)" % (self.path, os.getuid())
+        return None
+
+
 class Run:
     """One extraction session: a queue of pending samples, N workers, counters."""
 
@@ -523,6 +569,8 @@ class Run:
         self.all_tokens = sum(len(ids) for _, ids in samples)
         self.recent = deque(maxlen=20)  # (key, tokens) of this session's last ok samples
         self.space = SpaceWatch(self, args.dump_dir, args.dump_bytes_per_token)
+        self.dumpdir = DumpDirWatch(args.dump_dir)
+        self.fatal = None  # (cause, sentence) once the run stopped on a cause no retry can mend
         self.done_keys = [key for _, _, key in done]
         self.errors = self.failed = self.session_done = self.session_tokens = 0
         for sid, ids, key in adopt:  # same content under a new id: no request needed
@@ -547,6 +595,18 @@ class Run:
     def tokens_left(self):
         with self.lock:
             return max(self.all_tokens - self.tokens, 0)
+
+    def fatal_cause(self):
+        """Stop the run (logged once) when the dump dir is gone; True when it is."""
+        problem = self.dumpdir.problem()
+        if problem is None:
+            return False
+        with self.lock:
+            first, self.fatal = self.fatal is None, self.fatal or problem
+        if first:
+            self.log.event("fatal", cause=problem[0], dir=self.args.dump_dir, says=problem[1])
+        self.stop.set()
+        return True
 
     def worker(self):
         while not self.stop.is_set():
@@ -577,6 +637,8 @@ class Run:
                 with self.lock:
                     self.errors += 1
                 self.log.event("error", id=sid, attempt=attempt, error=error[:200])
+            if self.fatal_cause():  # not the sample's fault: it is sent again by the next run
+                return self.record(sid, key, ids, "interrupted", attempt, error)
             if self.space.wait(len(ids)):
                 attempt -= 1
                 if self.stop.is_set():
@@ -651,9 +713,10 @@ def missing_dumps(args, workdir, samples, keys_done):
             wanted.setdefault(key, sid)
     deadline = time.time() + args.dump_grace
     while True:
-        present = {
+        present = {  # regular files in real rank dirs only: entries inside the dump dir are never followed
             os.path.basename(p)[: -len(".safetensors")]
             for p in glob.glob(os.path.join(args.dump_dir, "rank*", "*.safetensors"))
+            if not os.path.islink(p) and not os.path.islink(os.path.dirname(p)) and os.path.isfile(p)
         }
         missing = {k: i for k, i in wanted.items() if k not in present}
         if not missing or time.time() >= deadline:
@@ -670,6 +733,7 @@ def missing_dumps(args, workdir, samples, keys_done):
 def progress_loop(run):
     while not run.stop.wait(run.args.progress_every):
         run.log.event("progress", **run.counters())
+        run.fatal_cause()  # also when every request succeeds: a dumper may fail without failing them
 
 
 def parse_args(argv=None):
@@ -809,6 +873,7 @@ def main(argv=None):
             first=run.reused_ids[0],
             meaning="ids done earlier with other token ids: sent again as new samples",
         )
+    run.fatal_cause()  # a dump dir gone before the first request: nothing is sent
     threading.Thread(target=progress_loop, args=(run,), daemon=True).start()
     workers = [threading.Thread(target=run.worker) for _ in range(max(1, args.concurrency))]
     for w in workers:
@@ -818,6 +883,9 @@ def main(argv=None):
             w.join(0.5)
     stopped = run.stop.is_set()
     run.stop.set()
+    if run.fatal:
+        run.log.event("stopped", cause=run.fatal[0], **run.counters())
+        return 4
     if stopped:
         run.log.event("stopped", **run.counters())
         return 3

@@ -250,6 +250,7 @@ class ExtractStatusProbes:
             count(counts.get("total")) or 0,
             dataset_id if isinstance(dataset_id, str) else None,
             _reused_ids(log),
+            fatal_of(log),
         )
 
 
@@ -268,3 +269,20 @@ def _reused_ids(log_text: str) -> int:
         started = line if " started " in line else started
     field = next((w for w in started.split() if w.startswith("reused_ids=")), "")
     return count(field.partition("=")[2]) or 0
+
+
+def fatal_of(log_text: str) -> dict[str, str] | None:
+    """The current run's `fatal cause=.. dir=.. says=".."` line (after its last `started`): the
+    cause the client stopped on, e.g. the dump dir gone; None when it did not (pure)."""
+    from ..core.logparse import _fields, bounded_lines
+
+    fatal: dict[str, str] | None = None
+    for line in bounded_lines(log_text):
+        event = line.split(" ", 2)[1] if line.count(" ") >= 1 else ""
+        if event == "started":
+            fatal = None
+        elif event == "fatal":
+            kv = _fields(line)
+            fatal = {k: kv[k] for k in ("cause", "dir", "says") if k in kv}
+            fatal["since"] = line.split(" ", 1)[0]
+    return fatal

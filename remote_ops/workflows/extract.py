@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from .. import onhost
@@ -36,6 +37,7 @@ from ..core import datasetcheck, dumpcheck, shell
 from ..core.extractplan import CLIENT_NAME, ExtractPaths, ExtractStatus, Sample, launch_command, paths_for, shard_bytes
 from ..errors import CommandTimedOut, ConfigError, NotFound, Refused
 from ..probes import batch
+from ..probes.dumpdir import DumpDir, DumpDirState
 from ..probes.extract import (
     ClientLogSince,
     ClientOutput,
@@ -116,15 +118,17 @@ def start(
     dataset_checked: bool = False,
 ) -> ExtractStatus:
     """Check a local dataset (unless the caller did: `dataset_checked`), refuse without a usable
-    python3 on the host (the client runs with it) or if a client is running, ship the client
-    (+ that dataset), launch, await `started`."""
+    python3 on the host (the client runs with it), without a dump dir the server can write
+    (`_usable_dump_dir`: it is resolved here, once) or if a client is running, ship the client
+    (+ that dataset), launch with the resolved dump dir, await `started`."""
     p = paths_for(host)
     local = Path(dataset).expanduser()
     if not dataset_checked and (local_dataset is True or (local_dataset is None and local.is_file())):
         check_dataset(local)
-    alive, python = ExtractAlive(p), HostPython()
-    sec = batch.run(remote, [python, alive])
+    alive, python, dump_dir = ExtractAlive(p), HostPython(), DumpDirState(p.dump_dir)
+    sec = batch.run(remote, [python, alive, dump_dir])
     _refuse_without_python(host, python.read(sec))
+    p = replace(p, dump_dir=_usable_dump_dir(host, dump_dir.read(sec)))
     remote.run(["mkdir", "-p", p.workdir, str(PurePosixPath(p.log).parent)])
     if alive.read(sec):
         raise Refused(
@@ -151,6 +155,24 @@ def start(
     )
     _await_started(remote, host, p, before, wait_s)
     return status(remote, host)
+
+
+def _usable_dump_dir(host, state: DumpDir) -> str:
+    """Preflight: the dump dir the server writes into, resolved once on the host (a symlink: its
+    target, which the client is given and every count names); missing, not a directory or not
+    writable is exit 9 naming the path (`details.reason`: `probes.dumpdir`'s cause)."""
+    problem = state.problem()
+    if problem:
+        cause, sentence = problem
+        raise Refused(
+            f"preflight: {sentence}: the server cannot write its dumps there; nothing started",
+            host=host.name,
+            details={"reason": cause, "dump_dir": state.configured, "resolved": state.resolved},
+            hint=f"make it (mkdir -p {shell.quote(state.configured)}), then restart the server "
+            f"(`remote-ops container restart --host {host.name}`): a server started before its dump dir "
+            "was removed keeps writing into the removed one",
+        )
+    return state.path
 
 
 def _refuse_without_python(host, found: tuple[tuple[int, ...] | None, str | None]) -> None:
@@ -254,11 +276,13 @@ def plan_start(
         check_dataset(local)
     remote_dataset = p.dataset if is_local else dataset
     alive, client, on_host = ExtractAlive(p), FileSha(p.client, "client"), FileSha(remote_dataset, "dataset")
-    python = HostPython()
-    sec = batch.run(remote, [alive, client, on_host, python])
+    python, dump_dir = HostPython(), DumpDirState(p.dump_dir)
+    sec = batch.run(remote, [alive, client, on_host, python, dump_dir])
     _refuse_without_python(host, python.read(sec))
+    p = replace(p, dump_dir=_usable_dump_dir(host, dump_dir.read(sec)))
     url = server_url or f"http://127.0.0.1:{host.server.port}"
     return {
+        "dump_dir": p.dump_dir,
         "already_running": alive.read(sec),
         "upload_client": client.read(sec) != _sha256(client_source()),
         "upload_dataset": is_local and on_host.read(sec) != _sha256(local.read_bytes()),

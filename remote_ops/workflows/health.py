@@ -27,7 +27,10 @@ is written here.
 health check is still `starting` is ok once every cheap endpoint answers
 (`starting_but_answering`), so `health` right after a deploy that reported
 healthy exits 0.  `dumps/growth` warns about standing dumps only while the
-extraction client runs (`probes.extract.ExtractAlive`: its PID file).
+extraction client runs (`probes.extract.ExtractAlive`: its PID file).  `dumps/dir`
+fails when the server is up with capture on and its dump dir is missing, not a
+directory or not writable (`probes.dumpdir`, resolved once on the host; a symlinked
+dump dir is named with the path it resolves to).
 
 Deadlines: the round trip runs under the run's command deadline
 (`--command-timeout`); each probe in it is bounded by `batch.probe_deadline`
@@ -64,6 +67,7 @@ from ..engine.types import unix_time
 from ..errors import ExitCode
 from ..probes import batch
 from ..probes.base import Answers, Check, Probe, Sections, last_line
+from ..probes.dumpdir import DumpDir, DumpDirState, check_dump_dir
 from ..probes.dumps import DumpUsage, check_dumps
 from ..probes.endpoints import HttpEndpoints, check_http
 from ..probes.engine import EngineObjects, EngineVersion, check_container, check_engine
@@ -142,6 +146,7 @@ def probes(
         *([PatchInContainer(host)] if serving_for(host).NEEDS_PATCH else []),
         HttpEndpoints(host, deep, probe_s),
         DumpUsage(host.dump.dir),
+        DumpDirState(host.dump.dir),
         ExtractAlive(paths_for(host)),
     ]
 
@@ -184,7 +189,23 @@ def evaluate(
     checks = starting_but_answering(checks)
     extracting = a.read(ExtractAlive) if a.came(ExtractAlive) else None  # None: the probe did not say
     checks += check_dumps(host, a.output(DumpUsage), last_dumps, now or time.time(), extracting=extracting)
-    return checks
+    if not a.came(DumpDirState) or a.output(DumpDirState)[0] != 0:  # not asked, or no answer in time
+        return checks
+    return capture_dir(checks, a.read(DumpDirState), bool(container and container.running))
+
+
+def capture_dir(checks: list[Check], state: DumpDir, server_up: bool) -> list[Check]:
+    """`dumps/dir` (`probes.dumpdir.check_dump_dir`): the server is up with capture on (its patch
+    verified in the container, or an engine without a patch: vLLM's connector) and its dump
+    dir is missing or not writable: a fail naming the path, in place of growth's skip (pure)."""
+    patch = next((c for c in checks if c.tier == "patch"), None)
+    capturing = patch is not None and (patch.status == "ok" or patch.name == "source")  # source: no patch
+    dump_dir = check_dump_dir(state, server_up, capturing)
+    if dump_dir is None:
+        return checks
+    if dump_dir.status == "fail":
+        checks = [c for c in checks if not (c.tier == "dumps" and c.name == "growth" and c.status == "skip")]
+    return [*checks, dump_dir]
 
 
 def starting_but_answering(checks: list[Check]) -> list[Check]:

@@ -66,6 +66,14 @@ def _render(console, st: extractplan.ExtractStatus) -> None:
         )
     if st.missing:
         console.status("warn", f"{len(st.missing)} sample(s) produced no dump file (first: {st.missing[0]})")
+    if st.fatal:
+        console.status(
+            "fail",
+            f"the client stopped at {st.fatal.get('since', '?')}: {st.fatal.get('says') or st.fatal.get('cause')} "
+            "(nothing more is sent; fix it, then `extract start` again: what is done is kept)",
+        )
+    elif not st.running and st.summary.state == "finished" and st.summary.failed:
+        console.status("fail", f"{st.outcome()[1]} (the log says why; a re-run retries them)")
 
 
 class _StartCommand(click.Command):
@@ -163,7 +171,7 @@ def _start_one(app, spec, dataset, kwargs, wait_s, dry_run, show_plan) -> int:
             st = extract_mod.wait_finished(remote, spec, wait_s, on_status=_progress(app.console, bar))
     _render(app.console, st)
     app.console.emit(st)
-    return 0
+    return st.outcome()[0] if wait_s is not None else 0  # --wait: no success with samples missing
 
 
 def _start_sharded(app, hosts, forks, local: Path, max_samples, kwargs, wait_s, restart, dry_run, ledger) -> int:
@@ -284,7 +292,10 @@ def _wait_group(app, hosts, forks, wait_s: float, plan: dict) -> int:
                 )
     _render_group(app, fs, run)
     app.console.emit({**plan, **fs.to_dict()})
-    return run.exit_code
+    if run.exit_code:
+        return run.exit_code
+    codes = {o.result[0].outcome()[0] for o in run.outcomes if o.error is None}  # no success with samples missing
+    return 7 if 7 in codes else max(codes, default=0)
 
 
 def _render_plan(console, plan: dict, dry_run: bool) -> None:
