@@ -60,6 +60,14 @@ write them, so only the data shows the fault):
                               fault: the network and the answer are untouched).  Chosen by key, not
                               by request order, so that it is deterministic under concurrency.
 
+Bounds, as SGLang's (a real server never grows without limit on one request): the context
+length is `--context-length` (SGLang's flag), else the config's `max_position_embeddings`, else
+32768 tokens; a prompt of that many tokens or more is refused with HTTP 400 and SGLang 0.5.9's
+own words (tokenizer_manager `_validate_one_request`): "The input (N tokens) is longer than the
+model's context length (M tokens).", as `{"error": {"message": ...}}` on /generate and as an
+OpenAI error object on /v1/chat/completions, before any compute.  A request body over
+STANDIN_MAX_BODY_BYTES (default 32 MiB) is refused with HTTP 413 unread.
+
 Environment, otherwise: STANDIN_LOAD_SECONDS (simulated model load before listening, default 1),
 STANDIN_REQUIRE_PATCH=1 (refuse to start unless verify_patch.py passes),
 STANDIN_GPU_MS_PER_1K_TOKENS (simulated prefill time per request, a sleep inside the prefill,
@@ -80,6 +88,21 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DEFAULT_CONTEXT_LENGTH = 32768
+MAX_BODY_BYTES = int(os.environ.get("STANDIN_MAX_BODY_BYTES", str(32 << 20)))
+
+
+class TooLong(ValueError):
+    """A prompt at or over the context length: SGLang's ValueError, HTTP 400."""
+
+
+def context_error(n_tokens, context_len):
+    """SGLang 0.5.9's refusal (tokenizer_manager._validate_one_request), word for word."""
+    return TooLong(
+        "The input (%d tokens) is longer than the model's context length (%d tokens)." % (n_tokens, context_len)
+    )
+
 
 STANDIN = "sglang-standin"
 
@@ -212,9 +235,10 @@ class Scheduler:
         )
 
 
-def chat_prompt_ids(messages):
+def chat_prompt_ids(messages, context_len=None):
     """STAND-IN chat template: "<|role|>content" per turn, then "<|assistant|>", as UTF-8 bytes
-    taken as token ids (the stand-in has no tokenizer).  ValueError for a malformed turn."""
+    taken as token ids (the stand-in has no tokenizer).  ValueError for a malformed turn,
+    `TooLong` (before the ids are made) for a prompt of `context_len` tokens or more."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     text = ""
@@ -227,7 +251,10 @@ def chat_prompt_ids(messages):
         if not isinstance(content, str):
             raise ValueError("message content must be text")
         text += "<|%s|>%s" % (m["role"], content)
-    return list((text + "<|assistant|>").encode("utf-8"))
+    raw = (text + "<|assistant|>").encode("utf-8")
+    if context_len is not None and len(raw) >= context_len:
+        raise context_error(len(raw), context_len)
+    return list(raw)
 
 
 def standin_detokenize(ids):
@@ -490,6 +517,9 @@ class State:
         self.np, self.model = numpy, load_model_module()
         self.network, self.weights = self.model.Network.load(args.model_path)
         self.config = self.network.cfg
+        self.context_len = int(
+            args.context_length or self.config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH
+        )
         self.faults = Faults(os.environ)
         self.started = time.time()
         self.requests = 0
@@ -506,6 +536,7 @@ class State:
             "weight_version": "default",
             "architectures": self.config["architectures"],
             "model_type": self.config["model_type"],
+            "context_length": self.context_len,
             "hidden_size": self.config["hidden_size"],
             "num_hidden_layers": self.config["num_hidden_layers"],
             "vocab_size": self.config["vocab_size"],
@@ -535,10 +566,13 @@ class State:
         }
 
     def check_ids(self, ids):
-        """SGLang's refusal of ids outside the vocabulary (tokenizer_manager), as a ValueError."""
+        """SGLang's refusals (tokenizer_manager): a prompt at or over the context length
+        (`TooLong`), ids outside the vocabulary (ValueError)."""
         vocab = self.network.vocab
         if not ids:
             raise ValueError("input_ids is empty")
+        if len(ids) >= self.context_len:
+            raise context_error(len(ids), self.context_len)
         if any(i < 0 or i >= vocab for i in ids):
             raise ValueError("The input_ids %s contains values greater than the vocab size (%d)." % (ids, vocab))
 
@@ -586,7 +620,7 @@ class State:
 
     def chat(self, body):
         """/v1/chat/completions: the STAND-IN chat template, greedy tokens, the STAND-IN detokenizer."""
-        ids = chat_prompt_ids(body.get("messages"))
+        ids = chat_prompt_ids(body.get("messages"), self.context_len)
         self.check_ids(ids)
         max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
         if type(max_new) is not int or max_new < 1:
@@ -667,33 +701,69 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "not found", "standin": True})
         self._send(200, routes[path]())
 
+    def _body(self):
+        """The request body, or None when it was refused (413, unread: over MAX_BODY_BYTES)."""
+        try:
+            size = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            size = -1
+        if size < 0 or size > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._send(
+                413,
+                {
+                    "error": {
+                        "message": "request body of %s bytes is over the stand-in's cap of %d bytes"
+                        % (self.headers.get("Content-Length"), MAX_BODY_BYTES)
+                    },
+                    "standin": True,
+                },
+            )
+            return None
+        return self.rfile.read(size)
+
     def do_POST(self):
         path = self.path.split("?", 1)[0]
-        if path == "/v1/chat/completions":
-            return self.chat()
-        if path != "/generate":
+        if path not in ("/v1/chat/completions", "/generate"):
             return self._send(404, {"error": "not found", "standin": True})
+        raw = self._body()
+        if raw is None:
+            return None
+        if path == "/v1/chat/completions":
+            return self.chat(raw)
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(raw or b"{}")
             prompts, batch = _prompts(body)
             max_new = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
             for ids in prompts:
                 self.state.check_ids(ids)
+        except TooLong as exc:  # SGLang's shape: http_server._create_error_response
+            return self._send(400, {"error": {"message": str(exc)}, "standin": True})
         except (ValueError, TypeError, KeyError) as exc:
             return self._send(400, {"error": str(exc), "standin": True})
         results = [self.state.generate_one(ids, max_new) for ids in prompts]
         self._send(200, results if batch else results[0])
 
-    def chat(self):
+    def chat(self, raw):
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("the request is not a JSON object")
             if body.get("stream"):
                 raise ValueError("stream is not supported by the stand-in")
             answer = self.state.chat(body)
-        except (ValueError, TypeError, KeyError) as exc:
-            return self._send(400, {"object": "error", "message": str(exc), "code": 400, "standin": True})
+        except (ValueError, TypeError, KeyError) as exc:  # SGLang's OpenAI error object
+            return self._send(
+                400,
+                {
+                    "object": "error",
+                    "message": str(exc),
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                    "standin": True,
+                },
+            )
         self._send(200, answer)
 
     def log_message(self, fmt, *args):
@@ -708,6 +778,7 @@ def parse_args(argv=None):
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--chunked-prefill-size", type=int, default=8192)
+    ap.add_argument("--context-length", type=int, default=None, help="default: max_position_embeddings, else 32768")
     ap.add_argument("--disable-radix-cache", action="store_true")
     add_speculative_args(ap)
     args, unknown = ap.parse_known_args(argv)
