@@ -36,9 +36,15 @@ def pytest_configure(config):
     dir (run records, the sandbox): a test that does not name one never shares another worker's,
     nor writes the developer's own.  The cache dir (wheels, rootfs tarballs) stays shared: its
     builds take file locks.  Under pytest-xdist the work units go out in the order that
-    `pytest_collection_modifyitems` makes, not by their size."""
+    `pytest_collection_modifyitems` makes, not by their size, and each worker runs one BLAS
+    thread."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # pytest-xdist: keep the order made below
+    if hasattr(config, "workerinput"):
+        # Workers outnumber the cores: one BLAS/OpenMP thread per process (torch's benches, the
+        # stand-in's numpy), not threads that spin waiting for a core another worker holds.
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
     state = tempfile.mkdtemp(prefix="ro-test-state-")
     config._remote_ops_state = state
     os.environ["REMOTE_OPS_STATE_DIR"] = state
