@@ -9,6 +9,12 @@ batching effects), after `--warmup` unrecorded requests. Per request it keeps
 what SGLang 0.5.9 puts in `meta_info` of a finished request
 (`completion_tokens`, `spec_verify_ct`, `spec_accept_length`, `spec_accept_rate`,
 `spec_accept_histogram`, `e2e_latency`) and its own wall time. One JSON document on stdout.
+
+With `--serving vllm --model NAME` it talks to vLLM's OpenAI server instead: `/metrics` is read
+after the warm-up and again after the prompt set (the text as served, at most `METRICS_CAP`
+bytes: vLLM's spec-decode counters are in it), and each prompt goes to `/v1/completions`
+(`max_tokens`, temperature 0, `ignore_eos`, `return_token_ids`).  Per request it keeps
+`usage.completion_tokens`, the output token ids and its wall time.
 """
 
 import argparse
@@ -30,6 +36,17 @@ META_KEYS = (
     "standin",
     "standin_acceptance_model",
 )
+
+
+METRICS_CAP = 1024 * 1024
+
+
+def get_text(url, timeout, cap=METRICS_CAP):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        data = resp.read(cap + 1)
+    if len(data) > cap:
+        raise ValueError("%s answered more than %d bytes" % (url, cap))
+    return data.decode("utf-8", "replace")
 
 
 def post(url, doc, timeout):
@@ -62,6 +79,53 @@ def one(url, prompt, max_new, timeout):
     return row
 
 
+def completion_body(prompt, max_new, model):
+    body = {"model": model, "max_tokens": max_new, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    body["prompt"] = prompt["input_ids"] if "input_ids" in prompt else prompt["text"]
+    return body
+
+
+def one_vllm(url, prompt, max_new, model, timeout):
+    t0 = time.monotonic()
+    out = post(url + "/v1/completions", completion_body(prompt, max_new, model), timeout)
+    wall = time.monotonic() - t0
+    choice = (out.get("choices") or [{}])[0]
+    usage = out.get("usage") or {}
+    row = {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "output_ids": choice.get("token_ids"),
+        "client_s": wall,
+    }
+    if out.get("kv_transfer_params"):
+        row["kv_transfer_params"] = out["kv_transfer_params"]
+    return row
+
+
+def main_vllm(args, prompts):
+    if not args.model:
+        print(json.dumps({"error": "--serving vllm needs --model (the served model name)"}))
+        return 2
+    try:
+        for p in prompts[: args.warmup]:
+            one_vllm(args.url, p, min(args.max_new_tokens, 16), args.model, args.timeout)
+        before = get_text(args.url + "/metrics", args.timeout)
+        rows = []
+        for i, p in enumerate(prompts):
+            row = one_vllm(args.url, p, args.max_new_tokens, args.model, args.timeout)
+            row["prompt"] = i
+            rows.append(row)
+        after = get_text(args.url + "/metrics", args.timeout)
+        version = get(args.url + "/version", args.timeout).get("version")
+    except (OSError, ValueError) as exc:
+        print(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}))
+        return 2
+    doc = {"server": {"engine": "vllm", "version": version, "model": args.model}, "results": rows}
+    doc["metrics_before"], doc["metrics_after"] = before, after
+    print(json.dumps(doc))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="specbench_onhost.py")
     ap.add_argument("--url", required=True)
@@ -69,9 +133,13 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--serving", choices=("sglang", "vllm"), default="sglang")
+    ap.add_argument("--model", default=None, help="vllm: the served model name")
     args = ap.parse_args(argv)
     with open(args.prompts) as fh:
         prompts = [json.loads(l) for l in fh if l.strip()]
+    if args.serving == "vllm":
+        return main_vllm(args, prompts)
     try:
         info = get(args.url + "/server_info", args.timeout)
         for p in prompts[: args.warmup]:

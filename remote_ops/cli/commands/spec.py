@@ -111,7 +111,14 @@ def _render_fit(app, fit: dict) -> None:
 
 def _render_run(console, s: sb.BenchSummary) -> None:
     tag = "STAND-IN " if s.standin else ""
-    if s.mode == "spec":
+    if s.mode == "spec" and s.engine == "vllm":
+        console.status(
+            "ok" if s.drafts else "warn",
+            f"spec run (vLLM's counters): mean acceptance length {s.acceptance_length} over {s.drafts} drafts, "
+            f"per position {s.per_position}, accept rate {s.accept_rate}, "
+            f"{s.tokens_per_s} tokens/s over {s.requests} prompts",
+        )
+    elif s.mode == "spec":
         console.status(
             "warn" if s.standin else "ok",
             f"{tag}spec run: acceptance length {s.acceptance_length} "
@@ -133,7 +140,8 @@ def _render_run(console, s: sb.BenchSummary) -> None:
     "prompts_file",
     type=PathOption("file"),
     default=None,
-    help='JSONL of {"text"} or {"input_ids"} (default: the built-in set of 8 prompts)',
+    help='JSONL of {"text"} or {"input_ids"}, held out from the drafter\'s training data '
+    "(default: the built-in set of 8 prompts)",
 )
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
 @click.option("--warmup", type=int, default=1, show_default=True)
@@ -146,7 +154,10 @@ def _render_run(console, s: sb.BenchSummary) -> None:
 )
 @host_command
 def bench_cmd(app, host, prompts_file, max_new_tokens, warmup, out_dir) -> int:
-    """Measure what is served now (spec or baseline); compare when both runs exist."""
+    """Measure what is served now (spec or baseline); compare when both runs exist.
+
+    On vLLM the acceptance is vLLM's own count (its spec-decode counters on /metrics, read
+    before and after the prompt set); the baseline is `spec deploy --target-only`."""
     spec = app.host(host)
     data = prompts_file.read_bytes() if prompts_file else sb.prompts_jsonl(sb.DEFAULT_PROMPTS)
     doc = sb.run(app.remote(spec), spec, data, max_new_tokens, warmup)
@@ -154,7 +165,12 @@ def bench_cmd(app, host, prompts_file, max_new_tokens, warmup, out_dir) -> int:
     folder = out_dir or sb.result_dir(spec.name)
     saved = sb.save(summary, folder)
     _render_run(app.console, summary)
-    result = {"host": spec.name, "run": summary.to_dict(), "saved": str(saved), "label": sb.label(summary.standin)}
+    result = {
+        "host": spec.name,
+        "run": summary.to_dict(),
+        "saved": str(saved),
+        "label": sb.label(summary.standin, summary.engine),
+    }
     other = sb.load(folder, "baseline" if summary.mode == "spec" else "spec")
     pair = (other, summary) if summary.mode == "spec" else (summary, other)
     comparison = sb.compare(*pair) if other else None
@@ -167,7 +183,7 @@ def bench_cmd(app, host, prompts_file, max_new_tokens, warmup, out_dir) -> int:
 
 
 def _render_comparison(console, c: sb.Comparison, folder: Path) -> dict:
-    title = f"speculative decoding - {sb.label(c.standin)}"
+    title = f"speculative decoding - {sb.label(c.standin, c.spec.engine)}"
     console.table(["", "baseline", "spec (EAGLE3)", "speed-up"], sb.table_rows(c), title=title)
     table = folder / "comparison.md"
     table.write_text(
