@@ -433,3 +433,27 @@ def test_the_standin_refuses_a_prompt_over_its_context_length_as_sglang_does(tmp
         assert answer.startswith("HTTP/1.0 413") and "over the stand-in's cap" in answer
     finally:
         _stop(proc)
+
+
+def test_the_one_shell_lock_s_takeover_is_audited_too(tmp_path):
+    """patching's write script takes the lock in one remote shell: a dead holder's lock is broken
+    there, and written to the audit log as every takeover is."""
+    from dataclasses import replace
+
+    from remote_ops import wheels
+    from remote_ops.workflows import patching
+
+    path = tmp_path / "deepseek_v2.py"
+    path.write_bytes(wheels.sglang_source("0.5.9", "python/sglang/srt/models/deepseek_v2.py"))
+    audit = tmp_path / "log" / "audit.jsonl"
+    target = replace(patching.PatchTarget.local(path), audit_log=str(audit))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    Path(target.lock_dir).mkdir()
+    (Path(target.lock_dir) / "info").write_text(f"pid={dead.pid}\nwhat=patch apply\n")
+    assert patching.apply(patching.LocalRemote(), target).action == "applied"
+    line = json.loads(audit.read_text())
+    assert (
+        line["action"] == "lock-takeover"
+        and line["stale"] == f"stale lock: holder PID {dead.pid} is gone (on the host)"
+    )

@@ -70,6 +70,7 @@ class PatchTarget:
     lock_dir: str | None = None
     spec_name: str = ""
     model_class: str | None = None
+    audit_log: str | None = None  # where a takeover of a stale lock is written (the host's audit log)
 
     @classmethod
     def for_host(cls, host, path: str | None = None, spec: PatchSpec | None = None) -> "PatchTarget":
@@ -85,6 +86,7 @@ class PatchTarget:
             host.lock_dir,
             spec.name,
             spec.model_class or None,
+            host.audit_log,
         )
 
     @classmethod
@@ -514,7 +516,7 @@ def verify(remote: Remote, target) -> VerifyResult:
 
 # ------------------------------------------------------------------------- write
 WRITE_SCRIPT = r"""
-f=$1 expect=$2 backup=$3 lock=$4 wait=$5 info=$6 what=$7 source=$8 newsha=$9
+f=$1 expect=$2 backup=$3 lock=$4 wait=$5 info=$6 what=$7 source=$8 newsha=$9 lock_audit=${10:-}
 d=$(dirname "$f"); b=$(basename "$f"); bak="$f.remote-ops-backup"; tmp="$d/.$b.remote-ops-tmp.$$"
 cleanup() { rm -rf "$tmp" "$bak.tmp.$$" "$bak.sha256.tmp.$$" ${pc:+"$pc"}; }
 fail() { echo "error: $2"; cleanup; exit "$1"; }
@@ -576,6 +578,7 @@ def write_command(
             what,
             source,
             new_sha,
+            target.audit_log or "",
         ]
     )
 
