@@ -49,6 +49,7 @@ def _render_recon(console, r: dumpcheck.Reconciliation) -> None:
     ]
     console.table(["dumps", ""], rows, title=f"Dumps in {r.dump_dir}")
     _list(console, "fail", "manifest rows with no file", r.missing_files)
+    _list(console, "fail", "not a regular file (never opened, never pulled)", r.not_regular)
     _list(
         console,
         "fail",
@@ -160,7 +161,8 @@ def verify_cmd(app, hosts, forks, sha) -> int:
     if errors or not recon.ok:  # the error document (--json) carries the whole result
         raise VerifyFailed(
             f"{len(errors)} dump file(s) failed the host check, "
-            f"{len(recon.missing_files)} manifest row(s) have no file",
+            f"{len(recon.missing_files)} manifest row(s) have no file, "
+            f"{len(recon.not_regular)} entr(y/ies) not a regular file",
             host=spec.name,
             details=result,
         )
