@@ -87,6 +87,7 @@ def _has_key(socket_path: str | Path, key: str) -> bool:
 def train_image(socket_path: str | Path, timeout: float = 1500.0) -> str:
     """`TRAIN_TAG` in the dockerd at `socket_path`: there already, loaded from the saved tarball, or
     built (FROM the vLLM image, made or loaded first) and saved; return the tag."""
+    vllm.vllm_image(socket_path, timeout)  # the base first: its key is part of this image's
     key = image_key()
     if _has_key(socket_path, key):
         return TRAIN_TAG

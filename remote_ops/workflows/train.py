@@ -375,7 +375,7 @@ class TrainStatus:
     eta_s: float | None = None
     latest_checkpoint: str | None = None
     checkpoints: list[int] = field(default_factory=list)  # saved steps of this run
-    state: str = "unknown"  # running | finished | failed | exited | not started
+    state: str = "unknown"  # running | finished | stopped | failed | exited | not started
     exit_code: int | None = None  # the trainer container's, once it stopped
     output: str | None = None  # the checkpoint dir on the host
     run_id: str | None = None  # from run.json
@@ -463,7 +463,8 @@ def _state(running: bool, exists: bool, exit_code: int | None, log_text: str) ->
     if running:
         return "running"
     if exists and exit_code is not None:
-        return "finished" if exit_code == 0 else "failed"
+        # 143/137: SIGTERM/SIGKILL (`train stop`, docker stop's grace); 130: SIGINT
+        return "finished" if exit_code == 0 else ("stopped" if exit_code in (130, 137, 143) else "failed")
     return "not started" if not log_text.strip() else "exited"
 
 
