@@ -218,6 +218,27 @@ def test_dry_run_names_rows_missing_on_a_source_and_exits_10(lab, lab_env, shard
     assert code == 0, err
 
 
+def test_rows_without_a_regular_file_are_split_into_missing_and_not_regular_and_never_planned():
+    from remote_ops.core import dumpcheck
+
+    recs = [
+        {"key": k, "file": f, "bytes": 10, "sha256": "s"}
+        for k, f in [("a", "rank0/a"), ("b", "rank0/b"), ("c", "rank1/c"), ("d", "rank0/d")]
+    ]
+    r = dumpcheck.Reconciliation("d", records=recs, missing_files=["rank0/a", "rank0/b", "rank1/c"])
+    odd = {"src": {"rank0/b": "fifo", "rank1": "symlink"}}
+    rows = syncplan.source_rows({"src": r}, odd)
+    assert rows.missing == ["src:rank0/a"]
+    assert rows.not_regular == [
+        "src:rank0/b: not a regular file (fifo)",
+        "src:rank1/c: not a regular file (rank1 is a symlink, not a directory)",
+    ]
+    # a non-regular row the listing did show (a listing that follows less strictly) is never moved either
+    r2 = dumpcheck.Reconciliation("d", records=recs[3:])
+    plan = syncplan.plan({"src": r2}, "dst", dumpcheck.Reconciliation("x"), {"src": {"rank0/d": "symlink"}})
+    assert plan.moves == {"src": []}
+
+
 @pytest.fixture
 def linked_dump_dir(lab, shards_one_source):
     """lab1's dump dir moved to `bigdisk/eagle3-dumps` and replaced by a symlink to it."""

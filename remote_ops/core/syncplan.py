@@ -88,7 +88,7 @@ def not_regular(name: str, odd: dict[str, str] | None) -> str | None:
     if name in odd:
         return odd[name]
     rank = name.split("/", 1)[0]
-    return f"{rank} is a {odd[rank]}" if rank in odd else None
+    return f"{rank} is a {odd[rank]}, not a directory" if rank in odd else None
 
 
 @dataclass(frozen=True)

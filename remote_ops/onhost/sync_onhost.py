@@ -163,10 +163,11 @@ def _kind(mode):
         (stat.S_ISCHR, "character device"),
         (stat.S_ISBLK, "block device"),
         (stat.S_ISDIR, "directory"),
+        (stat.S_ISREG, "regular file"),
     ):
         if test(mode):
             return name
-    return "not a regular file"
+    return "special file"
 
 
 def dir_info(path):
