@@ -218,7 +218,9 @@ def test_vllm_reads_the_top_level_ids_first_then_eagle_config():
     sglang_numbered = layerids.read_draft_config({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}})
     fails, _ = layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4, sglang_numbered)
     assert len(fails) == 1 and "would make vLLM 0.32.0 (as_given" in fails[0]
-    assert "capture layers [0, 1, 2]; the dumps hold layers [1, 2, 3] (a drafter served there needs [1, 2, 3])" in fails[0]
+    assert (
+        "capture layers [0, 1, 2]; the dumps hold layers [1, 2, 3] (a drafter served there needs [1, 2, 3])" in fails[0]
+    )
     # no drafter: the note names the ids a drafter served by vLLM needs
     fails, notes = layerids.layer_problems([1, 2, 3], [0, 1, 2], c, "0.32.0", 4)
     assert not fails and "vLLM 0.32.0" in notes[0] and "= [1, 2, 3]" in notes[0]

@@ -88,17 +88,18 @@ def without_spec_flags(args: list[str]) -> list[str]:
 
 
 def spec_args_of(args: list[str]) -> list[str]:
-    """The speculative flags (and their values) in `args`: what `without_spec_flags` drops."""
+    """Every `--speculative-*` flag in `args` with its value (the next argument unless it is a
+    flag, or `=value`): what `flag_problems` checks, the inventory's own extra ones included."""
     out, take = [], False
     for a in args:
-        if take:
+        if take and not a.startswith("--"):
             out.append(a)
             take = False
-        elif a in SPEC_FLAGS:
+            continue
+        take = False
+        if a.startswith("--speculative-"):
             out.append(a)
-            take = True
-        elif a.startswith(tuple(f + "=" for f in SPEC_FLAGS)):
-            out.append(a)
+            take = "=" not in a
     return out
 
 
