@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from remote_ops import wheels
 from remote_ops.cli.main import main
 from remote_ops.core import anchors as A, patchspec
 from remote_ops.errors import Refused
-from remote_ops.workflows import patching, wheels
+from remote_ops.workflows import patching
 
 RELEASES = ["0.5.5", "0.5.9", "0.5.14", "0.5.23"]
 SPECS = [m.name for m in patchspec.catalog()]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from remote_ops import wheels
 from remote_ops.cli.main import main
 from remote_ops.core import anchors
 from remote_ops.errors import Refused, VerifyFailed
-from remote_ops.workflows import patching, wheels
+from remote_ops.workflows import patching
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

@@ -218,6 +218,13 @@ def read_small_file(path: str, cap: int = SMALL_FILE_CAP) -> str:
     )
 
 
+def small_file_command(path: str, cap: int = SMALL_FILE_CAP) -> str:
+    """`read_small_file` as one command of its own (`sh -c`), so that it can stand in a
+    sequence or a pipeline like `cat PATH` (its `exec` ends only that shell); stderr discarded:
+    for probes that read a file whose absence is itself the answer."""
+    return quiet(join(["sh", "-c", read_small_file(path, cap)]))
+
+
 def small_file_problem(status: int) -> str | None:
     """What `read_small_file`'s exit status says: `missing`, `not_regular`, `too_large`, or None
     (read, or some other failure: the status is then the reader's own); pure."""

@@ -28,7 +28,8 @@ class SglangVersion(Probe[str | None]):
 
     def command(self) -> str:
         return shell.seq(
-            shell.quiet(["cat", self.package + "version.py"]), shell.quiet(["cat", self.package + "_version.py"])
+            shell.small_file_command(self.package + "version.py"),
+            shell.small_file_command(self.package + "_version.py"),
         )
 
     def parse(self, status: int, text: str) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from ..core import shell
 from .base import Probe
 
 
@@ -37,7 +38,7 @@ class OsRelease(Probe[str]):
     name = "os"
 
     def command(self) -> str:
-        return "cat /etc/os-release"
+        return shell.small_file_command("/etc/os-release")
 
     def parse(self, status: int, text: str) -> str:
         return parse_os_release(text if status == 0 else "")

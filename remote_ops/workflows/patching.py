@@ -211,8 +211,8 @@ def read_probe(target: PatchTarget, compile: bool = False, grep: str | None = No
     if target.checkout:
         root = PurePosixPath(target.checkout) / "python" / "sglang"
         probes += [
-            ("version", shell.quiet(["cat", str(root / "version.py")])),
-            ("version_scm", shell.quiet(["cat", str(root / "_version.py")])),
+            ("version", shell.small_file_command(str(root / "version.py"))),
+            ("version_scm", shell.small_file_command(str(root / "_version.py"))),
             ("git", shell.quiet(["git", "-C", target.checkout, "describe", "--tags", "--always"])),
         ]
     if compile:
