@@ -221,22 +221,24 @@ def test_dry_run_names_rows_missing_on_a_source_and_exits_10(lab, lab_env, shard
 def test_rows_without_a_regular_file_are_split_into_missing_and_not_regular_and_never_planned():
     from remote_ops.core import dumpcheck
 
-    recs = [
-        {"key": k, "file": f, "bytes": 10, "sha256": "s"}
-        for k, f in [("a", "rank0/a"), ("b", "rank0/b"), ("c", "rank1/c"), ("d", "rank0/d")]
+    manifest = "".join(
+        json.dumps({"key": k, "file": f"{r}/{k}.safetensors", "bytes": 10, "sha256": "s"}) + "\n"
+        for k, r in [("a", "rank0"), ("b", "rank0"), ("c", "rank1"), ("d", "rank0")]
+    )
+    files = {"rank0/d.safetensors": 10}
+    irregular = {"rank0/b.safetensors": "p", "rank1": "l"}
+    r = dumpcheck.reconcile("/d", files, manifest, unsafe=[], irregular=irregular)
+    rows = syncplan.source_rows({"src": r})
+    assert rows.missing == ["src:rank0/a.safetensors"]
+    assert [x.split(": ", 1)[0] for x in rows.not_regular] == [
+        "src:rank0/b.safetensors",
+        "src:rank1",
+        "src:rank1/c.safetensors",
     ]
-    r = dumpcheck.Reconciliation("d", records=recs, missing_files=["rank0/a", "rank0/b", "rank1/c"])
-    odd = {"src": {"rank0/b": "fifo", "rank1": "symlink"}}
-    rows = syncplan.source_rows({"src": r}, odd)
-    assert rows.missing == ["src:rank0/a"]
-    assert rows.not_regular == [
-        "src:rank0/b: not a regular file (fifo)",
-        "src:rank1/c: not a regular file (rank1 is a symlink, not a directory)",
-    ]
-    # a non-regular row the listing did show (a listing that follows less strictly) is never moved either
-    r2 = dumpcheck.Reconciliation("d", records=recs[3:])
-    plan = syncplan.plan({"src": r2}, "dst", dumpcheck.Reconciliation("x"), {"src": {"rank0/d": "symlink"}})
-    assert plan.moves == {"src": []}
+    assert all("not a regular file" in x for x in rows.not_regular)
+    assert rows.unsafe == []  # named once, as not regular
+    plan = syncplan.plan({"src": r}, "dst", dumpcheck.Reconciliation("/x"))
+    assert [rec["key"] for rec in plan.moves["src"]] == ["d"]
 
 
 @pytest.fixture

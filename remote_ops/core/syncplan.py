@@ -12,8 +12,8 @@ gave that fail `core.hostpaths.problem` were already set aside as unsafe.
 - A key with two different contents is a *conflict*: named with every copy's
   host and sha256, never moved, never a silent pick.
 - A row whose file is not a regular file on its host (a FIFO, a symlink, a
-  device: `source_rows` names them from the host's lstat, `sync_onhost.py
-  dir-check`) is never moved and is named apart from a row with no file at all.
+  device: the listing's type, `Reconciliation.unusable`) is never moved;
+  `source_rows` names it apart from a row with no file at all.
 
 The grant (`grant_line`) is one authorized_keys line on a source:
 `restrict,from="<destination>",command="<rrsync> -ro <dump dir>" <key> <mark><sync id>`.
@@ -74,60 +74,44 @@ class SyncPlan:
         }
 
 
-def _copies(r: Reconciliation, odd: dict[str, str] | None = None) -> list[dict]:
-    """The records of `r` whose file is on the host at the manifest's size (and regular)."""
-    bad = set(r.missing_files) | {str(m["file"]) for m in r.size_mismatches}
-    return [rec for rec in r.records if str(rec["file"]) not in bad and not_regular(str(rec["file"]), odd) is None]
-
-
-def not_regular(name: str, odd: dict[str, str] | None) -> str | None:
-    """The kind of a row's file when it is not a regular file on its host (`odd`: the host's
-    `{entry: kind}` of non-regular entries, a rank dir included), else None (pure)."""
-    if not odd:
-        return None
-    if name in odd:
-        return odd[name]
-    rank = name.split("/", 1)[0]
-    return f"{rank} is a {odd[rank]}, not a directory" if rank in odd else None
+def _copies(r: Reconciliation) -> list[dict]:
+    """The records of `r` whose file is on the host at the manifest's size, and regular."""
+    bad = set(r.missing_files) | {str(m["file"]) for m in r.size_mismatches} | r.unusable
+    return [rec for rec in r.records if str(rec["file"]) not in bad]
 
 
 @dataclass(frozen=True)
 class SourceRows:
-    """A source's manifest rows it cannot give: `missing` (no file at all, "<host>:<file>") and
-    `not_regular` ("<host>:<file>: not a regular file (<kind>)")."""
+    """What the sources cannot give, each "<host>:<entry>": manifest rows with no file
+    (`missing`), entries that are not regular files (`not_regular`, "...: not a regular file
+    (a FIFO)", `dumpcheck.not_regular_reason`), the other refused names (`unsafe`), torn lines."""
 
     missing: list[str] = field(default_factory=list)
     not_regular: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)
+    torn: list[str] = field(default_factory=list)
 
 
-def source_rows(recons: dict[str, Reconciliation], odd: dict[str, dict[str, str]]) -> SourceRows:
-    """Every source's rows that have no regular file, split into missing and not regular (pure)."""
+def source_rows(recons: dict[str, Reconciliation]) -> SourceRows:
+    """Every source's rows and entries that do not move (see `SourceRows`; pure)."""
     out = SourceRows()
     for host, r in recons.items():
-        for name in r.missing_files:
-            kind = not_regular(name, odd.get(host))
-            if kind is None:
-                out.missing.append(f"{host}:{name}")
-            else:
-                out.not_regular.append(f"{host}:{name}: not a regular file ({kind})")
+        odd = set(r.not_regular)
+        out.missing.extend(f"{host}:{m}" for m in r.missing_files)
+        out.not_regular.extend(f"{host}:{e}" for e in r.not_regular)
+        out.unsafe.extend(f"{host}:{u}" for u in r.unsafe if u not in odd)
+        out.torn.extend(f"{host}:{t}" for t in r.torn)
     return out
 
 
-def plan(
-    sources: dict[str, Reconciliation],
-    dest_name: str,
-    dest: Reconciliation,
-    odd: dict[str, dict[str, str]] | None = None,
-) -> SyncPlan:
-    """What a sync moves (see the module doc); sources in the order given; `odd`: each host's
-    non-regular entries (never moved)."""
-    odd = odd or {}
+def plan(sources: dict[str, Reconciliation], dest_name: str, dest: Reconciliation) -> SyncPlan:
+    """What a sync moves (see the module doc); sources in the order given."""
     out = SyncPlan(dest_name, moves={h: [] for h in sources})
     copies: dict[str, list[tuple[str, dict]]] = {}
-    for rec in _copies(dest, odd.get(dest_name)):
+    for rec in _copies(dest):
         copies.setdefault(str(rec["key"]), []).append((dest_name, rec))
     for host, r in sources.items():
-        for rec in _copies(r, odd.get(host)):
+        for rec in _copies(r):
             copies.setdefault(str(rec["key"]), []).append((host, rec))
     for key in sorted(copies):
         found = copies[key]

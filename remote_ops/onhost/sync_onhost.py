@@ -9,11 +9,7 @@ Commands (each prints JSON; `transfer` prints JSON Lines):
 
 - `source-check --dir D`: on a source: the file its own sshd reads for
   authorized keys (`sshd -T` of the listener this session runs under: the
-  `-f` file it was started with, else its default), `rrsync`, `rsync`, and
-  `dir-check`'s answer.
-- `dir-check --dir D`: D resolved once (`realpath`: a symlinked dump dir is
-  used, granted and reported by its target) and every entry of its `rank*`
-  dirs that is not a regular file, with its kind (lstat: nothing followed).
+  `-f` file it was started with, else its default), `rrsync`, `rsync`.
 - `grant --file AK --mark M --line L` / `revoke --file AK --mark M`: on a
   source, under an exclusive flock of `AK.remote-ops.lock` beside it (waited
   for at most `--lock-timeout` s, then exit 9 naming the file): read AK again,
@@ -65,7 +61,6 @@ import shlex
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -76,7 +71,6 @@ PASSES = 3
 CONNECTION_RC = {5, 10, 12, 30, 35, 255}  # rsync: no daemon, socket I/O, protocol stream, timeouts, ssh
 #: Beside a source's authorized_keys: the lock every grant and revoke takes (`_edit`).
 LOCK_SUFFIX = ".remote-ops.lock"
-NOT_REGULAR_MAX = 1000
 
 
 def emit(doc):
@@ -155,71 +149,18 @@ def authorized_keys_file():
     return default, "default (sshd -T named none)"
 
 
-def _kind(mode):
-    for test, name in (
-        (stat.S_ISLNK, "symlink"),
-        (stat.S_ISFIFO, "fifo"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISREG, "regular file"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
-
-
-def dir_info(path):
-    """The dump dir resolved once here (`realpath`; None when it does not exist) and, inside it,
-    every `rank*` entry that is not a plain directory and every entry of a rank dir that is not a
-    regular file, with its kind (lstat: nothing is followed; at most NOT_REGULAR_MAX)."""
-    if not os.path.isdir(path):
-        return {"dir_real": None, "not_regular": {}}
-    real = os.path.realpath(path)
-    odd = {}
-    try:
-        ranks = [e for e in os.scandir(real) if e.name.startswith("rank")]
-    except OSError:
-        ranks = []
-    for rank in sorted(ranks, key=lambda e: e.name):
-        try:
-            mode = os.lstat(rank.path).st_mode
-            if not stat.S_ISDIR(mode):
-                odd[rank.name] = _kind(mode)
-                continue
-            entries = list(os.scandir(rank.path))
-        except OSError:
-            continue
-        for e in entries:
-            if len(odd) >= NOT_REGULAR_MAX:
-                return {"dir_real": real, "not_regular": odd, "not_regular_truncated": True}
-            try:
-                mode = os.lstat(e.path).st_mode
-            except OSError:
-                continue
-            if not stat.S_ISREG(mode):
-                odd[rank.name + "/" + e.name] = _kind(mode)
-    return {"dir_real": real, "not_regular": odd}
-
-
 def source_check(a):
     path, how = authorized_keys_file()
     emit(
-        dict(
-            dir_info(a.dir),
-            authorized_keys=path,
-            how=how,
-            rrsync=shutil.which("rrsync"),
-            rsync=shutil.which("rsync"),
-            dir_exists=os.path.isdir(a.dir),
-            user=pwd.getpwuid(os.getuid()).pw_name,
-        )
+        {
+            "authorized_keys": path,
+            "how": how,
+            "rrsync": shutil.which("rrsync"),
+            "rsync": shutil.which("rsync"),
+            "dir_exists": os.path.isdir(a.dir),
+            "user": pwd.getpwuid(os.getuid()).pw_name,
+        }
     )
-
-
-def dir_check(a):
-    emit(dir_info(a.dir))
 
 
 def _lock_path(real):
@@ -727,9 +668,8 @@ def cleanup(a):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="sync_onhost")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("source-check", "dir-check"):
-        p = sub.add_parser(name)
-        p.add_argument("--dir", required=True)
+    p = sub.add_parser("source-check")
+    p.add_argument("--dir", required=True)
     for name in ("grant", "revoke"):
         p = sub.add_parser(name)
         p.add_argument("--file", required=True)
@@ -749,7 +689,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     handler = {
         "source-check": source_check,
-        "dir-check": dir_check,
         "grant": grant,
         "revoke": revoke,
         "keygen": keygen,

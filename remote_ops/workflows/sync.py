@@ -2,12 +2,12 @@
 
 Steps (docs/sync.md is the reference):
 
-1. Check: every host's dump dir is resolved once on the host (`realpath`: a
-   symlinked dump dir is used, granted and reported by its target) and its
-   non-regular entries named (`sync_onhost.py source-check` / `dir-check`, the
-   sources' tools looked up in the same round trip); then it is reconciled (the
-   `dumps status` probes, on the resolved path); `core.syncplan.plan` decides
-   what moves, what is already there and what conflicts.  `--dry-run` stops here.
+1. Check: every source's and the destination's dump dir is reconciled (the
+   `dumps status` probes: the dir as the host resolves it, so a symlinked dump
+   dir is used, granted and reported by its target; entries that are not
+   regular files named, never followed) and the sources' tools are looked up
+   (`sync_onhost.py source-check`); `core.syncplan.plan` decides what moves,
+   what is already there and what conflicts.  `--dry-run` stops here.
 2. Grant: under the destination's host lock, in one round trip (`keygen`) the
    destination's tools are looked up, a new ed25519 key is made there and its
    known_hosts is written from the keys this machine has pinned for the
@@ -80,13 +80,12 @@ class Checked:
     plan: syncplan.SyncPlan
     host_errors: dict[str, RemoteOpsError] = field(default_factory=dict)
     dirs: dict[str, str] = field(default_factory=dict)  # host -> its dump dir as the host resolved it
-    odd: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> {entry: kind} not regular
     configured: dict[str, str] = field(default_factory=dict)  # host -> its inventory dump.dir
 
     @property
     def rows(self) -> syncplan.SourceRows:
-        """The sources' rows with no regular file: missing, and not regular."""
-        return syncplan.source_rows(self.recons, self.odd)
+        """The sources' rows and entries that do not move: missing, not regular, unsafe, torn."""
+        return syncplan.source_rows(self.recons)
 
 
 @dataclass
@@ -137,10 +136,10 @@ class SyncResult:
             "failed": self.failed,
             "conflicts": c.plan.conflicts,
             "errors": {h: e.to_dict() for h, e in {**c.host_errors, **self.errors}.items()},
-            "unsafe": [f"{h}:{u}" for h, r in c.recons.items() for u in r.unsafe],
+            "unsafe": rows.unsafe,
             "missing_on_source": rows.missing,
             "not_regular_on_source": rows.not_regular,
-            "torn": [f"{h}:{t}" for h, r in c.recons.items() for t in r.torn],
+            "torn": rows.torn,
             "grants": self.grants,
             "revoked": self.revoked,
             "revoke_errors": self.revoke_errors,
@@ -224,34 +223,30 @@ def _last_json(text: str) -> dict | None:
 
 
 def check(sources: list[HostSpec], dest: HostSpec, remote_of: Callable[[HostSpec], Remote], forks: int) -> Checked:
-    """Resolve and reconcile every host (`forks` at a time) and look up their tools; the plan.  A
-    source that cannot be reached or read is left out (its error in `host_errors`); the
-    destination must answer (a destination without a dump dir yet counts as empty)."""
+    """Reconcile every host (`forks` at a time; each dump dir where its host resolves it) and look
+    up their tools; the plan.  A source that cannot be reached or read is left out (its error in
+    `host_errors`); the destination must answer (a destination without a dump dir yet counts as
+    empty)."""
     dest_remote = remote_of(dest)
-    dest_dir = on_host(dest_remote, "dir-check", "--dir", dest.dump.dir)
-    dest_real = str(dest_dir.get("dir_real") or dest.dump.dir)
     try:
-        dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest_real), dest_real)
+        dest_recon = dumps_mod.reconcile_probe(dumps_mod.probe(dest_remote, dest.dump.dir), dest.dump.dir)
     except NotFound:
-        dest_recon = Reconciliation(dest_real)  # no dump dir yet: the transfer makes it
+        dest_recon = Reconciliation(dest.dump.dir)  # no dump dir yet: the transfer makes it
 
     def work(spec: HostSpec) -> tuple[int, tuple[Reconciliation, dict]]:
         remote = remote_of(spec)
-        tools = on_host(remote, "source-check", "--dir", spec.dump.dir)
-        real = str(tools.get("dir_real") or spec.dump.dir)
-        return 0, (dumps_mod.reconcile_probe(dumps_mod.probe(remote, real), real), tools)
+        recon = dumps_mod.reconcile_probe(dumps_mod.probe(remote, spec.dump.dir), spec.dump.dir)
+        return 0, (recon, on_host(remote, "source-check", "--dir", spec.dump.dir))
 
     run = fleet.fan_out(sources, work, forks=forks)
     done = {o.host: o.result for o in run.outcomes if o.error is None}
     host_errors = {o.host: o.error for o in run.outcomes if o.error is not None}
     recons = {h: v[0] for h, v in done.items()}
-    tools = {h: v[1] for h, v in done.items()}
-    odd = {h: dict(t.get("not_regular") or {}) for h, t in tools.items()}
-    odd[dest.name] = dict(dest_dir.get("not_regular") or {})
-    plan = syncplan.plan(recons, dest.name, dest_recon, odd)
-    dirs = {dest.name: dest_real, **{h: r.dump_dir for h, r in recons.items()}}
+    plan = syncplan.plan(recons, dest.name, dest_recon)
+    dirs = {dest.name: dest_recon.dump_dir, **{h: r.dump_dir for h, r in recons.items()}}  # as resolved
     configured = {spec.name: spec.dump.dir for spec in [dest, *sources]}
-    return Checked(recons, dest_recon, tools, {}, plan, host_errors, dirs, odd, configured)
+    tools = {h: v[1] for h, v in done.items()}
+    return Checked(recons, dest_recon, tools, {}, plan, host_errors, dirs, configured)
 
 
 def check_addresses(

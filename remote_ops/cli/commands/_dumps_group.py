@@ -249,16 +249,21 @@ def group_sync(app, sources, dest, opts, dry_run: bool, allow_missing: bool = Fa
             "dump_dirs": checked.dirs,
             "missing_on_source": checked.rows.missing,
             "not_regular_on_source": checked.rows.not_regular,
-            "torn": _torn(checked),
-            "unsafe": _sync_unsafe(checked),
+            "torn": checked.rows.torn,
+            "unsafe": checked.rows.unsafe,
             "allow_missing": allow_missing,
             "errors": {h: e.to_dict() for h, e in checked.host_errors.items()},
         }
         verdict = _sync_verdict(app.console, checked, {}, allow_missing)
+        worst = fleet.worst_exit(
+            [VerifyFailed.exit_code if verdict else 0, *(e.exit_code for e in checked.host_errors.values())]
+        )
         if verdict is not None:
-            raise VerifyFailed(verdict[0], details=doc, hint=verdict[1])
+            if worst == VerifyFailed.exit_code:
+                raise VerifyFailed(verdict[0], details=doc, hint=verdict[1])
+            app.console.error(verdict[0], verdict[1])  # a host's error is the worse exit code
         app.console.emit(doc)
-        return fleet.worst_exit([0, *(e.exit_code for e in checked.host_errors.values())])
+        return worst
     totals = {h: plan.source_bytes(h) for h, recs in plan.moves.items() if recs}
     meter = _Meter(totals)
     with app.console.progress(f"sync -> {dest.name}", total=sum(totals.values())) as advance:
@@ -280,14 +285,6 @@ def _serialised(fn):
             fn(*args)
 
     return call
-
-
-def _torn(checked) -> list[str]:
-    return [f"{h}:{t}" for h, r in checked.recons.items() for t in r.torn]
-
-
-def _sync_unsafe(checked) -> list[str]:
-    return [f"{h}:{u}" for h, r in checked.recons.items() for u in r.unsafe]
 
 
 def _render_sync_plan(console, checked, dry_run: bool) -> None:
@@ -334,9 +331,9 @@ def _per_source(items: list[str]) -> dict[str, list[str]]:
 
 
 def _name_rows(console, level: str, what: str, items: list[str], dirs: dict[str, str]) -> None:
-    """`[fail] N manifest row(s) <what> on HOST (dump dir D): first paths, ... M more` per source."""
+    """`[fail] N <what> on HOST (dump dir D)`, then its first paths, `... M more`, per source."""
     for host, rows in _per_source(items).items():
-        console.status(level, f"{len(rows)} manifest row(s) {what} on {host} (dump dir {dirs.get(host, '?')})")
+        console.status(level, f"{len(rows)} {what} on {host} (dump dir {dirs.get(host, '?')})")
         for row in rows[:SHOWN]:
             console.say(f"    {row}", style="dim")
         if len(rows) > SHOWN:
@@ -356,11 +353,12 @@ def _sync_verdict(console, checked, failed: dict[str, str], allow_missing: bool)
     """Name on stderr what makes a sync's data incomplete or wrong; (message, hint) of the exit-10
     error it makes, or None.  The hint speaks only of the causes found."""
     rows = checked.rows
-    torn = _torn(checked)
-    unsafe = _sync_unsafe(checked)
+    torn, unsafe = rows.torn, rows.unsafe
     level = "warn" if allow_missing else "fail"
-    _name_rows(console, level, "missing", rows.missing, checked.dirs)
-    _name_rows(console, "fail", "with a file that is not a regular file (never moved)", rows.not_regular, checked.dirs)
+    _name_rows(console, level, "manifest row(s) missing", rows.missing, checked.dirs)
+    _name_rows(
+        console, "fail", "entr(y/ies) not a regular file (never opened, never moved)", rows.not_regular, checked.dirs
+    )
     _list(console, "torn manifest lines (never moved)", torn, level=level)
     _list(console, "files that failed verification", [f"{k}: {v}" for k, v in failed.items()])
     _list(console, "unsafe host names (never moved)", unsafe)
@@ -378,8 +376,11 @@ def _sync_verdict(console, checked, failed: dict[str, str], allow_missing: bool)
         causes.append(f"{len(unsafe)} unsafe name(s)")
         hints.append("unsafe names must be removed or renamed on their host")
     if rows.not_regular:
-        causes.append(f"{len(rows.not_regular)} row(s) whose file is not a regular file")
-        hints.append("a FIFO, symlink or device in a dump dir is never read: put the dump file there or drop its row")
+        causes.append(f"{len(rows.not_regular)} entr(y/ies) not a regular file ({_first(rows.not_regular)})")
+        hints.append(
+            "a FIFO, symlink or device in a dump dir is never read: replace it by the dump file, or remove it "
+            "(and its manifest row)"
+        )
     if not allow_missing and (rows.missing or torn):
         causes.append(
             f"{len(rows.missing)} row(s) missing on their source ({_first(rows.missing)}), {len(torn)} torn line(s)"
@@ -415,7 +416,6 @@ def _sync_result(app, result, allow_missing: bool = False) -> int:
         f"({doc['mb_per_s']:,.1f} MB/s), verified on {checked.plan.dest}; "
         f"{len(result.failed)} failed, {len(checked.plan.conflicts)} conflicting",
     )
-    _render_resolved(app.console, checked)
     verdict = _sync_verdict(app.console, checked, result.failed, allow_missing)
     if raised is not None:
         raised.details = {**(raised.details or {}), "sync": doc}
