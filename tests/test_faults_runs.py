@@ -424,7 +424,8 @@ def test_the_standin_refuses_a_prompt_over_its_context_length_as_sglang_does(tmp
         assert code == 400 and doc["object"] == "error" and doc["type"] == "BadRequestError"
         n = len("<|user|>") + 10_000_000 + len("<|assistant|>")
         assert doc["message"] == f"The input ({n} tokens) is longer than the model's context length (64 tokens)."
-        assert time.monotonic() - t < 10 and _rss_kb(proc.pid) - rss < 400_000, "refused before any compute"
+        # the bound is the memory (19 GB when the prompt was computed); the time only bounds a hang
+        assert time.monotonic() - t < 60 and _rss_kb(proc.pid) - rss < 400_000, "refused before any compute"
         import socket
 
         with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:  # a body that is never sent

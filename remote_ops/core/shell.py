@@ -225,6 +225,14 @@ def small_file_command(path: str, cap: int = SMALL_FILE_CAP) -> str:
     return quiet(join(["sh", "-c", read_small_file(path, cap)]))
 
 
+def head_of_regular_file(path: str, cap: int) -> str:
+    """The first `cap` bytes of a host file when it is a regular file (a symlink to one counts),
+    nothing otherwise (a FIFO or a device is never opened): for files that may be long, like a
+    list of records, where the head is still an answer and a line cut at `cap` is dropped."""
+    p = quote(path)
+    return f"if [ -f {p} ]; then head -c {int(cap)} < {p}; fi"
+
+
 def small_file_problem(status: int) -> str | None:
     """What `read_small_file`'s exit status says: `missing`, `not_regular`, `too_large`, or None
     (read, or some other failure: the status is then the reader's own); pure."""

@@ -34,14 +34,20 @@ class ExtractAlive(Probe[bool]):
         self.paths = paths
 
     def command(self) -> str:
-        pidfile = shell.quote(self.paths.file("client.pid"))
+        read_pid = shell.small_file_command(self.paths.file("client.pid"), PID_FILE_CAP)
         return (
-            f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && '
+            f'pid=$({read_pid}) && [ -n "$pid" ] && '
             f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {shell.quote(self.paths.client_name)}"
         )
 
     def parse(self, status: int, text: str) -> bool:
         return status == 0
+
+
+#: A client.pid holds one number; `missing.jsonl` is read up to this many bytes (a line cut
+#: there is dropped by the parser; 16 MiB is ~100,000 records).
+PID_FILE_CAP = 64
+MISSING_CAP = 16 << 20
 
 
 class ClientPid(Probe[int | None]):
@@ -51,7 +57,7 @@ class ClientPid(Probe[int | None]):
         self.paths = paths
 
     def command(self) -> str:
-        return f"cat {shell.quote(self.paths.file('client.pid'))}; echo"
+        return f"{shell.small_file_command(self.paths.file('client.pid'), PID_FILE_CAP)}; echo"
 
     def parse(self, status: int, text: str) -> int | None:
         return count(text.strip())
@@ -121,7 +127,7 @@ class MissingSamples(Probe[list[Any]]):
         self.paths = paths
 
     def command(self) -> str:
-        return f"cat {shell.quote(self.paths.file('missing.jsonl'))}; echo"
+        return f"{shell.head_of_regular_file(self.paths.file('missing.jsonl'), MISSING_CAP)}; echo"
 
     def parse(self, status: int, text: str) -> list[Any]:
         missing = []

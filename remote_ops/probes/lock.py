@@ -21,6 +21,8 @@ from .base import Probe
 
 #: Exit status of `LockTake` when someone else holds the lock.
 RC_HELD = 75
+#: A lock's `info` is a few `key=value` lines; read only when it is a regular file this big.
+LOCK_INFO_CAP = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,10 @@ class LockRead(Probe[Holder | None]):
 
     def command(self) -> str:
         d = shell.quote(self.lock_dir)
+        info = shell.small_file_command(self.lock_dir + "/info", LOCK_INFO_CAP)
         return (
-            f"if [ -d {d} ]; then cat {d}/info 2>/dev/null; echo; "
-            f"p=$(sed -n 's/^pid=//p' {d}/info 2>/dev/null); "
+            f"if [ -d {d} ]; then {info}; echo; "
+            f"p=$({info} | sed -n 's/^pid=//p'); "
             f'if [ -n "$p" ]; then [ -d /proc/$p ] && echo remote_pid_alive=1 || echo remote_pid_alive=0; fi; '
             f"else echo free; fi"
         )
@@ -129,7 +132,7 @@ class LockTake(Probe[Taken]):
         write = shell.redirect(["printf", "%s", self.info], stdout=f"{self.lock_dir}/info")
         return (
             f"mkdir -p {parent} && if mkdir {d} 2>/dev/null; then {write}; "
-            f"else cat {d}/info 2>/dev/null; exit {RC_HELD}; fi"
+            f"else {shell.small_file_command(self.lock_dir + '/info', LOCK_INFO_CAP)}; exit {RC_HELD}; fi"
         )
 
     def parse(self, status: int, text: str) -> Taken:

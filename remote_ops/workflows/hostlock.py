@@ -134,7 +134,7 @@ def release_cmd(lock_dir: str, token: str | None, audit_log: str | None = None, 
     if token is None:
         remove = f"rm -rf {d}"
     else:
-        remove = f"if grep -qxF {shell.quote('token=' + token)} {d}/info 2>/dev/null; then rm -rf {d}; fi"
+        remove = f"if [ -f {d}/info ] && grep -qxF {shell.quote('token=' + token)} {d}/info; then rm -rf {d}; fi"
     if audit_log and audit is not None:
         return shell.seq(audit_append_cmd(audit_log, audit), remove)
     return remove
@@ -146,7 +146,7 @@ def takeover_cmd(lock_dir: str, token: str, audit_log: str, record: dict) -> str
     d = shell.quote(lock_dir)
     moved = shell.quote(f"{lock_dir}.takeover.{token}")
     return (
-        f"if grep -qxF {shell.quote('token=' + token)} {d}/info 2>/dev/null && mv {d} {moved} 2>/dev/null; then "
+        f"if [ -f {d}/info ] && grep -qxF {shell.quote('token=' + token)} {d}/info && mv {d} {moved} 2>/dev/null; then "
         f"rm -rf {moved}; {audit_append_cmd(audit_log, record)} && echo taken-over; fi"
     )
 
@@ -162,7 +162,7 @@ if [ -n "$lock" ]; then
   end=$(( $(date +%s) + wait ))
   mkdir -p "$(dirname "$lock")"
   while ! mkdir "$lock" 2>/dev/null; do
-    pid=$(sed -n 's/^pid=//p' "$lock/info" 2>/dev/null)
+    pid=; [ -f "$lock/info" ] && pid=$(head -c 65536 "$lock/info" | sed -n 's/^pid=//p')
     if [ -n "$pid" ] && [ ! -d "/proc/$pid" ]; then
       if mv "$lock" "$lock.stale.$$" 2>/dev/null; then
         rm -rf "$lock.stale.$$"
@@ -175,7 +175,7 @@ if [ -n "$lock" ]; then
       fi
       continue
     fi
-    [ "$(date +%s)" -ge "$end" ] && { echo "lock-held: $(tr '\n' '\t' < "$lock/info" 2>/dev/null)"; exit 75; }
+    [ "$(date +%s)" -ge "$end" ] && { echo "lock-held: $([ -f "$lock/info" ] && head -c 65536 "$lock/info" | tr '\n' '\t')"; exit 75; }
     sleep 0.2
   done
   release_lock() { rm -rf "$lock"; }
