@@ -281,20 +281,6 @@ def _source_problem(name: str, tools: dict) -> str | None:
 # --------------------------------------------------------------------------- the destination's lock
 
 
-def _take_lock(remote: Remote, dest: HostSpec) -> str:
-    """The destination's host lock; one a killed sync of this machine left (its PID gone) is
-    released first (audit-logged by `hostlock.release_held`)."""
-    try:
-        return hostlock.take(remote, dest, "dumps sync")
-    except Refused as exc:
-        stale = (exc.details or {}).get("stale")
-        holder = hostlock.read(remote, dest)
-        if not stale or holder is None:
-            raise
-        hostlock.release_held(remote, dest, holder, forced=False, reason=stale)
-        return hostlock.take(remote, dest, "dumps sync")
-
-
 # --------------------------------------------------------------------------- 2-4. grant, act, revoke
 
 
@@ -498,7 +484,7 @@ def sync(
     s = _Sync(checked, by_name, dest, remote_of, target_of, opts, progress, result)
     dest_remote = remote_of(dest)
     t0 = time.monotonic()
-    token = _take_lock(dest_remote, dest)
+    token = hostlock.take(dest_remote, dest, "dumps sync")  # a provably stale lock is taken over
     try:
         _grant_and_move(s)
     finally:
