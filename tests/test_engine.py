@@ -196,6 +196,7 @@ def test_missing_image_is_not_found_and_never_pulled(engine, name):
     assert pulls == []
 
 
+@pytest.mark.serial  # counts `docker system dial-stdio` machine-wide: another worker's engine test adds one
 def test_many_calls_share_one_channel(engine, remote, busybox_image):
     before = remote.round_trips
     for _ in range(40):
