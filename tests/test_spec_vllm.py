@@ -204,4 +204,5 @@ def test_spec_deploy_and_bench_on_the_real_vllm_then_deploy_restores_extraction(
     rc, refused, err = cli(env, *bench)
     assert rc == 9 and "extraction server" in err, err
     if os.environ.get("REMOTE_OPS_CAPTURE_DIR"):
-        shutil.copy(out / "spec.json", Path(os.environ["REMOTE_OPS_CAPTURE_DIR"]) / "spec.json")
+        for name in ("baseline.json", "spec.json", "comparison.md"):
+            shutil.copy(out / name, Path(os.environ["REMOTE_OPS_CAPTURE_DIR"]) / name)

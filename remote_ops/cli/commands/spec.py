@@ -57,8 +57,16 @@ def spec_group() -> None:
 @click.option("--dry-run", is_flag=True, help="print the plan and every diff; change nothing")
 @click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before restarting the server")
+@click.option(
+    "--healthy-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)",
+)
 @host_command
-def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, target_only, dry_run, show_diff, yes) -> None:
+def deploy_cmd(
+    app, host, draft, num_steps, eagle_topk, num_draft_tokens, target_only, dry_run, show_diff, yes, healthy_timeout
+) -> None:
     """Restart the server with the EAGLE-3 drafter (through `deploy`; a re-run is a no-op).
 
     SGLang: --speculative-algorithm EAGLE3 and the draft path, steps, topk, draft tokens.
@@ -88,7 +96,9 @@ def deploy_cmd(app, host, draft, num_steps, eagle_topk, num_draft_tokens, target
         preview = specdeploy.deploy(remote, spec, dry_run=True, events=deploy_mod.Events())
         if not preview.up_to_date:
             _confirm(app, spec, preview)
-    result = specdeploy.deploy(remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name))
+    result = specdeploy.deploy(
+        remote, spec, dry_run=dry_run, events=ConsoleEvents(app.console, spec.name), healthy_timeout_s=healthy_timeout
+    )
     if dry_run or show_diff:
         for name, text in result.diffs.items():
             app.console.step(f"{spec.name} diff: {name}")
