@@ -221,9 +221,7 @@ def read_draft_config(doc: Any) -> DraftConfig:
         common.append("eagle_config.use_aux_hidden_state is false: the drafter takes no aux states")
     size = doc.get("target_hidden_size") or doc.get("hidden_size")
     v_ids, v_notes = _vllm_ids(doc, eagle)
-    return DraftConfig(
-        ids, size if type(size) is int else None, tuple(notes + common), v_ids, tuple(v_notes + common)
-    )
+    return DraftConfig(ids, size if type(size) is int else None, tuple(notes + common), v_ids, tuple(v_notes + common))
 
 
 def _vllm_ids(doc: dict[str, Any], eagle: Any) -> tuple[list[int] | None, list[str]]:
