@@ -117,7 +117,10 @@ def test_on_a_host_without_gpus_run_yaml_is_specforges_cpu_setup():
     assert text.splitlines()[2] == "FROM remote-ops/specforge-cpu:0.2.0" and "pip install" not in text
     run = t.real_commands(spec, p, plan)[2]
     assert (
-        "SPECFORGE_DEVICE=cpu" in run and "--gpus" not in run and "/data/eval-specforge:/data/eval-specforge:ro" in run
+        "SPECFORGE_DEVICE=cpu" in run
+        and "TORCHDYNAMO_DISABLE=1" in run
+        and "--gpus" not in run
+        and "/data/eval-specforge:/data/eval-specforge:ro" in run
     )
 
 

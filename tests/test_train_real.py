@@ -26,26 +26,27 @@ from conftest import run_cli
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 HOST = "trainhost"
+# The target's sizes come from its config.json (the sandbox's model may change); the draft vocabulary is
+# the target's, the case in which SpecForge's export still writes d2t/t2d.
 DRAFT = {
     "architectures": ["LlamaForCausalLMEagle3"],
     "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
     "num_hidden_layers": 1,
-    "vocab_size": 512,
-    "draft_vocab_size": 512,
     "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 10000.0,
     "hidden_act": "silu",
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
-    "target_hidden_size": 128,
     "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
 }
+FROM_TARGET = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+FROM_TARGET += ("vocab_size", "rms_norm_eps")
+
+
+def draft_config(model_dir: Path) -> dict:
+    target = json.loads((model_dir / "config.json").read_text())
+    doc = {**DRAFT, **{k: target[k] for k in FROM_TARGET if k in target}}
+    rope = (target.get("rope_parameters") or {}).get("rope_theta") or target.get("rope_theta") or 10000.0
+    return {**doc, "draft_vocab_size": doc["vocab_size"], "target_hidden_size": doc["hidden_size"], "rope_theta": rope}
 
 
 def _require_images():
@@ -112,7 +113,7 @@ def train_env(lab, tmp_path_factory):
         subprocess.run(["rm", "-rf", str(d)], check=True, timeout=60)
     make_export(Path(str(dump_dir) + "-specforge"), model_dir, 0, 16)
     make_export(Path(str(dump_dir) + "-eval"), model_dir, 100, 8)
-    (tmp / "draft.json").write_text(json.dumps(DRAFT))
+    (tmp / "draft.json").write_text(json.dumps(draft_config(model_dir)))
     print(f"\n[train-real] images ready in {images_s:.0f}s")
     yield env, tmp, entry, dump_dir
     lab.dockerd.docker("rm", "-f", "vllm-eagle3-train-train", check=False)

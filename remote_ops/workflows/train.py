@@ -275,7 +275,8 @@ def image_ref(spec) -> str:
 
 def trainer_spec(spec, p: TrainPaths, plan: RunPlan) -> RunSpec:
     """The trainer container: the export read-only (and the eval export), the checkpoint dir
-    read-write, the model read-only; all GPUs, or on the CPU none and `SPECFORGE_DEVICE=cpu`."""
+    read-write, the model read-only; all GPUs, or on the CPU none, `SPECFORGE_DEVICE=cpu` and
+    `TORCHDYNAMO_DISABLE=1`."""
     volumes = [f"{plan.data}:{plan.data}:ro", f"{plan.output}:{plan.output}", f"{spec.model.path}:{spec.model.path}:ro"]
     if plan.eval_data:
         volumes.append(f"{plan.eval_data}:{plan.eval_data}:ro")
@@ -284,7 +285,9 @@ def trainer_spec(spec, p: TrainPaths, plan: RunPlan) -> RunSpec:
         name=container_name(spec),
         image=image_ref(spec),
         command=("train", "--config", IMAGE_RUN_YAML),
-        env={"SPECFORGE_DEVICE": "cpu"} if cpu else {},
+        # TORCHDYNAMO_DISABLE: SpecForge's @torch.compile functions run eagerly (the same math); on the CPU
+        # inductor would need a C++ compiler, which the CPU image (the vLLM image's minbase) lacks.
+        env={"SPECFORGE_DEVICE": "cpu", "TORCHDYNAMO_DISABLE": "1"} if cpu else {},
         labels={"io.remote-ops.managed": "1"},
         init=False,
         gpus="none" if cpu else "all",
