@@ -14,9 +14,8 @@ silently).  Blank lines are skipped.  Line numbers are the file's own, from 1.
 `remote-ops extract start` checks a local dataset with these rules before it
 uploads anything or takes the host lock (`remote_ops.workflows.extract.check_dataset`),
 so a bad line is exit 3 naming `FILE:LINE`, never a host traceback.  The
-client (`remote_ops/onhost/extract_onhost.py`, stdlib only, shipped alone)
-applies the same rules to a dataset already on the host, in its own copy of
-this code; `tests/test_faults_inputs.py` holds both to one table of bad lines.
+client (`remote_ops/onhost/extract_onhost.py`) applies the same rules to a
+dataset already on the host.
 
 The chat dataset's rules (`chat_record`, `check_chat_lines`): what `remote-ops
 dataset regenerate` can send to the server's chat template.  One JSON object per
@@ -30,16 +29,19 @@ SpecForge's `regenerate_train_data.py` refuses a chat that starts with an
 assistant turn).  `id` (optional) is a string or an integer.  A good line
 reads as `{"id", "messages": [{"role", "content"}]}` with the roles normalised.
 
-This module is stdlib-only and imports nothing from remote-ops.
+The line rules themselves are the on-host clients' own functions (`remote_ops/onhost/client.py`'s
+`decode_line`, `remote_ops/onhost/extract_onhost.py`'s `record_problem`: stdlib, shipped to the
+host), so the laptop and the host check with one copy; this module adds the line numbers and
+the chat rules.  `tests/test_faults_inputs.py` holds both sides to one table of bad lines.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-MAX_TOKEN_ID = 2**31 - 1
+from ..onhost.client import decode_line, json_type
+from ..onhost.extract_onhost import record_problem
 
 
 @dataclass(frozen=True)
@@ -48,27 +50,6 @@ class Problem:
 
     line: int
     reason: str
-
-
-class _Duplicate(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list) -> dict:
-    seen: dict = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _Duplicate(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
-
-
-def json_type(value: object) -> str:
-    """`value`'s JSON type, as an operator reads it: a string, an object, true/false..."""
-    if isinstance(value, bool):
-        return "true/false"
-    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
-    return names.get(type(value), "null")
 
 
 def parse_record(raw: bytes) -> tuple[dict | None, str | None]:
@@ -80,68 +61,17 @@ def parse_record(raw: bytes) -> tuple[dict | None, str | None]:
     return (None, reason) if reason else (doc, None)
 
 
-def decode_line(raw: bytes) -> tuple[dict | None, str | None]:
-    """One line as a JSON object (UTF-8, no duplicate key): (object, None), (None, reason), or
-    (None, None) for a blank line.  The rules shared by the sample and the chat datasets."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
-    if not text.strip():
-        return None, None
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates)
-    except _Duplicate as exc:
-        return None, str(exc)
-    except json.JSONDecodeError as exc:
-        return None, f"not JSON: {exc.msg} (column {exc.colno})"
-    except (ValueError, RecursionError) as exc:
-        return None, f"not JSON: {exc}"
-    if not isinstance(doc, dict):
-        return None, f"not a JSON object (each line is one {{...}} record), but {json_type(doc)}"
-    return doc, None
-
-
-def record_problem(doc: dict) -> str | None:
-    """Why a parsed record cannot be sent, or None."""
-    name = "input_ids" if "input_ids" in doc else "token_ids"
-    ids = doc.get(name)
-    if name not in doc:
-        return "no input_ids (or token_ids) list"
-    if not isinstance(ids, list):
-        return f"{name} must be a list of token ids, not {json_type(ids)}"
-    if not ids:
-        return f"{name} is empty"
-    if not set(map(type, ids)) <= {int} or min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
-        return _bad_id(name, ids)
-    if "loss_mask" in doc:
-        mask = doc["loss_mask"]
-        if (
-            not isinstance(mask, list)
-            or len(mask) != len(ids)
-            or not set(map(type, mask)) <= {int}
-            or set(mask) - {0, 1}
-        ):
-            return f"loss_mask must be a list of 0/1, one per token id ({len(ids)})"
-    if "id" in doc and (isinstance(doc["id"], bool) or not isinstance(doc["id"], (str, int))):
-        return f"id must be a string or an integer, not {json_type(doc['id'])}"
-    return None
-
-
-def _bad_id(name: str, ids: list) -> str:
-    for k, x in enumerate(ids):
-        if type(x) is not int:
-            return f"{name}[{k}] is {json_type(x)}: token ids are integers"
-        if not 0 <= x <= MAX_TOKEN_ID:
-            return f"{name}[{k}] = {x} is out of range: token ids are 0 to {MAX_TOKEN_ID}"
-    return f"{name} is not a list of token ids"
-
-
 def check_lines(lines: Iterable[bytes], max_problems: int = 20) -> list[Problem]:
     """The first `max_problems` bad lines of a dataset (its lines as bytes, e.g. a file opened "rb")."""
+    return _check(lines, parse_record, max_problems)
+
+
+def _check(
+    lines: Iterable[bytes], rule: Callable[[bytes], tuple[dict | None, str | None]], max_problems: int
+) -> list[Problem]:
     problems: list[Problem] = []
     for number, raw in enumerate(lines, 1):
-        _doc, reason = parse_record(raw)
+        _doc, reason = rule(raw)
         if reason:
             problems.append(Problem(number, reason))
             if len(problems) >= max_problems:
@@ -229,11 +159,4 @@ def _chat_text(content: object, where: str) -> tuple[str, str | None]:
 
 def check_chat_lines(lines: Iterable[bytes], max_problems: int = 20) -> list[Problem]:
     """The first `max_problems` bad lines of a chat dataset (its lines as bytes)."""
-    problems: list[Problem] = []
-    for number, raw in enumerate(lines, 1):
-        _chat, reason = chat_record(raw)
-        if reason:
-            problems.append(Problem(number, reason))
-            if len(problems) >= max_problems:
-                break
-    return problems
+    return _check(lines, chat_record, max_problems)

@@ -21,12 +21,15 @@ if TYPE_CHECKING:  # logparse's regexes are compiled on import; health's probe b
     from .logparse import ExtractionSummary
 
 CLIENT_NAME = "extract_onhost.py"
+#: The on-host client skeleton (`remote_ops/onhost/client.py`): shipped beside every client, which imports it.
+BASE_NAME = "client.py"
 
 
 @dataclass(frozen=True)
 class ExtractPaths:
-    """Where the run lives on the host.  `client_name` is the on-host program's file name (a
-    subclass names another client with the same work dir layout: `core.regenplan.RegenPaths`)."""
+    """Where a client's run lives on the host: every on-host client's work dir layout.
+    `client_name` is the program's file name (a subclass names another client with the same
+    layout: `core.regenplan.RegenPaths`)."""
 
     workdir: str
     log: str
@@ -45,6 +48,12 @@ class ExtractPaths:
     def file(self, name: str) -> str:
         return str(PurePosixPath(self.workdir) / name)
 
+    @property
+    def shipped(self) -> list[tuple[str, str]]:
+        """(file name in `remote_ops/onhost/`, path on the host) of what a start ships: the client and
+        the skeleton beside it."""
+        return [(self.client_name, self.client), (BASE_NAME, self.file(BASE_NAME))]
+
 
 def paths_for(host: HostSpec) -> ExtractPaths:
     return ExtractPaths(str(PurePosixPath(host.logs.dir) / "extract"), host.logs.extraction, host.dump.dir)
@@ -61,37 +70,27 @@ def launch_command(
     dump_bytes_per_token: int | None = None,
     serving_args: tuple[str, ...] = (),
 ) -> str:
-    """Start the client detached in its own session; print its PID.
+    """Start the extraction client detached (`client_command`); print its PID.
 
     `dump_bytes_per_token` is the client's estimate of a dump's size until it
     has dump files of its own to measure (it names a full dump disk with it).
     `serving_args`: the serving engine's client options (`remote_ops.serving`: vLLM's
     `--serving vllm --model NAME`)."""
-    argv = [
-        "python3",
-        p.client,
-        "--dataset",
-        dataset,
-        "--server",
-        server_url,
-        "--workdir",
-        p.workdir,
-        "--log",
-        p.log,
-        "--dump-dir",
-        p.dump_dir,
-        "--concurrency",
-        str(concurrency),
-        "--retries",
-        str(retries),
-        "--dump-grace",
-        f"{dump_grace:g}",
-    ]
+    options = ["--dump-dir", p.dump_dir, "--dump-grace", f"{dump_grace:g}"]
     if limit:
-        argv += ["--limit", str(limit)]
+        options += ["--limit", str(limit)]
     if dump_bytes_per_token:
-        argv += ["--dump-bytes-per-token", str(int(dump_bytes_per_token))]
-    argv += list(serving_args)
+        options += ["--dump-bytes-per-token", str(int(dump_bytes_per_token))]
+    return client_command(p, dataset, server_url, concurrency, retries, [*options, *serving_args])
+
+
+def client_command(
+    p: ExtractPaths, dataset: str, server_url: str, concurrency: int, retries: int, options: list[str]
+) -> str:
+    """Start the on-host client `p.client` detached in its own session, its output appended to
+    `client.out`; print its PID.  `options`: the client's own (after the skeleton's)."""
+    argv = ["python3", p.client, "--dataset", dataset, "--server", server_url, "--workdir", p.workdir, "--log", p.log]
+    argv += ["--concurrency", str(concurrency), "--retries", str(retries), *options]
     out = shell.quote(p.file("client.out"))
     # `cd || exit; cmd &` - not `cd && cmd &`, which backgrounds a subshell holding the channel open
     return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"

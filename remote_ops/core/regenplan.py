@@ -29,14 +29,12 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import datasetcheck, shell
-from .extractplan import CLIENT_NAME as HELPER_NAME, ExtractPaths, Sample
+from .extractplan import ExtractPaths, Sample, client_command
 
 if TYPE_CHECKING:
     from .inventory import HostSpec
 
 CLIENT_NAME = "regenerate_onhost.py"
-#: Shipped beside the client: its log, manifest, HTTP and count helpers.
-HELPER = HELPER_NAME
 OUTPUT_NAME = "regenerated.jsonl"
 KEY_HASH_CHARS = 32
 
@@ -63,13 +61,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class RegenPaths(ExtractPaths):
-    """The client's work dir on the host: the extraction client's layout, its own program."""
+    """The client's work dir on the host: every client's layout, its own program."""
 
     client_name: ClassVar[str] = CLIENT_NAME
-
-    @property
-    def helper(self) -> str:
-        return self.file(HELPER)
 
     @property
     def output(self) -> str:
@@ -128,31 +122,11 @@ def one_per_key(samples: list[Sample]) -> list[Sample]:
 def launch_command(
     p: RegenPaths, server_url: str, sampling: Sampling, concurrency: int, retries: int, dataset: str
 ) -> str:
-    """Start the client detached in its own session (the helper beside it); print its PID."""
-    argv = [
-        "python3",
-        p.client,
-        "--dataset",
-        dataset,
-        "--server",
-        server_url,
-        "--workdir",
-        p.workdir,
-        "--log",
-        p.log,
-        "--concurrency",
-        str(concurrency),
-        "--retries",
-        str(retries),
-        "--temperature",
-        f"{sampling.temperature:g}",
-        "--max-tokens",
-        str(sampling.max_tokens),
-    ]
+    """Start the client detached (`extractplan.client_command`); print its PID."""
+    options = ["--temperature", f"{sampling.temperature:g}", "--max-tokens", str(sampling.max_tokens)]
     if sampling.top_p is not None:
-        argv += ["--top-p", f"{sampling.top_p:g}"]
-    out = shell.quote(p.file("client.out"))
-    return f"cd {shell.quote(p.workdir)} || exit 1; setsid nohup {shell.join(argv)} >> {out} 2>&1 < /dev/null & echo $!"
+        options += ["--top-p", f"{sampling.top_p:g}"]
+    return client_command(p, dataset, server_url, concurrency, retries, options)
 
 
 def records_command(p: RegenPaths) -> str:
