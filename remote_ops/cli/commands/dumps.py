@@ -288,7 +288,7 @@ def _render_audit(console, result) -> None:
             )
     srv = result.serving
     console.say(
-        f"  layer ids judged for SGLang {srv.version} ({srv.how}): "
+        f"  layer ids judged for {srv.engine} {srv.version} ({srv.how}): "
         f"{srv.convention.words if srv.convention else 'no convention known'}",
         style="dim",
     )
