@@ -180,7 +180,9 @@ def test_extract_start_with_a_bad_local_dataset_is_exit_3_before_upload_or_lock(
     p = run_cli_process(lab_env, "extract", "start", "--host", clean_host.name, "--dataset", str(ds), timeout=120)
     assert p.returncode == ExitCode.CONFIG, (p.returncode, p.stderr)
     assert f"{ds}:2" in p.stderr and words in p.stderr and "Traceback" not in p.stderr, p.stderr
-    assert time.monotonic() - t < 10
+    # a hang bound only (10 s failed at load 20 under 4 workers); that nothing reached the host is
+    # what the two lines below prove
+    assert time.monotonic() - t < 60
     assert not (clean_host.paths.logs_dir / "extract").exists(), "nothing uploaded"
     assert (audit.read_bytes() if audit.exists() else b"") == audit_before, "no lock taken (no audit line)"
 
