@@ -499,3 +499,27 @@ def test_the_bench_reads_what_a_vllm_container_serves_from_its_label():
     assert sb.vllm_serves({vllm.SERVES_LABEL: "eagle3"}) == "eagle3"
     assert sb.vllm_serves({vllm.SERVES_LABEL: "target"}) == "target"
     assert sb.vllm_serves({}) is None and sb.vllm_serves(None) is None  # the extraction server
+
+
+def test_spec_deploy_from_run_names_the_drafter_itself(tmp_path):
+    """`--from-run` with `--draft` or `--target-only` is exit 2 before anything connects (port 9
+    answers nothing); the drafter dir of a run is `train export`'s."""
+    import os
+    import subprocess
+    import sys
+
+    from remote_ops.core.specforge_run import exported_drafter_dir
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n    address: 127.0.0.1\n    port: 9\n")
+    env = {**os.environ, "REMOTE_OPS_INVENTORY": str(inv), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    for extra in (["--draft", "/d"], ["--target-only"]):
+        p = subprocess.run(
+            [sys.executable, "-m", "remote_ops", "spec", "deploy", "--host", "h", "--from-run", *extra, "--yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert p.returncode == 2 and "--from-run names the drafter itself" in p.stderr, p.stderr
+    assert exported_drafter_dir("/data/drafter/", "r1", "hf") == "/data/drafter/r1-drafter-hf"

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core import shell
 from ..core.inventory import HostSpec
-from ..errors import Refused, UsageError
+from ..errors import NotFound, Refused, UsageError
 from ..remote import Remote
 
 #: Bytes of the host's `server_args.py` read at most (SGLang 0.5.9's is ~230 kB).
@@ -79,6 +79,21 @@ def settings(
     except ValueError as exc:
         raise UsageError(f"{spec.name}: speculative settings: {exc}") from None
     return out
+
+
+def drafter_of_run(remote: Remote, spec: HostSpec) -> str:
+    """The drafter dir `train export` wrote for the host's newest training run (run.json's run
+    id): `--to hf` for a vLLM host, `--to sglang` for SGLang.  NotFound (exit 13) when no run is
+    recorded; a run never exported is found missing by the drafter check that follows."""
+    from ..core.specforge_run import exported_drafter_dir
+    from . import train
+
+    st = train.status(remote, spec)
+    if not st.run_id:
+        raise NotFound(f"{spec.name}: no training run on the host: `train start`, then `train export`", host=spec.name)
+    return exported_drafter_dir(
+        train.paths_for(spec).output, st.run_id, "hf" if spec.serving.engine == "vllm" else "sglang"
+    )
 
 
 def spec_host(spec: HostSpec, s: dict[str, Any]) -> HostSpec:

@@ -40,6 +40,11 @@ def spec_group() -> None:
     help="drafter checkpoint dir on the host (default: inventory speculative.draft_model_path)",
 )
 @click.option(
+    "--from-run",
+    is_flag=True,
+    help="serve the drafter `train export` made of the host's newest training run (not with --draft)",
+)
+@click.option(
     "--num-steps",
     type=int,
     default=None,
@@ -65,7 +70,18 @@ def spec_group() -> None:
 )
 @host_command
 def deploy_cmd(
-    app, host, draft, num_steps, eagle_topk, num_draft_tokens, target_only, dry_run, show_diff, yes, healthy_timeout
+    app,
+    host,
+    draft,
+    from_run,
+    num_steps,
+    eagle_topk,
+    num_draft_tokens,
+    target_only,
+    dry_run,
+    show_diff,
+    yes,
+    healthy_timeout,
 ) -> None:
     """Restart the server with the EAGLE-3 drafter (through `deploy`; a re-run is a no-op).
 
@@ -77,12 +93,18 @@ def deploy_cmd(
     whose config.json ids, numbered the way the serving release numbers them (SGLang's per
     release, vLLM's own), do not give the layers the dumps hold (or, with no dumps, the
     inventory's layers) is refused: exit 9, contract_mismatch.  `remote-ops deploy`
-    afterwards restores the inventory's server."""
+    afterwards restores the inventory's server.  --from-run serves the drafter `train export`
+    made of the newest training run on the host."""
+    from ...errors import UsageError
     from ...workflows import deploy as deploy_mod, specdeploy
     from ._deploy_events import ConsoleEvents
     from .deploy import _confirm, _summary
 
     base = app.host(host)
+    if from_run and (draft or target_only):
+        raise UsageError("--from-run names the drafter itself: not with --draft or --target-only")
+    if from_run:
+        draft = specdeploy.drafter_of_run(app.remote(base), base)
     s = specdeploy.settings(base, draft, num_steps, eagle_topk, num_draft_tokens, target_only)
     spec = specdeploy.spec_host(base, s)
     remote = app.remote(spec)
