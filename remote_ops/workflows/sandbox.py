@@ -219,6 +219,13 @@ def _up_vllm(progress: Callable[[str], None]) -> SandboxStatus:
         model_dir = lab_vllm.tiny_model_dir()
         progress("the vLLM CPU image (built with no registry once, then loaded from the cache)")
         image = lab_vllm.vllm_image(lab.dockerd.socket)
+        from ..hostlab import train as lab_train
+
+        if lab_train.wheels_ready():  # `train start` builds FROM it (SpecForge 0.2.0 on the CPU)
+            progress("the SpecForge CPU training image (built FROM the vLLM image once, then loaded)")
+            lab_train.train_image(lab.dockerd.socket)
+        else:
+            progress(f"no SpecForge wheels in {lab_train.wheels_dir()}: `train start` cannot run here")
         h = lab.hosts[0]
         doc = {
             "hosts": {
