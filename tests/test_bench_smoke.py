@@ -39,6 +39,7 @@ SMOKED = {
     "deploy_noop.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
     "fleet_wan.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
     "vllm_extract.py": "test_vllm_real.py::test_vllm_extract_bench_runs_one_tiny_round",  # scripts/test-vllm only
+    "specforge_gpu.py": "test_specforge_gpu_renders_train_starts_run_yaml_and_reads_a_captured_log",
 }
 
 
@@ -178,3 +179,30 @@ def test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers():
     )
     proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_specforge_gpu_renders_train_starts_run_yaml_and_reads_a_captured_log(tmp_path):
+    """`render` writes the CUDA run.yaml of `train start` beside copies of its inputs; `run`'s path
+    mapping touches only the paths; `parse` reads SpecForge's metrics from a captured CPU log."""
+    export, target = tmp_path / "export", tmp_path / "target"
+    (export / "rows").mkdir(parents=True)
+    target.mkdir()
+    for i in range(3):
+        (export / "rows" / f"{i}.ckpt").write_bytes(b"x")
+    (target / "config.json").write_text("{}")
+    draft = tmp_path / "draft.json"
+    draft.write_text("{}")
+    dest = tmp_path / "sf"
+    run_bench("specforge_gpu.py", "render", "--export", str(export), "--target", str(target),
+              "--draft-config", str(draft), "--epochs", "2", "--dest", str(dest))  # fmt: skip
+    doc = json.loads((dest / "run.yaml").read_text())
+    assert doc["training"]["num_epochs"] == 2 and "fsdp_sharding" not in doc["training"]  # the CUDA path as is
+    assert sorted(p.name for p in dest.iterdir()) == ["data", "draft_config.json", "run.yaml", "target"]
+    sys.path.insert(0, str(BENCH))
+    import specforge_gpu
+
+    local = specforge_gpu.localize(doc, dest)
+    assert local["data"]["hidden_states_path"] == str(dest / "data") and local["training"] == doc["training"]
+    out = run_bench("specforge_gpu.py", "parse", "--log", str(REPO / "tests/data/logs/specforge_0_2_0_cpu_eval.log"))
+    parsed = json.loads(out.stdout)
+    assert parsed["step"] and parsed["acc"] and parsed["eval_simulated_acc_len"] is not None
