@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.core import anchors as A, patchspec
 from remote_ops import wheels
+from remote_ops.core import anchors as A, patchspec
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

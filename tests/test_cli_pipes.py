@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from remote_ops.cli.console import Console
 from remote_ops import wheels
+from remote_ops.cli.console import Console
 from tests.conftest import run_cli
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"

@@ -12,9 +12,9 @@ import sys
 import pytest
 from conftest import run_cli
 
+from remote_ops import wheels
 from remote_ops.cli.app import App
 from remote_ops.cli.console import Console
-from remote_ops import wheels
 
 INVENTORY = """\
 defaults:

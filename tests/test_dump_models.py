@@ -20,8 +20,8 @@ from typing import List, Optional
 
 import pytest
 
-from remote_ops.dumper import runtime as rt
 from remote_ops import wheels
+from remote_ops.dumper import runtime as rt
 
 torch = pytest.importorskip("torch")
 import remote_ops.dumper as dump_pkg  # noqa: E402

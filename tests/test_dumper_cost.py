@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from remote_ops.core import dumpercost, sglanglog
+from remote_ops.hostlab._proc import free_port
 from remote_ops.probes.throughput import DumperStats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,14 +231,6 @@ def test_the_real_dumper_counts_its_capture_time_in_stats_json(tmp_path):
 # --------------------------------------------------------------------------- the stand-in
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_standin_writes_stats_json_and_sglang_prefill_lines_of_the_same_steps(tmp_path):
     from remote_ops.workflows import sandbox
 
@@ -251,7 +244,7 @@ def test_the_standin_writes_stats_json_and_sglang_prefill_lines_of_the_same_step
         "SGLANG_HS_DUMP_DIR": str(tmp_path / "dumps"),
         "STANDIN_GPU_MS_PER_1K_TOKENS": "100",  # 20 ms a prefill: the 4 in flight queue up
     }
-    port, logf = _free_port(), tmp_path / "standin.log"
+    port, logf = free_port(), tmp_path / "standin.log"
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN), "--port", str(port), "--model-path", str(tmp_path / "model")],
         env=env,

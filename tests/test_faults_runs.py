@@ -31,6 +31,7 @@ from conftest import run_cli_process
 from remote_ops.core import extractplan
 from remote_ops.core.logparse import ExtractionSummary
 from remote_ops.errors import ExitCode
+from remote_ops.hostlab._proc import free_port
 from remote_ops.onhost import extract_onhost
 from remote_ops.probes import dumpdir
 from remote_ops.probes.extract import fatal_of
@@ -383,14 +384,6 @@ def _post(url: str, body: bytes):
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -402,7 +395,7 @@ def test_the_standin_refuses_a_prompt_over_its_context_length_as_sglang_does(tmp
     from remote_ops.workflows import sandbox
 
     sandbox.write_model_config(tmp_path / "model")
-    port = _free_port()
+    port = free_port()
     proc = _start_standin(
         port, tmp_path / "model", tmp_path, "--context-length", "64", env_extra={"STANDIN_MAX_BODY_BYTES": "20000000"}
     )

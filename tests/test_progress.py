@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from conftest import require
 
+from remote_ops import wheels
 from remote_ops.cli.commands.extract import _progress
 from remote_ops.cli.console import Console, duration, progress_tail
 from remote_ops.core.buildsteps import BuildStep, step
 from remote_ops.core.extractplan import ExtractStatus
 from remote_ops.core.logparse import ExtractionSummary
-from remote_ops import wheels
 
 VERSION = "0.5.9"
 BAR = "━"  # rich's bar character
@@ -308,7 +308,9 @@ def test_a_group_wait_shows_the_groups_rate_and_eta_on_a_terminal_only(tty, monk
     from remote_ops.cli.commands import extract as extract_cmd
 
     rounds = iter([_fleet(10, ["a", "b"]), _fleet(40, [])])
-    monkeypatch.setattr(extract_cmd, "_group_status", lambda *a: (next(rounds), SimpleNamespace(exit_code=0, outcomes=[])))
+    monkeypatch.setattr(
+        extract_cmd, "_group_status", lambda *a: (next(rounds), SimpleNamespace(exit_code=0, outcomes=[]))
+    )
     monkeypatch.setattr(extract_cmd, "_render_group", lambda *a: None)
     err = tty.file if on_terminal else io.StringIO()
     app = SimpleNamespace(console=Console(stderr=err, stdout=io.StringIO()))

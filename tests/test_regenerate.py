@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from remote_ops.core import datasetcheck, regenplan
+from remote_ops.hostlab._proc import free_port
 from remote_ops.onhost import regenerate_onhost
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,14 +205,6 @@ def _stop(proc):
         proc.wait(timeout=10)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, doc: dict) -> dict:
     req = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -222,7 +215,7 @@ def test_the_standin_chat_endpoint_renders_its_template_and_answers_the_network_
     from remote_ops.workflows import sandbox
 
     sandbox.write_model_config(tmp_path / "model")
-    port = _free_port()
+    port = free_port()
     proc, logf = _start_standin(port, tmp_path / "model", tmp_path, "chat")
     try:
         turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}]

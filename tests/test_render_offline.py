@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import require
 
-from remote_ops.errors import ExitCode
 from remote_ops import wheels
+from remote_ops.errors import ExitCode
 
 VERSION = "0.5.9"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from remote_ops.hostlab._proc import free_port
 from remote_ops.workflows import sandbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,12 +27,6 @@ def test_standin_overrides_point_at_standin_image_and_launcher():
     assert out["sglang"]["base_image"] == "remote-ops/sglang-standin:v0.5.9"
     assert out["server"]["launcher"] == sandbox.STANDIN_LAUNCHER and out["server"]["port"] == 31000
     assert entry == {"address": "127.0.0.9", "server": {"port": 31000}}, "input not mutated"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, data: bytes | None = None) -> dict:
@@ -51,7 +46,7 @@ def standin(tmp_path):
         pytest.skip(f"no SGLang 0.5.9 wheel: {exc}")
     shutil.copytree(REPO / "remote_ops" / "dumper", tmp_path / "py" / "remote_ops_dump")
     sandbox.write_model_config(tmp_path / "model")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": f"{tmp_path / 'py'}:{tmp_path / 'tree' / 'python'}",

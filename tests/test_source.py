@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
+from remote_ops import wheels
 from remote_ops.cli.main import main
 from remote_ops.core import source as S
 from remote_ops.errors import NotFound, UsageError
-from remote_ops import wheels
 
 DSV2 = "python/sglang/srt/models/deepseek_v2.py"
 

@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from remote_ops.dumper import dumpfile  # noqa: E402
+from remote_ops.hostlab._proc import free_port  # noqa: E402
 from remote_ops.onhost.extract_onhost import dump_key  # noqa: E402
 from remote_ops.workflows import extract, sandbox  # noqa: E402
 
@@ -192,10 +192,6 @@ def test_deployed_standin_answers_and_dumps_what_the_reference_computes(lab, sgl
 
 
 # --------------------------------------------------------------------------- the fault switches
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -206,7 +202,7 @@ def run_standin(tmp_path):
     procs = []
 
     def start(extra: dict) -> tuple[str, Path]:
-        port, dumps = _free_port(), tmp_path / f"dumps{len(procs)}"
+        port, dumps = free_port(), tmp_path / f"dumps{len(procs)}"
         env = {
             **os.environ,
             "PYTHONPATH": str(tmp_path / "py"),
@@ -304,7 +300,7 @@ def test_a_bad_switch_refuses_to_start(tmp_path):
     sandbox.write_model_config(tmp_path / "model")
     env = {**os.environ, "STANDIN_FINAL_NORM": "half", "STANDIN_LOAD_SECONDS": "0"}
     p = subprocess.run(
-        [sys.executable, str(SERVER), "--model-path", str(tmp_path / "model"), "--port", str(_free_port())],
+        [sys.executable, str(SERVER), "--model-path", str(tmp_path / "model"), "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

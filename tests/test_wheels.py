@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from remote_ops.errors import NotFound, VerifyFailed
 from remote_ops import wheels
+from remote_ops.errors import NotFound, VerifyFailed
 
 MEMBER = "sglang/srt/models/deepseek_v2.py"
 

@@ -125,11 +125,47 @@ def can_bind(address: str, port: int) -> bool:
             return False
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    """A currently free TCP port on `address` (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+#: Ports handed out by `free_port` to live processes: one file per port holding the taker's PID.
+#: A port is free when nothing listens on it *now*; a lab takes it minutes later (a container's
+#: published port), and another process (a pytest-xdist worker, a concurrent run) may be handed
+#: the same one in between.  The file keeps it for the taker's lifetime.
+PORT_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "remote-ops-ports"
+
+
+def _reserve(port: int) -> bool:
+    """Claim `port` for this process (True), unless a live process holds it already."""
+    PORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = PORT_DIR / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text() or "0")
+            except (OSError, ValueError):
+                holder = 0
+            if holder == os.getpid():
+                return False  # handed to this process before: still its own, not a second time
+            if holder and alive(holder):
+                return False
+            path.unlink(missing_ok=True)  # its taker is gone
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
+def free_port(address: str = "127.0.0.1", tries: int = 50) -> int:
+    """A TCP port free on `address` now (the kernel's choice) that no other live process of
+    this machine was handed by this function (`PORT_DIR`), nor this one before."""
+    for _ in range(tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+            port = s.getsockname()[1]
+        if _reserve(port):
+            return port
+    raise LabError(f"no free port on {address} after {tries} tries (reservations in {PORT_DIR})")
 
 
 def children_map() -> dict[int, list[int]]:

@@ -26,10 +26,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import wheels
 from ..core import anchors, patchspec
 from ..core.anchors import AnchorRefusal, PatchSpec
 from ..errors import RemoteOpsError
-from .. import wheels
 
 HUNK_RE = re.compile(
     r"Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
