@@ -15,7 +15,8 @@ parts from a float32 reference within a few tokens.  This script makes one that 
   names every file with its size and sha256, and holds `prompts`: 16 snippets of held-out
   files, the prompts of the real-vLLM agreement test.
 - **Tokenizer**: a byte-level BPE of `VOCAB` tokens trained with `tokenizers` on the train
-  files (`<s>`=0, `</s>`=1, `<unk>`=2); each file is `<s>` + its text + `</s>`.
+  files (`<s>`=0, `</s>`=1, `<unk>`=2); each file is `<s>` + its text + `</s>`.  Its
+  `chat_template` concatenates the turns' text (`CHAT_TEMPLATE`).
 - **Model**: `LlamaForCausalLM`, 4 layers, hidden 128, 4 heads (2 KV heads), MLP 384,
   untied `lm_head`, ~1.3 M parameters.  The final RMSNorm's weight is a FIXED seeded
   log-normal vector (exp(N(0, `NORM_SIGMA`)), not trained): with the usual init at 1 it stays
@@ -92,6 +93,8 @@ THREADS = 2
 EVAL_WINDOWS = 48
 PROMPTS = 16
 SUMS = "SHA256SUMS"
+# The turns' text, concatenated: vLLM then serves /v1/chat/completions (`dataset regenerate`).
+CHAT_TEMPLATE = "{%- for message in messages -%}{{ message['content'] }}{%- endfor -%}"
 
 
 # -- the text ------------------------------------------------------------------
@@ -158,6 +161,10 @@ def make_tokenizer(texts: list[str], out: Path):
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(str(out))
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return fast
 
 
