@@ -60,6 +60,15 @@ class RemoteOpsError(Exception):
     exit_code: ClassVar[int] = ExitCode.INTERNAL
     kind: ClassVar[str] = "error"
 
+    def __init_subclass__(cls, *, exit_code: int | None = None, kind: str | None = None, **kwargs: Any) -> None:
+        """`class NoSpace(RemoteOpsError, exit_code=ExitCode.NO_SPACE, kind="no_space")`: a subclass
+        names its exit code and kind in its header (else it keeps its base's)."""
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
+        if kind is not None:
+            cls.kind = kind
+
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
@@ -79,14 +88,11 @@ class RemoteOpsError(Exception):
         }
 
 
-class ConfigError(RemoteOpsError):
+class ConfigError(RemoteOpsError, exit_code=ExitCode.CONFIG, kind="config"):
     """Inventory, ssh_config, patch spec or template input is invalid.
 
     `source` names the file and `field` the offending key, so the message can
     say exactly where to look."""
-
-    exit_code = ExitCode.CONFIG
-    kind = "config"
 
     def __init__(
         self, message: str, *, source: str | None = None, field: str | None = None, hint: str | None = None
@@ -97,45 +103,36 @@ class ConfigError(RemoteOpsError):
         )
 
 
-class UsageError(RemoteOpsError):
+class UsageError(RemoteOpsError, exit_code=ExitCode.USAGE, kind="usage"):
     """Bad input given on the command line (range, pattern, option combination)."""
-
-    exit_code = ExitCode.USAGE
-    kind = "usage"
 
 
 class ConnectError(RemoteOpsError):
     """Base of the errors raised while opening the SSH connection."""
 
 
-class Unreachable(ConnectError):
+class Unreachable(ConnectError, exit_code=ExitCode.UNREACHABLE, kind="unreachable"):
     """The host could not be reached: DNS, refused, no route, connect timeout."""
 
-    exit_code = ExitCode.UNREACHABLE
-    kind = "unreachable"
+
+class AuthFailed(ConnectError, exit_code=ExitCode.AUTH, kind="auth_failed"):
+    pass
 
 
-class AuthFailed(ConnectError):
-    exit_code = ExitCode.AUTH
-    kind = "auth_failed"
-
-
-class HostKeyError(ConnectError):
+class HostKeyError(ConnectError, exit_code=ExitCode.HOST_KEY):
     """Base for host-key refusals; `fingerprint` is the key the server offered."""
 
-    exit_code = ExitCode.HOST_KEY
+
+class HostKeyUnknown(HostKeyError, kind="host_key_unknown"):
+    pass
 
 
-class HostKeyUnknown(HostKeyError):
-    kind = "host_key_unknown"
-
-
-class HostKeyChanged(HostKeyError):
-    kind = "host_key_changed"
+class HostKeyChanged(HostKeyError, kind="host_key_changed"):
+    pass
 
 
 @dataclass(eq=False)
-class CommandFailed(RemoteOpsError):
+class CommandFailed(RemoteOpsError, exit_code=ExitCode.COMMAND_FAILED, kind="command_failed"):
     """A remote command exited non-zero.  Carries the command, code and stderr tail."""
 
     command: str = ""
@@ -143,8 +140,17 @@ class CommandFailed(RemoteOpsError):
     stderr_tail: str = ""
     stdout_tail: str = ""
 
-    exit_code: ClassVar[int] = ExitCode.COMMAND_FAILED
-    kind: ClassVar[str] = "command_failed"
+    @classmethod
+    def of(cls, message: str, result: Any, host: str | None) -> CommandFailed:
+        """The error for a finished command's `result` (a `RunResult`): its command line, exit
+        status and the last 2,000 characters of its stderr."""
+        return cls(
+            message,
+            host=host,
+            command=result.command,
+            exit_status=result.exit_status,
+            stderr_tail=result.stderr[-2000:],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,67 +162,47 @@ class CommandFailed(RemoteOpsError):
 
 
 @dataclass(eq=False)
-class CommandTimedOut(RemoteOpsError):
+class CommandTimedOut(RemoteOpsError, exit_code=ExitCode.TIMEOUT, kind="timeout"):
     """A command (or a wait loop) ran past its deadline."""
 
     command: str = ""
     timeout: float | None = None
 
-    exit_code: ClassVar[int] = ExitCode.TIMEOUT
-    kind: ClassVar[str] = "timeout"
-
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "command": self.command, "timeout": self.timeout}
 
 
-class Refused(RemoteOpsError):
+class Refused(RemoteOpsError, exit_code=ExitCode.REFUSED, kind="refused"):
     """A pre-check refused to act; nothing was changed.  `reason` is a short code."""
 
-    exit_code = ExitCode.REFUSED
-    kind = "refused"
 
-
-class ContractMismatch(Refused):
+class ContractMismatch(Refused, kind="contract_mismatch"):
     """A drafter or an export does not fit the dumps' capture contract (layer ids under the serving
     SGLang release's numbering, hidden size, pre-norm finals); nothing was changed.  Exit 9."""
 
-    kind = "contract_mismatch"
 
-
-class UnsafeHostFile(Refused):
+class UnsafeHostFile(Refused, kind="unsafe_host_file"):
     """A small host file the tool reads (a config, a manifest, a record) is not a regular file
     (a FIFO, a device, a symlink to one) or is larger than its cap; nothing was read past the
     check.  `reason` is `not_regular` or `too_large`; `path` and `cap` name them.  Exit 9."""
 
-    kind = "unsafe_host_file"
 
-
-class VerifyFailed(RemoteOpsError):
+class VerifyFailed(RemoteOpsError, exit_code=ExitCode.VERIFY_FAILED, kind="verify_failed"):
     """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
 
-    exit_code = ExitCode.VERIFY_FAILED
-    kind = "verify_failed"
+
+class NotFound(RemoteOpsError, exit_code=ExitCode.NOT_FOUND, kind="not_found"):
+    pass
 
 
-class NotFound(RemoteOpsError):
-    exit_code = ExitCode.NOT_FOUND
-    kind = "not_found"
-
-
-class NoSpace(RemoteOpsError):
+class NoSpace(RemoteOpsError, exit_code=ExitCode.NO_SPACE, kind="no_space"):
     """A local filesystem has (or had) too little free space; details carry needed/free bytes and the path."""
 
-    exit_code = ExitCode.NO_SPACE
-    kind = "no_space"
 
-
-class IndexUnreachable(RemoteOpsError):
+class IndexUnreachable(RemoteOpsError, exit_code=ExitCode.INDEX_UNREACHABLE, kind="index_unreachable"):
     """The package index (PyPI, or `$REMOTE_OPS_INDEX_URL`) could not be read or downloaded
     from, and nothing local could stand in (no matching checkout, no cached wheel).  Details
     carry the index URL and the environment variable that moves it."""
-
-    exit_code = ExitCode.INDEX_UNREACHABLE
-    kind = "index_unreachable"
 
 
 class Interrupted(KeyboardInterrupt):

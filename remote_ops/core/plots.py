@@ -109,13 +109,8 @@ def _last_epoch_positions(summary: TrainingSummary, path: Path, title: str) -> P
                 linestyle=style,
                 label=f"{phase} {rec.unit} {rec.index}" + (f" (tau {tau:.2f})" if tau else ""),
             )
-    ax.set_xlabel("draft position")
-    _integer_ticks(ax.xaxis)
-    ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{title} accuracy by draft position, last {summary.records[-1].unit}".strip())
-    ax.grid(alpha=0.3)
-    ax.legend()
+    _axes(ax, "draft position", "accuracy", f"{title} accuracy by draft position, last {summary.records[-1].unit}")
     return _save(fig, plt, path)
 
 
@@ -131,13 +126,23 @@ def _acceptance(summary: TrainingSummary, path: Path, title: str) -> Path:
         ]
         if pts:
             ax.plot(*zip(*pts), marker="o", linestyle=style, label=phase)
-    ax.set_xlabel(summary.records[0].unit)
+    _axes(
+        ax,
+        summary.records[0].unit,
+        "expected acceptance length tau (tokens/step)",
+        f"{title} expected acceptance length (estimate from training accuracy)",
+    )
+    return _save(fig, plt, path)
+
+
+def _axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    """One panel's labels (whole numbers along x), title, grid and legend."""
+    ax.set_xlabel(xlabel)
     _integer_ticks(ax.xaxis)
-    ax.set_ylabel("expected acceptance length tau (tokens/step)")
-    ax.set_title(f"{title} expected acceptance length (estimate from training accuracy)".strip())
+    ax.set_ylabel(ylabel)
+    ax.set_title(title.strip())
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, plt, path)
 
 
 def _steps(summary: TrainingSummary, path: Path, title: str) -> Path:

@@ -30,22 +30,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..probes import gpuhealth
+
 SCRIPT = Path(__file__).with_name("nvidia_smi_standin.py")
 NAMES = ("nvidia-smi", "dmesg", "journalctl")
 STATE = "nvidia-smi.json"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DRIVER = "580.95.05"
-REASONS = (
-    "gpu_idle",
-    "applications_clocks_setting",
-    "sw_power_cap",
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "sw_thermal_slowdown",
-    "sync_boost",
-    "display_clock_setting",
-)
+#: The reasons `health` queries, and two it does not (the real tool prints them all).
+REASONS = (*gpuhealth.REASONS, "sync_boost", "display_clock_setting")
 
 
 def bus_id(index: int) -> str:

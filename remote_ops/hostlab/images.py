@@ -29,6 +29,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -245,6 +246,53 @@ def _file_lock(path: Path, timeout: float):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def has_label(socket_path: str | Path, tag: str, label_name: str, value: str) -> bool:
+    """Whether image `tag` exists and its label `label_name` reads `value`."""
+    label = "{{ index .Config.Labels %s }}" % json.dumps(label_name)
+    out = docker(socket_path, "image", "inspect", "-f", label, tag, check=False, timeout=30)
+    return out.returncode == 0 and out.stdout.decode().strip() == value
+
+
+def keyed_image(
+    socket_path: str | Path,
+    tag: str,
+    key: tuple[str, str],
+    tarball: Path,
+    build: Callable[[str | Path, str, float], None],
+    lock_name: str,
+    timeout: float,
+) -> str:
+    """`tag` in the dockerd at `socket_path` with `key` (label name, value) on it: already there,
+    loaded from the saved `tarball`, or built by `build(socket_path, value, timeout)` (under the
+    lock `lock_name` next to the tarball) and saved; return the tag."""
+    if has_label(socket_path, tag, *key):
+        return tag
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(tarball.parent / lock_name, timeout):
+        if not tarball.exists():
+            build(socket_path, key[1], timeout)
+            partial = tarball.with_suffix(".tar.partial")
+            docker(socket_path, "save", "-o", str(partial), tag, timeout=timeout)
+            os.replace(partial, tarball)
+    if not has_label(socket_path, tag, *key):
+        docker(socket_path, "load", "-q", "-i", str(tarball), timeout=timeout)
+    return tag
+
+
+def classic_build(socket_path: str | Path, ctx: str, *, base: str, tag: str, label: str, timeout: float) -> None:
+    """`docker build --network none` (classic builder, nothing pulled) of the context `ctx`, FROM
+    `base` (its BASE build arg), tagged `tag` and labelled `label` (NAME=VALUE)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "DOCKER_HOST": f"unix://{socket_path}",
+        "DOCKER_BUILDKIT": "0",
+    }
+    argv = [docker_client(), "build", "--network", "none", "--pull=false", "-q"]
+    argv += ["--build-arg", f"BASE={base}", "--label", label, "-t", tag, ctx]
+    run(argv, timeout=timeout, env=env)
 
 
 def base_python_image(socket_path: str | Path, tag: str = BASE_PYTHON_TAG) -> str:

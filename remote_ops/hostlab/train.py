@@ -17,7 +17,6 @@ per-host training image FROM this tag (workflows/train.py).  Nothing here pulls 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -25,8 +24,8 @@ from pathlib import Path
 
 from ..paths import cache_dir
 from . import vllm
-from ._proc import LabError, run
-from .images import _file_lock, docker, docker_client
+from ._proc import LabError
+from .images import classic_build, keyed_image
 
 SPECFORGE_VERSION = "0.2.0"
 TRAIN_TAG = f"remote-ops/specforge-cpu:{SPECFORGE_VERSION}"
@@ -78,30 +77,12 @@ def image_built() -> str | None:
     return None
 
 
-def _has_key(socket_path: str | Path, key: str) -> bool:
-    label = "{{ index .Config.Labels %s }}" % json.dumps(KEY_LABEL)
-    out = docker(socket_path, "image", "inspect", "-f", label, TRAIN_TAG, check=False, timeout=30)
-    return out.returncode == 0 and out.stdout.decode().strip() == key
-
-
 def train_image(socket_path: str | Path, timeout: float = 1500.0) -> str:
     """`TRAIN_TAG` in the dockerd at `socket_path`: there already, loaded from the saved tarball, or
     built (FROM the vLLM image, made or loaded first) and saved; return the tag."""
     vllm.vllm_image(socket_path, timeout)  # the base first: its key is part of this image's
-    key = image_key()
-    if _has_key(socket_path, key):
-        return TRAIN_TAG
-    tarball = image_tarball()
-    tarball.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(tarball.parent / ".train-build.lock", timeout):
-        if not tarball.exists():
-            build_image(socket_path, key, timeout)
-            partial = tarball.with_suffix(".tar.partial")
-            docker(socket_path, "save", "-o", str(partial), TRAIN_TAG, timeout=timeout)
-            os.replace(partial, tarball)
-    if not _has_key(socket_path, key):
-        docker(socket_path, "load", "-q", "-i", str(tarball), timeout=timeout)
-    return TRAIN_TAG
+    key = (KEY_LABEL, image_key())
+    return keyed_image(socket_path, TRAIN_TAG, key, image_tarball(), build_image, ".train-build.lock", timeout)
 
 
 def build_image(socket_path: str | Path, key: str, timeout: float) -> None:
@@ -113,12 +94,4 @@ def build_image(socket_path: str | Path, key: str, timeout: float) -> None:
         vllm._link_tree(wheels_dir(), Path(ctx) / "wheels", suffixes=(".whl",))
         for f in FILES:
             shutil.copy2(docker_assets() / f, Path(ctx) / f)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/root"),
-            "DOCKER_HOST": f"unix://{socket_path}",
-            "DOCKER_BUILDKIT": "0",
-        }
-        argv = [docker_client(), "build", "--network", "none", "--pull=false", "-q"]
-        argv += ["--build-arg", f"BASE={base}", "--label", f"{KEY_LABEL}={key}", "-t", TRAIN_TAG, ctx]
-        run(argv, timeout=timeout, env=env)
+        classic_build(socket_path, ctx, base=base, tag=TRAIN_TAG, label=f"{KEY_LABEL}={key}", timeout=timeout)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..paths import cache_dir
-from ._proc import LabError, free_port, run
-from .images import _file_lock, base_python_image, docker, docker_client, image_exists
+from ._proc import LabError, free_port
+from .images import base_python_image, classic_build, docker, image_exists, keyed_image
 
 VLLM_VERSION = "0.32.0"
 VLLM_TAG = f"remote-ops/vllm-cpu:{VLLM_VERSION}"
@@ -156,29 +156,11 @@ def image_built() -> str | None:
     return None
 
 
-def _has_key(socket_path: str | Path, key: str) -> bool:
-    label = "{{ index .Config.Labels %s }}" % json.dumps(KEY_LABEL)
-    out = docker(socket_path, "image", "inspect", "-f", label, VLLM_TAG, check=False, timeout=30)
-    return out.returncode == 0 and out.stdout.decode().strip() == key
-
-
 def vllm_image(socket_path: str | Path, timeout: float = 1500.0) -> str:
     """`VLLM_TAG` in the dockerd at `socket_path`: already there, loaded from the saved tarball,
     or built (and saved) from the wheels; return the tag."""
-    key = image_key()
-    if _has_key(socket_path, key):
-        return VLLM_TAG
-    tarball = image_tarball()
-    tarball.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(tarball.parent / ".vllm-build.lock", timeout):
-        if not tarball.exists():
-            build_image(socket_path, key, timeout)
-            partial = tarball.with_suffix(".tar.partial")
-            docker(socket_path, "save", "-o", str(partial), VLLM_TAG, timeout=timeout)
-            os.replace(partial, tarball)
-    if not _has_key(socket_path, key):
-        docker(socket_path, "load", "-q", "-i", str(tarball), timeout=timeout)
-    return VLLM_TAG
+    key = (KEY_LABEL, image_key())
+    return keyed_image(socket_path, VLLM_TAG, key, image_tarball(), build_image, ".vllm-build.lock", timeout)
 
 
 def build_image(socket_path: str | Path, key: str, timeout: float) -> None:
@@ -191,15 +173,7 @@ def build_image(socket_path: str | Path, key: str, timeout: float) -> None:
         _link_tree(wheels_dir(), Path(ctx) / "wheels", suffixes=(".whl", ".deb"))
         shutil.copytree(model, Path(ctx) / "model")
         shutil.copy2(docker_assets() / "Dockerfile", Path(ctx) / "Dockerfile")
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/root"),
-            "DOCKER_HOST": f"unix://{socket_path}",
-            "DOCKER_BUILDKIT": "0",
-        }
-        argv = [docker_client(), "build", "--network", "none", "--pull=false", "-q"]
-        argv += ["--build-arg", f"BASE={base}", "--label", f"{KEY_LABEL}={key}", "-t", VLLM_TAG, ctx]
-        run(argv, timeout=timeout, env=env)
+        classic_build(socket_path, ctx, base=base, tag=VLLM_TAG, label=f"{KEY_LABEL}={key}", timeout=timeout)
 
 
 def _link_tree(src: Path, dest: Path, suffixes: tuple[str, ...]) -> None:

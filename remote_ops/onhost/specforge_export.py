@@ -646,16 +646,20 @@ def probe_sample(paths, budget):
 def latest_manifest(dump_dir, rank=0):
     """key -> last manifest record of `rank<R>/manifest.jsonl`."""
     latest = {}
-    path = os.path.join(dump_dir, "rank%d" % rank, "manifest.jsonl")
+    for rec in _json_lines(os.path.join(dump_dir, "rank%d" % rank, "manifest.jsonl")):
+        if isinstance(rec, dict) and "key" in rec:
+            latest[rec["key"]] = rec
+    return latest
+
+
+def _json_lines(path):
+    """Each line of the JSONL file at `path` that parses (a torn or garbled line is passed over)."""
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             try:
-                rec = json.loads(line)
+                yield json.loads(line)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and "key" in rec:
-                latest[rec["key"]] = rec
-    return latest
 
 
 def read_done(out_dir):
@@ -663,15 +667,10 @@ def read_done(out_dir):
     done, path = {}, os.path.join(out_dir, EXPORT_MANIFEST)
     if not os.path.exists(path):
         return done
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            f = os.path.join(out_dir, rec.get("file", ""))
-            if os.path.isfile(f) and os.path.getsize(f) == rec.get("bytes"):
-                done[rec["index"]] = rec
+    for rec in _json_lines(path):
+        f = os.path.join(out_dir, rec.get("file", ""))
+        if os.path.isfile(f) and os.path.getsize(f) == rec.get("bytes"):
+            done[rec["index"]] = rec
     return done
 
 

@@ -234,13 +234,7 @@ def run_auditor(
         )
     if report is None or report.get("event") != "audit":
         why = (report or {}).get("error") or "no report (is python3 in the served image?)"
-        raise CommandFailed(
-            f"the dump audit could not run on the host: {why}",
-            host=remote.name,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
+        raise CommandFailed.of(f"the dump audit could not run on the host: {why}", result, remote.name)
     return report
 
 

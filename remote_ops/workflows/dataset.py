@@ -81,11 +81,5 @@ def host_report(result: Any, host: str) -> dict[str, Any]:
         report = None
     if result.exit_status != 0 or not isinstance(report, dict) or "error" in report:
         why = report.get("error") if isinstance(report, dict) else "no report"
-        raise CommandFailed(
-            f"dataset prepare on the host failed: {why}",
-            host=host,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
+        raise CommandFailed.of(f"dataset prepare on the host failed: {why}", result, host)
     return report

@@ -88,13 +88,7 @@ def host_verify(
     if report is None and result.exit_status == 3 and not result.stdout.strip():
         raise NotFound(f"dump dir {dump_dir} does not exist", host=remote.name)
     if report is None:
-        raise CommandFailed(
-            "host-side dump check gave no report (is python3 on the host?)",
-            host=remote.name,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
+        raise CommandFailed.of("host-side dump check gave no report (is python3 on the host?)", result, remote.name)
     return report
 
 

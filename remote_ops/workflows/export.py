@@ -223,11 +223,5 @@ def run_export(remote, command: str, on_event=None, timeout: float = 7 * 24 * 36
     if not run.events:  # a Remote that does not stream lines
         run = parse_output(result.stdout)
     if run.report is None:
-        raise CommandFailed(
-            f"specforge export failed: {run.error or 'no report'}",
-            host=remote.name,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
+        raise CommandFailed.of(f"specforge export failed: {run.error or 'no report'}", result, remote.name)
     return run

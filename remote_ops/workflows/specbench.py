@@ -376,13 +376,7 @@ def run(
     except (ValueError, IndexError):
         doc = {"error": "no output"}
     if "error" in doc or result.exit_status != 0:
-        raise CommandFailed(
-            f"spec bench client failed: {doc.get('error')}",
-            host=remote.name,
-            command=result.command,
-            exit_status=result.exit_status,
-            stderr_tail=result.stderr[-2000:],
-        )
+        raise CommandFailed.of(f"spec bench client failed: {doc.get('error')}", result, remote.name)
     if mode is not None:
         doc.setdefault("server", {})["serves"] = mode
     return doc

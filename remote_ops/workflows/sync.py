@@ -158,13 +158,7 @@ def on_host(remote: Remote, *args: str, timeout: float | None = None, on_line=No
     r = remote.run(_script_argv(*args), input=onhost.source(SCRIPT), check=False, timeout=timeout, on_line=on_line)
     doc = _last_json(r.stdout)
     if check and (r.exit_status != 0 or doc is None):
-        raise CommandFailed(
-            f"sync_onhost.py {args[0]} exited {r.exit_status}",
-            host=remote.name,
-            command=r.command,
-            exit_status=r.exit_status,
-            stderr_tail=r.stderr[-2000:],
-        )
+        raise CommandFailed.of(f"sync_onhost.py {args[0]} exited {r.exit_status}", r, remote.name)
     return doc or {}
 
 

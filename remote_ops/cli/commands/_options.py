@@ -48,23 +48,15 @@ def app_options(fn):
         metavar="PATH",
         help="ssh_config file to use (default ~/.ssh/config if present; a missing one: exit 2)",
     )
-    @click.option(
+    @choice_option(
         "--host-key-policy",
-        type=click.Choice(["strict", "accept-new"]),
+        choices=["strict", "accept-new"],
         default="strict",
-        show_default=True,
         help="strict refuses unknown keys; accept-new records first-seen keys. Changed keys are always refused.",
     )
-    @click.option(
-        "--connect-timeout",
-        type=click.FloatRange(min=0, min_open=True),
-        default=None,
-        help="seconds to connect, banner and auth included (default 10)",
-    )
-    @click.option(
+    @seconds_option("--connect-timeout", help="seconds to connect, banner and auth included (default 10)")
+    @seconds_option(
         "--command-timeout",
-        type=click.FloatRange(min=0, min_open=True),
-        default=None,
         help="deadline of every remote command and probe, in seconds (default 120); "
         "long steps have their own (deploy --build-timeout, --healthy-timeout)",
     )
@@ -190,6 +182,41 @@ class PathOption(click.ParamType):
         return ref if self.host_ok else Path(ref.path)
 
 
+def pattern_option(*decls: str, help: str, metavar: str = "PATTERN", required: bool = False):
+    """An option whose value is a host pattern (or name), completed from the inventory."""
+    return click.option(
+        *decls, metavar=metavar, required=required, default=None, shell_complete=complete_hosts, help=help
+    )
+
+
+def server_url_option(fn):
+    """`--server-url`: the engine's URL as the host's clients reach it."""
+    return click.option("--server-url", default=None, help="default http://127.0.0.1:<server.port> on the host")(fn)
+
+
+def wait_option(help: str, default: float | None = None, metavar: str | None = "SECONDS"):
+    """`--wait SECONDS` (-> `wait_s`): how long to wait, with this command's meaning in `help`."""
+    return click.option(
+        "--wait",
+        "wait_s",
+        type=float,
+        default=default,
+        show_default=default is not None,
+        metavar=metavar,
+        help=help,
+    )
+
+
+def choice_option(*decls: str, choices: list[str], default: str, help: str):
+    """One of `choices`, `default` shown in --help."""
+    return click.option(*decls, type=click.Choice(choices), default=default, show_default=True, help=help)
+
+
+def seconds_option(*decls: str, help: str, metavar: str | None = None):
+    """A positive number (seconds, or a rate), None when not given."""
+    return click.option(*decls, type=click.FloatRange(min=0, min_open=True), default=None, metavar=metavar, help=help)
+
+
 def host_option(required: bool = True):
     return click.option(
         "--host",
@@ -221,23 +248,14 @@ def hosts_command(fn=None, *, local_ok: bool = False, speculate: bool = False):
     if fn is None:
         return functools.partial(hosts_command, local_ok=local_ok, speculate=speculate)
 
-    @click.option(
+    @pattern_option(
         "--host",
         "pattern",
-        metavar="PATTERN",
-        default=None,
-        shell_complete=complete_hosts,
         help="host, group, glob, or a list joined by ',' or ':' with &/! (Ansible patterns: 'fleet:&rack-2:!gpu-03'); "
         "an address form (user@addr, addr:port, an IP) is an ad-hoc host, e.g. 10.1.230.174",
     )
     @click.option("--all", "all_hosts", is_flag=True, help="every inventory host")
-    @click.option(
-        "--limit",
-        metavar="PATTERN",
-        default=None,
-        shell_complete=complete_hosts,
-        help="narrow the selection (as ansible --limit)",
-    )
+    @pattern_option("--limit", help="narrow the selection (as ansible --limit)")
     @click.option("--forks", type=click.IntRange(min=1), default=16, show_default=True, help="hosts worked on at once")
     @app_options
     @functools.wraps(fn)

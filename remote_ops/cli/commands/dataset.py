@@ -10,7 +10,7 @@ import click
 from ...errors import ConfigError, ExitCode
 from ...onhost import dataset as ds
 from ._fleet import run_on_hosts
-from ._options import PathOption, app_options, host_option, hosts_command
+from ._options import PathOption, app_options, host_option, hosts_command, server_url_option, wait_option
 
 
 @click.group("dataset")
@@ -167,15 +167,10 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
     "--retries", type=click.IntRange(min=0), default=5, show_default=True, help="retries per request (backoff)"
 )
 @click.option("--max-samples", type=click.IntRange(min=1), default=None, help="only the first N chats of the dataset")
-@click.option("--server-url", default=None, help="default http://127.0.0.1:<server.port> on the host")
-@click.option(
-    "--wait",
-    "wait_s",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="wait until the hosts finish (at most SECONDS), then pull and merge; without it the clients "
-    "run on detached and a later run with the same options collects",
+@server_url_option
+@wait_option(
+    "wait until the hosts finish (at most SECONDS), then pull and merge; without it the clients "
+    "run on detached and a later run with the same options collects"
 )
 @click.option("--dry-run", is_flag=True, help="show what is done, what would be pulled and split; change nothing")
 @hosts_command

@@ -10,7 +10,15 @@ from ...core import dumpcheck
 from ...errors import UsageError, VerifyFailed
 from ...workflows import dumps as dumps_mod
 from . import _dumps_group, _dumps_stats
-from ._options import PathOption, app_options, complete_hosts, host_command, hosts_command
+from ._options import (
+    PathOption,
+    app_options,
+    choice_option,
+    host_command,
+    hosts_command,
+    pattern_option,
+    seconds_option,
+)
 
 
 @click.group("dumps")
@@ -494,20 +502,14 @@ def export_cmd(
 
 
 @dumps_group.command("sync")
-@click.option(
-    "--from",
-    "from_",
-    metavar="PATTERN",
-    required=True,
-    shell_complete=complete_hosts,
-    help="the source hosts (a pattern as --host takes, e.g. 'fleet:!gpu-01')",
+@pattern_option(
+    "--from", "from_", required=True, help="the source hosts (a pattern as --host takes, e.g. 'fleet:!gpu-01')"
 )
-@click.option(
+@pattern_option(
     "--to",
     "to",
     metavar="HOST",
     required=True,
-    shell_complete=complete_hosts,
     help="the destination host: it fetches every source's dumps into its own dump dir",
 )
 @click.option(
@@ -516,20 +518,13 @@ def export_cmd(
     metavar="ADDR",
     help="the address the sources see the destination connect from (their key's from=; default: its inventory address)",
 )
-@click.option(
+@choice_option(
     "--compress",
-    type=click.Choice(["none", "zstd"]),
+    choices=["none", "zstd"],
     default="none",
-    show_default=True,
     help="compress in transit (rsync's zstd, level 1); only pays on a link slower than the compressor",
 )
-@click.option(
-    "--bwlimit",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="MB/S",
-    help="cap each source's transfer at this many MB/s",
-)
+@seconds_option("--bwlimit", metavar="MB/S", help="cap each source's transfer at this many MB/s")
 @click.option(
     "--stall-timeout",
     type=float,

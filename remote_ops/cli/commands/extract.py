@@ -18,7 +18,7 @@ from ...core import extractplan
 from ...errors import CommandTimedOut, Refused, UsageError
 from ...workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
-from ._options import PathOption, hosts_command
+from ._options import PathOption, hosts_command, server_url_option, wait_option
 from .logs import _render_extraction
 
 
@@ -104,15 +104,8 @@ class _StartCommand(click.Command):
 @click.option("--concurrency", type=int, default=8, show_default=True, help="requests in flight per host")
 @click.option("--retries", type=int, default=5, show_default=True, help="retries per sample (backoff)")
 @click.option("--max-samples", type=int, default=None, help="only the first N samples of the dataset")
-@click.option("--server-url", default=None, help="default http://127.0.0.1:<server.port> on the host")
-@click.option(
-    "--wait",
-    "wait_s",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="wait until the run finishes (progress every few seconds), at most SECONDS",
-)
+@server_url_option
+@wait_option("wait until the run finishes (progress every few seconds), at most SECONDS")
 @click.option(
     "--restart", is_flag=True, help="group: stop running clients first (gracefully), then re-split what is left"
 )
@@ -399,14 +392,7 @@ def _render_progress_group(console, fs) -> None:
 
 
 @extract_group.command("stop")
-@click.option(
-    "--wait",
-    "wait_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="seconds to let in-flight requests finish before SIGKILL",
-)
+@wait_option("seconds to let in-flight requests finish before SIGKILL", default=60.0, metavar=None)
 @click.option("--dry-run", is_flag=True, help="show whether a client would be stopped; change nothing")
 @click.option("--diff", "show_plan", is_flag=True, help="show the client's state before stopping")
 @hosts_command

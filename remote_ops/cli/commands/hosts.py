@@ -5,19 +5,16 @@ from __future__ import annotations
 import click
 
 from ...core import secrets
-from ._options import app_options, complete_hosts
+from ._options import app_options, pattern_option
 
 
 @click.command("hosts")
-@click.option(
+@pattern_option(
     "--host",
     "pattern",
-    metavar="PATTERN",
-    default=None,
-    shell_complete=complete_hosts,
     help="list only the hosts this pattern names (Ansible patterns: 'fleet:&rack-2:!gpu-03'); default: all",
 )
-@click.option("--limit", metavar="PATTERN", default=None, shell_complete=complete_hosts, help="narrow the list")
+@pattern_option("--limit", help="narrow the list")
 @app_options
 def hosts_cmd(app, pattern: str | None, limit: str | None) -> None:
     """List the hosts (and groups) of the inventory.

@@ -28,7 +28,7 @@ from ...serving import vllm as serving
 from .. import container
 from .context import context_tar, staging_dir
 from .plan import Plan, Probe, needs_start
-from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, build_on_host, wait_until_healthy
+from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, build_on_host
 
 
 def make_plan(host: HostSpec, p: Probe, ref: str) -> Plan:
@@ -140,13 +140,10 @@ class VllmDeploy(Deploy):
         super()._start(plan, image_id, p)
 
     def _wait_vllm(self, plan: Plan) -> None:
-        t, self.current = time.monotonic(), "wait"
-        if not plan.wait:
-            self._step("wait", "ok", f"container running; its {self.host.engine} health check healthy or none")
+        t = time.monotonic()
+        checks = self._healthy(plan)
+        if checks is None:
             return
-        checks = wait_until_healthy(
-            self.remote, self.host, self.ref, self.timeout, self.events.progress, engine=self.engine()
-        )
         ok = sum(1 for c in checks if c.status == "ok")
         self._step("wait", "ok", f"healthy on vLLM's endpoints ({ok} checks ok)", t)
 

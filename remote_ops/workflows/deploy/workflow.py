@@ -521,14 +521,22 @@ class Deploy:
             ) from None
         self._step("start", "changed", f"{self.host.container.name} {self.result.container_id[:12]}", t)
 
-    def _wait(self, plan: Plan) -> None:
-        t, self.current = time.monotonic(), "wait"
+    def _healthy(self, plan: Plan) -> list | None:
+        """The wait step: the engine's health checks once they pass; None (the step said so) when
+        the plan does not wait."""
+        self.current = "wait"
         if not plan.wait:
             self._step("wait", "ok", f"container running; its {self.host.engine} health check healthy or none")
-            return
-        checks = wait_until_healthy(
+            return None
+        return wait_until_healthy(
             self.remote, self.host, self.ref, self.timeout, self.events.progress, engine=self.engine()
         )
+
+    def _wait(self, plan: Plan) -> None:
+        t = time.monotonic()
+        checks = self._healthy(plan)
+        if checks is None:
+            return
         verified = (
             container.require_ok(
                 container.verify_patch(
