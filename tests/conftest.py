@@ -333,3 +333,13 @@ def run_cli(env: dict, *args: str, timeout: float = 120) -> tuple[int, str, str]
     """`run_cli_process` as (exit code, stdout, stderr)."""
     p = run_cli_process(env, *args, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """Stop a process a test started, by its PID: SIGTERM, then SIGKILL after `timeout`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)

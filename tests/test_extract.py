@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stop_process
 
 from remote_ops.core import extractplan
 from remote_ops.onhost import extract_onhost
@@ -80,12 +81,7 @@ def standin(lab, host, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "standin.log").read_text()
         time.sleep(0.1)
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_process(proc)
     log.close()
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require, run_cli_process
+from conftest import require, run_cli_process, stop_process
 
 from remote_ops.core import logparse, source
 from remote_ops.core.extractplan import ExtractPaths
@@ -273,12 +273,7 @@ def standin_on(lab, host, tmp_path):
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
 
 def _wait_for(fn, timeout: float, what: str):

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import run_cli_process
+from conftest import run_cli_process, stop_process
 
 from remote_ops.core import extractplan
 from remote_ops.core.logparse import ExtractionSummary
@@ -306,12 +306,7 @@ def _start_standin(port: int, model_dir: Path, tmp_path: Path, *args: str, env_e
 
 
 def _stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_process(proc)
 
 
 def test_a_killed_regenerate_s_lock_is_taken_over_and_audited(lab, host, lab_env, tmp_path):

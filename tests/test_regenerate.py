@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import stop_process
 
 from remote_ops.core import datasetcheck, regenplan
 from remote_ops.hostlab._proc import free_port
@@ -197,12 +198,7 @@ def _start_standin(port: int, model_dir: Path, tmp_path: Path, name: str, dump_d
 
 
 def _stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_process(proc)
 
 
 def _post(url: str, doc: dict) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import stop_process
 
 from remote_ops.serving.sglang import spec_host, without_spec_flags
 from remote_ops.workflows import specbench as sb
@@ -251,12 +252,7 @@ def start_standin(host, tmp_path, extra: list[str], name: str):
 
 
 def stop(proc, log):
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_process(proc)
     log.close()
 
 
