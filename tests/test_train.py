@@ -269,3 +269,11 @@ def test_a_failed_start_names_its_step_in_the_record_and_releases_the_lock(lab, 
     assert rec["failed_step"] == "upload" and not rec["ok"] and rec["lock"] == "released", rec
     assert "upload:" in err and not Path(spec.lock_dir).exists()
     assert audit_lines(spec)[-1]["failed_step"] == "upload"
+
+
+def test_train_export_lists_only_the_files_on_stdout():
+    """SpecForge's export prints to stdout; the command sends it to stderr so that the file
+    listing `train export` reports is the `ls` alone (it read 'Set tie_word_embeddings to False')."""
+    spec = HostSpec(name="h", container={"gpus": "none"})
+    cmd = t.export_command(spec, t.paths_for(spec), "/out/r-step8", "/out/r-drafter-hf", "hf", 60)
+    assert ") >&2 && rm -rf /out/r-drafter-hf && mv /out/r-drafter-hf.tmp /out/r-drafter-hf && ls -1" in cmd

@@ -979,7 +979,8 @@ def export_command(spec, p: TrainPaths, checkpoint: str, out: str, to: str, time
         mounts=(f"{p.output}:{p.output}", f"{spec.model.path}:{spec.model.path}:ro"),
     )
     t, o = shell.quote(tmp), shell.quote(out)
-    return f"rm -rf {t} && ( {run} ) && rm -rf {o} && mv {t} {o} && ls -1 {o}"
+    # SpecForge prints to stdout too: its output goes to stderr, so that stdout lists the files only
+    return f"rm -rf {t} && ( {run} ) >&2 && rm -rf {o} && mv {t} {o} && ls -1 {o}"
 
 
 def export(
