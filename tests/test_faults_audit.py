@@ -339,37 +339,49 @@ def _pause_audit_containers(dockerd, stop: threading.Event, paused: list[str]) -
 @pytest.mark.parametrize("how", ["deadline", "sigkill"])
 def test_a_frozen_audit_ends_at_its_deadline_and_its_container_is_removed(lab, lab_env, audit_host, dockerd, how):
     """The container frozen (docker pause): the auditor's alarm cannot fire; the host's `timeout`
-    and the trap remove it.  Killed with SIGKILL, the laptop runs no cleanup: the host still does."""
+    and the trap remove it.  Killed with SIGKILL, the laptop runs no cleanup: the host still does.
+    The pause follows the container's start event: an audit that ended before the pause took hold
+    (exit 0: on an idle machine the 6-sample audit can end within the ~0.1 s a pause takes) did
+    not set the scene: it is set again, up to 6 times, then the test says it could not set it."""
     spec, _ = audit_host
-    stop, paused = threading.Event(), []
-    watcher = threading.Thread(target=_pause_audit_containers, args=(dockerd, stop, paused), daemon=True)
-    watcher.start()
-    time.sleep(0.5)  # the event stream is open
-    argv = [sys.executable, "-m", "remote_ops", "dumps", "audit", "--host", spec.name, "--command-timeout", "12"]
-    t0 = time.monotonic()
-    cli = subprocess.Popen([*argv, "--json"], env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        if how == "sigkill":
-            deadline = time.monotonic() + 30
-            while not paused and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert paused, "the audit container never started"
-            cli.send_signal(signal.SIGKILL)
-            cli.wait(10)
-        else:
-            out, err = cli.communicate(timeout=40)
-            assert time.monotonic() - t0 < 16, time.monotonic() - t0
-            doc = json.loads(out)
-            assert cli.returncode == 8 and doc["error"] == "timeout", (cli.returncode, doc, err[-2000:])
-            assert "deadline" in doc["message"] and "removed" in doc["message"], doc
-        assert paused and paused[0].startswith(AUDIT_PREFIX)
-        deadline = time.monotonic() + 20  # the host's `timeout` (12 - 1 s) then its trap's `rm -f`
-        while _audit_containers(dockerd) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _audit_containers(dockerd) == []
-        assert time.monotonic() - t0 < 25
-    finally:
-        stop.set()
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(10)
+    tries = 6
+    for attempt in range(tries):
+        stop, paused = threading.Event(), []
+        watcher = threading.Thread(target=_pause_audit_containers, args=(dockerd, stop, paused), daemon=True)
+        watcher.start()
+        time.sleep(0.5)  # the event stream is open
+        argv = [sys.executable, "-m", "remote_ops", "dumps", "audit", "--host", spec.name, "--command-timeout", "12"]
+        t0 = time.monotonic()
+        cli = subprocess.Popen(
+            [*argv, "--json"], env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            if how == "sigkill":
+                deadline = time.monotonic() + 30
+                while not paused and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert paused, "the audit container never started"
+                cli.send_signal(signal.SIGKILL)
+                cli.wait(10)
+            else:
+                out, err = cli.communicate(timeout=40)
+                if cli.returncode == 0:
+                    if attempt == tries - 1:
+                        pytest.skip(f"the audit ended before its container could be paused, {tries} times")
+                    continue  # the audit was done before it was frozen: no scene (see the docstring)
+                assert time.monotonic() - t0 < 16, time.monotonic() - t0
+                doc = json.loads(out)
+                assert cli.returncode == 8 and doc["error"] == "timeout", (cli.returncode, doc, err[-2000:])
+                assert "deadline" in doc["message"] and "removed" in doc["message"], doc
+            assert paused and paused[0].startswith(AUDIT_PREFIX)
+            deadline = time.monotonic() + 20  # the host's `timeout` (12 - 1 s) then its trap's `rm -f`
+            while _audit_containers(dockerd) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert _audit_containers(dockerd) == []
+            assert time.monotonic() - t0 < 25
+            break
+        finally:
+            stop.set()
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait(10)

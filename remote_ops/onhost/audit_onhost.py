@@ -1139,7 +1139,9 @@ def ends_at(seconds):
 
     def stop(signum, _frame):
         why = (
-            "ran past its deadline of %gs" % seconds if signum == signal.SIGALRM else "was ended by signal %d" % signum
+            "ran past its deadline of %gs" % seconds
+            if signum == signal.SIGALRM
+            else "was ended by signal %d (the host's `timeout` enforces its deadline too)" % signum
         )
         doc = {"event": "error", "error": "the audit %s" % why, "reason": "deadline"}
         os.write(1, (json.dumps(doc) + "\n").encode())
