@@ -432,6 +432,10 @@ def up(
 
     patchspec.model(patch)  # an unknown spec fails before anything starts
     current = status()
+    if current.recorded and _read_meta().get("engine") == "vllm":  # the vLLM sandbox is another host
+        progress("a vLLM sandbox is up: it goes down for the SGLang one")
+        down(quiet=True)
+        current = status()
     if current.recorded and current.inventory and len(current.hosts) != hosts:  # (after `down`: no inventory)
         raise RemoteOpsError(
             f"a sandbox of {len(current.hosts)} host(s) is already up; asked for {hosts}",
