@@ -343,3 +343,21 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=timeout)
+
+
+def clear_server_port(lab, host, timeout: float = 20) -> None:
+    """Free lab host `host`'s server port for a stand-in a test starts itself: remove the lab's
+    containers that publish it (another test file on this worker may have deployed one there;
+    files run in any order side by side), then wait until nothing listens on it."""
+    import time
+
+    from remote_ops.hostlab._proc import can_bind
+
+    port = host.server_port
+    found = lab.dockerd.docker("ps", "-aq", "--filter", f"publish={port}", check=False, timeout=30)
+    ids = (found.stdout.decode() if isinstance(found.stdout, bytes) else found.stdout or "").split()
+    ids += [host.container_name]
+    lab.dockerd.docker("rm", "-f", *ids, check=False, timeout=60)
+    deadline = time.monotonic() + timeout
+    while not can_bind("0.0.0.0", port) and time.monotonic() < deadline:
+        time.sleep(0.2)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import clear_server_port
 
 from remote_ops.core import extractplan
 from remote_ops.dumper import dumpfile
@@ -118,6 +119,8 @@ def three(lab, host, spare_host, tmp_path):
     for h in hosts:
         subprocess.run(["rm", "-rf", str(h.paths.logs_dir), str(h.paths.dump_dir)], check=True, timeout=30)
         h.paths.logs_dir.mkdir(parents=True)
+    for h in hosts:
+        clear_server_port(lab, h)
     procs = [_start_standin(h, tmp_path) for h in hosts]
     yield hosts
     for h in hosts:

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import stop_process
+from conftest import clear_server_port, stop_process
 
 from remote_ops.core import datasetcheck, regenplan
 from remote_ops.hostlab._proc import free_port
@@ -275,6 +275,7 @@ def standins(lab, host, spare_host, tmp_path):
     for h in hosts:
         subprocess.run(["rm", "-rf", str(h.paths.logs_dir / "regenerate")], check=True, timeout=30)
         h.paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        clear_server_port(lab, h)
         procs.append(_start_standin(h.server_port, h.paths.model_dir, tmp_path, h.name)[0])
     yield hosts
     for p in procs:
