@@ -84,11 +84,12 @@ def dockerd(lab):
 
 
 def _healthy(lab, name):
-    """The named host, restarted and thawed if an earlier test broke it."""
+    """The named host, restarted and thawed if an earlier test broke it, its standard dirs there."""
     from remote_ops.hostlab.faults import heal
 
     host = lab.host(name)
     heal(lab, host)
+    host.paths.create()  # its dump, logs, lock and model dirs (a test in another file may have removed one)
     return host
 
 
