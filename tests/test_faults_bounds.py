@@ -21,8 +21,6 @@ real lab host (lab1) over its sshd; the CLI runs as a subprocess against the lab
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -209,20 +207,10 @@ def test_spec_deploy_refuses_a_float_hidden_size(lab_env, remote, host):
 # --------------------------------------------------------------------------- train start --dry-run
 
 
-@pytest.fixture
-def lab1_dumps(host, tmp_path):
-    """Three dumps of the stand-in network in lab1's dump dir (layers [2, 4, 5], hidden 64)."""
-    from test_audit import local_run
-
-    run = local_run(tmp_path / "run", 3)
-    dump_dir = host.paths.dump_dir
-    subprocess.run(["rm", "-rf", str(dump_dir)], check=True, timeout=30)
-    shutil.copytree(run / "dumps", dump_dir)
-    yield dump_dir
-    subprocess.run(["rm", "-rf", str(dump_dir)], check=True, timeout=30)
+from test_contract_guards import lab1_dumps  # noqa: E402, F401 - three stand-in dumps in lab1's dump dir
 
 
-def test_train_start_dry_run_with_a_failed_contract_exits_9(lab_env, host, lab1_dumps, tmp_path):
+def test_train_start_dry_run_with_a_failed_contract_exits_9(lab_env, host, lab1_dumps, tmp_path):  # noqa: F811
     off = tmp_path / "off.json"
     off.write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "hidden_size": 64}))
     args = ("train", "start", "--host", host.name, "--dry-run", "--json", "--draft-config", str(off))
