@@ -277,3 +277,17 @@ def test_train_export_lists_only_the_files_on_stdout():
     spec = HostSpec(name="h", container={"gpus": "none"})
     cmd = t.export_command(spec, t.paths_for(spec), "/out/r-step8", "/out/r-drafter-hf", "hf", 60)
     assert ") >&2 && rm -rf /out/r-drafter-hf && mv /out/r-drafter-hf.tmp /out/r-drafter-hf && ls -1" in cmd
+
+
+def test_seed_and_batch_size_reach_specforges_config_and_the_step_count():
+    """--seed and --batch-size: SpecForge's training.seed and batch_size; steps per epoch divide by the batch."""
+    pytest.importorskip("specforge")
+    from specforge.config import Config
+
+    spec = HostSpec(name="sandbox", container={"gpus": "none"})
+    p = t.paths_for(spec)
+    plan = t.with_samples(_Counted("100\n"), plan_for(spec, epochs=3, seed=7, batch_size=8))
+    assert (plan.steps_per_epoch, plan.total_steps) == (13, 39)
+    cfg = Config.model_validate(json.loads(t.run_yaml(spec, p, plan)))
+    assert (cfg.training.seed, cfg.training.batch_size) == (7, 8)
+    assert plan.fingerprint != plan_for(spec, epochs=3, seed=8, batch_size=8).fingerprint  # another run

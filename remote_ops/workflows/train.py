@@ -135,6 +135,8 @@ class RunPlan:
     log_interval: int = 10
     save_interval: int = 0  # 0: once per epoch when the samples are known, else at the end only
     learning_rate: float = 1e-4
+    seed: int = 42  # SpecForge's training.seed (the drafter's init and the data order)
+    batch_size: int = 1  # samples per optimizer step on each rank
 
     @property
     def dp(self) -> int:
@@ -142,11 +144,11 @@ class RunPlan:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        return sfr.total_steps(self.samples, 1, 1, self.dp)
+        return sfr.total_steps(self.samples, 1, self.batch_size, self.dp)
 
     @property
     def total_steps(self) -> int | None:
-        return sfr.total_steps(self.samples, self.epochs, 1, self.dp)
+        return sfr.total_steps(self.samples, self.epochs, self.batch_size, self.dp)
 
     @property
     def fingerprint(self) -> str:
@@ -183,6 +185,8 @@ def real_plan(
     log_interval: int = 10,
     save_interval: int = 0,
     learning_rate: float = 1e-4,
+    seed: int = 42,
+    batch_size: int = 1,
 ) -> RunPlan:
     device = device_for(spec)
     base = base_image or (CPU_BASE_IMAGE if device == "cpu" else GPU_BASE_IMAGE)
@@ -199,6 +203,8 @@ def real_plan(
         log_interval=log_interval,
         save_interval=save_interval,
         learning_rate=learning_rate,
+        seed=seed,
+        batch_size=batch_size,
     )
 
 
@@ -220,8 +226,9 @@ def run_yaml(spec, p: TrainPaths, plan: RunPlan) -> str:
     training = {
         "strategy": "eagle3",
         "num_epochs": plan.epochs,
-        "batch_size": 1,
+        "batch_size": plan.batch_size,
         "ttt_length": 7,
+        "seed": plan.seed,
         "learning_rate": plan.learning_rate,
         "log_interval": plan.log_interval,
         "save_interval": save,

@@ -160,6 +160,12 @@ def _render_diff(console, r: train_mod.TrainResult) -> None:
 )
 @click.option("--learning-rate", type=float, default=1e-4, show_default=True)
 @click.option(
+    "--seed", type=int, default=42, show_default=True, help="SpecForge's training.seed: the drafter's init, data order"
+)
+@click.option(
+    "--batch-size", type=click.IntRange(1), default=1, show_default=True, help="samples per optimizer step on each rank"
+)
+@click.option(
     "--force",
     is_flag=True,
     help="start although the draft config does not fit the dumps (recorded in the host's audit log)",
@@ -181,6 +187,8 @@ def start_cmd(
     log_interval,
     save_interval,
     learning_rate,
+    seed,
+    batch_size,
     force,
     dry_run,
     diff,
@@ -216,6 +224,8 @@ def start_cmd(
         log_interval=log_interval,
         save_interval=save_interval,
         learning_rate=learning_rate,
+        seed=seed,
+        batch_size=batch_size,
     )
     if dry_run:
         app.console.text_block(train_mod.dockerfile(spec, plan))
