@@ -152,6 +152,13 @@ def test_vllm_dumps_with_pre_norm_finals_pass_and_are_judged_pre_norm_as_vllm_ca
     checks = {c.name: c for c in evaluate(doc, [], [])}
     assert all(c.status == "ok" for c in checks.values()), checks
     assert "vLLM's layer L, captured before that norm" in checks["token"].reason
+    # every sample gives the token after the norm: those the norm does not move are counted too
+    after = doc["norm"]["prenorm"] + doc["norm"]["ambiguous"]
+    assert after == 8 and checks["token"].reason.startswith(f"8 of 8 final states give the server's token after")
+    assert (
+        f"({doc['norm']['prenorm']} only after it, {doc['norm']['ambiguous']} with or without it)"
+        in checks["token"].reason
+    )
     assert doc["vllm_versions"] == ["0.32.0"]
     assert doc["layers"] == [{"layers_to_capture": AUX, "eagle_aux_hidden_state_layer_ids": [1, 3, 4], "samples": 8}]
 

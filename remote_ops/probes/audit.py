@@ -269,8 +269,10 @@ def _token_check(report: dict[str, Any]) -> Check:
             "audit",
             "token",
             "ok",
-            f"{norm.get('prenorm')} of {checked} final states give the server's token after the model's final "
-            "RMSNorm: vLLM's layer L, captured before that norm, as its model files do (export applies the norm)",
+            f"{int(norm.get('prenorm', 0)) + int(norm.get('ambiguous', 0))} of {checked} final states give the "
+            f"server's token after the model's final RMSNorm ({norm.get('prenorm')} only after it, "
+            f"{norm.get('ambiguous', 0)} with or without it): vLLM's layer L, captured before that norm, as its "
+            "model files do (export applies the norm)",
             data,
         )
     if verdict == "pre-norm":
