@@ -154,7 +154,7 @@ def test_vllm_dumps_with_pre_norm_finals_pass_and_are_judged_pre_norm_as_vllm_ca
     assert "vLLM's layer L, captured before that norm" in checks["token"].reason
     # every sample gives the token after the norm: those the norm does not move are counted too
     after = doc["norm"]["prenorm"] + doc["norm"]["ambiguous"]
-    assert after == 8 and checks["token"].reason.startswith(f"8 of 8 final states give the server's token after")
+    assert after == 8 and checks["token"].reason.startswith("8 of 8 final states give the server's token after")
     assert (
         f"({doc['norm']['prenorm']} only after it, {doc['norm']['ambiguous']} with or without it)"
         in checks["token"].reason
