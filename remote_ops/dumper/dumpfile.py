@@ -24,6 +24,31 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+
+def _load_codec():
+    """The packed-dump codec (`packed.py`, FORMAT.md "Packed files"): this package's, the one a
+    bundled program carries (`rops_packed`), or the file beside this one; None if none is found."""
+    if __package__:
+        from . import packed  # type: ignore[attr-defined]
+
+        return packed
+    mod = sys.modules.get("rops_packed")
+    here = globals().get("__file__")
+    if mod is None and here and os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(here)), "packed.py")):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "rops_packed", os.path.join(os.path.dirname(os.path.abspath(here)), "packed.py")
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["rops_packed"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+packed = _load_codec()
+PACKED_SUFFIX = ".hsz"  # a compacted dump file: `<key>.hsz` (packed.SUFFIX)
+
 FORMAT_NAME = "remote-ops-hs-dump"
 FORMAT_VERSION = "1"
 MANIFEST_NAME = "manifest.jsonl"
@@ -157,9 +182,18 @@ def parse_header(raw: bytes) -> SafetensorsHeader:
     return SafetensorsHeader(len(raw), tensors, {str(k): str(v) for k, v in metadata.items()})
 
 
+def open_dump(path: str):
+    """A dump file opened for reading its original bytes: a packed one (`.hsz`) decoded."""
+    if path.endswith(PACKED_SUFFIX):
+        if packed is None:
+            raise ValueError("a packed dump file, and no packed-dump codec (packed.py) here")
+        return packed.PackedFile(path)
+    return open(path, "rb")
+
+
 def read_header(path: str, max_header: int = 100 << 20) -> SafetensorsHeader:
-    """Read and parse the header of a safetensors file; ValueError if it is not one."""
-    with open(path, "rb") as fh:
+    """Read and parse the header of a safetensors file (a packed one decoded); ValueError if it is not one."""
+    with open_dump(path) as fh:
         first = fh.read(8)
         if len(first) < 8:
             raise ValueError("shorter than 8 bytes")
@@ -175,7 +209,7 @@ def read_header(path: str, max_header: int = 100 << 20) -> SafetensorsHeader:
 def read_tensor_bytes(path: str, header: SafetensorsHeader, name: str) -> bytes:
     """The raw bytes of one tensor of a file (e.g. input_ids to recompute the key)."""
     info = header.tensors[name]
-    with open(path, "rb") as fh:
+    with open_dump(path) as fh:
         fh.seek(header.data_start + info.start)
         return fh.read(info.nbytes)
 
@@ -553,7 +587,7 @@ def check_vllm_layout(
         errs.append("hidden size %d, want %d" % (h, hidden_size))
     errs.extend(_offset_errors(header, file_size))
     key = str(rec.get("key"))
-    if os.path.basename(path) != dump_file_name(key):
+    if os.path.basename(path) not in (dump_file_name(key), key + PACKED_SUFFIX):
         errs.append("file name does not match key %s" % key)
     if not errs:
         raw = read_tensor_bytes(path, header, "token_ids")
@@ -592,8 +626,18 @@ def verify_record(
     size = st.st_size
     if size != rec.get("bytes"):
         return report.add("error", where, "size %d, manifest says %s" % (size, rec.get("bytes")))
+    packed_info = rec.get("packed") if where.endswith(PACKED_SUFFIX) else None
+    if where.endswith(PACKED_SUFFIX) and not isinstance(packed_info, dict):
+        return report.add("error", where, "a packed file whose manifest line has no 'packed' record")
     try:
         header = read_header(path)
+        if packed_info is not None:
+            with open_dump(path) as pf:
+                if pf.source_bytes != packed_info.get("source_bytes") or pf.source_sha256 != packed_info.get(
+                    "source_sha256"
+                ):
+                    return report.add("error", where, "packed index differs from its manifest line")
+            size = int(packed_info["source_bytes"])
     except (ValueError, OSError) as exc:
         return report.add("error", where, "bad safetensors header: %s" % exc)
     if is_vllm(header):
@@ -603,16 +647,23 @@ def verify_record(
         errs.extend(_identity_errors(path, header, rec))
     if check_sha and not errs and _sha256_file(path) != rec.get("sha256"):
         errs.append("sha256 differs from the manifest")
+    if check_sha and not errs and packed_info is not None:
+        try:
+            decoded, _n = packed.decoded_sha256(path)
+        except (ValueError, OSError) as exc:
+            decoded = "undecodable: %s" % exc
+        if decoded != packed_info.get("source_sha256"):
+            errs.append("decoded sha256 differs from the manifest's source_sha256 (%s)" % decoded[:40])
     for e in errs:
         report.add("error", where, e)
-    _account(report, rec, h, per_token, size)
+    _account(report, rec, h, per_token, st.st_size)
 
 
 def _identity_errors(path: str, header: SafetensorsHeader, rec: Mapping[str, Any]) -> List[str]:
     """Key, prefix length and partial flag must agree between file name, metadata, manifest and ids."""
     errs, meta = [], header.metadata
     key = str(rec.get("key"))
-    if os.path.basename(path) != dump_file_name(key):
+    if os.path.basename(path) not in (dump_file_name(key), key + PACKED_SUFFIX):
         errs.append("file name does not match key %s" % key)
     if meta.get("key") != key or meta.get("prefix_len") != str(rec.get("prefix_len")):
         errs.append("metadata key/prefix_len differ from the manifest")
@@ -686,7 +737,7 @@ def verify_rank_dir(root: str, name: str, hidden_size: Optional[int], check_sha:
     for entry in sorted(os.listdir(folder)):
         if entry.startswith(TMP_PREFIX):
             report.add("warning", "%s/%s" % (name, entry), "temp file left by an interrupted write")
-        elif entry.endswith(SUFFIX) and entry not in listed:
+        elif (entry.endswith(SUFFIX) or entry.endswith(PACKED_SUFFIX)) and entry not in listed:
             report.add(
                 "warning", "%s/%s" % (name, entry), "complete file not in the manifest (crash before the append?)"
             )

@@ -73,8 +73,11 @@ def probe(remote: Remote, dump_dir: str, timeout: float | None = None) -> DumpDi
 
 
 def format_script() -> bytes:
-    """The stdlib-only dump checker shipped to the host on stdin."""
-    return package_file("dumper", "dumpfile.py").read_bytes()
+    """The stdlib-only dump checker shipped to the host on stdin, the packed-dump codec with it
+    (`onhost.with_codec`: it reads compacted `.hsz` files too)."""
+    from .. import onhost
+
+    return onhost.with_codec(package_file("dumper", "dumpfile.py").read_bytes(), "dumpfile.py")
 
 
 def host_verify(
