@@ -254,7 +254,8 @@ def pytest_collection_modifyitems(config, items):
     work, run by one worker in file order, as without xdist: its module fixtures are made once and
     a test may rely on an earlier one of its file.  `@pytest.mark.xdist_group("name")` puts tests
     of several files in one unit instead (they share a session-scoped deployment).  On a worker,
-    files with more lab tests come first, so that the long ones do not start last."""
+    files with more lab tests come first, so that the long ones do not start last; files of the real
+    drafter loop (`loop`, the longest by far) before all."""
     lab_tests: dict[str, int] = {}
     for item in items:
         path = item.nodeid.split("::", 1)[0]
@@ -270,7 +271,8 @@ def pytest_collection_modifyitems(config, items):
         weight = {}
         for item in items:
             g = _group(item)
-            weight[g] = weight.get(g, 0) + (1 if item.get_closest_marker("hosts") else 0)
+            weight[g] = weight.get(g, 0) + (1000 if item.get_closest_marker("loop") else 0)
+            weight[g] += 1 if item.get_closest_marker("hosts") else 0
         items.sort(key=lambda it: (-weight[_group(it)], first[_group(it)]))
 
 
