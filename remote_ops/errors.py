@@ -191,6 +191,11 @@ class VerifyFailed(RemoteOpsError, exit_code=ExitCode.VERIFY_FAILED, kind="verif
     """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
 
 
+class PreflightFailed(VerifyFailed, kind="preflight_failed"):
+    """`spec preflight`: the engine accepted too little of the overfit drafter's drafts on its own
+    samples, or could not judge them (the SGLang stand-in).  Exit 10; the verdict in `details`."""
+
+
 class NotFound(RemoteOpsError, exit_code=ExitCode.NOT_FOUND, kind="not_found"):
     pass
 

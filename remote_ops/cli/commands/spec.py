@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ...errors import PreflightFailed, Refused
 from ...workflows import specbench as sb
 from ._options import PathOption, host_command
 
@@ -225,6 +226,172 @@ def _render_comparison(console, c: sb.Comparison, folder: Path) -> dict:
     png = sb.plot(c, folder / "comparison.png")
     console.say(f"  table {table}, plot {png}", style="dim")
     return {"comparison": c.to_dict(), "table": str(table), "png": str(png)}
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+@spec_group.command("preflight")
+@click.option(
+    "--dataset",
+    "dataset",
+    type=PathOption("file"),
+    required=True,
+    help='prepared JSONL ({"id", "input_ids", "loss_mask"}: the target\'s own greedy replies); '
+    "the first --samples lines with a prompt and a reply are used",
+)
+@click.option(
+    "--draft-config",
+    required=True,
+    metavar="PATH",
+    type=PathOption("file", host_ok=True),
+    help="the EAGLE-3 draft config to try (as `train start` takes it): a local file, or host:PATH",
+)
+@click.option("--samples", type=click.IntRange(1, 64), default=4, show_default=True, help="samples to overfit")
+@click.option("--num-steps", type=click.IntRange(1, 32), default=3, show_default=True, help="draft tokens per step (K)")
+@click.option(
+    "--epochs", type=click.IntRange(1), default=30, show_default=True, help="passes over the samples (overfit)"
+)
+@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@click.option(
+    "--threshold",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="mean acceptance length a pass needs (default 1 + 2/3 K: 3.0 at K = 3; docs/drafter.md#pre-flight)",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="tokens generated per prompt (at most the shortest reply)",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="go on although the draft config does not fit the capture (train start and spec deploy; recorded)",
+)
+@click.option(
+    "--healthy-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds each server restart may take to be healthy (default: inventory server.healthy_timeout_s)",
+)
+@click.option(
+    "--train-timeout", type=click.FloatRange(min=1), default=14400, show_default=True, help="seconds for the training"
+)
+@click.option("--dry-run", is_flag=True, help="print the plan; contact nothing")
+@click.option("--yes", "-y", is_flag=True, help="do not ask before restarting the server (three times)")
+@host_command
+def preflight_cmd(
+    app,
+    host,
+    dataset,
+    draft_config,
+    samples,
+    num_steps,
+    epochs,
+    learning_rate,
+    threshold,
+    max_new_tokens,
+    force,
+    healthy_timeout,
+    train_timeout,
+    dry_run,
+    yes,
+) -> int:
+    """Before days of extraction: overfit a drafter on a few samples and check the engine accepts it.
+
+    \b
+    The chain, in the pre-flight's own dirs (<dump.dir>-preflight/ on the host):
+      deploy (extraction, its own dump dir) -> extract the samples -> dumps export
+      -> train start (SpecForge, until it overfits) -> train export
+      -> spec deploy (the drafter, K draft tokens) -> spec bench (the samples' own prompts)
+      -> verdict -> deploy (the host's own server again, also after a failure)
+
+    It passes when the engine's mean acceptance length on those prompts reaches the threshold:
+    a drafter that learned its samples by heart has nearly all its drafts accepted on them,
+    unless the capture is not what the engine serves it with (layer ids one off, pre-norm
+    finals), which no file check sees.  A fail is exit 10 (preflight_failed) with the figures.
+    The samples should be the target's own greedy replies (`dataset regenerate --temperature 0`).
+    On an SGLang host the same chain uses SGLang's --speculative-* flags; that path has not
+    run against a real SGLang server, and the SGLang stand-in's verdict is inconclusive."""
+    import sys
+
+    from ...workflows import preflight as wf
+    from ._deploy_events import ConsoleEvents
+
+    if not draft_config.on_host:  # a bad local file: exit 3 before connecting (as `train start`)
+        from ...workflows import audit as audit_mod
+
+        audit_mod.load_draft_config(Path(draft_config.path))
+    spec = app.host(host)
+    picked, skipped = wf.read_samples(dataset, samples)
+    opts = wf.Options(
+        str(dataset),
+        draft_config.path,
+        draft_on_host=draft_config.on_host,
+        samples=samples,
+        num_steps=num_steps,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        threshold=threshold,
+        max_new_tokens=max_new_tokens,
+        force=force,
+        healthy_timeout_s=healthy_timeout,
+        train_timeout_s=train_timeout,
+    )
+    steps = wf.plan(spec, opts, picked)
+    note = wf.engine_note(spec)
+    if skipped:
+        app.console.status("warn", f"{dataset}: {skipped} line(s) without a prompt and a reply skipped")
+    if len(picked) < samples:
+        app.console.status("warn", f"{dataset}: only {len(picked)} usable sample(s) of {samples} asked")
+    if dry_run:
+        app.console.step(f"spec preflight {spec.name}: the plan (nothing contacted)")
+        if note:
+            app.console.status("warn", note)
+        app.console.table(["step", "does"], [[s["step"], s["does"]] for s in steps])
+        app.console.emit(
+            {
+                "host": spec.name,
+                "dry_run": True,
+                "steps": steps,
+                "engine_note": note,
+                "samples": [s.id for s in picked],
+                "threshold": opts.gate,
+            }
+        )
+        return 0
+    if not yes:
+        if not sys.stdin.isatty():
+            raise Refused(
+                f"spec preflight restarts the server of {spec.name} three times; re-run with --yes "
+                "(or --dry-run to see the plan)",
+                host=spec.name,
+            )
+        if not click.confirm(f"{spec.name}: restart the server three times for the pre-flight?", err=True):
+            raise click.exceptions.Abort()
+    app.console.step(f"spec preflight {spec.name}: {len(picked)} samples, K = {num_steps}, threshold {opts.gate:g}")
+    events = ConsoleEvents(app.console, spec.name)
+    try:
+        result = wf.run(app.remote(spec), spec, opts, picked, progress=app.console.status, deploy_events=events)
+    except PreflightFailed as exc:
+        verdict = (exc.details.get("preflight") or {}).get("verdict")
+        if verdict:
+            _render_verdict(app.console, verdict)
+        raise
+    _render_verdict(app.console, result.verdict or {})
+    app.console.emit(result.to_dict())
+    return 0
+
+
+def _render_verdict(console, v: dict) -> None:
+    from ...core import preflight as pf
+
+    verdict = pf.Verdict(**v)
+    console.status("ok" if verdict.passed else "fail", f"preflight {verdict.state}: {verdict.reason}", data=True)
+    console.status("info", pf.figures_line(verdict), data=True)
 
 
 commands = [spec_group]
