@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from . import hostpaths
 
 SUFFIX = ".safetensors"
+PACKED_SUFFIX = ".hsz"  # a compacted dump file (`dumps compact`; dumper/FORMAT.md "Packed files")
+SUFFIXES = (SUFFIX, PACKED_SUFFIX)
 
 
 TMP_PREFIX = ".tmp-"
@@ -204,7 +206,7 @@ def reconcile(
         configured_dir=configured_dir if configured_dir not in (None, dump_dir) else None,
         unusable=unusable,
     )
-    complete = {n: s for n, s in files.items() if n.endswith(SUFFIX) and not _is_temp(n)}
+    complete = {n: s for n, s in files.items() if n.endswith(SUFFIXES) and not _is_temp(n)}
     r.temp_files = sorted(n for n in files if _is_temp(n))
     r.files_present = len(complete)
     listed: set[str] = set()
@@ -375,6 +377,16 @@ class FleetDumps:
         }
 
 
+def content_id(rec: dict) -> tuple[object, object]:
+    """What a dump's content is, whatever its form: (bytes, sha256) of the original file, which a
+    compacted copy (`<key>.hsz`) records as `packed.source_bytes` / `packed.source_sha256`; so a
+    plain and a compacted copy of the same file are one content, never a conflict (pure)."""
+    info = rec.get("packed")
+    if isinstance(info, dict) and str(rec.get("file", "")).endswith(PACKED_SUFFIX):
+        return info.get("source_bytes"), info.get("source_sha256")
+    return rec.get("bytes"), rec.get("sha256")
+
+
 def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | None = None) -> FleetDumps:
     """Every key with a file on some host; its copies ordered: not known bad first, then host order (pure)."""
     merged = FleetDumps(list(recons))
@@ -386,6 +398,6 @@ def merge_hosts(recons: dict[str, Reconciliation], bad: dict[str, set[str]] | No
     bad = bad or {}
     for key, copies in merged.copies.items():
         copies.sort(key=lambda c: (str(c[1]["file"]) in bad.get(c[0], set()), merged.hosts.index(c[0])))
-        if len({(c[1].get("bytes"), c[1].get("sha256")) for c in copies}) > 1:
+        if len({content_id(c[1]) for c in copies}) > 1:
             merged.conflicts.append(key)
     return merged

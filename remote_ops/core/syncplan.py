@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from . import hostpaths, shell
-from .dumpcheck import Reconciliation
+from .dumpcheck import Reconciliation, content_id
 
 MARK = "remote-ops-sync:"
 #: Under the destination's dump dir: the sync's key, known_hosts, plans and staging (same filesystem).
@@ -115,7 +115,7 @@ def plan(sources: dict[str, Reconciliation], dest_name: str, dest: Reconciliatio
             copies.setdefault(str(rec["key"]), []).append((host, rec))
     for key in sorted(copies):
         found = copies[key]
-        if len({(int(rec.get("bytes") or 0), rec.get("sha256")) for _, rec in found}) > 1:
+        if len({content_id(rec) for _, rec in found}) > 1:
             out.conflicts.append(
                 {
                     "key": key,

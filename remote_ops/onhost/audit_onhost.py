@@ -66,6 +66,7 @@ import time
 from array import array
 
 SUFFIX = ".safetensors"
+PACKED_SUFFIX = ".hsz"  # a compacted dump file (packed.py; FORMAT.md "Packed files")
 INDEX = "model.safetensors.index.json"
 AUX_STATES = 3
 VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file as the project's connector writes it
@@ -131,11 +132,41 @@ def open_regular(path):
     component followed; a plain path may pass symlinks (a model dir in a Hugging Face cache) but
     must end at a regular file.  The caller reads at most `size` bytes."""
     if isinstance(path, Rel):
-        return _open_inside(path.root, path.name)
+        fh, size = _open_inside(path.root, path.name)
+        return _decoded(fh, size) if str(path.name).endswith(PACKED_SUFFIX) else (fh, size)
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise not_regular(st.st_mode)
     return _checked(os.open(path, os.O_RDONLY | os.O_NONBLOCK | O_CLOEXEC))
+
+
+def _codec():
+    """The packed-dump codec (`remote_ops/dumper/packed.py`): bundled before this program
+    (`rops_packed`), else the repository's beside this file's folder; None if neither."""
+    mod = sys.modules.get("rops_packed")
+    here = globals().get("__file__")
+    path = os.path.join(os.path.dirname(os.path.abspath(here)), "..", "dumper", "packed.py") if here else None
+    if mod is None and path and os.path.isfile(path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("rops_packed", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["rops_packed"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+packed = _codec()
+
+
+def _decoded(fh, size):
+    """A compacted dump file (`<key>.hsz`, opened and checked regular) read as its original bytes:
+    (a file object over the decoded bytes, their size); every block is CRC-checked as it is read."""
+    if packed is None:
+        fh.close()
+        raise ValueError("a packed dump file, and this auditor has no packed-dump codec")
+    pf = packed.PackedFile(fh)  # closes fh when it raises
+    return pf, pf.source_bytes
 
 
 def _checked(fd):

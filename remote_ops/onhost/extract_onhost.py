@@ -478,8 +478,9 @@ def missing_dumps(args, workdir, samples, keys_done):
     deadline = time.time() + args.dump_grace
     while True:
         present = {  # regular files in real rank dirs only: entries inside the dump dir are never followed
-            os.path.basename(p)[: -len(".safetensors")]
-            for p in glob.glob(os.path.join(args.dump_dir, "rank*", "*.safetensors"))
+            os.path.basename(p).rsplit(".", 1)[0]  # <key>.safetensors, or <key>.hsz once compacted
+            for suffix in ("*.safetensors", "*.hsz")
+            for p in glob.glob(os.path.join(args.dump_dir, "rank*", suffix))
             if not os.path.islink(p) and not os.path.islink(os.path.dirname(p)) and os.path.isfile(p)
         }
         missing = {k: i for k, i in wanted.items() if k not in present}

@@ -73,6 +73,54 @@ class ExportError(Exception):
     """A sample that cannot be exported; the message says why."""
 
 
+# --------------------------------------------------------------------------- packed (compacted) dumps
+
+PACKED_SUFFIX = ".hsz"
+
+
+def _codec():
+    """The packed-dump codec (`remote_ops/dumper/packed.py`): bundled before this program
+    (`rops_packed`), else the repository's beside this file's folder; None if neither."""
+    mod = sys.modules.get("rops_packed")
+    here = globals().get("__file__")
+    path = os.path.join(os.path.dirname(os.path.abspath(here)), "..", "dumper", "packed.py") if here else None
+    if mod is None and path and os.path.isfile(path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("rops_packed", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["rops_packed"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+packed = _codec()
+
+
+def open_source(path):
+    """A dump file for reading its original bytes: a compacted one (`<key>.hsz`) decoded on the fly."""
+    if not path.endswith(PACKED_SUFFIX):
+        return open(path, "rb", buffering=0)
+    if packed is None:
+        raise ExportError("%s is packed and this exporter has no packed-dump codec" % os.path.basename(path))
+    return packed.PackedFile(path)
+
+
+def source_sha256(rec):
+    """The sha256 of a dump's original bytes: a packed file's `packed.source_sha256`, else its own."""
+    info = rec.get("packed")
+    return (
+        info.get("source_sha256")
+        if isinstance(info, dict) and str(rec.get("file", "")).endswith(PACKED_SUFFIX)
+        else rec["sha256"]
+    )
+
+
+def original_name(path):
+    """The name a dump file had before compaction (`<key>.hsz` -> `<key>.safetensors`)."""
+    return path[: -len(PACKED_SUFFIX)] + ".safetensors" if path.endswith(PACKED_SUFFIX) else path
+
+
 # --------------------------------------------------------------------------- keys, names (pure)
 
 
@@ -434,7 +482,7 @@ def convert(sources, dest, ids, mask, fsync=True, norm=None):
 def _one_source(source, fout, ids, mask, norm=None):
     path, expected = source
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fin:
+    with open_source(path) as fin:
         drop_cache(fin.fileno())
         read = _convert_stream(fin, fout, digest, ids, mask, norm)
     if digest.hexdigest() != expected:
@@ -447,7 +495,7 @@ def _many_sources(sources, fout, ids, mask, norm=None):
     read, parts, offset = 0, [], 0
     for path, expected in sources:
         read += _verify_sha(path, expected)
-        with open(path, "rb") as fh:
+        with open_source(path) as fh:
             hlen, header, meta = read_header(fh)
         n = header["input_ids"]["shape"][0]
         check_source(header, meta, n, norm is not None)
@@ -460,7 +508,7 @@ def _many_sources(sources, fout, ids, mask, norm=None):
 
 def _verify_sha(path, expected):
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb", buffering=0) as fin:
+    with open_source(path) as fin:
         drop_cache(fin.fileno())
         for chunk in iter(lambda: fin.read(CHUNK), b""):
             digest.update(chunk)
@@ -484,7 +532,7 @@ def _write_parts(parts, fout, ids, mask, norm=None):
             for path, hlen, header, _part_ids in parts:
                 if norm is not None and name == "hidden_states":
                     a, b = header[name]["data_offsets"]
-                    with open(path, "rb") as fin:
+                    with open_source(path) as fin:
                         fin.seek(8 + hlen + a)
                         dst.write(norm.apply(_read_exact(fin, b - a), dtype, h))
                     read += b - a
@@ -492,16 +540,16 @@ def _write_parts(parts, fout, ids, mask, norm=None):
                     read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
     for path, hlen, header, part_ids in parts:
         start, end = header["input_ids"]["data_offsets"]
-        with open(path, "rb") as fh:
+        with open_source(path) as fh:
             fh.seek(8 + hlen + start)
             if _read_exact(fh, end - start) != struct.pack("<%di" % len(part_ids), *part_ids):
                 raise ExportError("token ids in %s differ from the dataset sample" % os.path.basename(path))
-    _finish(z, hashlib.sha256(json.dumps([p[0] for p in parts]).encode()).hexdigest())
+    _finish(z, hashlib.sha256(json.dumps([original_name(p[0]) for p in parts]).encode()).hexdigest())
     return read
 
 
 def _copy_range(path, base, offsets, dst):
-    with open(path, "rb", buffering=0) as fin:
+    with open_source(path) as fin:
         fin.seek(base + offsets[0])
         return _pump(fin, dst, None, offsets[1] - offsets[0])
 
@@ -779,7 +827,7 @@ class Run:
                     "bytes": out_bytes,
                     "tokens": len(sample["ids"]),
                     "sources": [r["file"] for r in recs],
-                    "source_sha256": [r["sha256"] for r in recs],
+                    "source_sha256": [source_sha256(r) for r in recs],
                 },
                 sort_keys=True,
             )
@@ -832,7 +880,7 @@ def export(args):
     def one(item):
         index, sample, recs = item
         try:
-            sources = [(os.path.join(args.dump_dir, r["file"]), r["sha256"]) for r in recs]
+            sources = [(os.path.join(args.dump_dir, r["file"]), source_sha256(r)) for r in recs]
             read, out_bytes = convert(
                 sources, os.path.join(args.out, out_name(index)), sample["ids"], sample["mask"], fsync, norm
             )

@@ -265,7 +265,7 @@ class DumpUsage(Probe[DumpUse]):
         d = shell.quote(self.dump_dir)
         return (
             f"d=$(realpath -e -- {d} 2>/dev/null) || d={d}; "
-            "if [ -d \"$d\" ]; then find \"$d\" -name '*.safetensors' ! -name '.tmp-*' -printf '%s\\n' "
+            "if [ -d \"$d\" ]; then find \"$d\" \\( -name '*.safetensors' -o -name '*.hsz' \\) ! -name '.tmp-*' -printf '%s\\n' "
             "| awk '{n++; s+=$1} END {print n+0, s+0}'; else echo 'absent'; fi; " + existing_parent_df(self.dump_dir)
         )
 

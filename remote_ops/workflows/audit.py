@@ -61,7 +61,7 @@ AUDIT_TIMEOUT_S = 3600.0
 
 
 def script() -> bytes:
-    return onhost.source(SCRIPT)
+    return onhost.bundled(SCRIPT)  # with the packed-dump codec: it reads compacted dumps too
 
 
 # --------------------------------------------------------------------------- drafter configs

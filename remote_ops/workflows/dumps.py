@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core import hostpaths
-from ..core.dumpcheck import MANIFEST, SUFFIX, TMP_PREFIX, FleetDumps, Reconciliation, reconcile
+from ..core.dumpcheck import MANIFEST, SUFFIXES, TMP_PREFIX, FleetDumps, Reconciliation, reconcile
 from ..errors import CommandFailed, ExitCode, NoSpace, NotFound
 from ..paths import package_file
 from ..probes import batch
@@ -51,7 +51,7 @@ def local_bytes(root: Path) -> int:
     """Bytes of complete dump files already pulled under `root`."""
     if not root.exists():
         return 0
-    return sum(p.stat().st_size for p in root.glob(f"rank*/*{SUFFIX}"))
+    return sum(p.stat().st_size for s in SUFFIXES for p in root.glob(f"rank*/*{s}"))
 
 
 # --------------------------------------------------------------------------- edges
@@ -295,8 +295,14 @@ def pull_merged(
     return out
 
 
+def key_of_name(name: str) -> str:
+    """The key of a dump file name, plain (`<key>.safetensors`) or compacted (`<key>.hsz`)."""
+    base = Path(name).name
+    return next((base[: -len(s)] for s in SUFFIXES if base.endswith(s)), base)
+
+
 def _key_of(item: PullItem) -> str:
-    return Path(item.remote).name[: -len(SUFFIX)]
+    return key_of_name(item.remote)
 
 
 @dataclass
@@ -321,7 +327,7 @@ class _PullRound:
         for o in run.outcomes:
             out.reports.setdefault(o.host, []).append(o.result.to_dict() if o.result else {"error": str(o.error)})
             done = o.result.failed + o.result.unsafe if o.result else []
-            bad = {Path(f).name[: -len(SUFFIX)] for f, _ in done}
+            bad = {key_of_name(f) for f, _ in done}
             if o.error is not None:
                 bad = {_key_of(i) for i in items[o.host]}
                 if o.error.exit_code == ExitCode.UNREACHABLE:

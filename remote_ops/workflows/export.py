@@ -32,7 +32,7 @@ SCRIPT = "specforge_export.py"
 
 
 def script_source() -> bytes:
-    return onhost.source(SCRIPT)
+    return onhost.bundled(SCRIPT)  # with the packed-dump codec: it reads compacted dumps too
 
 
 def default_out(spec) -> str:

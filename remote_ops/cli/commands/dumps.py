@@ -1,4 +1,4 @@
-"""`remote-ops dumps status|verify|pull|audit|export|stats`: the hidden-state dumps on a host."""
+"""`remote-ops dumps status|verify|pull|audit|export|sync|compact|stats`: the hidden-state dumps on a host."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def dumps_group() -> None:
       remote-ops dumps audit --host gpu-node --draft-config kimi-eagle3.json
       remote-ops dumps pull --host gpu-node --jobs 4
       remote-ops dumps sync --from 'fleet:!gpu-01' --to gpu-01   # host to host
+      remote-ops dumps compact --host gpu-node --jobs 4    # pack finished files in place
     """
 
 
@@ -146,12 +147,16 @@ def _total_from_log(host_name: str) -> int | None:
     "--sha/--no-sha",
     default=False,
     show_default=True,
-    help="also recompute every file's sha256 on the host (reads all bytes)",
+    help="also recompute every file's sha256 on the host (reads all bytes); a compacted file: "
+    "the packed bytes' sha256 and the decoded file's, both recorded in its manifest line",
 )
 @hosts_command
 def verify_cmd(app, hosts, forks, sha) -> int:
     """Reconcile, then check every file's header on the host with dumpfile.py (no torch).
 
+    A compacted file (`<key>.hsz`, `dumps compact`) is decoded there: its header and ids
+    are checked as the original's, and with --sha both sha256s are (the packed bytes'
+    against the manifest's `sha256`, the decoded bytes' against `packed.source_sha256`).
     A group: every host checked; a key is good when one of its copies passes."""
     if len(hosts) > 1:
         return _dumps_group.group_verify(app, hosts, forks, sha)
@@ -589,6 +594,96 @@ def sync_cmd(
         raise UsageError(f"--from {from_!r} selects no host other than the destination {dest.name}")
     opts = SyncOptions(dest_address, compress, bwlimit, stall_timeout, transfer_timeout, forks)
     return _dumps_group.group_sync(app, sources, dest, opts, dry_run, allow_missing)
+
+
+# ============================================================================ dumps compact
+
+
+@dumps_group.command("compact")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1, max=64),
+    default=2,
+    show_default=True,
+    help="files packed at once (worker processes on the host, each one core)",
+)
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="pack at most N files this pass")
+@click.option(
+    "--nice",
+    "niceness",
+    type=click.IntRange(min=0, max=19),
+    default=10,
+    show_default=True,
+    help="niceness of the pass on the host",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    help="deadline of the pass, in seconds (the host's process ends with it; a re-run resumes)",
+)
+@click.option("--no-fsync", is_flag=True, hidden=True, help="tests only")
+@click.option("--crash-at", type=click.Choice(["packed", "renamed", "appended", "removed"]), hidden=True)
+@click.option("--dry-run", is_flag=True, help="say which files would be packed and their bytes; change nothing")
+@host_command
+def compact_cmd(app, host, jobs, limit, niceness, timeout, no_fsync, crash_at, dry_run) -> int:
+    """Pack the host's finished dump files in place, losslessly: `<key>.safetensors` -> `<key>.hsz`.
+
+    Runs ON the host with its python3 (stdlib only), niced, off the serving process, and
+    may run while extraction goes on: a file is taken only once the last manifest line
+    of its key names it, at that size and sha256 (files being written, files not yet
+    listed and files a newer line replaced are never touched).  Per file: packed to a
+    temp file (bf16 bytes grouped high/low, Huffman-coded; dumper/FORMAT.md "Packed
+    files"), fsynced, decoded from disk and compared with the original by sha256, renamed,
+    a new manifest line appended, then the original removed.  Killed at any moment, a
+    re-run resumes: every key stays readable through its last manifest line.  Every
+    reader (`dumps verify`, `audit`, `export`, `sync`, `pull`, `status`) takes both
+    forms; `dumps verify --sha` checks the packed file's sha256 and the decoded one's.
+    Exit 10 when a file could not be packed (its sha256 differs from the manifest, or
+    it does not decode): such files are left as they are."""
+    from ...workflows import compact as compact_mod
+
+    spec = app.host(host)
+    remote = app.remote(spec)
+    opts = compact_mod.CompactOptions(
+        jobs=jobs, limit=limit, dry_run=dry_run, fsync=not no_fsync, nice=niceness, crash_at=crash_at
+    )
+    with app.console.progress(f"{spec.name}: compact", total=None) as advance:
+
+        def on_event(event: dict) -> None:
+            advance(0, f"{spec.name}: compact {event.get('compacted', 0)}/{event.get('total', '?')} files")
+
+        report = compact_mod.compact(remote, spec.dump.dir, opts, timeout=timeout, on_event=on_event)
+    counts = report["counts"]
+    doc = {"host": spec.name, **report}
+    if dry_run:
+        app.console.status(
+            "info",
+            f"would pack {counts.get('would_compact', 0)} file(s) ({_gb(report['bytes_before'])}) in "
+            f"{report['dump_dir']}; would remove {counts['leftovers_removed']} original(s) left by a killed pass",
+        )
+        app.console.emit(doc)
+        return 0
+    kept = report.get("kept")
+    app.console.status(
+        "ok" if report["ok"] else "fail",
+        f"{counts['compacted']} file(s) packed: {_gb(report['bytes_before'])} -> {_gb(report['bytes_after'])}"
+        f"{f' ({kept:.1%} kept)' if kept else ''} in {report['seconds']:.1f}s "
+        f"({report.get('mb_per_s') or '-'} MB/s, {report['jobs']} job(s)); "
+        f"{counts['leftovers_removed']} leftover original(s) and {counts['temp_removed']} temp file(s) removed",
+    )
+    _list(app.console, "warn", "left as they are", [f"{x['file']}: {x['why']}" for x in report["skipped"]])
+    _list(app.console, "fail", "failed", [f"{x['file']}: {x['why']}" for x in report["failed"]])
+    if not report["ok"]:
+        raise VerifyFailed(
+            f"dumps compact: {counts.get('failed', len(report['failed']))} file(s) could not be packed",
+            host=spec.name,
+            hint="they are left as they are; `dumps verify --sha` says what is wrong with them",
+            details=doc,
+        )
+    app.console.emit(doc)
+    return 0
 
 
 dumps_group.add_command(_dumps_stats.stats_cmd)  # dumps stats: the dumper's cost
