@@ -99,6 +99,57 @@ def test_hosts_imports_no_ssh_library(tmp_path):
     assert [m for m in SSH_STACK + ("docker", "jinja2") if m in mods] == []
 
 
+#: what the in-process `hosts` path must not import: the SSH stack, the Engine API client (and the
+#: requests it stands on), templates, rich (its output goes to pipes here), the ML stack, the anchor
+#: engine (the inventory checks a spec name against the catalog, which needs none of it) and
+#: importlib.metadata (pydantic's plugin lookup, skipped: PYDANTIC_DISABLE_PLUGINS)
+NOT_FOR_HOSTS = SSH_STACK + (
+    "docker",
+    "requests",
+    "urllib3",
+    "jinja2",
+    "rich",
+    "transformers",
+    "torch",
+    "numpy",
+    "remote_ops.core.anchors",
+    "importlib.metadata",
+    "email",
+)
+
+
+RUN_PROBE = """
+import json, sys
+from remote_ops.cli.main import run
+sys.argv[0] = "remote-ops"
+try:
+    run()
+except SystemExit:
+    pass
+print("\\n@@" + json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def test_hosts_in_process_imports_none_of_the_heavy_modules(tmp_path):
+    """The whole `hosts` run in one process as the console script runs it (`cli.main.run`), a host
+    naming its patch spec so that the inventory checks the name against the spec catalog: none of
+    NOT_FOR_HOSTS is in sys.modules afterwards, and no command module but `hosts`."""
+    (tmp_path / "fleet.yaml").write_text(
+        "hosts:\n  gpu-a: {address: 127.0.0.11, sglang: {patch: deepseek-v2}}\n  gpu-b: {address: 127.0.0.12}\n"
+    )
+    env = {**_no_force(), "REMOTE_OPS_INVENTORY": str(tmp_path), "REMOTE_OPS_STATE_DIR": str(tmp_path / "state")}
+    env.pop("PYDANTIC_DISABLE_PLUGINS", None)  # run() sets it
+    p = subprocess.run([sys.executable, "-c", RUN_PROBE, "hosts"], capture_output=True, text=True, timeout=120, env=env)
+    out, mods = p.stdout, set(json.loads(p.stderr.rsplit("@@", 1)[1]))
+    assert "gpu-a\t127.0.0.11" in out and "deepseek-v2" in out  # the path ran, the spec name checked
+    assert "remote_ops.core.inventory" in mods and "remote_ops.core.patchspec" in mods
+    assert sorted(m for m in mods if any(m == n or m.startswith(n + ".") for n in NOT_FOR_HOSTS)) == []
+    assert sorted(m for m in mods if m.startswith("remote_ops.cli.commands.")) == [
+        "remote_ops.cli.commands._options",
+        "remote_ops.cli.commands.hosts",
+    ]
+
+
 def test_naming_the_seam_imports_no_ssh_library():
     """A workflow that names `Remote` or the transfer, and a command's help, load no SSH library."""
     probe = (
@@ -169,3 +220,25 @@ def test_the_ssh_seam_imports_invoke_without_unittest_mock_or_asyncio():
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["[]", "unittest.mock x"]
+
+
+def test_the_inventory_imports_pydantic_without_importlib_metadata():
+    """core.inventory imports pydantic's plugin loader with a stand-in `importlib.metadata`
+    (core._lean): with plugins off (as the CLI runs) the real module is never imported; with
+    them on, the loader's lookup imports and asks the real one, and a later import gets it."""
+    probe = (
+        "import sys; import remote_ops.core.inventory; "
+        "m = sys.modules.get('importlib.metadata'); print(getattr(m, '__file__', None) is not None if m else None); "
+        "from pydantic.plugin import _loader; print(list(_loader.get_plugins())); "
+        "import importlib.metadata; print(importlib.metadata.entry_points.__module__, "
+        "type(importlib.metadata.version('pydantic')).__name__)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=e)
+        for e in ({**env, "PYDANTIC_DISABLE_PLUGINS": "__all__"}, env)
+    ]
+    assert [p.returncode for p in runs] == [0, 0], [p.stderr for p in runs]
+    off, on = (p.stdout.splitlines() for p in runs)
+    assert off == ["None", "[]", "importlib.metadata str"]
+    assert on == ["True", "[]", "importlib.metadata str"]  # the real module, imported by the lookup

@@ -29,6 +29,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError, NotFound
+from . import _lean  # noqa: F401 - before pydantic builds a model: its plugin lookup without importlib.metadata
 from .rawinv import default_inventory_paths, inventory_files
 
 # -- value checks (pure; used as pydantic validators) --------------------------------------------

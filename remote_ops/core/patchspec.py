@@ -14,6 +14,8 @@ JSON and no Python.
 Binding a model to the blocks gives an `anchors.PatchSpec` (one file, one
 class): what the anchor functions, the host workflow and the image use.
 Model names are unique over all folders; a clash is a ConfigError naming both.
+Reading the catalog needs nothing of `anchors` (imported only where a spec is
+bound or read), so an inventory checks its spec names without the anchor engine.
 
 Spec problems become `ConfigError` (exit 3) naming the file and field.
 """
@@ -25,12 +27,14 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError, NotFound, Refused
 from ..paths import repo_resource
-from . import anchors, layerids
-from .anchors import AnchorRefusal, PatchSpec
+from . import layerids
+
+if TYPE_CHECKING:  # the anchor engine (ast, hashlib) is imported where a spec is bound or read
+    from .anchors import PatchSpec
 
 DEFAULT_PATCH = "eagle3-hs-dump"
 PATH_ENV = "REMOTE_OPS_PATCH_PATH"
@@ -200,6 +204,8 @@ def bind(m: Model, model_class: str | None = None) -> PatchSpec:
         "validated_versions": list(m.versions),
         "known_sha256": m.known_sha256,
     }
+    from . import anchors
+
     try:
         return anchors.spec_from_dict(data, str(block_dir))
     except anchors.SpecError as exc:
@@ -222,6 +228,8 @@ def load(name_or_path: str | Path) -> PatchSpec:
     if path.suffix == ".json":
         if not path.is_file():
             raise NotFound(f"patch spec {path} does not exist")
+        from . import anchors
+
         try:
             return anchors.load_spec(str(path))
         except anchors.SpecError as exc:
@@ -277,9 +285,11 @@ def for_file(data: bytes | str, model_class: str | None = None) -> PatchSpec:
 
     Refuses (Refused, exit 9) when the file has no or several capture classes, or
     when no spec covers the class; never picks "the nearest" one."""
+    from . import anchors
+
     try:
         cls = anchors.pick_class(data, model_class)
-    except AnchorRefusal as exc:
+    except anchors.AnchorRefusal as exc:
         raise Refused(
             exc.message,
             hint="--model-class NAME picks a class" if exc.reason == "ambiguous_class" else None,
@@ -347,6 +357,8 @@ def parse_config_architectures(text: str, config_path: str) -> list[str]:
 
 def bundled_json(spec: PatchSpec) -> str:
     """The bound spec with block text inline: one file to ship beside anchors.py."""
+    from . import anchors
+
     return json.dumps(anchors.spec_to_dict(spec), indent=2) + "\n"
 
 
