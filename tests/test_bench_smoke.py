@@ -40,6 +40,7 @@ SMOKED = {
     "fleet_wan.py": "test_deploy_noop_and_fleet_wan_parse_import_and_share_their_helpers",
     "vllm_extract.py": "test_vllm_real.py::test_vllm_extract_bench_runs_one_tiny_round",  # scripts/test-vllm only
     "specforge_gpu.py": "test_specforge_gpu_renders_train_starts_run_yaml_and_reads_a_captured_log",
+    "compress.py": "test_compact.py::test_compress_bench_runs_on_tiny_inputs",
 }
 
 

@@ -17,6 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -310,3 +311,28 @@ def test_a_compacted_extraction_passes_audit_and_exports_bit_equal_records(run_o
     assert len(plain) == 16 and plain == compacted
     shutil.rmtree(plain_out)
     shutil.rmtree(packed_out)
+
+
+def test_compress_bench_runs_on_tiny_inputs(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "compress.py"),
+            "--prompts",
+            "3",
+            "--max-tokens",
+            "64",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [r["source"] for r in doc["results"]] == ["learned", "standin"]
+    assert all(r["export_bit_equal"] and 0 < r["kept"]["packed_hsz"] < 1 for r in doc["results"])
