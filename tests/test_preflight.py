@@ -130,9 +130,17 @@ def test_a_low_acceptance_on_the_taught_replies_blames_the_capture():
 
 
 def test_a_low_acceptance_where_the_served_continuation_parted_asks_for_the_targets_own_replies():
-    v = pf.judge(bench(1.5, outputs=([7, 99], [10, 11])), SAMPLES, 3.0, 3, 2)
-    assert not v.passed and v.prefix_match == [1, 2]
-    assert "on 1 of 2 prompts" in v.reason and "dataset regenerate" in v.reason
+    v = pf.judge(bench(1.5, outputs=([7, 99], [1, 11])), SAMPLES, 3.0, 3, 2)
+    assert not v.passed and v.prefix_match == [1, 0]
+    assert "on 2 of 2 prompts" in v.reason and "dataset regenerate" in v.reason
+
+
+def test_a_low_acceptance_of_a_drafter_that_did_not_overfit_asks_for_more_epochs():
+    v = pf.judge(bench(1.4, outputs=([7, 99], [10, 11])), SAMPLES, 3.0, 3, 2, {0: 0.43, 1: 0.3})
+    assert not v.passed and "on 1 of 2 prompts" in v.reason and "dataset regenerate" not in v.reason
+    assert "acc_0 0.43 < 0.9" in v.reason and "more --epochs" in v.reason
+    v = pf.judge(bench(1.1), SAMPLES, 3.0, 3, 2, {0: 0.97})
+    assert "aux layer ids" in v.reason
 
 
 def test_no_drafts_fails_and_the_sglang_standin_is_inconclusive():
@@ -187,7 +195,7 @@ def test_the_dry_run_prints_the_plan_and_says_the_sglang_path_is_untested(offlin
     doc = json.loads(out)
     assert doc["dry_run"] and doc["samples"] == ["a"] and doc["threshold"] == 3.0
     assert "has not run against a real SGLang server" in doc["engine_note"] and "real SGLang" in err
-    assert "only 1 usable sample(s) of 4" in err
+    assert "only 1 usable sample(s) of 2" in err
 
 
 def test_without_yes_and_no_terminal_it_refuses_before_connecting(offline):

@@ -29,7 +29,7 @@ from test_vllm_pipeline import HOST, vllm_env  # noqa: F401  (the module's fixtu
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SAMPLES = 4
+SAMPLES = 2
 REPLY = 40  # tokens of the target's own continuation per sample
 
 

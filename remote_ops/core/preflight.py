@@ -36,12 +36,14 @@ from .inventory import HostSpec
 
 #: The pre-flight's own root on the host, beside the dump dir.
 ROOT_SUFFIX = "-preflight"
-DEFAULT_SAMPLES = 4
+DEFAULT_SAMPLES = 2
 DEFAULT_NUM_STEPS = 3
-DEFAULT_EPOCHS = 30
+DEFAULT_EPOCHS = 150
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_MAX_NEW_TOKENS = 32
 RUN_ID = "preflight"
+#: SpecForge's last acc_0 under which a fail is put down to too little training.
+OVERFIT_ACC = 0.9
 #: Lines of the dataset read at most while looking for the samples.
 MAX_LINES_READ = 10_000
 
@@ -255,11 +257,19 @@ class Verdict:
 
 
 def judge(
-    bench: Mapping[str, Any], samples: Sequence[Sample], threshold: float, num_steps: int, new_tokens: int
+    bench: Mapping[str, Any],
+    samples: Sequence[Sample],
+    threshold: float,
+    num_steps: int,
+    new_tokens: int,
+    train_acc: Mapping[int, float] | None = None,
 ) -> Verdict:
     """The verdict of a `spec bench` run (`BenchSummary.to_dict()`) over the samples' prompts:
     pass when the mean acceptance length is at least `threshold`.  A stand-in's run is
-    inconclusive; a run that counted no draft fails (the drafter did not run)."""
+    inconclusive; a run that counted no draft fails (the drafter did not run).  A fail names
+    the likelier cause: the continuations parted from the taught replies on most prompts (not
+    the target's own replies), the drafter did not overfit (`train_acc`: SpecForge's last
+    per-position acc, acc_0 under `OVERFIT_ACC`), else the capture and the serving disagree."""
     rows = {r.get("prompt"): r for r in bench.get("per_request") or []}
     matches = [prefix_match(s.reply[:new_tokens], (rows.get(i) or {}).get("output_ids")) for i, s in enumerate(samples)]
     length = bench.get("acceptance_length")
@@ -295,16 +305,23 @@ def judge(
         return v
     v.reason = f"acceptance length {length:g} < {threshold:g} (full block {v.full_block})"
     parted = [m for m in matches if m < new_tokens]
+    acc0 = (train_acc or {}).get(0)
     if parted:
         v.reason += (
             f"; on {len(parted)} of {len(matches)} prompts the served continuation parted from the reply the "
-            f"drafter was taught (after {min(parted)} tokens at the earliest): are the samples the target's "
-            "own greedy replies (`dataset regenerate --temperature 0`)?"
+            f"drafter was taught (after {min(parted)} tokens at the earliest)"
+        )
+    if len(parted) * 2 > len(matches):
+        v.reason += ": are the samples the target's own greedy replies (`dataset regenerate --temperature 0`)?"
+    elif acc0 is not None and acc0 < OVERFIT_ACC:
+        v.reason += (
+            f"; the drafter did not learn its samples by heart (SpecForge's last acc_0 {acc0:.2f} < {OVERFIT_ACC}): "
+            "more --epochs (or --samples fewer)"
         )
     else:
         v.reason += (
-            "; the served continuations are the replies the drafter was taught, so what it was taught "
-            "(the capture) is not what the engine serves it with: check the aux layer ids and the final states"
+            "; the drafter was taught these replies, so what it was taught (the capture) is not what the "
+            "engine serves it with: check the aux layer ids and the final states"
         )
     return v
 

@@ -332,7 +332,7 @@ class _Run:
         summary = sb.summarise(doc, sb.prompt_set_id(data, new), new).to_dict()
         summary.pop("metrics", None)
         self.result.bench = summary
-        verdict = pf.judge(summary, samples, self.o.gate, self.o.num_steps, new)
+        verdict = pf.judge(summary, samples, self.o.gate, self.o.num_steps, new, self.result.train.get("acc"))
         self.result.verdict = verdict.to_dict()
         self.step("spec bench", "ok", pf.figures_line(verdict), t)
         return verdict

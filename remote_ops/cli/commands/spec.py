@@ -247,10 +247,10 @@ def _render_comparison(console, c: sb.Comparison, folder: Path) -> dict:
     type=PathOption("file", host_ok=True),
     help="the EAGLE-3 draft config to try (as `train start` takes it): a local file, or host:PATH",
 )
-@click.option("--samples", type=click.IntRange(1, 64), default=4, show_default=True, help="samples to overfit")
+@click.option("--samples", type=click.IntRange(1, 64), default=2, show_default=True, help="samples to overfit")
 @click.option("--num-steps", type=click.IntRange(1, 32), default=3, show_default=True, help="draft tokens per step (K)")
 @click.option(
-    "--epochs", type=click.IntRange(1), default=30, show_default=True, help="passes over the samples (overfit)"
+    "--epochs", type=click.IntRange(1), default=150, show_default=True, help="passes over the samples (overfit)"
 )
 @click.option("--learning-rate", type=float, default=1e-3, show_default=True)
 @click.option(
