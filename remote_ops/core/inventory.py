@@ -517,15 +517,7 @@ def parse_inventory_data(data: Any, source: str, lines: Lines | None = None) -> 
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping with 'hosts:', not {_kind(data)}", source=source)
-    unknown = sorted(set(map(str, data)) - set(FILE_KEYS))
-    if unknown:
-        raise _config_error(
-            f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], list(FILE_KEYS))}; "
-            "expected 'defaults', 'hosts' and 'groups'",
-            source,
-            (unknown[0],),
-            lines,
-        )
+    _refuse_unknown_keys(data, FILE_KEYS, "expected 'defaults', 'hosts' and 'groups'", source, (), lines)
     defaults = _mapping(data, "defaults", source, lines)
     entries = _mapping(data, "hosts", source, lines)
     group = (Path(source).stem,) if len(entries) > 1 else ()
@@ -579,15 +571,8 @@ def parse_group_data(data: Any, source: str, lines: Lines | None = None) -> list
             raise _config_error(
                 f"a group is a mapping with 'hosts:' and/or 'children:', not {_kind(body)}", source, path, lines
             )
-        unknown = sorted(set(map(str, body)) - set(GROUP_KEYS))
-        if unknown:
-            raise _config_error(
-                f"unknown key '{unknown[0]}'{_did_you_mean(unknown[0], list(GROUP_KEYS))}; a group has "
-                "'hosts' and 'children' (shared settings go under a file's 'defaults:')",
-                source,
-                (*path, unknown[0]),
-                lines,
-            )
+        expected = "a group has 'hosts' and 'children' (shared settings go under a file's 'defaults:')"
+        _refuse_unknown_keys(body, GROUP_KEYS, expected, source, path, lines)
         hosts = _names(body.get("hosts"), source, (*path, "hosts"), lines)
         children = _names(body.get("children"), source, (*path, "children"), lines)
         out.append(GroupDef(name, source, lines.get(path), hosts, children))
@@ -784,6 +769,17 @@ def _fields_at(loc: tuple[str, ...]) -> list[str]:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
     return [f for f in model.model_fields if f not in _LOADER_FIELDS]
+
+
+def _refuse_unknown_keys(
+    mapping: dict, known: tuple[str, ...], expected: str, source: str, path: tuple[str, ...], lines: Lines
+) -> None:
+    """A ConfigError at the first (sorted) key of `mapping` under `path` that is not `known`: it
+    names the key, a close match, and what `expected` says belongs there."""
+    unknown = sorted(set(map(str, mapping)) - set(known))
+    if unknown:
+        hint = _did_you_mean(unknown[0], list(known))
+        raise _config_error(f"unknown key '{unknown[0]}'{hint}; {expected}", source, (*path, unknown[0]), lines)
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:

@@ -6,6 +6,14 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 
+def fields_of(obj: Any, names: str, **values: Any) -> dict[str, Any]:
+    """A result object's `to_dict`: the keys `names` (space-separated) in that order, each the
+    value given in `values` (computed, renamed, nested) or else `obj`'s attribute of that name;
+    keys of `values` that `names` does not list come last."""
+    keys = names.split()
+    return {k: values[k] if k in values else getattr(obj, k) for k in keys + [k for k in values if k not in keys]}
+
+
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, pydantic models, paths and tuples -> plain JSON values."""
     if hasattr(obj, "to_dict"):

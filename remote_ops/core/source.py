@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CommandFailed, NotFound, UsageError
 from . import anchors
+from .jsonable import fields_of
 
 RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:[:,]\s*(\d+)\s*)?$")  # anchored, one start: linear
 
@@ -398,16 +399,13 @@ class SourceView:
         return "\n".join([self.header()] + [listing.render() for listing in self.listings])
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "sha256": self.sha256,
-            "lines": self.line_count,
-            "sglang_version": self.sglang_version,
-            "version_source": self.version_source,
-            "parse_error": self.parse_error or None,
-            "listings": [x.to_dict() for x in self.listings],
-        }
+        return fields_of(
+            self,
+            "host path sha256 lines sglang_version version_source parse_error listings",
+            lines=self.line_count,
+            parse_error=self.parse_error or None,
+            listings=[x.to_dict() for x in self.listings],
+        )
 
 
 def inspect(

@@ -170,19 +170,20 @@ class DockerEngine:
     # -- inspect ------------------------------------------------------------------------------
     def image(self, ref: str, *, timeout: float | None = None) -> ImageInfo | None:
         """The image `ref` (name:tag or id), or None when the host does not have it."""
-        try:
-            return types.parse_image(
-                self._call(f"GET /images/{ref}/json", lambda: self._api.inspect_image(ref), timeout)
-            )
-        except NotFound:
-            return None
+        what = f"GET /images/{ref}/json"
+        return self._inspect(what, lambda: self._api.inspect_image(ref), types.parse_image, timeout)
 
     def container(self, name: str, *, timeout: float | None = None) -> ContainerInfo | None:
         """The container `name` (state, health, labels), or None when there is none."""
+        what = f"GET /containers/{name}/json"
+        return self._inspect(what, lambda: self._api.inspect_container(name), types.parse_container, timeout)
+
+    def _inspect(
+        self, what: str, fetch: Callable[[], Any], parse: Callable[[Any], T], timeout: float | None
+    ) -> T | None:
+        """`parse` of an inspect call's answer, or None when the object is not there (404)."""
         try:
-            return types.parse_container(
-                self._call(f"GET /containers/{name}/json", lambda: self._api.inspect_container(name), timeout)
-            )
+            return parse(self._call(what, fetch, timeout))
         except NotFound:
             return None
 

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import ClassVar
 
 from ..errors import RemoteOpsError
 
@@ -24,6 +25,27 @@ class LabError(RemoteOpsError):
     """A lab host or daemon could not be started, checked or stopped."""
 
     kind = "lab"
+
+
+class LabDaemon:
+    """What a lab daemon (`SshdHost`, `Dockerd`) shares: its files under `dir`, its log there
+    (`LOG`), and its process once started (`proc`)."""
+
+    LOG: ClassVar[str]
+    dir: Path
+    proc: subprocess.Popen | None
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / self.LOG
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
 
 def spawn(

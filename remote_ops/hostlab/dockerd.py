@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._proc import LabError, alive, free_port, kill_tree, pids_with_arg, run, spawn, wait_for
+from ._proc import LabDaemon, LabError, alive, free_port, kill_tree, pids_with_arg, run, spawn, wait_for
 from .images import _file_lock, docker
 
 LAB_RANGE = "10.231.0.0/16"
@@ -44,8 +44,10 @@ SUBNET_DIR = Path(tempfile.gettempdir()) / "remote-ops-subnets"
 
 
 @dataclass
-class Dockerd:
+class Dockerd(LabDaemon):
     """A lab dockerd rooted at `dir` with bridge `bridge` on `subnet` (a /24)."""
+
+    LOG = "dockerd.log"
 
     dir: Path
     bridge: str
@@ -78,16 +80,8 @@ class Dockerd:
         return self.run_dir / "x"  # short: containerd's socket path must stay < 108 bytes
 
     @property
-    def log_file(self) -> Path:
-        return self.dir / "dockerd.log"
-
-    @property
     def bin_dir(self) -> Path:
         return self.dir / "bin"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def docker(
         self, *args: str, timeout: float = 120.0, check: bool = True, input: bytes | None = None
@@ -181,10 +175,6 @@ class Dockerd:
         hook = self.bin_dir / "nvidia-container-runtime-hook"
         hook.write_text(HOOK)
         hook.chmod(0o755)
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     # -- stop -----------------------------------------------------------------
     def stop(self, timeout: float = 30.0) -> None:

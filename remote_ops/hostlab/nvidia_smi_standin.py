@@ -131,6 +131,12 @@ def render(rows: list[dict], fields: list[str], fmt: set[str]) -> None:
         print(", ".join(values))
 
 
+def _fields(query: str, known) -> tuple[list[str], str | None]:
+    """A `--query-*=a,b` list's fields, and the first one not `known` (None: all known)."""
+    fields = query.split(",")
+    return fields, next((f for f in fields if f not in known), None)
+
+
 def nvidia_smi(argv: list[str]) -> int:
     state = load()
     if state.get("fail"):
@@ -156,10 +162,9 @@ def nvidia_smi(argv: list[str]) -> int:
         render([{**common, **g} for g in gpus], fields, fmt)
         return 0
     if "--query-compute-apps" in opts:
-        fields = opts["--query-compute-apps"].split(",")
-        bad = [f for f in fields if f not in APP_FIELDS]
+        fields, bad = _fields(opts["--query-compute-apps"], APP_FIELDS)
         if bad:
-            return invalid(bad[0])
+            return invalid(bad)
         by_index = {g["index"]: g for g in gpus}
         rows = []
         for p in state.get("processes", []):
@@ -179,10 +184,9 @@ def nvidia_smi(argv: list[str]) -> int:
         render(rows, fields, fmt)
         return 0
     if "--query-remapped-rows" in opts:
-        fields = opts["--query-remapped-rows"].split(",")
-        bad = [f for f in fields if f not in REMAP_FIELDS]
+        fields, bad = _fields(opts["--query-remapped-rows"], REMAP_FIELDS)
         if bad:
-            return invalid(bad[0])
+            return invalid(bad)
         render([{**common, **g} for g in gpus], fields, fmt)
         return 0
     print(f"STAND-IN nvidia-smi (remote_ops.hostlab): {len(gpus)} GPUs, driver {state['driver']}; no GPU here")

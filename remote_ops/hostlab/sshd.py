@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._proc import kill_tree, port_open, run, spawn, wait_for
+from ._proc import LabDaemon, kill_tree, port_open, run, spawn, wait_for
 
 SSHD = "/usr/sbin/sshd"
 #: sshd's compiled-in default PATH, with the lab's bin dir put first.
@@ -57,11 +57,13 @@ def make_key(path: Path, comment: str = "remote-ops-lab") -> KeyPair:
 
 
 @dataclass
-class SshdHost:
+class SshdHost(LabDaemon):
     """One sshd listening on `address:port`, configured from files under `dir`.
 
     `env` is exported to every SSH session through `SetEnv` (DOCKER_HOST, PATH).
     """
+
+    LOG = "sshd.log"
 
     name: str
     address: str
@@ -78,14 +80,6 @@ class SshdHost:
     @property
     def config_file(self) -> Path:
         return self.dir / "sshd_config"
-
-    @property
-    def log_file(self) -> Path:
-        return self.dir / "sshd.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def known_hosts_line(self) -> str:
         """The known_hosts line for this host (`[addr]:port` form when port != 22)."""
@@ -143,10 +137,6 @@ class SshdHost:
             self.stop()  # not yet known to the lab: nobody else would stop it
             raise
         return self
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
         """Kill the listener and every session under it (a host crash); idempotent."""

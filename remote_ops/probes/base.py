@@ -18,7 +18,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from ..core.extractplan import ExtractPaths
 
 #: What came back for one probe: its exit status and its output (stdout, stderr merged).
 Output = tuple[int, str]
@@ -55,6 +58,20 @@ class Probe(ABC, Generic[T]):
     def read(self, sections: Sections) -> T:
         """This probe's parsed answer in a round trip's sections."""
         return self.parse(*self.output(sections))
+
+
+class DumpDirProbe(Probe[T]):
+    """A probe of a host's dump dir, built from the dir as the inventory names it (`dump_dir`)."""
+
+    def __init__(self, dump_dir: str) -> None:
+        self.dump_dir = dump_dir
+
+
+class WorkDirProbe(Probe[T]):
+    """A probe of a client's work dir on the host, built from its paths (`paths`)."""
+
+    def __init__(self, paths: ExtractPaths) -> None:
+        self.paths = paths
 
 
 class Answers:

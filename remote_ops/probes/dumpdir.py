@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import shell
-from .base import Check, Probe
+from .base import Check, DumpDirProbe
 
 #: What `DumpDir.problem` names, as `details.reason` of a refusal and `data.cause` of a check.
 MISSING, NOT_A_DIR, NOT_WRITABLE = "dump_dir_missing", "dump_dir_not_a_directory", "dump_dir_not_writable"
@@ -55,13 +55,10 @@ class DumpDir:
         return None
 
 
-class DumpDirState(Probe[DumpDir]):
+class DumpDirState(DumpDirProbe[DumpDir]):
     """`dir=0|1`, `writable=0|1`, then `resolved=<realpath>` (empty when it does not resolve)."""
 
     name = "dump_dir"
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         d = shell.quote(self.dump_dir)

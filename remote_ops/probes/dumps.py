@@ -39,7 +39,7 @@ from typing import Any
 from ..core import hostpaths, shell
 from ..core.dumpcheck import MANIFEST, SOURCE_MARK
 from ..core.inventory import HostSpec
-from .base import Check, Output, Probe, Sections
+from .base import Check, DumpDirProbe, Output, Probe, Sections
 from .disk import existing_parent_df, parse_df_free
 
 
@@ -53,13 +53,10 @@ def real_dir_command(dump_dir: str) -> str:
     return f"cd -P -- {_dir(dump_dir)} 2>/dev/null || exit 3"
 
 
-class DumpDirResolved(Probe[str | None]):
+class DumpDirResolved(DumpDirProbe[str | None]):
     """The dump dir's real path on the host (`pwd -P` inside it), or None when there is none."""
 
     name = "real"
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         return f"{real_dir_command(self.dump_dir)}; pwd -P"
@@ -69,11 +66,8 @@ class DumpDirResolved(Probe[str | None]):
         return lines[-1] if status == 0 and lines and lines[-1].startswith("/") else None
 
 
-class DumpDirExists(Probe[bool]):
+class DumpDirExists(DumpDirProbe[bool]):
     name = "exists"
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         return f"test -d {_dir(self.dump_dir)}"
@@ -87,16 +81,13 @@ class DumpDirExists(Probe[bool]):
 Listing = tuple[dict[str, int], list[str], dict[str, str]]
 
 
-class DumpFiles(Probe[Listing]):
+class DumpFiles(DumpDirProbe[Listing]):
     """Every entry of the resolved dump dir that is a rank dir or in one and is not a directory,
     never followed: name NUL size NUL type NUL ... (any byte but NUL and / may be in a name, a
     newline too), base64 so the section framing holds."""
 
     name = "files"
     absent = (0, "")
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         return (
@@ -132,16 +123,13 @@ def parse_listing(text: str) -> Listing:
     return files, unsafe, irregular
 
 
-class DumpManifests(Probe[str]):
+class DumpManifests(DumpDirProbe[str]):
     """Every rank's manifest, each after a `SOURCE_MARK` line naming it (and a newline after it,
     so a torn last line never joins the next marker): torn lines can then be named by file and
     line.  The marker's control characters (a rank dir named `rankZ<newline>..`) show as `?`."""
 
     name = "manifest"
     absent = (0, "")
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         return (  # inside the resolved dir; a manifest (or its rank dir) that is a symlink is not read
@@ -155,13 +143,10 @@ class DumpManifests(Probe[str]):
         return text
 
 
-class DumpDirFree(Probe[int | None]):
+class DumpDirFree(DumpDirProbe[int | None]):
     """Bytes free on the dump dir's filesystem (`df -PB1`, its last line)."""
 
     name = "df"
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         return f"{real_dir_command(self.dump_dir)}; df -PB1 . | tail -n 1"
@@ -252,13 +237,10 @@ class DumpUse:
     free_bytes: int | None
 
 
-class DumpUsage(Probe[DumpUse]):
+class DumpUsage(DumpDirProbe[DumpUse]):
     """File count and bytes of finished dump files (temp files excluded), then free space."""
 
     name = "dumps"
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         # the dump dir resolved once (a symlinked dump dir: its target, `probes.dumpdir`); find never follows inside

@@ -22,16 +22,13 @@ from typing import Any
 
 from ..core import shell
 from ..core.extractplan import ExtractPaths, ExtractStatus
-from .base import Probe, Sections
+from .base import Probe, Sections, WorkDirProbe
 
 
-class ExtractAlive(Probe[bool]):
+class ExtractAlive(WorkDirProbe[bool]):
     """The recorded PID is alive and still runs our client (not a reused PID): exit 0."""
 
     name = "extraction"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         read_pid = shell.small_file_command(self.paths.file("client.pid"), PID_FILE_CAP)
@@ -50,11 +47,8 @@ PID_FILE_CAP = 64
 MISSING_CAP = 16 << 20
 
 
-class ClientPid(Probe[int | None]):
+class ClientPid(WorkDirProbe[int | None]):
     name = "pid"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         return f"{shell.small_file_command(self.paths.file('client.pid'), PID_FILE_CAP)}; echo"
@@ -98,13 +92,10 @@ class ClientLogSince(Probe[str]):
         return text
 
 
-class ClientCounts(Probe[dict[str, Any]]):
+class ClientCounts(WorkDirProbe[dict[str, Any]]):
     """The client's own count for the current dataset (`count`): done, total, dataset_id."""
 
     name = "counts"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         p = self.paths
@@ -118,13 +109,10 @@ class ClientCounts(Probe[dict[str, Any]]):
         return doc if isinstance(doc, dict) else {}
 
 
-class MissingSamples(Probe[list[Any]]):
+class MissingSamples(WorkDirProbe[list[Any]]):
     """`missing.jsonl`: the samples whose dumps never appeared, one JSON record a line."""
 
     name = "missing"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         return f"{shell.head_of_regular_file(self.paths.file('missing.jsonl'), MISSING_CAP)}; echo"
@@ -139,13 +127,10 @@ class MissingSamples(Probe[list[Any]]):
         return missing
 
 
-class ClientOutput(Probe[str]):
+class ClientOutput(WorkDirProbe[str]):
     """The last 20 lines of the client's stdout + stderr (`client.out`)."""
 
     name = "out"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         return f"tail -n 20 {shell.quote(self.paths.file('client.out'))}"
@@ -163,13 +148,10 @@ def parse_keys(text: str) -> set[str]:
     return {ln.strip() for ln in text.splitlines() if _KEY.fullmatch(ln.strip())}
 
 
-class DoneKeys(Probe[set[str]]):
+class DoneKeys(WorkDirProbe[set[str]]):
     """Every dump key with an `ok` line in the host's manifest (none without a manifest)."""
 
     name = "keys"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         p = self.paths

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 
 from ..core import dumpercost, sglanglog, shell
-from ..core.extractplan import ExtractPaths
 from ..core.inventory import HostSpec
 from ..engine import cli_for
-from .base import Probe
+from .base import DumpDirProbe, Probe, WorkDirProbe
 
 #: At most this many scheduler lines come back (the last ones of the window).
 MAX_LINES = 200_000
@@ -42,14 +41,11 @@ class SchedulerLines(Probe[list[sglanglog.SchedLine]]):
         return sglanglog.parse_lines(text)
 
 
-class DumperStats(Probe[dict[int, dumpercost.RankStats]]):
+class DumperStats(DumpDirProbe[dict[int, dumpercost.RankStats]]):
     """Every rank's stats.json under the dump dir, each after a `==> PATH` line."""
 
     name = "dumper_stats"
     absent = (0, "")
-
-    def __init__(self, dump_dir: str) -> None:
-        self.dump_dir = dump_dir
 
     def command(self) -> str:
         d = shell.quote(self.dump_dir.rstrip("/") or "/")
@@ -60,13 +56,10 @@ class DumperStats(Probe[dict[int, dumpercost.RankStats]]):
         return dumpercost.parse_stats(text)
 
 
-class RunStarted(Probe[str | None]):
+class RunStarted(WorkDirProbe[str | None]):
     """`started` of a client work dir's run.json (UTC, RFC 3339), or None."""
 
     name = "run_started"
-
-    def __init__(self, paths: ExtractPaths) -> None:
-        self.paths = paths
 
     def command(self) -> str:
         return shell.read_small_file(self.paths.file("run.json"))  # a regular file, at most 1 MiB

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 from ..core import shell
 from ..errors import CommandFailed, CommandTimedOut, tail
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: Called with (stream, line) for each output line while a command runs; stream is "stdout"/"stderr".
 LineSink = Callable[[str, str], None]
@@ -44,6 +47,15 @@ class RunResult:
         return self.exit_status == 0
 
 
+class RunOptions(TypedDict, total=False):
+    """The keyword options of `Remote.run` (`BaseRemote.run` spells them out with their defaults)."""
+
+    timeout: float | None  # seconds; None: the run's command deadline (`command_deadline`)
+    check: bool  # a non-zero exit raises CommandFailed (default True)
+    input: bytes | None  # sent to the command's stdin
+    on_line: LineSink | None  # called with each output line while the command runs
+
+
 @runtime_checkable
 class Remote(Protocol):
     """A connected host.  Commands are strings built by `remote_ops.core.shell` or argv lists."""
@@ -51,15 +63,7 @@ class Remote(Protocol):
     name: str
     target: Any
 
-    def run(
-        self,
-        command: str | shell.Argv,
-        *,
-        timeout: float | None = None,
-        check: bool = True,
-        input: bytes | None = None,
-        on_line: LineSink | None = None,
-    ) -> RunResult: ...
+    def run(self, command: str | shell.Argv, **options: Unpack[RunOptions]) -> RunResult: ...
 
     def put(self, local: str | Path | bytes, remote_path: str, *, mode: int | None = None) -> None: ...
 

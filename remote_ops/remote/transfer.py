@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from hashlib import _Hash
 
 from ..core import hostpaths
+from ..core.jsonable import fields_of
 from ..errors import CommandFailed, CommandTimedOut, NoSpace, Unreachable, VerifyFailed
 from .hostkeys import HostKeyPolicy
 from .sshconfig import SshTarget
@@ -167,17 +168,13 @@ class PullReport:
         return round(self.bytes / 1e6 / self.seconds, 1) if self.seconds else 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "files": self.files,
-            "fetched": self.fetched,
-            "skipped": self.skipped,
-            "resumed": self.resumed,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 3),
-            "mb_per_s": self.mb_per_s,
-            "failed": [{"file": f, "reason": r} for f, r in self.failed],
-            "unsafe": [{"file": f, "reason": r} for f, r in self.unsafe],
-        }
+        return fields_of(
+            self,
+            "files fetched skipped resumed bytes seconds mb_per_s failed unsafe",
+            seconds=round(self.seconds, 3),
+            failed=[{"file": f, "reason": r} for f, r in self.failed],
+            unsafe=[{"file": f, "reason": r} for f, r in self.unsafe],
+        )
 
 
 def is_complete(item: PullItem) -> bool:

@@ -248,13 +248,7 @@ def take(remote: Remote, host: HostSpec, what: str) -> str:
     if not taken.took:
         from ..errors import CommandFailed
 
-        raise CommandFailed(
-            f"lock: cannot create {host.lock_dir}",
-            host=host.name,
-            command=r.command,
-            exit_status=r.exit_status,
-            stderr_tail=r.stderr,
-        )
+        raise CommandFailed.of(f"lock: cannot create {host.lock_dir}", r, host.name)
     return token
 
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from ..core import anchors, jsonload, patchspec, shell, source as srcview
 from ..core.anchors import AnchorRefusal, PatchSpec
+from ..core.jsonable import fields_of
 from ..errors import CommandFailed, NotFound, Refused, UnsafeHostFile, UsageError, VerifyFailed, tail
 from ..probes.lock import parse_info
 from ..remote import LocalRemote, Remote, RunResult, command_deadline  # noqa: F401 (LocalRemote: re-exported)
@@ -185,17 +186,8 @@ class TargetFile:
         return self.path + BACKUP_SUFFIX
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "sha256": self.sha256,
-            "mode": self.mode,
-            "owner": self.owner,
-            "size": self.size,
-            "sglang_version": self.version,
-            "version_source": self.version_source,
-            "backup_sha256": self.backup_sha256,
-        }
+        names = "host path sha256 mode owner size sglang_version version_source backup_sha256"
+        return fields_of(self, names, sglang_version=self.version)
 
 
 def read_probe(target: PatchTarget, compile: bool = False, grep: str | None = None) -> str:
@@ -327,20 +319,12 @@ class CheckReport:
             )
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "sha256": self.sha256,
-            "sglang_version": self.sglang_version,
-            "version_source": self.version_source,
-            "version_validated": self.version_validated,
-            "forced": self.forced,
-            "state": self.state,
-            "ok": self.ok,
-            "refusal": self.refusal,
-            "anchors": [a.to_dict() for a in self.anchors],
-            "evidence": [e.to_dict() for e in self.evidence],
-        }
+        return fields_of(
+            self,
+            "host path sha256 sglang_version version_source version_validated forced state ok refusal",
+            anchors=[a.to_dict() for a in self.anchors],
+            evidence=[e.to_dict() for e in self.evidence],
+        )
 
 
 def _hint(reason: str) -> str | None:
@@ -456,17 +440,13 @@ class VerifyResult:
             )
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "sha256": self.sha256,
-            "status": self.status,
-            "ok": self.ok,
-            "compile_ok": self.compile_ok,
-            "compile_output": self.compile_output or None,
-            "report": self.report.to_dict(),
-            "evidence": [e.to_dict() for e in self.evidence],
-        }
+        return fields_of(
+            self,
+            "host path sha256 status ok compile_ok compile_output report evidence",
+            compile_output=self.compile_output or None,
+            report=self.report.to_dict(),
+            evidence=[e.to_dict() for e in self.evidence],
+        )
 
 
 def verify_bytes(
@@ -662,21 +642,13 @@ class ApplyResult:
     duration_s: float
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "action": self.action,
-            "sha_before": self.sha_before,
-            "sha_after": self.sha_after,
-            "pristine_sha256": self.pristine_sha256,
-            "backup_path": self.backup_path,
-            "backup_sha256": self.backup_sha256,
-            "diff": self.diff,
-            "round_trips": self.round_trips,
-            "duration_s": round(self.duration_s, 3),
-            "check": self.check.to_dict(),
-            "verify": self.verify.to_dict() if self.verify else None,
-        }
+        return fields_of(
+            self,
+            "host path action sha_before sha_after pristine_sha256 backup_path backup_sha256 diff round_trips",
+            duration_s=round(self.duration_s, 3),
+            check=self.check.to_dict(),
+            verify=self.verify.to_dict() if self.verify else None,
+        )
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -902,17 +874,8 @@ class StatusResult:
     report: Any
 
     def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "path": self.path,
-            "status": self.status,
-            "sha256": self.sha256,
-            "pristine_sha256": self.pristine_sha256,
-            "sglang_version": self.sglang_version,
-            "backup_sha256": self.backup_sha256,
-            "spec_hash": self.spec_hash,
-            "report": self.report.to_dict(),
-        }
+        names = "host path status sha256 pristine_sha256 sglang_version backup_sha256 spec_hash"
+        return fields_of(self, names, report=self.report.to_dict())
 
 
 def status(remote: Remote, target) -> StatusResult:

@@ -40,12 +40,9 @@ def app_options(fn):
         envvar="REMOTE_OPS_INVENTORY",
         help="inventory file or directory [env REMOTE_OPS_INVENTORY] (else ./inventory, else ~/.config/remote-ops/inventory)",
     )
-    @click.option(
+    @path_option(
         "--ssh-config",
         "ssh_config",
-        type=PathOption("file"),
-        default=None,
-        metavar="PATH",
         help="ssh_config file to use (default ~/.ssh/config if present; a missing one: exit 2)",
     )
     @choice_option(
@@ -210,6 +207,16 @@ def wait_option(help: str, default: float | None = None, metavar: str | None = "
 def choice_option(*decls: str, choices: list[str], default: str, help: str):
     """One of `choices`, `default` shown in --help."""
     return click.option(*decls, type=click.Choice(choices), default=default, show_default=True, help=help)
+
+
+def path_option(
+    *decls: str, help: str, want: str = "file", host_ok: bool = False, required: bool = False, metavar: str = "PATH"
+):
+    """A path under the one rule (`PathOption`: local, or `host:PATH` where `host_ok`), None when
+    not given; checked while the command line is parsed."""
+    return click.option(
+        *decls, type=PathOption(want, host_ok=host_ok), required=required, default=None, metavar=metavar, help=help
+    )
 
 
 def seconds_option(*decls: str, help: str, metavar: str | None = None):

@@ -52,6 +52,10 @@ def container_group() -> None:
     """Start, stop, restart or show the SGLang container (built by `deploy`)."""
 
 
+#: `stop` and `restart`: how long the container has between SIGTERM and SIGKILL
+_grace_option = click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
+
+
 def _lifecycle(app, hosts, forks: int, action: str, grace: int, dry_run: bool, diff: bool) -> int:
     return run_on_hosts(
         app, hosts, lambda spec: (0, _lifecycle_one(app, spec, action, grace, dry_run, diff)), _show, forks=forks
@@ -117,7 +121,7 @@ def start_cmd(app, hosts, forks, dry_run: bool, diff: bool) -> int:
 
 
 @container_group.command("stop")
-@click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
+@_grace_option
 @lifecycle_options
 @hosts_command
 def stop_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int:
@@ -126,7 +130,7 @@ def stop_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int:
 
 
 @container_group.command("restart")
-@click.option("--grace", type=int, default=30, show_default=True, help="seconds before SIGKILL")
+@_grace_option
 @lifecycle_options
 @hosts_command
 def restart_cmd(app, hosts, forks, grace: int, dry_run: bool, diff: bool) -> int:

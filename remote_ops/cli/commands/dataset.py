@@ -10,7 +10,7 @@ import click
 from ...errors import ConfigError, ExitCode
 from ...onhost import dataset as ds
 from ._fleet import run_on_hosts
-from ._options import PathOption, app_options, host_option, hosts_command, server_url_option, wait_option
+from ._options import PathOption, app_options, host_option, hosts_command, path_option, server_url_option, wait_option
 
 
 @click.group("dataset")
@@ -136,12 +136,10 @@ def _prepare_on_host(app, source, output, tokenizer, max_length, overflow, trust
 
 
 @dataset_group.command("regenerate")
-@click.option(
+@path_option(
     "--dataset",
     "source",
     required=True,
-    type=PathOption("file"),
-    metavar="PATH",
     help="local chat JSONL (OpenAI messages or ShareGPT conversations); a group splits it",
 )
 @click.option(

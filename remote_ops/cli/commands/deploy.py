@@ -9,7 +9,7 @@ import click
 
 from ...errors import Refused
 from ._fleet import run_on_hosts
-from ._options import hosts_command
+from ._options import hosts_command, seconds_option
 
 if TYPE_CHECKING:
     from ...workflows.deploy import DeployResult
@@ -25,12 +25,7 @@ BUILD_TIMEOUT_S = 3600.0
 @click.option("--diff", "show_diff", is_flag=True, help="print the diffs (implied by --dry-run)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before changing the host")
 @click.option("--why", default="deploy", show_default=True, help="reason stored in the lock and audit log")
-@click.option(
-    "--healthy-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)",
-)
+@seconds_option("--healthy-timeout", help="seconds to wait for healthy (default: inventory server.healthy_timeout_s)")
 @click.option(
     "--build-timeout",
     type=click.FloatRange(min=0, min_open=True),

@@ -18,7 +18,7 @@ from ...core import extractplan
 from ...errors import CommandTimedOut, Refused, UsageError
 from ...workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
-from ._options import PathOption, hosts_command, server_url_option, wait_option
+from ._options import hosts_command, path_option, server_url_option, wait_option
 from .logs import _render_extraction
 
 
@@ -93,11 +93,10 @@ class _StartCommand(click.Command):
 
 
 @extract_group.command("start", cls=_StartCommand)
-@click.option(
+@path_option(
     "--dataset",
     required=True,
-    metavar="PATH",
-    type=PathOption("file", host_ok=True),
+    host_ok=True,
     help="local JSONL file (checked, uploaded; split across the hosts of a group), or host:PATH for a "
     "file already on the host (one host)",
 )

