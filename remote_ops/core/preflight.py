@@ -48,10 +48,10 @@ OVERFIT_ACC = 0.9
 MAX_LINES_READ = 10_000
 
 #: The share of the K draft tokens a pass needs accepted: threshold = 1 + FRACTION * K.
-#: Measured in the lab (the learned tiny Llama on vLLM 0.32.0, K = 3, 4 samples overfit:
-#: docs/drafter.md, "Pre-flight"): the audited drafter reached an acceptance length of
-#: 3.5-3.8 (3.78 at 30 epochs), the drafter served one aux layer off 1.0-1.3.  2/3 of
-#: the block (2.0 at K = 3) sits between the two with a wide margin on both sides.
+#: NOT yet confirmed by a pass in the lab (docs/drafter.md, "Pre-flight", has the figures):
+#: on the learned tiny Llama (vLLM 0.32.0, K = 3) a drafter overfit to 2 samples (SpecForge's
+#: acc_0 1.0) reached 2.625, held down by a prompt whose served continuation parted from the
+#: taught reply (transformers' fp32 reply vs vLLM's bf16 greedy); an underfit one (acc_0 ~0.43) 1.42.
 FRACTION = 2 / 3
 
 
@@ -311,14 +311,16 @@ def judge(
             f"; on {len(parted)} of {len(matches)} prompts the served continuation parted from the reply the "
             f"drafter was taught (after {min(parted)} tokens at the earliest)"
         )
-    if len(parted) * 2 > len(matches):
+    replies = bool(parted) and len(parted) * 2 >= len(matches)
+    underfit = acc0 is not None and acc0 < OVERFIT_ACC
+    if replies:
         v.reason += ": are the samples the target's own greedy replies (`dataset regenerate --temperature 0`)?"
-    elif acc0 is not None and acc0 < OVERFIT_ACC:
+    if underfit:
         v.reason += (
             f"; the drafter did not learn its samples by heart (SpecForge's last acc_0 {acc0:.2f} < {OVERFIT_ACC}): "
             "more --epochs (or --samples fewer)"
         )
-    else:
+    if not replies and not underfit:
         v.reason += (
             "; the drafter was taught these replies, so what it was taught (the capture) is not what the "
             "engine serves it with: check the aux layer ids and the final states"
