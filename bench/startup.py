@@ -9,7 +9,8 @@ runs as an installed package does: bytecode compiled).
   remote-ops --help
   remote-ops hosts                     this environment's inventory (or the lab's)
   remote-ops health --host H           H = --host (e.g. the deployed sandbox), else one lab host
-                                       started here (a real sshd on loopback, 0 ms RTT)
+                                       started here (a real sshd on loopback, 0 ms RTT); none
+                                       with --no-health (a machine without sshd)
 
 With --rtt-ms R (and --host, a deployed host with a plain address), a delay
 proxy (`remote_ops.hostlab.delay`) at R ms round trip is put in front of the
@@ -132,9 +133,9 @@ def variants(env: dict, before: str | None, denv: dict | None) -> list[tuple[str
     return out
 
 
-def cli_rows(py: str, host: str, ways: list[tuple[str, dict, str]], health_ok: tuple[int, ...]) -> list[Row]:
-    """`--help`, `hosts`, `health --host HOST`, each way it runs."""
-    commands = [(["--help"], (0,)), (["hosts"], (0,)), (["health", "--host", host], health_ok)]
+def cli_rows(py: str, host: str | None, ways: list[tuple[str, dict, str]], health_ok: tuple[int, ...]) -> list[Row]:
+    """`--help`, `hosts`, `health --host HOST` (none without a host: `--no-health`), each way it runs."""
+    commands = [(["--help"], (0,)), (["hosts"], (0,))] + ([(["health", "--host", host], health_ok)] if host else [])
     return [
         Row(f"{label}remote-ops {' '.join(c)}", [py, "-m", "remote_ops", *c], env, cwd, ok=ok)
         for c, ok in commands
@@ -238,15 +239,16 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=None, help="also time deploy/health/ssh through a delay proxy")
     ap.add_argument("--before", default=None, help="a tree (holding remote_ops/) timed interleaved with this one")
     ap.add_argument("--daemon", action="store_true", help="also time each row handed to a warm fork server")
+    ap.add_argument("--no-health", action="store_true", help="no health rows, so no lab host (a machine without sshd)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.rtt_ms is not None and not args.host:
-        ap.error("--rtt-ms needs --host (a deployed host)")
+    if args.rtt_ms is not None and (args.no_health or not args.host):
+        ap.error("--rtt-ms needs --host (a deployed host), and not --no-health")
     if args.before:
         _compile(Path(args.before))
     py, env = sys.executable, {**as_installed_env(), "REMOTE_OPS_DAEMON": "0"}  # never a fork server
     with contextlib.ExitStack() as stack:
-        host = args.host or _lab_host(stack, env)
+        host = None if args.no_health else (args.host or _lab_host(stack, env))
         denv = stack.enter_context(_server(py, env) if args.daemon else _no_server())
         ways = variants(env, args.before, denv)
         health_ok = (0, 11) if args.host else (0, 11, 12)  # a bare lab host has no container: health fails
