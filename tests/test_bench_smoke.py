@@ -130,6 +130,21 @@ def test_startup_times_the_cli_and_health_on_a_lab_host(lab, tmp_path):
     assert all(r["wall_s"] > 0 for r in rows.values())
 
 
+def test_startup_without_health_times_the_cli_in_process_and_through_a_fork_server(tmp_path):
+    """`--no-health` needs no lab host; `--daemon` adds each row handed to a warm fork server."""
+    out = tmp_path / "startup.json"
+    run_bench("startup.py", "--no-health", "--daemon", "--repeat", "1", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {
+        "python -c pass",
+        "remote-ops --help",
+        "remote-ops hosts",
+        "daemon: remote-ops --help",
+        "daemon: remote-ops hosts",
+    }
+    assert all(r["wall_s"] > 0 for r in rows.values())
+
+
 def test_health_fanout_checks_two_lab_hosts(lab, tmp_path):
     out = tmp_path / "health.json"
     run_bench("health_fanout.py", "--hosts", "2", "--repeat", "1", "--json", str(out))
