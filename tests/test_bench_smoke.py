@@ -41,6 +41,7 @@ SMOKED = {
     "vllm_extract.py": "test_vllm_real.py::test_vllm_extract_bench_runs_one_tiny_round",  # scripts/test-vllm only
     "specforge_gpu.py": "test_specforge_gpu_renders_train_starts_run_yaml_and_reads_a_captured_log",
     "compress.py": "test_compact.py::test_compress_bench_runs_on_tiny_inputs",
+    "drafter_quality.py": "test_drafter_quality_derives_the_planted_faults_and_reads_vllms_counters",
 }
 
 
@@ -222,3 +223,52 @@ def test_specforge_gpu_renders_train_starts_run_yaml_and_reads_a_captured_log(tm
     out = run_bench("specforge_gpu.py", "parse", "--log", str(REPO / "tests/data/logs/specforge_0_2_0_cpu_eval.log"))
     parsed = json.loads(out.stdout)
     assert parsed["step"] and parsed["acc"] and parsed["eval_simulated_acc_len"] is not None
+
+
+def test_drafter_quality_derives_the_planted_faults_and_reads_vllms_counters(tmp_path, monkeypatch):
+    """The controls made from (a) and (b)'s hidden states on tiny samples; vLLM's counters to an
+    acceptance length; the per-variant summary and table (pack, train and count need the sandbox,
+    the GPU machine and vLLM: bench/README.md)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("DRAFTER_QUALITY_WORK", str(tmp_path))
+    sys.path.insert(0, str(BENCH))
+    import importlib
+
+    dq = importlib.reload(importlib.import_module("drafter_quality"))
+    h = 128  # the learned target's hidden size: its lm_head judges (b)
+    for i in range(2):
+        rows = tmp_path / "a" / "rows_0-2000"
+        rows.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "bh" / "rows_0-2000").mkdir(parents=True, exist_ok=True)
+        rec = {
+            "input_ids": torch.arange(5),
+            "loss_mask": torch.tensor([0, 0, 1, 1, 1]),
+            "hidden_state": torch.randn(1, 5, h).to(torch.bfloat16),
+            "aux_hidden_state": torch.randn(1, 5, 3 * h).to(torch.bfloat16),
+        }
+        torch.save(rec, rows / f"data_{i}.ckpt")
+        torch.save(
+            {"hidden_state": torch.randn(1, 5, h).to(torch.bfloat16)}, tmp_path / "bh/rows_0-2000" / f"data_{i}.ckpt"
+        )
+    faults = dq.derive(REPO / "docker/vllm/learned-target")
+    assert faults["b"]["positions"] == 6 and 0 <= faults["b"]["share"] <= 1
+    a = torch.load(tmp_path / "a/rows_0-2000/data_0.ckpt", weights_only=True)
+    pre = torch.load(tmp_path / "bh/rows_0-2000/data_0.ckpt", weights_only=True)["hidden_state"]
+    b, c, d = (torch.load(tmp_path / k / "rows_0-2000/data_0.ckpt", weights_only=True) for k in "bcd")
+    assert torch.equal(b["hidden_state"], pre) and torch.equal(b["aux_hidden_state"], a["aux_hidden_state"])
+    assert torch.equal(c["aux_hidden_state"][..., : 2 * h], a["aux_hidden_state"][..., h:])
+    assert torch.equal(c["aux_hidden_state"][..., 2 * h :], pre) and torch.equal(c["hidden_state"], a["hidden_state"])
+    assert not d["aux_hidden_state"][..., 2 * h :].any()
+    assert torch.equal(d["aux_hidden_state"][..., : 2 * h], a["aux_hidden_state"][..., : 2 * h])
+    doc = {
+        "before": {"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 5,
+                   "vllm:spec_decode_num_accepted_tokens_per_pos": [3, 2, 0]},
+        "after": {"vllm:spec_decode_num_drafts": 110, "vllm:spec_decode_num_accepted_tokens": 155,
+                  "vllm:spec_decode_num_accepted_tokens_per_pos": [73, 52, 30]},
+    }  # fmt: skip
+    got = dq.acceptance(doc)
+    assert got["acceptance_length"] == 2.5 and got["per_position"] == [0.7, 0.5, 0.3]
+    runs = {f"a-s{s}": {"variant": "a", "acc_0": 0.5 + s / 10, "acceptance_length": 2 + s / 10} for s in (1, 2, 3)}
+    summary = dq.summary(runs)
+    assert summary["audited"]["acceptance_length"] == {"median": 2.2, "min": 2.1, "max": 2.3}
+    assert "| (a) audited |" in dq.table({"summary": summary, "faults": faults})
