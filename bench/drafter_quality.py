@@ -163,8 +163,9 @@ def unpack(a: argparse.Namespace) -> int:
     return 0
 
 
-def derive(model_dir: Path) -> dict:
-    """The variants' dirs under WORK from (a) and (b)'s hidden states; what each fault changes."""
+def derive(model_dir: Path, samples: int = 0) -> dict:
+    """The variants' dirs from (a) and (b)'s hidden states (the first `samples` files when > 0, in
+    their own dir `n<samples>/`); what each fault changes."""
     import torch
     from safetensors import safe_open
 
@@ -173,17 +174,21 @@ def derive(model_dir: Path) -> dict:
         lm_head = f.get_tensor("lm_head.weight").float()
     changed = positions = 0
     rel_c, rel_d = [], []
-    for src in sorted((WORK / "a").rglob("*.ckpt")):
+    root = data_root(samples)
+    files = sorted((WORK / "a").rglob("*.ckpt"))
+    for src in files[:samples] if samples else files:
         rel = src.relative_to(WORK / "a")
         rec = torch.load(src, weights_only=True)
         pre = torch.load(WORK / "bh" / rel, weights_only=True)["hidden_state"]
         ch, n = argmax_changed(pre, rec, lm_head)
         changed, positions = changed + ch, positions + n
         made = {"b": dict(rec, hidden_state=pre), "c": layer_late(rec, pre), "d": last_missing(rec)}
+        if samples:
+            made["a"] = rec
         rel_c.append(relative_change(rec["aux_hidden_state"], made["c"]["aux_hidden_state"]))
         rel_d.append(relative_change(rec["aux_hidden_state"], made["d"]["aux_hidden_state"]))
         for key, out in made.items():
-            dest = WORK / key / rel
+            dest = root / key / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             torch.save(out, dest)
     return {
@@ -195,6 +200,25 @@ def derive(model_dir: Path) -> dict:
         "c": {"aux_relative_change_mean": round(statistics.fmean(rel_c), 4)},
         "d": {"aux_relative_change_mean": round(statistics.fmean(rel_d), 4)},
     }
+
+
+def data_root(samples: int) -> Path:
+    return WORK / f"n{samples}" if samples else WORK
+
+
+# The CPU form of run.yaml, as workflows/train.py's run_yaml renders it for a host whose containers
+# get no GPU (tests/test_bench_smoke.py checks the two agree); the env as its real_commands set it.
+CPU_TRAINING = {"fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa"}
+CPU_ENV = {"SPECFORGE_DEVICE": "cpu", "TORCHDYNAMO_DISABLE": "1"}
+
+
+def for_device(doc: dict, device: str) -> dict:
+    """run.yaml (rendered for CUDA by `pack`) for `device` (pure)."""
+    doc = json.loads(json.dumps(doc))
+    if device == "cpu":
+        doc["training"].update(CPU_TRAINING)
+        doc["data"]["dataloader_num_workers"] = 0
+    return doc
 
 
 def acc0_tail(log: str) -> float | None:
@@ -212,8 +236,9 @@ def train_all(a: argparse.Namespace) -> int:
 
     model = ROOT / "docker/vllm/learned-target"
     entry = ROOT / "docker/train/remote_ops_train.py"
-    faults = derive(model)
-    base = json.loads((META / "run.yaml").read_text())
+    faults = derive(model, a.samples)
+    base = for_device(json.loads((META / "run.yaml").read_text()), a.device)
+    root = data_root(a.samples)
     jobs = [(k, int(s)) for s in a.seeds.split(",") for k in a.variants.split(",")]
     running: list[tuple[str, subprocess.Popen, Path, float]] = []
     done: dict[str, dict] = {}
@@ -227,14 +252,14 @@ def train_all(a: argparse.Namespace) -> int:
         here.mkdir(parents=True)
         doc = json.loads(json.dumps(base))
         doc["model"].update(target_model_path=str(model), draft_model_config=str(META / "draft_config.json"))
-        doc["data"]["hidden_states_path"] = str(WORK / key)
+        doc["data"]["hidden_states_path"] = str(root / key)
         doc["output_dir"], doc["run_id"] = str(here / "out"), run_id
         doc["training"]["seed"] = seed
         port += 1
         doc["deployment"]["trainer"]["master_port"] = port
         (here / "run.yaml").write_text(json.dumps(doc, indent=1))
         log = open(here / "train.log", "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(CPU_ENV if a.device == "cpu" else {})}
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)  # SpecForge then picks a free rendezvous port per process
         p = subprocess.Popen([sys.executable, str(entry), "train", "--config", str(here / "run.yaml")], stdout=log,
@@ -278,8 +303,41 @@ def train_all(a: argparse.Namespace) -> int:
             d = WORK / "runs" / run_id / "drafter"
             if d.is_dir():
                 t.add(d, arcname=run_id)
-    (out / "train.json").write_text(json.dumps({"faults": faults, "drafters": done, "run_yaml": base}, indent=1))
+    doc = {"faults": faults, "drafters": done, "run_yaml": base, "device": a.device, "samples": a.samples or None}
+    (out / "train.json").write_text(json.dumps(doc, indent=1))
     return 0 if all(r.get("export_rc") == 0 for r in done.values()) else 1
+
+
+def sandbox_socket() -> Path:
+    from remote_ops.hostlab.dockerd import Dockerd
+    from remote_ops.paths import sandbox_dir
+
+    d = json.loads((sandbox_dir() / "lab" / "lab.json").read_text())["dockerd"]
+    return Dockerd(Path(d["dir"]), bridge=d["bridge"], subnet=d["subnet"]).socket
+
+
+def train_cpu(a: argparse.Namespace) -> int:
+    """`train --device cpu` inside the sandbox's SpecForge CPU image (its CPU shim for the Triton
+    loss), on this machine: the chunks unpacked here into --work, the repository read-only."""
+    from remote_ops.hostlab import images, train as labtrain
+    from remote_ops.workflows import train as wtrain
+
+    work = Path(a.work).resolve()
+    if not (work / "a").is_dir():
+        for chunk in sorted(DEVDATA.glob("chunk-*.tar.xz")):
+            with tarfile.open(chunk) as t:
+                t.extractall(work, filter="data")
+    socket = sandbox_socket()
+    labtrain.train_image(socket)
+    argv = ["run", "--rm", "--pull=never", "--network", "none", "--shm-size", "1g", "-v", f"{ROOT}:/repo:ro",
+            "-v", f"{work}:/work", "-e", "DRAFTER_QUALITY_WORK=/work", "--entrypoint", "python3",
+            wtrain.CPU_BASE_IMAGE, "/repo/bench/drafter_quality.py", "train", "--device", "cpu",
+            "--samples", str(a.samples), "--seeds", a.seeds, "--variants", a.variants, "--parallel", "1",
+            "--timeout", str(a.timeout), "--out", "/work/out-cpu"]  # fmt: skip
+    p = images.docker(socket, *argv, timeout=a.timeout + 900, check=False)
+    err = p.stderr if isinstance(p.stderr, str) else p.stderr.decode()
+    print(err[-4000:], file=sys.stderr)
+    return p.returncode
 
 
 # -- count (here, the real vLLM) --------------------------------------------------------------
@@ -347,12 +405,13 @@ def count(a: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from remote_ops.hostlab import vllm as labvllm
-    from remote_ops.paths import sandbox_dir
 
     drafters = Path(a.drafters).resolve()
-    result = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    out_file = Path(a.result)
+    result = json.loads(out_file.read_text()) if out_file.exists() else {}
     train_doc = json.loads((drafters / "train.json").read_text())
-    result.update(faults=train_doc["faults"], run_yaml=train_doc["run_yaml"])
+    result.update(faults=train_doc["faults"], run_yaml=train_doc["run_yaml"], device=train_doc.get("device", "cuda"),
+                  samples=train_doc.get("samples"))  # fmt: skip
     result.setdefault("drafters", {})
     for run_id, rec in train_doc["drafters"].items():
         result["drafters"].setdefault(run_id, {}).update(rec, variant=run_id.split("-")[0],
@@ -366,10 +425,7 @@ def count(a: argparse.Namespace) -> int:
     (tree / "prompts.jsonl").write_text(
         "".join(json.dumps({"input_ids": tok(t, add_special_tokens=False)["input_ids"]}) + "\n" for t in held)
     )
-    from remote_ops.hostlab.dockerd import Dockerd
-
-    d = json.loads((sandbox_dir() / "lab" / "lab.json").read_text())["dockerd"]
-    socket = Dockerd(Path(d["dir"]), bridge=d["bridge"], subnet=d["subnet"]).socket
+    socket = sandbox_socket()
     labvllm.vllm_image(socket)
     (tree / "count.py").write_text(COUNT_SCRIPT)
 
@@ -395,12 +451,12 @@ def count(a: argparse.Namespace) -> int:
         rec.update(acceptance(doc), wall_s=round(doc["wall_s"], 1))
         rec["outputs_equal"] = sum(x == y for x, y in zip(doc["outputs"], result["baseline_outputs"]))
         result["summary"] = summary(result["drafters"])
-        RESULT.write_text(json.dumps(result, indent=1) + "\n")
+        out_file.write_text(json.dumps(result, indent=1) + "\n")
         print(f"{run_id}: acc_0 {rec.get('acc_0')}, acceptance length {rec.get('acceptance_length')}", file=sys.stderr)
     result["summary"] = summary(result["drafters"])
     result["setup"] = {"prompts": str(a.prompts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
                        "num_speculative_tokens": 3}  # fmt: skip
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    out_file.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     return 0
 
@@ -465,16 +521,26 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--parallel", type=int, default=12)
     t.add_argument("--timeout", type=float, default=540)
     t.add_argument("--out", required=True)
+    t.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    t.add_argument("--samples", type=int, default=0, help="the first N samples only (0: all)")
+    tc = sub.add_parser("train-cpu")
+    tc.add_argument("--work", default="/tmp/dq-cpu")
+    tc.add_argument("--samples", type=int, default=200)
+    tc.add_argument("--seeds", default="1,2,3")
+    tc.add_argument("--variants", default="a,b,c,d")
+    tc.add_argument("--timeout", type=float, default=5400)
     c = sub.add_parser("count")
     c.add_argument("--drafters", required=True)
     c.add_argument("--prompts", default=str(Path.home() / ".local/state/remote-ops/sandbox/demo-vllm/heldout.jsonl"))
     c.add_argument("--max-new-tokens", type=int, default=96)
-    sub.add_parser("table")
+    c.add_argument("--result", default=str(RESULT))
+    tb = sub.add_parser("table")
+    tb.add_argument("--result", default=str(RESULT))
     a = ap.parse_args(argv)
     if a.cmd == "table":
-        print(table(json.loads(RESULT.read_text())))
+        print(table(json.loads(Path(a.result).read_text())))
         return 0
-    return {"pack": pack, "unpack": unpack, "train": train_all, "count": count}[a.cmd](a)
+    return {"pack": pack, "unpack": unpack, "train": train_all, "train-cpu": train_cpu, "count": count}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -272,3 +272,12 @@ def test_drafter_quality_derives_the_planted_faults_and_reads_vllms_counters(tmp
     summary = dq.summary(runs)
     assert summary["audited"]["acceptance_length"] == {"median": 2.2, "min": 2.1, "max": 2.3}
     assert "| (a) audited |" in dq.table({"summary": summary, "faults": faults})
+    # the CPU form of run.yaml is the one `train start` renders where containers get no GPU
+    from types import SimpleNamespace
+
+    from remote_ops.workflows import train
+
+    plans = [train.RunPlan("q", 2, "/d", "/o", 1, "c.json", device=dev, samples=4) for dev in ("cuda", "cpu")]
+    spec = SimpleNamespace(model=SimpleNamespace(path="/t"))
+    cuda, cpu = (json.loads(train.run_yaml(spec, None, plan)) for plan in plans)
+    assert dq.for_device(cuda, "cpu") == cpu and dq.for_device(cuda, "cuda") == cuda
