@@ -31,6 +31,7 @@ main process only.  The last stdout line is the JSON report (lists capped at `LI
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -51,33 +52,15 @@ CHUNK = 16 << 20
 CRASH_POINTS = ("packed", "renamed", "appended", "removed")
 
 
-def _codec():
-    """The packed-dump codec: bundled before this program (`rops_packed`), else the repository's
-    `remote_ops/dumper/packed.py` beside this file's folder."""
-    mod = sys.modules.get("rops_packed")
-    here = globals().get("__file__")
-    if mod is None and here and os.path.isfile(here):
-        import importlib.util
-
-        path = os.path.join(os.path.dirname(os.path.abspath(here)), "..", "dumper", "packed.py")
-        spec = importlib.util.spec_from_file_location("rops_packed", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["rops_packed"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-packed = _codec()
+packed = sys.modules.get("rops_packed")  # the packed-dump codec, bundled before this program (onhost.with_codec)
 
 
 def fsync_dir(path):
+    """fsync a directory so a rename inside it survives a crash (best effort on odd filesystems)."""
     fd = os.open(path, os.O_RDONLY)
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def sha256_of(path):
@@ -107,14 +90,11 @@ def latest(manifest_path):
 
 
 def append_line(manifest_path, rec, fsync=True):
-    line = (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(manifest_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line)
+    """One JSON line in one write to the manifest (opened O_APPEND, unbuffered)."""
+    with open(manifest_path, "ab", buffering=0) as f:
+        f.write((json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8"))
         if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+            os.fsync(f.fileno())
 
 
 def identity(path):

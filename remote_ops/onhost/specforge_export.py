@@ -78,23 +78,7 @@ class ExportError(Exception):
 PACKED_SUFFIX = ".hsz"
 
 
-def _codec():
-    """The packed-dump codec (`remote_ops/dumper/packed.py`): bundled before this program
-    (`rops_packed`), else the repository's beside this file's folder; None if neither."""
-    mod = sys.modules.get("rops_packed")
-    here = globals().get("__file__")
-    path = os.path.join(os.path.dirname(os.path.abspath(here)), "..", "dumper", "packed.py") if here else None
-    if mod is None and path and os.path.isfile(path):
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("rops_packed", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["rops_packed"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-packed = _codec()
+packed = sys.modules.get("rops_packed")  # the packed-dump codec, bundled before this program (onhost.with_codec)
 
 
 def open_source(path):

@@ -54,6 +54,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from .. import __version__
 from ..core import shell, specforge_run as sfr
@@ -181,31 +182,15 @@ def real_plan(
     nproc: int,
     *,
     base_image: str | None = None,
-    eval_data: str | None = None,
-    log_interval: int = 10,
-    save_interval: int = 0,
-    learning_rate: float = 1e-4,
-    seed: int = 42,
-    batch_size: int = 1,
+    **options: Any,
 ) -> RunPlan:
+    """The plan for this host: its device (cpu where containers get no GPU: one process, the CPU
+    image), the base image; `options` are RunPlan's own fields (eval_data, log_interval,
+    save_interval, learning_rate, seed, batch_size)."""
     device = device_for(spec)
     base = base_image or (CPU_BASE_IMAGE if device == "cpu" else GPU_BASE_IMAGE)
-    return RunPlan(
-        run_id,
-        epochs,
-        p.data,
-        p.output,
-        1 if device == "cpu" else nproc,
-        draft_config,
-        device=device,
-        base_image=base,
-        eval_data=eval_data,
-        log_interval=log_interval,
-        save_interval=save_interval,
-        learning_rate=learning_rate,
-        seed=seed,
-        batch_size=batch_size,
-    )
+    nproc = 1 if device == "cpu" else nproc
+    return RunPlan(run_id, epochs, p.data, p.output, nproc, draft_config, device=device, base_image=base, **options)
 
 
 def count_command(data: str) -> str:
