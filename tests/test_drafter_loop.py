@@ -32,16 +32,20 @@ from test_train_real import _require_images, draft_config
 pytestmark = [pytest.mark.loop, pytest.mark.slow]
 
 HOST = "loophost"
-CHATS = 24
+CHATS = 4
 REPLY = 64  # tokens the target writes per chat (greedy)
-EPOCHS = 12
+EPOCHS = 100  # 400 steps: both drafters fit their 4 samples (acc_0 0.25 after 12 epochs of 24)
 SEED = 1
-BENCH = 8  # of the chats' prompts, benched with their own continuation
+BENCH = CHATS  # the chats' own prompts, benched with their own continuation
 # What the audited drafter must reach, and by how much it must beat the planted fault (acceptance
-# length = 1 + accepted / drafts, at most 4 with 3 draft tokens).  Measured 2026-12-04 (see the
-# module's print): the margins leave room for seed and machine noise.
-MIN_ACCEPTANCE = 2.0
-MIN_MARGIN = 0.4
+# length = 1 + accepted / drafts, at most 4 with 3 draft tokens).  Measured 2026-12-04 on the
+# 2-core VM: audited 3.47 (per position 0.89, 0.81, 0.77), pre-norm 1.86 (0.49, 0.23, 0.13), with
+# SpecForge's acc_0 0.94 and 0.98: both drafters fit their samples, and the trainer's own accuracy
+# cannot see the fault.  Loop 372 s (deploy 43, regenerate + extract 7, audit + export 3, each
+# train + export 58-71, each spec deploy + bench 44, deploy back 43).
+MIN_ACCEPTANCE = 3.0
+MIN_MARGIN = 1.0
+MIN_FIT_ACC0 = 0.8  # both drafters learned what they were taught
 
 
 def cli(env, *args, timeout=1800):
@@ -158,5 +162,6 @@ def test_a_drafter_from_the_audited_data_gets_through_vllm_and_the_planted_fault
     lap("deploy back")
     print(f"\n[loop] {json.dumps({'result': result, 'seconds': times})}")
     a, b = result["a"]["acceptance_length"], result["b"]["acceptance_length"]
+    assert min(result["a"]["acc_0"], result["b"]["acc_0"]) >= MIN_FIT_ACC0, result
     assert a >= MIN_ACCEPTANCE, result
     assert a - b >= MIN_MARGIN, result
