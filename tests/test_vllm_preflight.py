@@ -3,9 +3,10 @@ and the REAL SpecForge 0.2.0 on the CPU (its training image), the whole chain th
 deploy into the pre-flight's own dump dir -> extract -> dumps export -> train (overfit) -> train export
 -> spec deploy (eagle3, 3 draft tokens) -> spec bench on the samples' own prompts -> verdict -> deploy.
 
-The samples are stdlib code prompts from the target's own training files, each with the target's
-greedy continuation (transformers, fp32) as the reply: what `dataset regenerate --temperature 0`
-makes on a real host.  The pass is asserted on vLLM's own spec-decode counters; the planted fault
+The samples are stdlib code prompts from the target's own training files, each with the served
+target's greedy continuation (vLLM, bf16) as the reply: what `dataset regenerate --temperature 0`
+makes on a real host (a continuation from transformers in fp32 parts from the served one at
+bf16 near-ties, and the overfit drafter then misses there).  The pass is asserted on vLLM's own spec-decode counters; the planted fault
 (a draft config whose aux layer ids are one off from the capture, forced past the contract
 checks) must fail it with exit 10.
 
@@ -38,11 +39,16 @@ def cli(env, *args, timeout=3000):
     return rc, (json.loads(out) if out.strip().startswith(("{", "[")) else out), err
 
 
-def own_replies(model_dir: Path, out: Path, n: int = SAMPLES) -> Path:
-    """`n` code prompts from the target's training files, each with its greedy continuation."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def own_replies(env: dict, entry: dict, model_dir: Path, out: Path, n: int = SAMPLES) -> Path:
+    """`n` code prompts from the target's training files, each with the SERVED target's greedy
+    continuation (the extraction server `deploy` starts, /v1/completions on token ids): the
+    target's own replies as `dataset regenerate --temperature 0` makes them on a real host."""
+    import urllib.request
 
+    from transformers import AutoTokenizer
+
+    rc, _, err = cli(env, "deploy", "--host", HOST, "--yes", "--healthy-timeout", "900")
+    assert rc == 0, err[-3000:]
     split = json.loads((model_dir / "split.json").read_text())
     root = Path(split["source"].split("/**")[0])
     rng = random.Random(7)
@@ -50,18 +56,28 @@ def own_replies(model_dir: Path, out: Path, n: int = SAMPLES) -> Path:
         t for t in ((root / f["file"]).read_text(errors="replace") for f in split["files"]["train"]) if len(t) > 3000
     ]
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    bind = (entry.get("container") or {}).get("bind_address", "127.0.0.1")  # the lab host shares this machine
+    url = f"http://{bind}:{entry['server']['port']}/v1/completions"
     rows = []
     for i in range(n):
         lines = rng.choice(texts).splitlines(keepends=True)
         start = rng.randrange(0, max(1, len(lines) - 30))
         prompt = tok("".join(lines[start : start + 8])[:400])["input_ids"]
-        with torch.no_grad():
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=REPLY, do_sample=False)[0].tolist()
-        rows.append(
-            {"id": f"pf-{i}", "input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * (len(ids) - len(prompt))}
-        )
+        body = {"model": entry["model"]["served_name"], "prompt": prompt, "max_tokens": REPLY, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            reply = json.loads(resp.read())["choices"][0]["token_ids"]
+        ids = prompt + reply
+        rows.append({"id": f"pf-{i}", "input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * len(reply)})
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the extraction server wrote a file per reply into the operator's dump dir: let its writer
+    # finish (no .lock/.tmp left) before the test lists that dir
+    deadline = time.monotonic() + 120
+    dumps = Path(entry["dump"]["dir"])
+    while any(dumps.rglob("*.lock")) or any(dumps.rglob("*.tmp")):
+        assert time.monotonic() < deadline, sorted(map(str, dumps.rglob("*.lock")))
+        time.sleep(0.5)
     return out
 
 
@@ -70,7 +86,7 @@ def pf_env(vllm_env, lab):  # noqa: F811
     env, tmp, model_dir, entry = vllm_env
     labtrain = _require_images()
     labtrain.train_image(lab.dockerd.socket)
-    ds = own_replies(Path(model_dir), tmp / "own-replies.jsonl")
+    ds = own_replies(env, entry, Path(model_dir), tmp / "own-replies.jsonl")
     good = tmp / "draft.json"
     good.write_text(json.dumps(draft_config(Path(model_dir))))
     off = tmp / "draft-one-off.json"
