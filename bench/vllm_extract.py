@@ -63,6 +63,40 @@ def _rounds(servers: dict, batch: list[list[int]], args: argparse.Namespace) -> 
     return rounds
 
 
+TIMING_FILE = ".connector-timing.jsonl"
+
+
+def timing_env(args: argparse.Namespace) -> dict[str, str]:
+    """With --profile the connector records its own seconds per request (vllm_connector.TIMING)."""
+    return {"REMOTE_OPS_CONNECTOR_TIMING": f"{labvllm.DUMPS_IN_CONTAINER}/{TIMING_FILE}"} if args.profile else {}
+
+
+def split(timing: Path, rounds: list[dict], warm: dict) -> dict:
+    """Where extraction's time goes, over every pass sent to both servers (warm-up included):
+    the client's wall time per mode; the connector's own seconds in the engine's step (`inline`:
+    gather + copy to the host) and in its writer thread (`write`: the file), as it recorded them;
+    the rest of the extra time is the engine's (vLLM's extract_hidden_states: the cache-only draft
+    layer, the KV blocks held until the write is done)."""
+    lines = [json.loads(x) for x in timing.read_text().splitlines() if x.strip()] if timing.exists() else []
+    wall = {m: warm[m]["wall_s"] + sum(r[m]["wall_s"] for r in rounds) for m in ("extract", "baseline")}
+    inline = sum(x["s"] for x in lines if x["phase"] == "inline")
+    write = sum(x["s"] for x in lines if x["phase"] == "write")
+    extra = wall["extract"] - wall["baseline"]
+    return {
+        "wall_s": {m: round(v, 3) for m, v in wall.items()},
+        "requests_timed": sum(x["phase"] == "inline" for x in lines),
+        "connector_inline_s": round(inline, 4),
+        "connector_write_s": round(write, 4),
+        "engine_extra_s": round(extra - inline, 3),
+        "share_of_extract_wall": {
+            "connector_inline": round(inline / wall["extract"], 4),
+            "connector_write_thread": round(write / wall["extract"], 4),
+            "engine_extra": round((extra - inline) / wall["extract"], 4),
+            "baseline_work": round(wall["baseline"] / wall["extract"], 4),
+        },
+    }
+
+
 def _files_in_place(folder: Path, expected: int, timeout: float = 60.0) -> list[Path]:
     """The request files once `expected` are there (each is renamed into place just after its
     response), or what is there at the deadline."""
@@ -91,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
         labvllm.vllm_image(socket)
         load_s = time.monotonic() - t0
         servers = {
-            "extract": labvllm.VllmServer(socket, Path(tmp) / "extract", layer_ids=layers),
+            "extract": labvllm.VllmServer(socket, Path(tmp) / "extract", layer_ids=layers, env=timing_env(args)),
             "baseline": labvllm.VllmServer(socket, Path(tmp) / "baseline", layer_ids=None),
         }
         try:
@@ -113,6 +147,7 @@ def run(args: argparse.Namespace) -> dict:
             )
             files = _files_in_place(Path(tmp) / "extract", sent + warm_files)
             file_bytes = sum(f.stat().st_size for f in files)
+            profile = split(Path(tmp) / "extract" / TIMING_FILE, rounds, warm) if args.profile else None
         finally:
             for server in servers.values():
                 server.stop()
@@ -139,6 +174,7 @@ def run(args: argparse.Namespace) -> dict:
             }
             for n, rs in by_length.items()
         },
+        "profile": profile,
         "paths_returned": sent + warm_files,
         "files_written": len(files),
         "file_bytes": file_bytes,
@@ -175,6 +211,7 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--docker-socket", help="a running lab dockerd's socket (default: start a private one)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", action="store_true", help="the connector's own seconds per request: the time split")
     args = ap.parse_args()
     reason = labvllm.image_built()
     if reason is not None:

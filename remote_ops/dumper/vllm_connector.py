@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from functools import partial
 from typing import Any
 
@@ -42,6 +43,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 FORMAT = "vllm-hidden-states/1"
 CONNECTOR = "RemoteOpsHiddenStatesConnector"
+# A JSONL file that, when set, gets one line per request and phase with the seconds the connector
+# spent: `inline` (in the engine's step: the gather and the copy to the host) and `write` (the
+# writer thread: the file).  Off by default; bench/vllm_extract.py --profile sets it.
+TIMING = os.environ.get("REMOTE_OPS_CONNECTOR_TIMING")
+
+
+def record_timing(phase: str, req_id: str, seconds: float) -> None:
+    if TIMING:
+        with open(TIMING, "a") as f:
+            f.write(json.dumps({"phase": phase, "req": req_id, "s": seconds}) + "\n")
 
 
 def vllm_version() -> str:
@@ -86,11 +97,13 @@ def write_atomically(
 ) -> None:
     """Writer thread: wait for the copy, write `<filename>.tmp`, rename it into place, then drop
     and release the lock file (a reader already waiting on it wakes to a whole file)."""
+    t0 = time.perf_counter()
     try:
         event.synchronize()
         partial_name = filename + ".tmp"
         save_file(tensors, partial_name, metadata=metadata)
         os.replace(partial_name, filename)
+        record_timing("write", metadata.get("request_id", ""), time.perf_counter() - t0)
     finally:
         if lock_fd is not None:
             try:
@@ -141,6 +154,7 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._is_tp_rank_zero:
             return
         assert self._kv_cache is not None
+        t0 = time.perf_counter()
         block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
         offsets = torch.arange(0, self._block_size, dtype=torch.long)
         slot_mapping = (offsets.reshape(1, -1) + block_ids.reshape(-1, 1) * self._block_size).flatten()
@@ -164,3 +178,4 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         self._req_copy_events[pending.req_id] = event
         self._req_futures[pending.req_id] = future
         future.add_done_callback(partial(self._on_write_done, pending.req_id))
+        record_timing("inline", pending.req_id, time.perf_counter() - t0)

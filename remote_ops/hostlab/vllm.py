@@ -256,6 +256,7 @@ class VllmServer:
     port: int = 0
     cpus: str | None = None
     dtype: str = "bfloat16"
+    env: dict[str, str] = field(default_factory=dict)  # extra container environment
     started: float = 0.0
     ready_s: float = 0.0
 
@@ -272,6 +273,7 @@ class VllmServer:
         argv = ["run", "-d", "--pull=never", "--name", self.name, "-p", f"127.0.0.1:{self.port}:{self.port}"]
         argv += ["-e", f"PYTHONPATH={CONNECTOR_DIR}", "--shm-size", "1g", *mounts]
         argv += ["--cpuset-cpus", self.cpus] if self.cpus else []
+        argv += [x for k, v in self.env.items() for x in ("-e", f"{k}={v}")]
         docker(
             self.socket_path,
             *argv,
