@@ -410,11 +410,13 @@ def count(a: argparse.Namespace) -> int:
     out_file = Path(a.result)
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     train_doc = json.loads((drafters / "train.json").read_text())
-    result.update(faults=train_doc["faults"], run_yaml=train_doc["run_yaml"], device=train_doc.get("device", "cuda"),
-                  samples=train_doc.get("samples"))  # fmt: skip
+    result.setdefault("faults", train_doc["faults"])  # of the whole export: the same for every train call
+    result.setdefault("run_yaml", train_doc["run_yaml"])
+    device = train_doc.get("device", "cuda")
+
     result.setdefault("drafters", {})
     for run_id, rec in train_doc["drafters"].items():
-        result["drafters"].setdefault(run_id, {}).update(rec, variant=run_id.split("-")[0],
+        result["drafters"].setdefault(run_id, {}).update(rec, device=device, variant=run_id.split("-")[0],
                                                         seed=int(run_id.split("-s")[1]))  # fmt: skip
     tree = drafters / "tree"
     if not tree.is_dir():
