@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import clear_server_port, run_cli
-from test_train_real import _require_images, draft_config
+from test_train_real import draft_config, images_and_entry
 
 pytestmark = [pytest.mark.loop, pytest.mark.slow]
 
@@ -74,18 +74,8 @@ def chats(model_dir: Path, n: int) -> list[str]:
 def loop_env(lab, tmp_path_factory):
     import yaml
 
-    from remote_ops.workflows import sandbox
-
-    labtrain = _require_images()
-    t0 = time.monotonic()
-    image = labtrain.vllm.vllm_image(lab.dockerd.socket)
-    labtrain.train_image(lab.dockerd.socket)
-    images_s = time.monotonic() - t0
-    model_dir = labtrain.vllm.tiny_model_dir()
-    h = lab.host("lab3")
-    clear_server_port(lab, h)
-    entry = sandbox.vllm_overrides(h.inventory_entry(lab, image), image, str(model_dir), labtrain.vllm.SERVED_NAME)
-    entry["container"]["name"] = "vllm-eagle3-loop"
+    clear_server_port(lab, lab.host("lab3"))
+    entry, model_dir, images_s = images_and_entry(lab, "lab3", "vllm-eagle3-loop")
     entry["dump"]["dir"] = entry["dump"]["dir"].rstrip("/") + "-loop"
     tmp = tmp_path_factory.mktemp("drafter-loop")
     (tmp / "inv.yaml").write_text(yaml.safe_dump({"hosts": {HOST: entry}}))

@@ -90,10 +90,10 @@ def make_export(out: Path, model_dir: Path, first: int, n: int) -> None:
         )
 
 
-@pytest.fixture(scope="module")
-def train_env(lab, tmp_path_factory):
-    import yaml
-
+def images_and_entry(lab, host_name: str, container: str) -> tuple[dict, Path, float]:
+    """The vLLM and training images in the lab's dockerd (built on first use, else loaded), and lab
+    host `host_name`'s inventory entry as `sandbox up --engine vllm` writes it, its server container
+    named `container`; also the model dir and the seconds the images took."""
     from remote_ops.workflows import sandbox
 
     labtrain = _require_images()
@@ -102,9 +102,17 @@ def train_env(lab, tmp_path_factory):
     labtrain.train_image(lab.dockerd.socket)
     images_s = time.monotonic() - t0
     model_dir = labtrain.vllm.tiny_model_dir()
-    h = lab.host("lab2")
+    h = lab.host(host_name)
     entry = sandbox.vllm_overrides(h.inventory_entry(lab, image), image, str(model_dir), labtrain.vllm.SERVED_NAME)
-    entry["container"]["name"] = "vllm-eagle3-train"
+    entry["container"]["name"] = container
+    return entry, model_dir, images_s
+
+
+@pytest.fixture(scope="module")
+def train_env(lab, tmp_path_factory):
+    import yaml
+
+    entry, model_dir, images_s = images_and_entry(lab, "lab2", "vllm-eagle3-train")
     tmp = tmp_path_factory.mktemp("train-real")
     (tmp / "inv.yaml").write_text(yaml.safe_dump({"hosts": {HOST: entry}}))
     env = {**os.environ, "REMOTE_OPS_INVENTORY": str(tmp / "inv.yaml"), "REMOTE_OPS_STATE_DIR": str(tmp / "state")}
