@@ -29,6 +29,19 @@ from ..console import Console
 from ..main import RunConsole
 
 
+def ask_or_refuse(question: str, refusal: str, host: str | None = None) -> None:
+    """Before a change the operator did not --yes: ask on a terminal (no: Abort), else refuse
+    (exit 9) with `refusal`, which says to re-run with --yes."""
+    import sys
+
+    from ...errors import Refused
+
+    if not sys.stdin.isatty():
+        raise Refused(refusal, host=host)
+    if not click.confirm(question, default=False, err=True):
+        raise click.exceptions.Abort()
+
+
 def app_options(fn):
     """--inventory, --ssh-config, --host-key-policy, timeouts, --json, --quiet -> `app`."""
 

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ...errors import Refused
 from ._fleet import run_on_hosts
-from ._options import hosts_command, seconds_option
+from ._options import ask_or_refuse, hosts_command, seconds_option
 
 if TYPE_CHECKING:
     from ...workflows.deploy import DeployResult
@@ -158,28 +157,21 @@ def _events(console, host: str, bar):
 
 def _confirm_many(hosts) -> None:
     """Many hosts without --yes: ask once for all (stdin must be a terminal)."""
-    import sys
-
     names = ", ".join(h.name for h in hosts)
-    if not sys.stdin.isatty():
-        raise Refused(
-            f"deploy would change up to {len(hosts)} hosts ({names}); re-run with --yes (or --dry-run to see the plans)"
-        )
-    if not click.confirm(f"deploy to {len(hosts)} hosts ({names})? Proceed?", default=False, err=True):
-        raise click.exceptions.Abort()
+    ask_or_refuse(
+        f"deploy to {len(hosts)} hosts ({names})? Proceed?",
+        f"deploy would change up to {len(hosts)} hosts ({names}); re-run with --yes (or --dry-run to see the plans)",
+    )
 
 
 def _confirm(app, spec, preview) -> None:
     """Ask before changing a host (stdin must be a terminal); --yes skips."""
-    import sys
-
     todo = ", ".join(f"{k} ({v})" for k, v in preview.plan.get("reasons", {}).items())
-    if not sys.stdin.isatty():
-        raise Refused(
-            f"deploy would change {spec.name}: {todo}; re-run with --yes (or --dry-run to see the diff)", host=spec.name
-        )
-    if not click.confirm(f"{spec.name}: {todo}. Proceed?", default=False, err=True):
-        raise click.exceptions.Abort()
+    ask_or_refuse(
+        f"{spec.name}: {todo}. Proceed?",
+        f"deploy would change {spec.name}: {todo}; re-run with --yes (or --dry-run to see the diff)",
+        host=spec.name,
+    )
 
 
 def _summary(app, r: DeployResult) -> None:

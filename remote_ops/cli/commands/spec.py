@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from ...errors import PreflightFailed, Refused
+from ...errors import PreflightFailed
 from ...workflows import specbench as sb
-from ._options import PathOption, host_command
+from ._options import PathOption, ask_or_refuse, host_command
 
 
 @click.group("spec")
@@ -316,7 +316,6 @@ def preflight_cmd(
     The samples should be the target's own greedy replies (`dataset regenerate --temperature 0`).
     On an SGLang host the same chain uses SGLang's --speculative-* flags; that path has not
     run against a real SGLang server, and the SGLang stand-in's verdict is inconclusive."""
-    import sys
 
     from ...workflows import preflight as wf
     from ._deploy_events import ConsoleEvents
@@ -364,14 +363,12 @@ def preflight_cmd(
         )
         return 0
     if not yes:
-        if not sys.stdin.isatty():
-            raise Refused(
-                f"spec preflight restarts the server of {spec.name} three times; re-run with --yes "
-                "(or --dry-run to see the plan)",
-                host=spec.name,
-            )
-        if not click.confirm(f"{spec.name}: restart the server three times for the pre-flight?", err=True):
-            raise click.exceptions.Abort()
+        ask_or_refuse(
+            f"{spec.name}: restart the server three times for the pre-flight?",
+            f"spec preflight restarts the server of {spec.name} three times; re-run with --yes "
+            "(or --dry-run to see the plan)",
+            host=spec.name,
+        )
     app.console.step(f"spec preflight {spec.name}: {len(picked)} samples, K = {num_steps}, threshold {opts.gate:g}")
     events = ConsoleEvents(app.console, spec.name)
     try:
