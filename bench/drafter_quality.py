@@ -10,10 +10,17 @@ each drafter, the same samples, draft config, seeds, steps and learning rate; on
 - (c) `layer_late`: the aux states one layer late (the states entering layers 2, 3 and 4: the
   export's aux layers 2 and 3 and the pre-norm final) while vLLM serves layers 1, 2, 3;
 - (d) `last_missing`: the last aux layer missing, its third of the aux vector zeros (what a
-  capture buffer holds when the N-1 case drops the last captured layer).
+  capture buffer holds when the N-1 case drops the last captured layer);
+- (e) `fp8`: not a fault but a storage choice (`dump.storage: fp8_e4m3`): the audited states as a
+  reader gets them back from FP8 storage, e4m3 with a scale per token and layer
+  (`remote_ops.dumper.fp8.roundtrip`, the dumper's own codec, applied to the post-norm final and
+  to each aux layer: what the SGLang dumper stores and the export decodes).
+
+`train --epochs N` overrides the packed run.yaml's epochs for a call; its runs are named
+`<variant>x<N>-s<seed>` and reported apart from the table (the curve of steps against acceptance).
 
 Each fault's reach is reported: (b) the share of loss positions whose teacher argmax changes,
-(c) and (d) the mean relative change of the aux vector.
+(c) and (d) the mean relative change of the aux vector, (e) both.
 
 Three steps, because SpecForge trains fast on the H200 and vLLM runs here:
 
@@ -58,6 +65,7 @@ VARIANTS = {
     "b": ("prenorm", "final states left pre-norm (--accept-prenorm)"),
     "c": ("layer_late", "aux states one layer late (2, 3, 4; served 1, 2, 3)"),
     "d": ("last_missing", "last aux layer missing (zeros)"),
+    "e": ("fp8", "the audited states stored as FP8 e4m3, a scale per token and layer"),
 }
 ACC_LINES = 20
 CHUNK_BYTES = 66 << 20  # raw bytes per chunk: about 49 MB as xz, under the 64 MiB a device call carries
@@ -79,6 +87,17 @@ def last_missing(audited: dict) -> dict:
     aux = audited["aux_hidden_state"].clone()
     aux[..., 2 * (aux.shape[-1] // 3) :] = 0
     return dict(audited, aux_hidden_state=aux)
+
+
+def fp8_stored(audited: dict) -> dict:
+    """(e): the final state and each aux layer through the dumper's FP8 codec and back to bf16."""
+    from remote_ops.dumper import fp8
+
+    return dict(
+        audited,
+        hidden_state=fp8.roundtrip(audited["hidden_state"], 1),
+        aux_hidden_state=fp8.roundtrip(audited["aux_hidden_state"], 3),
+    )
 
 
 def relative_change(before, after) -> float:
@@ -174,8 +193,8 @@ def derive(model_dir: Path, samples: int = 0) -> dict:
     index = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(str(model_dir / index["lm_head.weight"]), "pt") as f:
         lm_head = f.get_tensor("lm_head.weight").float()
-    changed = positions = 0
-    rel_c, rel_d = [], []
+    changed = positions = changed_e = 0
+    rel_c, rel_d, rel_e_aux, rel_e_hidden = [], [], [], []
     root = data_root(samples)
     files = sorted((WORK / "a").rglob("*.ckpt"))
     for src in files[:samples] if samples else files:
@@ -184,7 +203,15 @@ def derive(model_dir: Path, samples: int = 0) -> dict:
         pre = torch.load(WORK / "bh" / rel, weights_only=True)["hidden_state"]
         ch, n = argmax_changed(pre, rec, lm_head)
         changed, positions = changed + ch, positions + n
-        made = {"b": dict(rec, hidden_state=pre), "c": layer_late(rec, pre), "d": last_missing(rec)}
+        made = {
+            "b": dict(rec, hidden_state=pre),
+            "c": layer_late(rec, pre),
+            "d": last_missing(rec),
+            "e": fp8_stored(rec),
+        }
+        changed_e += argmax_changed(made["e"]["hidden_state"], rec, lm_head)[0]
+        rel_e_aux.append(relative_change(rec["aux_hidden_state"], made["e"]["aux_hidden_state"]))
+        rel_e_hidden.append(relative_change(rec["hidden_state"], made["e"]["hidden_state"]))
         if samples:
             made["a"] = rec
         rel_c.append(relative_change(rec["aux_hidden_state"], made["c"]["aux_hidden_state"]))
@@ -201,6 +228,13 @@ def derive(model_dir: Path, samples: int = 0) -> dict:
         },
         "c": {"aux_relative_change_mean": round(statistics.fmean(rel_c), 4)},
         "d": {"aux_relative_change_mean": round(statistics.fmean(rel_d), 4)},
+        "e": {
+            "aux_relative_change_mean": round(statistics.fmean(rel_e_aux), 4),
+            "hidden_relative_change_mean": round(statistics.fmean(rel_e_hidden), 4),
+            "teacher_argmax_changed": changed_e,
+            "positions": positions,
+            "share": round(changed_e / max(1, positions), 4),
+        },
     }
 
 
@@ -248,7 +282,7 @@ def train_all(a: argparse.Namespace) -> int:
 
     def launch(key: str, seed: int) -> None:
         nonlocal port
-        run_id = f"{key}-s{seed}"
+        run_id = f"{key}x{a.epochs}-s{seed}" if a.epochs else f"{key}-s{seed}"
         here = WORK / "runs" / run_id
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(parents=True)
@@ -257,6 +291,8 @@ def train_all(a: argparse.Namespace) -> int:
         doc["data"]["hidden_states_path"] = str(root / key)
         doc["output_dir"], doc["run_id"] = str(here / "out"), run_id
         doc["training"]["seed"] = seed
+        if a.epochs:
+            doc["training"]["num_epochs"] = a.epochs
         port += 1
         doc["deployment"]["trainer"]["master_port"] = port
         (here / "run.yaml").write_text(json.dumps(doc, indent=1))
@@ -497,7 +533,10 @@ def table(result: dict) -> str:
         if not row:
             continue
         reach = (result.get("faults") or {}).get(key, {})
-        if "share" in reach:
+        if "share" in reach and "aux_relative_change_mean" in reach:
+            reach_s = (f"aux vector moved {reach['aux_relative_change_mean']:.1%}, teacher argmax moved at "
+                       f"{reach['share']:.1%} of loss positions")  # fmt: skip
+        elif "share" in reach:
             reach_s = f"teacher argmax moved at {reach['share']:.0%} of loss positions"
         elif reach:
             reach_s = f"aux vector moved {reach['aux_relative_change_mean']:.0%}"
@@ -506,6 +545,15 @@ def table(result: dict) -> str:
         lines.append(
             f"| ({key}) {name} | {what} | {reach_s} | {_cell(row, 'acc_0')} | {_cell(row, 'acceptance_length')} |"
         )
+    curve = sorted((r for r in (result.get("drafters") or {}).items() if r[1].get("variant") not in VARIANTS), key=str)
+    if curve:
+        lines += ["", "| run (variant x epochs - seed) | step | SpecForge acc_0 | vLLM acceptance length | per position |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for run_id, r in curve:
+            per = ", ".join(f"{x:.2f}" for x in r.get("per_position") or [])
+            lines.append(
+                f"| {run_id} | {r.get('step', '-')} | {r.get('acc_0')} | {r.get('acceptance_length')} | {per} |"
+            )
     return "\n".join(lines)
 
 
@@ -527,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     t.add_argument("--samples", type=int, default=0, help="the first N samples only (0: all)")
+    t.add_argument("--epochs", type=int, default=0, help="override run.yaml's epochs (runs named <v>x<N>-s<seed>)")
     tc = sub.add_parser("train-cpu")
     tc.add_argument("--work", default="/tmp/dq-cpu")
     tc.add_argument("--samples", type=int, default=200)
