@@ -29,6 +29,7 @@ ENV_WRITER_CPUS = "SGLANG_HS_DUMP_WRITER_CPUS"
 ENV_GATHER_TOKENS = "SGLANG_HS_DUMP_GATHER_TOKENS"
 ENV_GATHER_STEPS = "SGLANG_HS_DUMP_GATHER_STEPS"
 ENV_GATHER_MS = "SGLANG_HS_DUMP_GATHER_MS"
+ENV_DTYPE = "SGLANG_HS_DUMP_DTYPE"
 
 POLICIES = ("backpressure", "drop")
 FUSION_MODES = ("disable", "allreduce")
@@ -39,6 +40,11 @@ FUSION_MODES = ("disable", "allreduce")
 # them here is for hosts where a child process is unwelcome.
 WRITER_MODES = ("process", "thread")
 WRITER_SCHEDS = ("batch", "idle", "normal")  # the writer process's Linux scheduling policy
+# How the float states are stored (FORMAT.md "FP8 storage").  bf16 (default): as the model computed
+# them, in its own dtype (bf16 for every model served here), bit-exact.  fp8_e4m3: e4m3 values with a
+# float32 scale per token row and layer (fp8.py), cast on the GPU before the copy to the host, so the
+# host buffers, the copy and the files hold about half the bytes; lossy, opt-in.
+STORAGES = ("bf16", "fp8_e4m3")
 
 
 @dataclass
@@ -64,6 +70,7 @@ class DumpConfig:
     gather_tokens: int = 4096
     gather_steps: int = 8
     gather_ms: int = 500
+    storage: str = "bf16"  # STORAGES
     env_seen: dict = field(default_factory=dict)
 
 
@@ -120,6 +127,7 @@ def config_from_env(env: Mapping[str, str]) -> DumpConfig:
         gather_tokens=_int(env, ENV_GATHER_TOKENS, 4096, 0),
         gather_steps=_int(env, ENV_GATHER_STEPS, 8),
         gather_ms=_int(env, ENV_GATHER_MS, 500),
+        storage=_choice(env, ENV_DTYPE, STORAGES),
         env_seen={k: v for k, v in env.items() if k.startswith("SGLANG_HS_DUMP_")},
     )
 

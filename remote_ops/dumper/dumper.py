@@ -10,6 +10,14 @@ GPU path with the writer process) is held and copied with the next ones as one
 job (`gather`): a copy job's fixed price on the forward thread is then paid once
 per several steps.  It blocks only when every buffer is still waiting for the
 disk (backpressure), or never (drop policy).
+
+FP8 storage (`SGLANG_HS_DUMP_DTYPE=fp8_e4m3`, FORMAT.md "FP8 storage"): `capture`
+first casts the step's rows with `fp8.encode_step`, on the forward stream (kernels
+queued, no sync), and from there on the step is those tensors: e4m3 values and
+float32 scales, copied and written like the model's own.  So every path takes it
+(driver copies, gathered jobs, torch copies, the CPU), the host buffers and the
+copy to the host hold about half the bytes, and a gathered step holds its
+encoded tensors, not the model's (fresh allocations of ours: never rewritten).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from . import dumpfile, staging
+from . import dumpfile, fp8, staging
 from .config import DumpConfig
 from .cudadrv import Driver
 from .gather import Gather, layout_runs, rewritten, shifted_spans
@@ -34,6 +42,7 @@ from .writer import BatchJob, DumpStats, Span, SpanWriters, ensure_rank_dir, wri
 
 log = logging.getLogger("remote_ops_dump")
 DEFAULT_BUFFER_TOKENS = 8192
+SOURCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what FP8 storage casts from
 CLOSE_TIMEOUT_S = 60.0
 
 
@@ -124,6 +133,10 @@ class Dumper:
         self.gather: Optional[Gather] = None
         self.gather_lock = threading.Lock()  # the waiting steps, and the side stream's fence while they exist
         self.context = 0  # the forward thread's CUcontext (the reaper makes it current to copy stale steps)
+        self.fp8 = config.storage == "fp8_e4m3"  # cast to e4m3 + scales on the GPU before the copy
+        self.model_dtype: Optional[str] = None  # FP8 storage: the dtype the values decode to (the sources')
+        if self.fp8:
+            self.metadata["storage"] = dumpfile.STORAGE_FP8
         if writer:
             self._start_writers(config.writer)
             self.stats.maybe_write(force=True)
@@ -139,6 +152,7 @@ class Dumper:
             "writers": c.writers,
             "buffer_tokens": self.buffer_tokens,
             "gather": _gather_settings(c, False),
+            "storage": c.storage,
             "hidden_size": self.hidden_size,
             "layers_to_capture": self.layers,
             "metadata": self.metadata,
@@ -209,10 +223,26 @@ class Dumper:
         if not spans:
             return False
         positions = fb.positions
-        if self.gather is not None and positions is not None and self._gathered(hidden, aux, fb, spans, rows):
+        scale = None
+        if self.fp8:
+            if not self._shapes_ok(fb.input_ids, hidden, aux, rows, SOURCE_DTYPES):
+                return True
+            hidden, aux, scale = self._encode(hidden, aux, rows)
+        if self.gather is not None and positions is not None and self._gathered(hidden, aux, fb, spans, rows, scale):
             return True
-        self._copy_step(hidden, aux, fb.input_ids, positions, spans, rows)
+        self._copy_step(hidden, aux, fb.input_ids, positions, spans, rows, scale)
         return True
+
+    def _encode(
+        self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int
+    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...], torch.Tensor]:
+        """FP8 storage: the step's rows cast on their device and current (forward) stream: (e4m3 final
+        state [rows, H], the thirds of one e4m3 aux tensor [rows, 3H], scales [rows, 4])."""
+        if self.model_dtype is None:
+            self.model_dtype = str(hidden.dtype).replace("torch.", "")
+        q_hidden, q_aux, scale = fp8.encode_step(hidden, aux, rows)
+        h = self.hidden_size
+        return q_hidden, tuple(q_aux[:, k * h : (k + 1) * h] for k in range(len(aux))), scale
 
     def _copy_step(
         self,
@@ -222,16 +252,18 @@ class Dumper:
         positions: Optional[torch.Tensor],
         spans: List[Tuple[int, int, int]],
         rows: int,
+        scale: Optional[torch.Tensor] = None,
     ) -> None:
         """One step as its own copy job (forward thread): driver copies when its plan says the tensors
-        allow them, else the general path (torch copies); bad shapes are skipped."""
-        plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size)  # None: no driver copies
+        allow them, else the general path (torch copies); bad shapes are skipped.  `scale`: FP8 storage's
+        scales (`hidden` and `aux` are then its e4m3 values)."""
+        plan = self.stager.plan(hidden, aux, ids, positions, rows, self.hidden_size, scale)  # None: no driver copies
         if plan is None and not self._shapes_ok(ids, hidden, aux, rows):
             return
         buf = self._acquire(rows, hidden, spans)
         if buf is None:
             return
-        step = (hidden, tuple(aux), ids, positions)
+        step = (hidden, tuple(aux), ids, positions) if scale is None else (hidden, tuple(aux), ids, positions, scale)
         if self.sink is None:
             copied = self._copy_for_threads(buf, step, spans, rows, plan)
         elif plan is not None:
@@ -281,12 +313,13 @@ class Dumper:
 
     def _staged(self, buf: HostBuffer, step: tuple, spans, rows: int, plan: Optional[tuple], event: bool) -> Staged:
         """The copies queued (GPU) or done (CPU) into `buf`, positions derived when the batch has none."""
-        hidden, aux, ids, positions = step
+        hidden, aux, ids, positions = step[:4]
+        scale = step[4] if len(step) > 4 else None
 
         def copy() -> Staged:
             if positions is None:
                 positions_into(buf, _positions_from_spans(spans))
-            return self.stager.stage(buf, hidden, aux, ids, positions, rows, event, plan)
+            return self.stager.stage(buf, hidden, aux, ids, positions, rows, event, plan, scale)
 
         return self._guarded(buf, copy)
 
@@ -300,7 +333,9 @@ class Dumper:
             self.pool.release(buf.slot)
             raise
 
-    def _gathered(self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], fb: Any, spans, rows: int) -> bool:
+    def _gathered(
+        self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], fb: Any, spans, rows: int, scale=None
+    ) -> bool:
         """Take a small step into the waiting ones: its references and spans only (the plan, the rewrite
         check and the copies are made for all waiting steps at once, `_copy_gathered`); True when taken,
         False when it is copied on its own (as large as a job, or on another GPU than the first step)."""
@@ -316,7 +351,7 @@ class Dumper:
             if self.gather is not g:  # that job stopped gathering (a rewrite, or a step with no plan)
                 return False
         now = time.monotonic()
-        g.add((hidden, tuple(aux), fb.input_ids, fb.positions, spans, rows), rows, stream, now)
+        g.add((hidden, tuple(aux), fb.input_ids, fb.positions, spans, rows, scale), rows, stream, now)
         if g.due(now):
             self._copy_gathered()
         return True
@@ -345,7 +380,7 @@ class Dumper:
     def _plan_waiting(self, items: List[tuple], forward: bool) -> Tuple[List[Tuple[tuple, tuple]], List[tuple]]:
         """Each waiting step's plan, in one pass; the rewritten steps dropped; (planned steps as (plan,
         step), steps with no plan: gathering stops for them)."""
-        plans = [self.stager.plan(h, a, i, p, n, self.hidden_size) for h, a, i, p, _s, n in items]
+        plans = [self.stager.plan(h, a, i, p, n, self.hidden_size, sc) for h, a, i, p, _s, n, sc in items]
         stale = rewritten([_plan_starts(plan) for plan in plans])
         if stale:
             self._drop_rewritten([items[i] for i in sorted(stale)])
@@ -364,7 +399,7 @@ class Dumper:
         """Planned waiting steps of one layout as one job: each step's copies at its first row in one host
         buffer, its spans moved by that row; one fence on `stream`, one post, one ring entry."""
         parts, moved, first = [], [], 0  # (plan, first row, rows) per step; its spans moved by first row
-        for plan, (_h, _a, _i, _p, spans, n) in ready:
+        for plan, (_h, _a, _i, _p, spans, n, _sc) in ready:
             parts.append((plan, first, n))
             moved.append((first, spans))
             first += n
@@ -373,7 +408,7 @@ class Dumper:
         if buf is None:
             return
         plan0 = ready[0][0]
-        keep = tuple(item[:4] for _plan, item in ready)
+        keep = tuple(item[:4] + item[6:] for _plan, item in ready)
         seq = self._submit_to_process(buf, plan0[4], plan0[6], spans, first, keep, len(ready))
         if not seq:
             return
@@ -538,15 +573,18 @@ class Dumper:
             return self._warned_reason("no_lengths", "EXTEND batch without extend_seq_lens_cpu/input_ids")
         return None
 
-    def _shapes_ok(self, ids: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int) -> bool:
-        """Rows cover every span and the width is H; otherwise count an error and skip."""
+    def _shapes_ok(
+        self, ids: Any, hidden: torch.Tensor, aux: Sequence[torch.Tensor], rows: int, dtypes: Any = ST_DTYPES
+    ) -> bool:
+        """Rows cover every span and the width is H (and the dtype one of `dtypes`); otherwise count an
+        error and skip."""
         width = self.hidden_size
         for t in (hidden, *aux):
             shape = t.shape
             if len(shape) != 2 or shape[0] < rows or shape[1] != width:
                 break
         else:
-            if ids.shape[0] >= rows and hidden.dtype in ST_DTYPES:
+            if ids.shape[0] >= rows and hidden.dtype in dtypes:
                 return True
         tensors = [hidden, *aux]
         bad = [tuple(t.shape) for t in tensors if t.dim() != 2 or t.shape[0] < rows or t.shape[1] != self.hidden_size]
@@ -590,7 +628,7 @@ class Dumper:
                     lambda slot, gen, rows, h, dtype: self._make_buffer(slot, gen, rows, h, dtype, pin, shared),
                     self._reclaim if shared else None,
                 )
-                self.metadata["dtype"] = str(hidden.dtype).replace("torch.", "")
+                self.metadata["dtype"] = self.model_dtype or str(hidden.dtype).replace("torch.", "")
                 if self.sink is not None:
                     self.sink.meta(self.metadata)
             return self.pool
@@ -644,7 +682,7 @@ class Dumper:
 
     def _write_one(self, job: BatchJob, span: Span) -> None:
         """Writer-thread body for one span: the file, its manifest line, the counters."""
-        dtype = ST_DTYPES[job.staged.buffer.dtype]
+        dtype = ST_DTYPES[job.staged.buffer.dtype]  # F8_E4M3 in FP8 storage: the layout has the scales
         record = write_span_file(
             self.config.root, self.rank, job, span, self.hidden_size, dtype, self.metadata, self.config.fsync
         )

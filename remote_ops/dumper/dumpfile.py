@@ -51,6 +51,12 @@ PACKED_SUFFIX = ".hsz"  # a compacted dump file: `<key>.hsz` (packed.SUFFIX)
 
 FORMAT_NAME = "remote-ops-hs-dump"
 FORMAT_VERSION = "1"
+# Version 2 = version 1 plus one storage form, FP8 (FORMAT.md "FP8 storage"): a file in it says
+# format_version 2 and storage=fp8_e4m3_rowscale.  A file in the default storage is still version 1,
+# byte for byte; a version-2 reader reads both.
+FORMAT_VERSION_FP8 = "2"
+STORAGE_FP8 = "fp8_e4m3_rowscale"  # = fp8.STORAGE (fp8.py needs torch; this file must not)
+FP8_DTYPE = "F8_E4M3"
 MANIFEST_NAME = "manifest.jsonl"
 STATS_NAME = "stats.json"
 TMP_PREFIX = ".tmp-"
@@ -62,6 +68,10 @@ KIMI_K25_HIDDEN_SIZE = 7168
 # Data section order in every dump file (big float tensors first).
 TENSOR_ORDER = ("hidden_states", "aux_hidden_states", "input_ids", "positions")
 ID_DTYPE = "I32"
+# FP8 storage: the scales, F32, after the four (`x = q * scale` per token row and layer segment).
+SCALE_TENSORS = ("hidden_states_scale", "aux_hidden_states_scale")
+SCALE_DTYPE = "F32"
+FP8_TENSOR_ORDER = TENSOR_ORDER + SCALE_TENSORS
 
 DTYPE_SIZES = {
     "BOOL": 1,
@@ -81,6 +91,14 @@ DTYPE_SIZES = {
     "F64": 8,
 }
 FLOAT_DTYPES = ("BF16", "F16", "F32")
+MODEL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}  # metadata `dtype` -> safetensors
+
+
+def fp8_float_bytes(hidden_size: int) -> int:
+    """Float bytes per token in FP8 storage: 4 states of H e4m3 values, 4 float32 scales (28,688 at 7168)."""
+    return NUM_VECTORS * hidden_size + NUM_VECTORS * 4
+
+
 WRITE_CHUNK = 16 << 20  # bytes per write() call: bounded syscalls, writeback started per chunk
 
 # A tensor to write: (safetensors dtype string, shape, bytes-like of exactly that size).
@@ -298,13 +316,13 @@ def write_dump_file(
     """Write one safetensors file crash-safely: hidden temp name, fsync, rename, dir fsync.
 
     `tensors` maps name -> (dtype string e.g. "BF16", shape, bytes-like); the data
-    section follows TENSOR_ORDER.  Nobody ever sees a partial file under `path`.
+    section follows FP8_TENSOR_ORDER (TENSOR_ORDER, then FP8 storage's scales).  Nobody ever sees a partial file under `path`.
     The whole-file sha256 is computed while writing; a second digest of the data
     section alone costs another pass of the CPU and is off unless asked for.
     """
     _check_tensor_sizes(tensors)
-    header = build_header(tensors, metadata, TENSOR_ORDER)
-    order = [n for n in TENSOR_ORDER if n in tensors] + [n for n in tensors if n not in TENSOR_ORDER]
+    header = build_header(tensors, metadata, FP8_TENSOR_ORDER)
+    order = [n for n in FP8_TENSOR_ORDER if n in tensors] + [n for n in tensors if n not in FP8_TENSOR_ORDER]
     folder, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, "%s%s.%d.%d" % (TMP_PREFIX, base, os.getpid(), threading.get_ident()))
     whole = hashlib.sha256()
@@ -446,12 +464,20 @@ def write_span(
     prefix_len: int = 0,
     metadata: Optional[Mapping[str, str]] = None,
     fsync: bool = True,
+    scales: Optional[Tuple[BytesLike, BytesLike]] = None,
 ) -> Dict[str, object]:
     """Write one request span as a contract-conformant file and append its manifest line.
 
     `hidden` holds n*H values and `aux` n*3H (row-major, layer order), all as raw
     bytes of `dtype`; ids and positions are int32 LE.  Returns the manifest record.
+    FP8 storage: `dtype` is "F8_E4M3" and `scales` (hidden [n, 1], aux [n, 3]) float32 LE bytes;
+    the file and its line say format_version 2 and storage=fp8_e4m3_rowscale, and the metadata's
+    `dtype` stays the model dtype the values decode to.
     """
+    if (scales is not None) != (dtype == FP8_DTYPE):
+        raise ValueError(
+            "dtype %s with%s scales: FP8 storage has both, other storage neither" % (dtype, "" if scales else "out")
+        )
     ids = memoryview(ids_int32_le).cast("B")
     tokens = ids.nbytes // 4
     key = dump_key(ids, prefix_len)
@@ -464,8 +490,14 @@ def write_span(
         "positions": (ID_DTYPE, [tokens], positions_int32_le),
     }
     meta = span_metadata(metadata or {}, key, tokens, prefix_len, rank)
+    if scales is not None:
+        tensors["hidden_states_scale"] = (SCALE_DTYPE, [tokens, 1], scales[0])
+        tensors["aux_hidden_states_scale"] = (SCALE_DTYPE, [tokens, 3], scales[1])
+        meta.update(format_version=FORMAT_VERSION_FP8, storage=STORAGE_FP8)
     written = write_dump_file(os.path.join(folder, dump_file_name(key)), tensors, meta, fsync)
     record = manifest_record(root, written, key, tokens, prefix_len, rank, hidden_size, dtype)
+    if scales is not None:
+        record.update(format_version=FORMAT_VERSION_FP8, storage=STORAGE_FP8)
     append_manifest(os.path.join(folder, MANIFEST_NAME), record, fsync)
     return record
 
@@ -522,8 +554,10 @@ def check_layout(
     """
     errs: List[str] = []
     t = header.tensors
-    if sorted(t) != sorted(TENSOR_ORDER):
-        return ["tensors are %s, want %s" % (sorted(t), sorted(TENSOR_ORDER))], 0, 0
+    fp8 = is_fp8(header)
+    names = FP8_TENSOR_ORDER if fp8 else TENSOR_ORDER
+    if sorted(t) != sorted(names):
+        return ["tensors are %s, want %s" % (sorted(t), sorted(names))], 0, 0
     hid, aux = t["hidden_states"], t["aux_hidden_states"]
     h = hid.shape[1] if len(hid.shape) == 2 else 0
     want_shapes = {
@@ -532,10 +566,14 @@ def check_layout(
         "input_ids": [tokens],
         "positions": [tokens],
     }
+    if fp8:
+        want_shapes.update(hidden_states_scale=[tokens, 1], aux_hidden_states_scale=[tokens, 3])
     for name, want in want_shapes.items():
         if t[name].shape != want:
             errs.append("%s shape %s, want %s" % (name, t[name].shape, want))
-    if hid.dtype not in FLOAT_DTYPES or aux.dtype != hid.dtype:
+    if fp8:
+        errs.extend(_fp8_errors(header))
+    elif hid.dtype not in FLOAT_DTYPES or aux.dtype != hid.dtype:
         errs.append("float dtypes %s/%s (want one of %s, equal)" % (hid.dtype, aux.dtype, FLOAT_DTYPES))
     for name in ("input_ids", "positions"):
         if t[name].dtype != ID_DTYPE:
@@ -543,11 +581,45 @@ def check_layout(
     if hidden_size is not None and h != hidden_size:
         errs.append("hidden size %d, want %d" % (h, hidden_size))
     errs.extend(_offset_errors(header, file_size))
-    per_token = (hid.nbytes + aux.nbytes) // tokens if tokens else 0
+    floats = sum(t[name].nbytes for name in names if name not in ("input_ids", "positions"))
+    per_token = floats // tokens if tokens else 0
+    if fp8:
+        if tokens and floats != tokens * fp8_float_bytes(h):
+            errs.append("float bytes per token %d, want 4*H + 4*4 = %d (FP8 storage)" % (per_token, fp8_float_bytes(h)))
+        return errs, h, per_token
     esize = DTYPE_SIZES.get(hid.dtype, 0)
-    if tokens and (hid.nbytes + aux.nbytes) != tokens * NUM_VECTORS * h * esize:
+    if tokens and floats != tokens * NUM_VECTORS * h * esize:
         errs.append("float bytes per token %d, want 4*H*%d = %d" % (per_token, esize, NUM_VECTORS * h * esize))
     return errs, h, per_token
+
+
+def is_fp8(header: SafetensorsHeader) -> bool:
+    """A file in FP8 storage (format version 2): its metadata says so, or its float tensors are e4m3."""
+    hid = header.tensors.get("hidden_states")
+    return header.metadata.get("storage") == STORAGE_FP8 or (hid is not None and hid.dtype == FP8_DTYPE)
+
+
+def _fp8_errors(header: SafetensorsHeader) -> List[str]:
+    """What FP8 storage asks beyond the shapes: e4m3 values, F32 scales, the storage and version
+    metadata, and a model dtype (`dtype`) the values decode to."""
+    t, meta, errs = header.tensors, header.metadata, []
+    for name in ("hidden_states", "aux_hidden_states"):
+        if t[name].dtype != FP8_DTYPE:
+            errs.append("%s dtype %s, want %s (FP8 storage)" % (name, t[name].dtype, FP8_DTYPE))
+    for name in SCALE_TENSORS:
+        if t[name].dtype != SCALE_DTYPE:
+            errs.append("%s dtype %s, want %s" % (name, t[name].dtype, SCALE_DTYPE))
+    if meta.get("storage") != STORAGE_FP8 or meta.get("format_version") != FORMAT_VERSION_FP8:
+        errs.append(
+            "metadata storage=%r format_version=%r, want %r and %r"
+            % (meta.get("storage"), meta.get("format_version"), STORAGE_FP8, FORMAT_VERSION_FP8)
+        )
+    if meta.get("dtype") not in MODEL_DTYPES:
+        errs.append(
+            "metadata dtype %r: not a model dtype the values decode to (%s)"
+            % (meta.get("dtype"), "|".join(MODEL_DTYPES))
+        )
+    return errs
 
 
 VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file, adopted into this layout by the extraction client

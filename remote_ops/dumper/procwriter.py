@@ -81,7 +81,7 @@ JOB_HEAD = struct.Struct("<10q")  # slot gen rows hidden esize id_size pos_size 
 JOB_SPANS_AT = 8 + JOB_HEAD.size
 SPANS_ON_SOCKET = -1
 STATE_JOB, STATE_CANCELLED = 0, 1
-ST_CODES = {"BF16": 0, "F16": 1, "F32": 2}
+ST_CODES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3}  # F8_E4M3: FP8 storage (the layout has scales)
 ST_NAMES = {v: k for k, v in ST_CODES.items()}
 UNLANDED = "the forward process exited before the copy landed"
 RECORD_WAIT_S = 10.0  # a post came but its job's entry is not published yet: how long to look (a bug)
@@ -523,13 +523,16 @@ class Child:
         gen, capacity, _mm, mem = self.segments[job.slot]
         if gen != job.gen:
             raise RuntimeError("slot %d holds segment %d, job wants %d" % (job.slot, gen, job.gen))
-        layout = Layout(capacity, job.hidden, job.esize)
+        layout = Layout(capacity, job.hidden, job.esize, scaled=job.st_dtype == "F8_E4M3")
         start, tokens, prefix = span
-        ids, pos, hidden, aux = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
+        views = span_views(mem, layout, start, tokens, job.id_size, job.pos_size)
+        ids, pos, hidden, aux = views[:4]
+        scales = (views[4], views[5]) if len(views) > 4 else None
         c = self.config
         return dumpfile.write_span(
-            c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype, prefix, job.metadata, c["fsync"]
-        )
+            c["root"], c["rank"], ids, pos, hidden, aux, job.hidden, job.st_dtype, prefix, job.metadata, c["fsync"],
+            scales,
+        )  # fmt: skip
 
     def _span_done(self, job: Job) -> None:
         with job.lock:

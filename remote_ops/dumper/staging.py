@@ -37,13 +37,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from .cudadrv import CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA_MEMCPY2D, CudaError
-from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, Layout
+from .layout import REGION_AUX, REGION_HIDDEN, REGION_IDS, REGION_POS, REGION_SCALE, SCALE_ROW_BYTES, Layout
 
 log = logging.getLogger("remote_ops_dump")
-ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+FP8 = torch.float8_e4m3fn  # FP8 storage: the buffers hold fp8.encode_step's values and scales
+ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", FP8: "F8_E4M3"}
 ID_DTYPES = (torch.int32, torch.int64)
 ID_SIZES = {torch.int32: 4, torch.int64: 8}
-FLOAT_SIZES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+FLOAT_SIZES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, FP8: 1}
 RECLAIM_SLICE_S = 0.01  # longest single wait for a written batch (another thread may have taken its post)
 
 
@@ -69,7 +70,7 @@ class HostBuffer:
         self.capacity, self.hidden_size, self.dtype = capacity, hidden_size, dtype
         self.slot, self.gen, self.driver = slot, gen, None
         self.esize = torch.empty((), dtype=dtype).element_size()
-        self.layout = Layout(capacity, hidden_size, self.esize)
+        self.layout = Layout(capacity, hidden_size, self.esize, scaled=dtype is FP8)
         self.fd = -1
         self.map: Optional[mmap.mmap] = None
         if shared:
@@ -80,10 +81,13 @@ class HostBuffer:
         self.base = self.flat.data_ptr()
         self.hidden = self._region(REGION_HIDDEN).view(dtype).view(capacity, hidden_size)
         self.aux = self._region(REGION_AUX).view(dtype).view(capacity, 3 * hidden_size)
+        self.scale = self._region(REGION_SCALE).view(torch.float32).view(capacity, -1)  # [C, 4]; FP8 only
         self.copies = self._copy_descriptors()
         self.row_bytes = hidden_size * self.esize
         offsets = self.layout.offsets  # the regions' host addresses (the copies' targets)
-        self.dsts = tuple(self.base + offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS))
+        self.dsts = tuple(
+            self.base + offsets[r] for r in (REGION_HIDDEN, REGION_AUX, REGION_IDS, REGION_POS, REGION_SCALE)
+        )
 
     def _copy_descriptors(self) -> List[Tuple[CUDA_MEMCPY2D, Any]]:
         """cuMemcpy2DAsync descriptors with this buffer's side preset: aux 0..2 (into their thirds of the
@@ -317,13 +321,22 @@ class Stager:
         self.device_index: Optional[int] = None  # the GPU of the first batch (the side stream's)
 
     def plan(
-        self, hidden: torch.Tensor, aux: Sequence[torch.Tensor], ids, positions, rows: int, width: int
+        self,
+        hidden: torch.Tensor,
+        aux: Sequence[torch.Tensor],
+        ids,
+        positions,
+        rows: int,
+        width: int,
+        scale: Optional[torch.Tensor] = None,
     ) -> Optional[tuple]:
         """What the DMA copies need, read from the tensors in one pass (no side effect), or None when the
         batch needs the general path (which also reports bad shapes): no driver, float tensors not
         [>= rows, width] row-contiguous of one dumpable dtype, ids/positions not 1D contiguous int32/int64
         of >= rows values, another GPU than the first batch's.  Returns (hidden pointer, hidden row pitch in bytes,
-        [(aux pointer, row pitch in bytes)] x 3, ids pointer, id size, positions pointer or 0, position size)."""
+        [(aux pointer, row pitch in bytes)] x 3, ids pointer, id size, positions pointer or 0, position size,
+        scale pointer or 0).  FP8 storage (`scale`: fp8.encode_step's [rows, 4] float32): `aux` are the
+        three thirds of its one contiguous [rows, 3H] tensor (copied as one block), `scale` contiguous."""
         if self.driver is None:
             return None
         if self.device_index is None:
@@ -358,7 +371,12 @@ class Stager:
             if not pos_size or positions.stride() != (1,) or positions.shape[0] < rows:
                 return None
             pos_ptr = positions.data_ptr()
-        return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size)
+        scale_ptr = 0
+        if scale is not None:
+            if not _fp8_planned(srcs, width, scale, rows):
+                return None
+            scale_ptr = scale.data_ptr()
+        return (hidden.data_ptr(), pitch, srcs, ids.data_ptr(), id_size, pos_ptr, pos_size, scale_ptr)
 
     def queue(self, plan: tuple, buf: HostBuffer, rows: int, post_addr: int = 0) -> Tuple[int, int]:
         """Fence (side stream waits for the current stream), the copies of `plan` into `buf`, and, when
@@ -399,9 +417,9 @@ class Stager:
 
     def _copy_rows(self, plan: tuple, buf: HostBuffer, first: int, rows: int) -> int:
         """The copies of `plan` into rows [first, first + rows) of `buf`, on the side stream; a CUresult."""
-        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size = plan
+        hidden_ptr, pitch, srcs, ids_ptr, id_size, pos_ptr, pos_size, scale_ptr = plan
         drv, side = self.driver, self.side_raw
-        d_hidden, d_aux, d_ids, d_pos = buf.dsts
+        d_hidden, d_aux, d_ids, d_pos, d_scale = buf.dsts
         width, copies = buf.row_bytes, buf.copies
         d2h, copy2d = drv.d2h_fn, drv.copy2d_fn
         if pitch == width:
@@ -411,11 +429,15 @@ class Stager:
             p.srcDevice, p.srcPitch, p.dstHost, p.Height = hidden_ptr, pitch, d_hidden + first * width, rows
             rc = copy2d(ref, side)
         aux_row = d_aux + first * 3 * width
-        for k in range(3):
-            p, ref = copies[k]
-            p.srcDevice, p.srcPitch = srcs[k]
-            p.dstHost, p.Height = aux_row + k * width, rows
-            rc = rc or copy2d(ref, side)
+        if scale_ptr:  # FP8 storage: the aux values are one contiguous [rows, 3H] block, then the scales
+            rc = rc or d2h(aux_row, srcs[0][0], rows * 3 * width, side)
+            rc = rc or d2h(d_scale + first * SCALE_ROW_BYTES, scale_ptr, rows * SCALE_ROW_BYTES, side)
+        else:
+            for k in range(3):
+                p, ref = copies[k]
+                p.srcDevice, p.srcPitch = srcs[k]
+                p.dstHost, p.Height = aux_row + k * width, rows
+                rc = rc or copy2d(ref, side)
         rc = rc or d2h(d_ids + first * id_size, ids_ptr, rows * id_size, side)
         if pos_ptr:
             rc = rc or d2h(d_pos + first * pos_size, pos_ptr, rows * pos_size, side)
@@ -431,16 +453,18 @@ class Stager:
         rows: int,
         event: bool = True,
         plan: Optional[tuple] = None,
+        scale: Optional[torch.Tensor] = None,
     ) -> Staged:
         """Queue (CUDA) or do (CPU) the copies; `event`: record a blocking-sync event behind them (writer
         threads); without it the caller queues its own completion signal on `side_stream` right after.
         `plan`: from `plan()` (driver copies), else torch copies on the side stream.  On a GPU the
-        result's `keep` holds the sources."""
+        result's `keep` holds the sources.  FP8 storage: `hidden`/`aux` are fp8.encode_step's values and
+        `scale` its scales."""
         if not hidden.is_cuda:
-            id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False)
+            id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=False, scale=scale)
             return Staged(buf, rows, None, id_size, pos_size)
         side = self.side_stream if self.side_stream is not None else self._side(hidden.device)
-        keep = (hidden, tuple(aux), ids, positions)
+        keep = (hidden, tuple(aux), ids, positions) if scale is None else (hidden, tuple(aux), ids, positions, scale)
         if plan is not None:
             id_size, pos_size = self.queue(plan, buf, rows)
         else:
@@ -450,7 +474,7 @@ class Stager:
                 self.fence.record(torch.cuda.current_stream(hidden.device))
                 side.wait_event(self.fence)
             with torch.cuda.stream(side):
-                id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking=True)
+                id_size, pos_size = _copy_torch(buf, hidden, aux, ids, positions, rows, True, scale)
         if not event:
             return Staged(buf, rows, None, id_size, pos_size, keep)
         ready = torch.cuda.Event(blocking=True)
@@ -492,10 +516,17 @@ def _raw_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking):
-    """The general path: torch copies (cat for aux); ids/positions kept int32 or int64; returns item sizes."""
+def _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking, scale=None):
+    """The general path: torch copies (cat for aux); ids/positions kept int32 or int64; returns item sizes.
+    FP8 storage (`scale`): each aux third copied into its place (no cat of e4m3 values), then the scales."""
     buf.hidden[:rows].copy_(hidden[:rows], non_blocking=non_blocking)
-    buf.aux[:rows].copy_(torch.cat([a[:rows] for a in aux], dim=1), non_blocking=non_blocking)
+    if scale is None:
+        buf.aux[:rows].copy_(torch.cat([a[:rows] for a in aux], dim=1), non_blocking=non_blocking)
+    else:
+        width = buf.hidden_size
+        for k, a in enumerate(aux):
+            buf.aux[:rows, k * width : (k + 1) * width].copy_(a[:rows], non_blocking=non_blocking)
+        buf.scale[:rows].copy_(scale[:rows], non_blocking=non_blocking)
     sizes = []
     for index, t in ((REGION_IDS, ids), (REGION_POS, positions)):
         if t is None:
@@ -505,6 +536,16 @@ def _copy_torch(buf, hidden, aux, ids, positions, rows, non_blocking):
         buf.id_view(index, t.dtype, rows).copy_(t, non_blocking=non_blocking)
         sizes.append(t.element_size())
     return sizes[0], sizes[1]
+
+
+def _fp8_planned(srcs: Sequence[Tuple[int, int]], width: int, scale: torch.Tensor, rows: int) -> bool:
+    """FP8 storage's driver copies take the aux values as one block and the scales as one: the aux
+    sources must be the consecutive thirds of one [rows, 3H] e4m3 tensor, the scales [>= rows, 4]
+    contiguous float32 (what fp8.encode_step makes)."""
+    base = srcs[0][0]
+    if any(ptr != base + k * width or pitch != 3 * width for k, (ptr, pitch) in enumerate(srcs)):
+        return False
+    return scale.dtype is torch.float32 and scale.stride() == (4, 1) and scale.shape[0] >= rows
 
 
 def positions_into(buf: HostBuffer, positions: torch.Tensor) -> None:

@@ -190,12 +190,17 @@ def write_span_file(
     metadata: Mapping[str, str],
     fsync: bool,
 ) -> dict:
-    """Write one span of a staged batch with the shared stdlib writer; returns the manifest record."""
+    """Write one span of a staged batch with the shared stdlib writer; returns the manifest record
+    (FP8 storage: the buffer's layout has the scales, written beside the values)."""
     staged = job.staged
-    ids, pos, hidden, aux = span_views(
+    views = span_views(
         staged.buffer.mem, staged.buffer.layout, span.start, span.tokens, staged.id_size, staged.pos_size
     )
-    return dumpfile.write_span(root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync)
+    ids, pos, hidden, aux = views[:4]
+    scales = (views[4], views[5]) if len(views) > 4 else None
+    return dumpfile.write_span(
+        root, rank, ids, pos, hidden, aux, hidden_size, dtype, span.prefix_len, metadata, fsync, scales
+    )
 
 
 def ensure_rank_dir(root: str, rank: int) -> str:
