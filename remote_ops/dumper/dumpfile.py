@@ -623,11 +623,18 @@ def _fp8_errors(header: SafetensorsHeader) -> List[str]:
 
 
 VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file, adopted into this layout by the extraction client
+VLLM_FORMAT_FP8 = "vllm-hidden-states/2"  # the same in FP8 storage: e4m3 hidden_states + hidden_states_scale [S, L]
+VLLM_TENSORS = ["hidden_states", "token_ids"]
+VLLM_FP8_TENSORS = ["hidden_states", "hidden_states_scale", "token_ids"]
 
 
 def is_vllm(header: SafetensorsHeader) -> bool:
-    """A vLLM hidden-state file (`token_ids` I64 [S], `hidden_states` [S, L, H]; docs/vllm.md)."""
-    return header.metadata.get("format") == VLLM_FORMAT or set(header.tensors) == {"token_ids", "hidden_states"}
+    """A vLLM hidden-state file (`token_ids` I64 [S], `hidden_states` [S, L, H]; docs/vllm.md), in
+    either storage."""
+    return header.metadata.get("format") in (VLLM_FORMAT, VLLM_FORMAT_FP8) or sorted(header.tensors) in (
+        VLLM_TENSORS,
+        VLLM_FP8_TENSORS,
+    )
 
 
 def check_vllm_layout(
@@ -636,10 +643,16 @@ def check_vllm_layout(
     """`check_layout` and the identity checks for a vLLM file: 3 aux layers + the final state
     (one fewer is vLLM's N-1 bug, PR #46973), the key recomputed from `token_ids`."""
     t, tokens = header.tensors, int(rec.get("tokens", -1))
-    if sorted(t) != ["hidden_states", "token_ids"]:
-        return ["tensors are %s, want ['hidden_states', 'token_ids'] (vLLM)" % sorted(t)], 0, 0
+    fp8 = header.metadata.get("storage") == STORAGE_FP8 or "hidden_states_scale" in t
+    want = VLLM_FP8_TENSORS if fp8 else VLLM_TENSORS
+    if sorted(t) != want:
+        return ["tensors are %s, want %s (vLLM)" % (sorted(t), want)], 0, 0
     hid, ids = t["hidden_states"], t["token_ids"]
-    if len(hid.shape) != 3 or hid.dtype not in FLOAT_DTYPES or ids.dtype != "I64" or ids.shape != [tokens]:
+    if fp8:
+        errs = _vllm_fp8_errors(header)
+        if errs:
+            return errs, 0, 0
+    elif len(hid.shape) != 3 or hid.dtype not in FLOAT_DTYPES or ids.dtype != "I64" or ids.shape != [tokens]:
         return (
             [
                 "hidden_states %s %s, token_ids %s %s for %d tokens"
@@ -666,7 +679,33 @@ def check_vllm_layout(
         got = dump_key(token_ids_bytes(struct.unpack("<%dq" % (len(raw) // 8), raw)), int(rec.get("prefix_len", 0)))
         if got != key:
             errs.append("key recomputed from token_ids is %s" % got)
-    return errs, h, (hid.nbytes // tokens if tokens > 0 else 0)
+    floats = hid.nbytes + (t["hidden_states_scale"].nbytes if fp8 else 0)
+    return errs, h, (floats // tokens if tokens > 0 else 0)
+
+
+def _vllm_fp8_errors(header: SafetensorsHeader) -> List[str]:
+    """A vLLM file in FP8 storage: hidden_states e4m3 [S, L, H], hidden_states_scale F32 [S, L],
+    token_ids I64 [S], format version 2, the storage and a model dtype in the metadata."""
+    t, meta = header.tensors, header.metadata
+    hid, scale, ids = t["hidden_states"], t["hidden_states_scale"], t["token_ids"]
+    errs = []
+    if len(hid.shape) != 3 or hid.dtype != FP8_DTYPE or ids.dtype != "I64" or ids.shape != hid.shape[:1]:
+        errs.append(
+            "hidden_states %s %s, token_ids %s %s (vLLM, FP8 storage)" % (hid.dtype, hid.shape, ids.dtype, ids.shape)
+        )
+    elif scale.dtype != SCALE_DTYPE or scale.shape != hid.shape[:2]:
+        errs.append("hidden_states_scale %s %s, want %s %s" % (scale.dtype, scale.shape, SCALE_DTYPE, hid.shape[:2]))
+    if meta.get("format") != VLLM_FORMAT_FP8 or meta.get("storage") != STORAGE_FP8:
+        errs.append(
+            "metadata format=%r storage=%r, want %r and %r"
+            % (meta.get("format"), meta.get("storage"), VLLM_FORMAT_FP8, STORAGE_FP8)
+        )
+    if meta.get("dtype") not in MODEL_DTYPES:
+        errs.append(
+            "metadata dtype %r: not a model dtype the values decode to (%s)"
+            % (meta.get("dtype"), "|".join(MODEL_DTYPES))
+        )
+    return errs
 
 
 def _offset_errors(header: SafetensorsHeader, file_size: int) -> List[str]:

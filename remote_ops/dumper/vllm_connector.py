@@ -19,6 +19,14 @@ layer order - plus safetensors metadata (all strings): `format` (`FORMAT`), `eng
 Upstream's `<path>.lock` (LOCK_EX while writing) is kept while the file is written and removed
 once it is in place, when `use_synchronization_lock` is on (upstream's default).
 
+FP8 storage (`REMOTE_OPS_DUMP_DTYPE=fp8_e4m3`; default `bf16`: the file above, unchanged): the
+rows are cast on their device, before the copy to the host (on the CUDA path on the copy stream,
+so the copy moves about half the bytes): `hidden_states` [S, L, H] e4m3 (safetensors `F8_E4M3`)
+and `hidden_states_scale` [S, L] float32, one scale per token and layer, `x = q * scale`;
+metadata `format` `vllm-hidden-states/2`, `storage` `fp8_e4m3_rowscale`, `dtype` the model dtype
+the values decode to.  The arithmetic is `remote_ops/dumper/fp8.py`'s (`encode_into`), copied
+here because this file travels alone (tests/test_vllm_fp8.py holds the two byte-equal).
+
 Self-contained on purpose (vllm, torch, safetensors and the stdlib only): a deploy copies this one
 file into the serving container, e.g. as `/opt/remote-ops/remote_ops_vllm_connector.py` with
 `PYTHONPATH=/opt/remote-ops`, and names it `kv_connector_module_path: remote_ops_vllm_connector`,
@@ -42,7 +50,44 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 )
 
 FORMAT = "vllm-hidden-states/1"
+FORMAT_FP8 = "vllm-hidden-states/2"  # version 1 plus FP8 storage (hidden_states e4m3 + hidden_states_scale)
 CONNECTOR = "RemoteOpsHiddenStatesConnector"
+ENV_DTYPE = "REMOTE_OPS_DUMP_DTYPE"
+STORAGES = ("bf16", "fp8_e4m3")  # bf16: as the model computed them (its dtype), bit-exact; fp8_e4m3: lossy
+STORAGE_FP8 = "fp8_e4m3_rowscale"  # the files' `storage` (= fp8.STORAGE)
+E4M3_MAX = 448.0
+ENCODE_CHUNK_VALUES = 1 << 24  # float32 values of one encoding temporary (64 MB), as fp8.py
+
+
+def storage_from_env(env: Any) -> str:
+    """`REMOTE_OPS_DUMP_DTYPE` (empty: bf16); ValueError names the variable and the choices."""
+    raw = (env.get(ENV_DTYPE, "") or "").strip().lower() or STORAGES[0]
+    if raw not in STORAGES:
+        raise ValueError("%s=%r: want one of %s" % (ENV_DTYPE, raw, "|".join(STORAGES)))
+    return raw
+
+
+STORAGE = storage_from_env(os.environ)  # a bad value stops the module from loading: vLLM says why
+
+
+def encode_layers(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows [S, L, H]` -> (`q [S, L, H]` float8_e4m3fn, `scale [S, L]` float32) on the rows' device and
+    current stream: per token and layer `scale = amax / 448` (1 for an all-zero or NaN amax), `q =
+    e4m3(clamp(x / scale))` in float32, `ENCODE_CHUNK_VALUES` values at a time (fp8.encode_into)."""
+    n, layers, h = rows.shape
+    q = torch.empty(n, layers, h, dtype=torch.float8_e4m3fn, device=rows.device)
+    scale = torch.empty(n, layers, dtype=torch.float32, device=rows.device)
+    step = max(1, ENCODE_CHUNK_VALUES // max(1, h))
+    for k in range(layers):
+        for first in range(0, n, step):
+            x = rows[first : first + step, k]
+            amax = x.abs().amax(dim=-1).float()
+            s = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+            scale[first : first + step, k].copy_(s)
+            q[first : first + step, k].copy_(torch.div(x, s.unsqueeze(-1)).clamp_(-E4M3_MAX, E4M3_MAX))
+    return q, scale
+
+
 # A JSONL file that, when set, gets one line per request and phase with the seconds the connector
 # spent: `inline` (in the engine's step: the gather and the copy to the host) and `write` (the
 # writer thread: the file).  Off by default; bench/vllm_extract.py --profile sets it.
@@ -74,11 +119,19 @@ class _DoneEvent:
 
 
 def file_metadata(
-    *, layer_ids: list[int], num_hidden_layers: int, hidden: torch.Tensor, model: str, request_id: str
+    *,
+    layer_ids: list[int],
+    num_hidden_layers: int,
+    hidden: torch.Tensor,
+    model: str,
+    request_id: str,
+    model_dtype: torch.dtype | None = None,
 ) -> dict[str, str]:
-    """The safetensors metadata of one request's file (every value a string, as safetensors wants)."""
+    """The safetensors metadata of one request's file (every value a string, as safetensors wants).
+    FP8 storage (`model_dtype`: the dtype the e4m3 values decode to): its format, `storage`, that dtype."""
+    extra = {"storage": STORAGE_FP8} if model_dtype is not None else {}
     return {
-        "format": FORMAT,
+        "format": FORMAT if model_dtype is None else FORMAT_FP8,
         "engine": "vllm",
         "vllm_version": vllm_version(),
         "connector": CONNECTOR,
@@ -86,9 +139,10 @@ def file_metadata(
         "num_hidden_layers": str(num_hidden_layers),
         "hidden_size": str(hidden.shape[-1]),
         "num_tokens": str(hidden.shape[0]),
-        "dtype": str(hidden.dtype).removeprefix("torch."),
+        "dtype": str(model_dtype or hidden.dtype).removeprefix("torch."),
         "model": model,
         "request_id": request_id,
+        **extra,
     }
 
 
@@ -113,6 +167,15 @@ def write_atomically(
             os.close(lock_fd)  # releases LOCK_EX
 
 
+def stored(rows: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
+    """The file's float tensors made from the gathered rows [S, L, H], on their device: the rows as they
+    are (bf16), or their e4m3 values and scales (fp8_e4m3, `encode_layers`)."""
+    if storage != "fp8_e4m3":
+        return {"hidden_states": rows}
+    q, scale = encode_layers(rows)
+    return {"hidden_states": q, "hidden_states_scale": scale}
+
+
 class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
     """`ExampleHiddenStatesConnector` that runs on CPU as on CUDA, writing atomically with metadata."""
 
@@ -125,26 +188,30 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         num_layers = int(model_config.hf_text_config.num_hidden_layers)
         return layer_ids, num_layers, str(model_config.served_model_name or model_config.model)
 
-    def _copy_to_host(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, Any]:
-        """The request's rows [S, L, H] on the host and an event that says when they are there."""
+    def _copy_to_host(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[dict[str, torch.Tensor], Any]:
+        """The request's float tensors on the host ({"hidden_states": [S, L, H]}, and in FP8 storage
+        "hidden_states_scale" [S, L]) and an event that says when they are there."""
         assert self._kv_cache is not None
         if self._kv_cache.is_cuda:
             return self._copy_from_cuda(slot_mapping, num_tokens)
         rows = extract_from_kv_cache(self._kv_cache, slot_mapping.to(self._kv_cache.device), num_tokens)
-        return rows.to("cpu", copy=True).contiguous(), _DoneEvent()
+        return {k: t.to("cpu", copy=True).contiguous() for k, t in stored(rows, STORAGE).items()}, _DoneEvent()
 
-    def _copy_from_cuda(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, Any]:
-        """Upstream's path: gather on a side stream, async copy into pinned memory, an event."""
+    def _copy_from_cuda(self, slot_mapping: torch.Tensor, num_tokens: int) -> tuple[dict[str, torch.Tensor], Any]:
+        """Upstream's path: gather on a side stream (FP8 storage: the cast there too, before the copy),
+        async copy into pinned memory, an event."""
         assert self._kv_cache is not None
         copy_stream = self._get_copy_stream()
         ready = torch.cuda.Event()
         ready.record()
         copy_stream.wait_event(ready)
+        host = {}
         with torch.cuda.stream(copy_stream):
             slots = slot_mapping.to(device=self._kv_cache.device, non_blocking=True)
             rows = extract_from_kv_cache(self._kv_cache, slots, num_tokens)
-            host = torch.empty_like(rows, device="cpu", pin_memory=True)
-            host.copy_(rows, non_blocking=True)
+            for name, t in stored(rows, STORAGE).items():
+                host[name] = torch.empty_like(t, device="cpu", pin_memory=True)
+                host[name].copy_(t, non_blocking=True)
         done = torch.cuda.Event()
         done.record(copy_stream)
         return host, done
@@ -159,12 +226,17 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         offsets = torch.arange(0, self._block_size, dtype=torch.long)
         slot_mapping = (offsets.reshape(1, -1) + block_ids.reshape(-1, 1) * self._block_size).flatten()
         num_tokens = pending.token_ids.shape[0]
-        hidden, event = self._copy_to_host(slot_mapping, num_tokens)
+        floats, event = self._copy_to_host(slot_mapping, num_tokens)
         layer_ids, num_layers, model = self._file_context()
         metadata = file_metadata(
-            layer_ids=layer_ids, num_hidden_layers=num_layers, hidden=hidden, model=model, request_id=pending.req_id
+            layer_ids=layer_ids,
+            num_hidden_layers=num_layers,
+            hidden=floats["hidden_states"],
+            model=model,
+            request_id=pending.req_id,
+            model_dtype=self._kv_cache.dtype if STORAGE == "fp8_e4m3" else None,
         )
-        tensors = {"hidden_states": hidden, "token_ids": pending.token_ids.clone().to(torch.int64)}
+        tensors = {**floats, "token_ids": pending.token_ids.clone().to(torch.int64)}
 
         assert self._req_futures.get(pending.req_id) is None, "Found another KV transfer request with same req_id!"
         os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
