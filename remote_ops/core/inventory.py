@@ -223,6 +223,11 @@ class DumpSpec(_Spec):
     pinned_buffers: int = Field(8, gt=0)
     writer_threads: int = Field(2, gt=0)
     min_free_gb: float = Field(100.0, ge=0)
+    storage: Literal["bf16", "fp8_e4m3"] = Field(
+        "bf16",
+        description="bf16: the states as computed, bit-exact; fp8_e4m3: e4m3 + a scale per token and layer, "
+        "cast on the GPU (lossy, about half the bytes)",
+    )
 
 
 class ServerSpec(_Spec):

@@ -193,6 +193,8 @@ def dump_env(host: "HostSpec") -> dict[str, str]:
         env["SGLANG_HS_DUMP_LAYERS"] = ",".join(str(i) for i in d.layers)
     if d.all_ranks:
         env["SGLANG_HS_DUMP_ALL_RANKS"] = "1"
+    if d.storage != "bf16":  # absent in the default: a running container's run config stays what it was
+        env["SGLANG_HS_DUMP_DTYPE"] = d.storage
     return env
 
 

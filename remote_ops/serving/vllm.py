@@ -224,6 +224,13 @@ def command(host: "HostSpec") -> tuple[str, ...]:
     return (*host.vllm.launcher, *server_args(host))
 
 
+def connector_env(host: "HostSpec") -> dict[str, str]:
+    """The connector's settings from the inventory: `dump.storage` as REMOTE_OPS_DUMP_DTYPE, only when
+    not the default (a running container's run config stays what it was)."""
+    storage = host.dump.storage
+    return {"REMOTE_OPS_DUMP_DTYPE": storage} if storage != "bf16" else {}
+
+
 def run_spec(host: "HostSpec", image: str) -> "RunSpec":
     """The vLLM server container: the host's container settings, vLLM's command line, no
     SGLang dumper variables; labelled with its run-config hash like SGLang's."""
@@ -237,7 +244,7 @@ def run_spec(host: "HostSpec", image: str) -> "RunSpec":
         base,
         command=command(host),
         entrypoint=(),
-        env={**env, "VLLM_PORT": str(host.server.port), **host.container.env},
+        env={**env, "VLLM_PORT": str(host.server.port), **connector_env(host), **host.container.env},
         labels={
             **{k: v for k, v in base.labels.items() if k != RUN_CONFIG},
             **({SERVES_LABEL: mode} if mode != "extract" else {}),
