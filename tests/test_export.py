@@ -44,10 +44,16 @@ def dataset_samples(lens: list[int], seed: int = 1) -> list[dict]:
 
 
 def dump_samples(
-    root: Path, samples: list[dict], hidden_size: int = H, seed: int = 0, prefixes: list[int] | None = None
-) -> None:
+    root: Path,
+    samples: list[dict],
+    hidden_size: int = H,
+    seed: int = 0,
+    prefixes: list[int] | None = None,
+    storage: str = "bf16",
+) -> tuple:
     """The samples' prompts as one EXTEND batch through the REAL dumper on the CPU (`prefixes`: each
-    span's prefix length, as a later chunk of chunked prefill has)."""
+    span's prefix length, as a later chunk of chunked prefill has; `storage`: SGLANG_HS_DUMP_DTYPE);
+    returns the batch's (hidden, aux) tensors."""
     from remote_ops.dumper.attach import file_metadata
     from remote_ops.dumper.config import config_from_env
     from remote_ops.dumper.dumper import Dumper
@@ -59,6 +65,7 @@ def dump_samples(
             "SGLANG_HS_DUMP_DIR": str(root),
             "SGLANG_HS_DUMP_FSYNC": "0",
             "SGLANG_HS_DUMP_BUFFER_TOKENS": str(max(sum(lens), 64)),
+            "SGLANG_HS_DUMP_DTYPE": storage,
         }
     )
     model = SimpleNamespace(
@@ -80,6 +87,7 @@ def dump_samples(
     aux = [torch.randn(rows, hidden_size, generator=g).to(torch.bfloat16) for _ in range(3)]
     dumper.capture(fb, hidden, aux)
     dumper.close()
+    return hidden, aux
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

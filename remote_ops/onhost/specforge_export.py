@@ -26,6 +26,11 @@ offline_reader.py`, `feature_store.load_feature_file`, `data/preprocessing.py`
   (`x / sqrt(mean(x^2) + eps) * weight`, the weight read alone through the model's
   safetensors index, eps from its config.json; float64 with numpy when importable,
   else Python floats) and rounded back to the dump's dtype (nearest even, as torch).
+  A dump in FP8 storage (metadata `storage = fp8_e4m3_rowscale`: e4m3 values and a float32
+  scale per token row and layer, FORMAT.md "FP8 storage"; a vLLM file the same with
+  `hidden_states_scale` [S, L]) is decoded to its metadata `dtype` (bf16) first, as the
+  dumper's `fp8.decode_rows` does (`q * scale` in float32, rounded to nearest even), so
+  SpecForge reads bf16 records either way; the sha256 check is of the FP8 bytes read.
 
 The torch zip container is written here without torch: stored (uncompressed)
 zip entries, each record's data aligned to 64 bytes as torch's own writer does
@@ -69,8 +74,98 @@ DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8}
 EXPORT_MANIFEST = "export.jsonl"
 
 
+AUX_STATES = 3
+
+
 class ExportError(Exception):
     """A sample that cannot be exported; the message says why."""
+
+
+# --------------------------------------------------------------------------- FP8 storage (pure)
+
+STORAGE_FP8 = "fp8_e4m3_rowscale"  # metadata `storage` of a dump in FP8 storage (dumper/fp8.py's STORAGE)
+MODEL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+def _e4m3(b):
+    """The value of one float8_e4m3fn byte (no infinities; 0x7F / 0xFF are NaN)."""
+    sign, exp, man = -1.0 if b & 0x80 else 1.0, (b >> 3) & 0xF, b & 7
+    if exp == 15 and man == 7:
+        return float("nan")
+    return sign * (man / 8.0 * 2.0**-6 if exp == 0 else (1 + man / 8.0) * 2.0 ** (exp - 7))
+
+
+E4M3 = [_e4m3(b) for b in range(256)]
+
+
+def fp8_out_dtype(meta):
+    """The safetensors dtype FP8 values of a file decode to: its metadata `dtype` (the model's)."""
+    out = MODEL_DTYPES.get(meta.get("dtype"))
+    if out is None:
+        raise ExportError("FP8 storage with metadata dtype %r: not a model dtype to decode to" % meta.get("dtype"))
+    return out
+
+
+def decode_fp8(q, scales, segments, width, dtype, np=None):
+    """e4m3 bytes of rows of `width` values (`segments` equal parts, each with its own float32 scale in
+    `scales`, row-major) -> the rows as `dtype` bytes: `q * scale` in float32 (exact in double, then
+    rounded to float32: torch's float32 product), then to `dtype` (nearest even).  numpy when given,
+    else per segment a 256-entry table and `bytes.translate` (C speed for the bulk)."""
+    seg = width // segments
+    count = len(q) // seg if seg else 0
+    scale = array("f", scales)
+    if len(scale) != count:
+        raise ExportError("%d scales for %d segments of FP8 values" % (len(scale), count))
+    if np is not None:
+        return _decode_fp8_numpy(np, q, scale, seg, dtype)
+    size = DTYPE_SIZE[dtype]
+    out = bytearray(len(q) * size)
+    for i in range(count):
+        table = encode_floats([v * scale[i] for v in E4M3], dtype)
+        part = q[i * seg : (i + 1) * seg]
+        base = i * seg * size
+        for byte in range(size):
+            out[base + byte : base + seg * size : size] = part.translate(table[byte::size])
+    return bytes(out)
+
+
+def _decode_fp8_numpy(np, q, scale, seg, dtype):
+    values = np.asarray(E4M3, dtype=np.float32)[np.frombuffer(q, np.uint8).reshape(-1, seg)]
+    f = values * np.frombuffer(scale.tobytes(), np.float32)[:, None]
+    if dtype == "F32":
+        return f.astype("<f4").tobytes()
+    if dtype == "F16":
+        return f.astype("<f2").tobytes()
+    bits = f.view(np.uint32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    out[np.isnan(f)] = 0x7FC0
+    return out.astype("<u2").tobytes()
+
+
+def numpy_or_none():
+    try:
+        import numpy
+
+        return numpy
+    except ImportError:
+        return None
+
+
+def is_fp8_source(header, meta):
+    """A dump (or vLLM file) in FP8 storage."""
+    return meta.get("storage") == STORAGE_FP8 or header.get("hidden_states", {}).get("dtype") == "F8_E4M3"
+
+
+def decoded_states(data, header, meta, np=None):
+    """(hidden [n, H], aux [n, 3H]) bytes in the model dtype, and that dtype, from the data section of a
+    dump file in FP8 storage."""
+    out = fp8_out_dtype(meta)
+    states = []
+    for name, segments in (("hidden_states", 1), ("aux_hidden_states", AUX_STATES)):
+        a, b = header[name]["data_offsets"]
+        sa, sb = header[name + "_scale"]["data_offsets"]
+        states.append(decode_fp8(data[a:b], data[sa:sb], segments, header[name]["shape"][1], out, np))
+    return states[0], states[1], out
 
 
 # --------------------------------------------------------------------------- packed (compacted) dumps
@@ -212,9 +307,12 @@ def read_header(fh):
 
 
 def check_source(header, meta, tokens, prenorm_ok=False):
-    """The dump file must hold the four tensors of the contract, post-norm final state (or, when
-    it is being converted, a pre-norm one), n tokens."""
+    """The dump file must hold the four tensors of the contract (in FP8 storage with their two scales),
+    post-norm final state (or, when it is being converted, a pre-norm one), n tokens."""
     names = {"hidden_states", "aux_hidden_states", "input_ids", "positions"}
+    fp8 = is_fp8_source(header, meta)
+    if fp8:
+        names |= {"hidden_states_scale", "aux_hidden_states_scale"}
     if set(header) != names:
         raise ExportError("tensors %s, expected %s" % (sorted(header), sorted(names)))
     if meta.get("hidden_states_norm", "post-norm") not in (("post-norm", "pre-norm") if prenorm_ok else ("post-norm",)):
@@ -228,6 +326,13 @@ def check_source(header, meta, tokens, prenorm_ok=False):
             "shapes %s / %s do not match %d dataset tokens"
             % (header["hidden_states"]["shape"], header["aux_hidden_states"]["shape"], tokens)
         )
+    if fp8:
+        if header["hidden_states_scale"]["shape"] != [n, 1] or header["aux_hidden_states_scale"]["shape"] != [n, 3]:
+            raise ExportError(
+                "FP8 scales %s / %s, want [n, 1] / [n, 3]"
+                % (header["hidden_states_scale"]["shape"], header["aux_hidden_states_scale"]["shape"])
+            )
+        return n, h, fp8_out_dtype(meta)
     if header["hidden_states"]["dtype"] not in STORAGE:
         raise ExportError("dtype %s not supported" % header["hidden_states"]["dtype"])
     return n, h, header["hidden_states"]["dtype"]
@@ -363,18 +468,21 @@ def fsync_dir(path):
 
 
 VLLM_FORMAT = "vllm-hidden-states/1"
-AUX_STATES = 3
+VLLM_FORMAT_FP8 = "vllm-hidden-states/2"  # the same in FP8 storage (hidden_states e4m3 + hidden_states_scale)
 
 
 def is_vllm_source(header, meta):
     """A file vLLM's hidden-state connector wrote: `token_ids` I64 [S], `hidden_states` [S, L, H]."""
-    return meta.get("format") == VLLM_FORMAT or ("token_ids" in header and "input_ids" not in header)
+    return meta.get("format") in (VLLM_FORMAT, VLLM_FORMAT_FP8) or ("token_ids" in header and "input_ids" not in header)
 
 
-def check_vllm_source(header, tokens):
-    """(n, L, h, dtype) of a vLLM file that holds the 3 aux states and the final state for `tokens`."""
-    if set(header) != {"token_ids", "hidden_states"}:
-        raise ExportError("tensors %s, expected ['hidden_states', 'token_ids'] (vLLM)" % sorted(header))
+def check_vllm_source(header, tokens, meta=None):
+    """(n, L, h, dtype) of a vLLM file that holds the 3 aux states and the final state for `tokens`
+    (FP8 storage: `hidden_states_scale` [S, L] besides, dtype the one the values decode to)."""
+    fp8 = is_fp8_source(header, meta or {})
+    want = {"token_ids", "hidden_states", "hidden_states_scale"} if fp8 else {"token_ids", "hidden_states"}
+    if set(header) != want:
+        raise ExportError("tensors %s, expected %s (vLLM)" % (sorted(header), sorted(want)))
     hs, ids = header["hidden_states"], header["token_ids"]
     if len(hs["shape"]) != 3 or ids["dtype"] != "I64" or ids["shape"] != [hs["shape"][0]]:
         raise ExportError("vLLM file: hidden_states %s, token_ids %s %s" % (hs["shape"], ids["dtype"], ids["shape"]))
@@ -390,6 +498,12 @@ def check_vllm_source(header, tokens):
         )
     if n != tokens:
         raise ExportError("hidden_states %s does not match %d dataset tokens" % (hs["shape"], tokens))
+    if fp8:
+        if header["hidden_states_scale"]["shape"] != [n, count]:
+            raise ExportError(
+                "hidden_states_scale %s, want [%d, %d]" % (header["hidden_states_scale"]["shape"], n, count)
+            )
+        return n, count, h, fp8_out_dtype(meta or {})
     if hs["dtype"] not in STORAGE:
         raise ExportError("dtype %s not supported" % hs["dtype"])
     return n, count, h, hs["dtype"]
@@ -405,10 +519,11 @@ def split_layers(data, n, count, h, size):
     return aux, final
 
 
-def _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw):
+def _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw, meta=None):
     """One vLLM file -> one SpecForge record set: hidden_state = the last captured layer (through the
-    final RMSNorm with `norm`), aux_hidden_state = the aux layers concatenated; token ids checked."""
-    n, count, h, dtype = check_vllm_source(header, len(ids))
+    final RMSNorm with `norm`), aux_hidden_state = the aux layers concatenated; token ids checked.
+    FP8 storage: the layers decoded to the model dtype first."""
+    n, count, h, dtype = check_vllm_source(header, len(ids), meta)
     end = max(e["data_offsets"][1] for e in header.values())
     data = _read_exact(fin, end)
     digest.update(data)
@@ -416,7 +531,11 @@ def _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw):
     if data[a:b] != struct.pack("<%dq" % len(ids), *ids):
         raise ExportError("token ids in the dump differ from the dataset sample")
     a, b = header["hidden_states"]["data_offsets"]
-    aux, final = split_layers(data[a:b], n, count, h, DTYPE_SIZE[dtype])
+    rows = data[a:b]
+    if is_fp8_source(header, meta or {}):
+        sa, sb = header["hidden_states_scale"]["data_offsets"]
+        rows = decode_fp8(rows, data[sa:sb], count, count * h, dtype, numpy_or_none())
+    aux, final = split_layers(rows, n, count, h, DTYPE_SIZE[dtype])
     if norm is not None:
         final = norm.apply(final, dtype, h)
     z = _begin(fout, n, h, dtype, ids, mask)
@@ -483,7 +602,7 @@ def _many_sources(sources, fout, ids, mask, norm=None):
             hlen, header, meta = read_header(fh)
         n = header["input_ids"]["shape"][0]
         check_source(header, meta, n, norm is not None)
-        parts.append((path, hlen, header, ids[offset : offset + n]))
+        parts.append((path, hlen, header, ids[offset : offset + n], meta if is_fp8_source(header, meta) else None))
         offset += n
     if offset != len(ids):
         raise ExportError("the spans cover %d tokens, the sample has %d" % (offset, len(ids)))
@@ -507,13 +626,15 @@ def _write_parts(parts, fout, ids, mask, norm=None):
     dtype = parts[0][2]["hidden_states"]["dtype"]
     if any(p[2]["hidden_states"]["shape"][1] != h or p[2]["hidden_states"]["dtype"] != dtype for p in parts):
         raise ExportError("the spans of this sample differ in hidden size or dtype")
+    if parts[0][4] is not None:
+        return _write_fp8_parts(parts, fout, ids, mask, norm)
     n = len(ids)
     z = _begin(fout, n, h, dtype, ids, mask)
     read = 0
     for name, record in (("hidden_states", "data/2"), ("aux_hidden_states", "data/3")):
         total = sum(p[2][name]["data_offsets"][1] - p[2][name]["data_offsets"][0] for p in parts)
         with z.open(record, total) as dst:
-            for path, hlen, header, _part_ids in parts:
+            for path, hlen, header, _part_ids, _meta in parts:
                 if norm is not None and name == "hidden_states":
                     a, b = header[name]["data_offsets"]
                     with open_source(path) as fin:
@@ -522,14 +643,45 @@ def _write_parts(parts, fout, ids, mask, norm=None):
                     read += b - a
                 else:
                     read += _copy_range(path, 8 + hlen, header[name]["data_offsets"], dst)
-    for path, hlen, header, part_ids in parts:
+    _check_part_ids(parts)
+    _finish(z, hashlib.sha256(json.dumps([original_name(p[0]) for p in parts]).encode()).hexdigest())
+    return read
+
+
+def _write_fp8_parts(parts, fout, ids, mask, norm=None):
+    """Spans in FP8 storage: each span's data section read, its states decoded to the model dtype."""
+    decoded, read = [], 0
+    for path, hlen, header, _part_ids, meta in parts:
+        end = max(e["data_offsets"][1] for e in header.values())
+        with open_source(path) as fin:
+            fin.seek(8 + hlen)
+            data = _read_exact(fin, end)
+        read += end
+        decoded.append(decoded_states(data, header, meta, numpy_or_none()))
+    dtype = decoded[0][2]
+    if any(d[2] != dtype for d in decoded):
+        raise ExportError("the spans of this sample decode to different dtypes")
+    h = parts[0][2]["hidden_states"]["shape"][1]
+    hidden = b"".join(d[0] for d in decoded)
+    if norm is not None:
+        hidden = norm.apply(hidden, dtype, h)
+    z = _begin(fout, len(ids), h, dtype, ids, mask)
+    for record, part in (("data/2", hidden), ("data/3", b"".join(d[1] for d in decoded))):
+        with z.open(record, len(part)) as dst:
+            dst.write(part)
+    _check_part_ids(parts)
+    _finish(z, hashlib.sha256(json.dumps([original_name(p[0]) for p in parts]).encode()).hexdigest())
+    return read
+
+
+def _check_part_ids(parts):
+    """Each span's input_ids are the dataset's tokens at its place."""
+    for path, hlen, header, part_ids, _meta in parts:
         start, end = header["input_ids"]["data_offsets"]
         with open_source(path) as fh:
             fh.seek(8 + hlen + start)
             if _read_exact(fh, end - start) != struct.pack("<%di" % len(part_ids), *part_ids):
                 raise ExportError("token ids in %s differ from the dataset sample" % os.path.basename(path))
-    _finish(z, hashlib.sha256(json.dumps([original_name(p[0]) for p in parts]).encode()).hexdigest())
-    return read
 
 
 def _copy_range(path, base, offsets, dst):
@@ -574,12 +726,35 @@ def _convert_stream(fin, fout, digest, ids, mask, norm=None):
     header = json.loads(raw)
     meta = header.pop("__metadata__", {}) or {}
     if is_vllm_source(header, meta):
-        return 8 + hlen + _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw)
+        return 8 + hlen + _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw, meta)
     n, h, dtype = check_source(header, meta, len(ids), norm is not None)
+    if is_fp8_source(header, meta):
+        return 8 + hlen + _convert_fp8(fin, fout, digest, header, meta, ids, mask, norm, raw)
     z = _begin(fout, n, h, dtype, ids, mask)
     read = 8 + hlen + _copy_tensors(fin, z, digest, header, ids, norm)
     _finish(z, hashlib.sha256(raw).hexdigest())
     return read
+
+
+def _convert_fp8(fin, fout, digest, header, meta, ids, mask, norm, raw):
+    """A dump in FP8 storage: the data section read whole (hashed), ids checked, both states decoded
+    to the model dtype (the final one then through `norm`), written as the bf16 records."""
+    end = max(e["data_offsets"][1] for e in header.values())
+    data = _read_exact(fin, end)
+    digest.update(data)
+    a, b = header["input_ids"]["data_offsets"]
+    if data[a:b] != struct.pack("<%di" % len(ids), *ids):
+        raise ExportError("token ids in the dump differ from the dataset sample")
+    n, h = header["hidden_states"]["shape"]
+    hidden, aux, dtype = decoded_states(data, header, meta, numpy_or_none())
+    if norm is not None:
+        hidden = norm.apply(hidden, dtype, h)
+    z = _begin(fout, n, h, dtype, ids, mask)
+    for record, part in (("data/2", hidden), ("data/3", aux)):
+        with z.open(record, len(part)) as dst:
+            dst.write(part)
+    _finish(z, hashlib.sha256(raw).hexdigest())
+    return end
 
 
 def _copy_tensors(fin, z, digest, header, ids, norm=None):
