@@ -59,11 +59,17 @@ def _write(folder: Path, n: int, h: int = 64, dtype: str = "BF16", seed: int = 0
 # --------------------------------------------------------------------------- pure: the codec
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
 @pytest.mark.parametrize("block", [16, 1000, 4 << 20])
-def test_packed_file_decodes_bit_for_bit_and_reads_at_any_offset(tmp_path, dtype, block):
+def test_packed_file_decodes_bit_for_bit_and_reads_at_any_offset(tmp_path, dtype, block, version):
+    """Both versions (v2 is written by default; v1 files, written before it, are still read)."""
     src = _write(tmp_path, 37, 24, dtype)
-    info = packed.pack_file(str(src), str(tmp_path / "f.hsz"), block_bytes=block, fsync=False)
+    info = packed.pack_file(str(src), str(tmp_path / "f.hsz"), block_bytes=block, fsync=False, version=version)
+    with packed.PackedFile(str(tmp_path / "f.hsz")) as pf:
+        assert pf.version == version
+        transforms = {b[2] for b in pf.blocks}
+        assert ("e2" in transforms) == (version == 2 and dtype == "BF16")
     raw = src.read_bytes()
     assert info["source_sha256"] == hashlib.sha256(raw).hexdigest()
     assert info["packed_sha256"] == hashlib.sha256((tmp_path / "f.hsz").read_bytes()).hexdigest()
@@ -83,6 +89,79 @@ def test_bf16_activations_keep_fewer_bytes_than_plain_deflate(tmp_path):
 
     assert info["packed_bytes"] < len(zlib.compress(src.read_bytes(), 6))
     assert info["packed_bytes"] < 0.75 * info["source_bytes"]
+
+
+def _channel_scaled_bf16(n: int, w: int, seed: int) -> bytes:
+    """BF16 rows whose channels have their own scales (as activations do): Gaussian times 2**k(channel)."""
+    rng = random.Random(seed)
+    scales = [2.0 ** rng.randrange(-6, 7) for _ in range(w)]
+    out = bytearray()
+    for _ in range(n):
+        for c in range(w):
+            x = struct.pack("<f", rng.gauss(0, 1) * scales[c])
+            out += x[2:]  # the top half of a float32: a bf16 (truncated)
+    return bytes(out)
+
+
+def test_v2_codes_each_exponent_against_its_channel_and_keeps_fewer_bytes_than_v1(tmp_path):
+    n, h = 120, 32
+    path = tmp_path / "c.safetensors"
+    tensors = {
+        "hidden_states": ("BF16", [n, h], _channel_scaled_bf16(n, h, 1)),
+        "aux_hidden_states": ("BF16", [n, 3 * h], _channel_scaled_bf16(n, 3 * h, 2)),
+        "input_ids": ("I32", [n], dumpfile.token_ids_bytes(range(n))),
+        "positions": ("I32", [n], dumpfile.token_ids_bytes(range(n))),
+    }
+    dumpfile.write_dump_file(str(path), tensors, {"format": dumpfile.FORMAT_NAME}, fsync=False)
+    raw = path.read_bytes()
+    sizes = {}
+    for version in (1, 2):
+        dst = tmp_path / f"v{version}.hsz"
+        sizes[version] = packed.pack_file(str(path), str(dst), block_bytes=1000, fsync=False, version=version)[
+            "packed_bytes"
+        ]
+        assert packed.decoded_sha256(str(dst)) == (hashlib.sha256(raw).hexdigest(), len(raw))
+    assert sizes[2] < 0.95 * sizes[1], sizes
+    # the planes themselves: every value back, whatever the phase of a block's first value
+    data = tensors["aux_hidden_states"][2]
+    medians = packed.channel_medians(data, 3 * h)
+    for phase in (0, 1, 95):
+        planes = packed.exponent_planes(data[: 2 * 500], medians, phase)
+        assert packed.join_exponent_planes(planes, medians, phase, 1000) == data[:1000]
+
+
+def test_a_v2_file_with_a_bad_channel_table_is_refused(tmp_path):
+    src = _write(tmp_path, 40, 64)
+    dst = tmp_path / "f.hsz"
+    packed.pack_file(str(src), str(dst), fsync=False)
+    good = dst.read_bytes()
+    tail = good[-16:]
+    (n,) = struct.unpack("<Q", tail[:8])
+    index = json.loads(good[-16 - n : -16])
+
+    def rewritten(change) -> Path:
+        doc = json.loads(json.dumps(index))
+        change(doc)
+        raw = json.dumps(doc).encode()
+        dst.write_bytes(good[: -16 - n] + raw + struct.pack("<Q", len(raw)) + tail[8:])
+        return dst
+
+    def e2(doc):
+        return next(b for b in doc["blocks"] if b[2] == "e2")
+
+    for change in (
+        lambda d: d["channels"][0].__setitem__(1, "!!"),  # not base64
+        lambda d: d["channels"][0].__setitem__(0, 65),  # decodes to fewer bytes than its width
+        lambda d: e2(d).__setitem__(5, 7),  # no such table
+        lambda d: e2(d).__setitem__(6, 64),  # a phase past the table
+        lambda d: e2(d).pop(),  # no phase
+        lambda d: d.__setitem__("version", 1),  # e2 in a version-1 file
+        lambda d: d.__setitem__("version", 3),
+    ):
+        with pytest.raises(packed.PackError):
+            packed.decoded_sha256(str(rewritten(change)))
+    dst.write_bytes(good)
+    assert packed.decoded_sha256(str(dst))[0] == hashlib.sha256(src.read_bytes()).hexdigest()
 
 
 def test_a_corrupt_truncated_or_lying_packed_file_is_refused(tmp_path):
