@@ -14,7 +14,15 @@ i.e. T * 57,344 bytes to dump (~470 MB for T=8192).  Phases, all on one machine:
 5. bit-exactness of every span after the GPU memory was reused right away.
 
 Usage: python3 bench/dumper_gpu.py [--out results.json] [--dir DUMPDIR] [--exact-only: phase 5 alone]
+       [--storage bf16|fp8_e4m3]
 Goals: loop overhead <= 3 %, sustained write rate >= 90 % of raw disk.
+
+`--storage fp8_e4m3` runs the same phases with the dumper in FP8 storage
+(SGLANG_HS_DUMP_DTYPE=fp8_e4m3: the cast to e4m3 + scales on the GPU, on the
+forward stream, before the copy; T * 28,688 bytes a step at H = 7168), so phase 3
+gives the cast's cost against the same no-dump loop; phase 5's "bit-exact"
+becomes: the files' values and scales are `fp8.encode_rows` of the source on its
+device, and they decode to exactly `fp8.roundtrip` of it.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.environ.get("DUMPER_IMPL_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from remote_ops.dumper import attach, dumpfile  # noqa: E402
+from remote_ops.dumper import attach, dumpfile, fp8  # noqa: E402
 from remote_ops.dumper.runtime import Runtime, ServerArgsView  # noqa: E402
 
 GB = 1e9
@@ -229,8 +237,9 @@ def loop_naive(step, lens, steps, folder):
     return (time.perf_counter() - t0) / steps
 
 
-def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env=None):
-    """attach() on a DeepseekV2ForCausalLM-shaped object, as the init block does."""
+def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env=None, storage="bf16"):
+    """attach() on a DeepseekV2ForCausalLM-shaped object, as the init block does (`storage`:
+    SGLANG_HS_DUMP_DTYPE)."""
     cfg = SimpleNamespace(num_hidden_layers=61, hidden_size=step.hidden, architectures=["BenchStep"])
     model = SimpleNamespace(
         config=cfg, model=SimpleNamespace(layers_to_capture=[], layers=[]), capture_aux_hidden_states=False
@@ -242,6 +251,7 @@ def make_dumper(folder, step, buffers, writers, policy="backpressure", extra_env
         "SGLANG_HS_DUMP_POLICY": policy,
         "SGLANG_HS_DUMP_BUFFER_TOKENS": str(step.tokens),
         **{k: v for k, v in os.environ.items() if k.startswith("SGLANG_HS_DUMP_")},  # e.g. SGLANG_HS_DUMP_GATHER_TOKENS
+        "SGLANG_HS_DUMP_DTYPE": storage,
         **(extra_env or {}),
     }
     runtime = Runtime("bench", 0, 1, ServerArgsView({"tp_size": 1}), "bench")
@@ -268,18 +278,23 @@ def loop_dumper(step, lens, steps, dumper, seed0):
 # --------------------------------------------------------------------------- bit-exactness
 
 
-def bit_exact_after_reuse(step, lens, folder, samples):
-    """Capture, free the tensors, overwrite GPU memory at once, then compare every file bit for bit."""
+def bit_exact_after_reuse(step, lens, folder, samples, storage="bf16"):
+    """Capture, free the tensors, overwrite GPU memory at once, then compare every file bit for bit
+    (FP8 storage: with `fp8.encode_rows` of the source, made on its device, and the decoded values
+    with `fp8.roundtrip` of it)."""
     from safetensors.torch import load_file
 
-    dumper = make_dumper(folder, step, buffers=samples + 1, writers=4)
+    dumper = make_dumper(folder, step, buffers=samples + 1, writers=4, storage=storage)
     refs = []
     for s in range(samples):
         x0, ids = step.inputs(1000 + s)
         hidden, aux = step.run(x0)
         fb = forward_batch(ids, lens, step.dev)
         dumper.capture(fb, hidden, aux)
-        refs.append((hidden.cpu(), torch.cat([a.cpu() for a in aux], 1), ids.cpu(), fb.positions.cpu()))
+        if storage == "fp8_e4m3":  # the reference made on the source's device, queued after the capture's cast
+            refs.append((fp8_reference(hidden, torch.cat(aux, 1)), ids.cpu(), fb.positions.cpu()))
+        else:
+            refs.append(((hidden.cpu(), torch.cat([a.cpu() for a in aux], 1)), ids.cpu(), fb.positions.cpu()))
         del hidden, aux, x0, fb
         trash = [
             torch.full((step.tokens, step.hidden), float("nan"), device=step.dev, dtype=torch.bfloat16)
@@ -288,14 +303,13 @@ def bit_exact_after_reuse(step, lens, folder, samples):
         del trash
     dumper.flush(600)
     checked, equal = 0, 0
-    for hidden, aux, ids, pos in refs:
+    for want, ids, pos in refs:
         start = 0
         for n in lens:
             key = dumpfile.dump_key(ids[start : start + n].to(torch.int32).numpy().tobytes(), 0)
             got = load_file(os.path.join(folder, "rank0", key + ".safetensors"))
             same = (
-                torch.equal(got["hidden_states"].view(torch.int16), hidden[start : start + n].view(torch.int16))
-                and torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start : start + n].view(torch.int16))
+                (fp8_same(got, want, start, n) if storage == "fp8_e4m3" else bf16_same(got, want, start, n))
                 and torch.equal(got["input_ids"], ids[start : start + n].to(torch.int32))
                 and torch.equal(got["positions"], pos[start : start + n].to(torch.int32))
             )
@@ -305,6 +319,7 @@ def bit_exact_after_reuse(step, lens, folder, samples):
     gather = dict(dumper.stats.static.get("gather") or {}, jobs=dumper.job_seq, steps=samples)
     dumper.close()
     return {
+        "storage": storage,
         "copy_mode": copy_mode,
         "gather": gather,
         "capture_errors": errors,
@@ -316,6 +331,36 @@ def bit_exact_after_reuse(step, lens, folder, samples):
         "bytes_per_token": report.bytes_per_token,
         "problems": [p.message for p in report.problems][:5],
     }
+
+
+def bf16_same(got, want, start, n):
+    """The file's states are the source's rows, bit for bit."""
+    hidden, aux = want
+    return torch.equal(got["hidden_states"].view(torch.int16), hidden[start : start + n].view(torch.int16)) and (
+        torch.equal(got["aux_hidden_states"].view(torch.int16), aux[start : start + n].view(torch.int16))
+    )
+
+
+def fp8_reference(hidden, aux):
+    """What FP8 storage must write for these states, made on their device: (values and scales of
+    fp8.encode_rows, fp8.roundtrip), on the CPU."""
+    out = []
+    for x, segments in ((hidden, 1), (aux, 3)):
+        q, scale = fp8.encode_rows(x, segments)
+        out.append((q.cpu(), scale.cpu(), fp8.roundtrip(x, segments).cpu()))
+    return out
+
+
+def fp8_same(got, want, start, n):
+    """The file's e4m3 values and scales are the reference's, and they decode to its roundtrip."""
+    ok = True
+    for name, (q, scale, back) in zip(("hidden_states", "aux_hidden_states"), want):
+        rows = slice(start, start + n)
+        ok = ok and torch.equal(got[name].view(torch.uint8), q[rows].view(torch.uint8))
+        ok = ok and torch.equal(got[name + "_scale"], scale[rows])
+        decoded = fp8.decode_rows(got[name], got[name + "_scale"], back.dtype)
+        ok = ok and torch.equal(decoded.view(torch.int16), back[rows].view(torch.int16))
+    return ok
 
 
 # --------------------------------------------------------------------------- main
@@ -336,7 +381,7 @@ def fresh(path):
 def sustained(step, lens, base, args, writers):
     """Many steps through a small pool under backpressure: the dumper's sustained file write rate."""
     folder = fresh(os.path.join(base, "sustained"))
-    dumper = make_dumper(folder, step, args.buffers, writers)
+    dumper = make_dumper(folder, step, args.buffers, writers, storage=args.storage)
     per_step, total = loop_dumper(step, lens, args.sustained_steps, dumper, 2000)
     nbytes = written_bytes(folder)
     out = {
@@ -372,20 +417,23 @@ def run(args):
     if args.exact_only:
         step = Step(args.tokens, args.hidden, dev, args.target_ms)
         lens = request_lengths(args.tokens)
-        return {"bit_exact": bit_exact_after_reuse(step, lens, fresh(os.path.join(base, "exact")), args.exact_samples)}
+        exact = bit_exact_after_reuse(step, lens, fresh(os.path.join(base, "exact")), args.exact_samples, args.storage)
+        return {"bit_exact": exact}
+    float_bytes = 4 * args.hidden * 2 if args.storage == "bf16" else dumpfile.fp8_float_bytes(args.hidden)
     res = {
+        "storage": args.storage,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "tokens_per_step": args.tokens,
         "hidden_size": args.hidden,
-        "bytes_per_step": args.tokens * 4 * args.hidden * 2,
+        "bytes_per_step": args.tokens * float_bytes,
         "dump_dir": base,
         "du": shutil.disk_usage(base)._asdict(),
     }
     lens = request_lengths(args.tokens)
     res["requests_per_step"] = lens
     res["raw_disk_single"] = raw_disk_single(fresh(os.path.join(base, "raw")), args.raw_bytes)
-    span_bytes = int(sum(lens) / len(lens)) * (4 * args.hidden * 2 + 8)
+    span_bytes = int(sum(lens) / len(lens)) * (float_bytes + 8)
     res["raw_disk_files_runs"] = [
         raw_disk_files(fresh(os.path.join(base, "raw")), w, span_bytes, args.raw_bytes) for w in args.sustained_writers
     ]
@@ -398,7 +446,7 @@ def run(args):
     res["step_s_none"] = loop_none(step, lens, args.steps)
     res["step_s_naive"] = loop_naive(step, lens, args.naive_steps, fresh(os.path.join(base, "naive")))
     shutil.rmtree(os.path.join(base, "naive"))
-    dumper = make_dumper(fresh(os.path.join(base, "roomy")), step, args.steps + 2, args.writers)
+    dumper = make_dumper(fresh(os.path.join(base, "roomy")), step, args.steps + 2, args.writers, storage=args.storage)
     loop_dumper(step, lens, 2, dumper, 500)  # warm-up: side stream, writer threads, page cache
     res["step_s_none_again"] = loop_none(step, lens, args.steps)
     per_step, total = loop_dumper(step, lens, args.steps, dumper, 600)
@@ -412,7 +460,9 @@ def run(args):
     shutil.rmtree(os.path.join(base, "roomy"))
     res["sustained_runs"] = [sustained(step, lens, base, args, w) for w in args.sustained_writers]
     res["sustained"] = max(res["sustained_runs"], key=lambda r: r["GBps"])
-    res["bit_exact"] = bit_exact_after_reuse(step, lens, fresh(os.path.join(base, "exact")), args.exact_samples)
+    res["bit_exact"] = bit_exact_after_reuse(
+        step, lens, fresh(os.path.join(base, "exact")), args.exact_samples, args.storage
+    )
     return summarize(res)
 
 
@@ -421,6 +471,7 @@ def summarize(res):
     none = min(res["step_s_none"], res["step_s_none_again"])
     raw = max(res["raw_disk_single"]["GBps"], res["raw_disk_files"]["GBps"])
     res["summary"] = {
+        "storage": res["storage"],
         "step_ms_none": round(none * 1e3, 2),
         "step_ms_naive": round(res["step_s_naive"] * 1e3, 2),
         "step_ms_dumper": round(res["step_s_dumper"] * 1e3, 2),
@@ -455,6 +506,12 @@ def parse(argv=None):
     )
     p.add_argument("--exact-samples", type=int, default=4)
     p.add_argument("--exact-only", action="store_true", help="only phase 5 (bit-exactness after reuse)")
+    p.add_argument(
+        "--storage",
+        choices=("bf16", "fp8_e4m3"),
+        default="bf16",
+        help="the dumper's SGLANG_HS_DUMP_DTYPE (fp8_e4m3: the GPU cast is in the timed loop)",
+    )
     p.add_argument("--raw-bytes", type=int, default=4 << 30)
     p.add_argument("--probe-bytes", type=int, default=1 << 30, help="bytes of the sha256 and save_file probes")
     p.add_argument("--dir", default=os.path.abspath(".bench-dump"))

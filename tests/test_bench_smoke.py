@@ -66,17 +66,22 @@ def test_every_bench_script_has_a_smoke_run():
     assert {t for t in SMOKED.values() if "::" not in t} <= here
 
 
-def test_dumper_gpu_runs_every_phase_on_cpu(tmp_path):
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_dumper_gpu_runs_every_phase_on_cpu(tmp_path, storage):
+    """Both storages (`--storage fp8_e4m3`: the cast in the timed loop, "bit-exact" = the files equal
+    fp8.encode_rows of the source and decode to fp8.roundtrip of it)."""
     pytest.importorskip("torch")
     out = tmp_path / "gpu.json"
     run_bench(
         "dumper_gpu.py", "--device", "cpu", "--tokens", "64", "--hidden", "64", "--target-ms", "1",
         "--steps", "2", "--naive-steps", "1", "--sustained-steps", "2", "--sustained-writers", "2",
         "--buffers", "2", "--writers", "2", "--exact-samples", "2", "--raw-bytes", str(1 << 20),
-        "--probe-bytes", str(1 << 20), "--dir", str(tmp_path / "work"), "--out", str(out),
+        "--probe-bytes", str(1 << 20), "--dir", str(tmp_path / "work"), "--out", str(out), "--storage", storage,
     )  # fmt: skip
     result = json.loads(out.read_text())
     assert result["summary"]["bit_exact"] and result["bit_exact"]["spans_checked"] > 0
+    assert result["summary"]["storage"] == result["bit_exact"]["storage"] == storage
+    assert result["bit_exact"]["bytes_per_token"] == (4 * 64 * 2 if storage == "bf16" else 4 * 64 + 16)
     assert result["sustained"]["file_bytes"] > 0 and result["bit_exact"]["copy_mode"] is None  # CPU: no driver
 
 
@@ -166,12 +171,15 @@ def test_pull_moves_both_data_sets_with_two_methods(lab, tmp_path):
 def test_sync_bench_runs_every_method_on_tiny_shards(lab, tmp_path):
     out = tmp_path / "sync.json"
     run_bench(
-        "sync.py", "--mib", "1", "--tokens", "8", "--rate-mbit", "400", "--methods", "sync,hand-rsync,relay",
-        "--json", str(out), codes=(0, 1),
+        "sync.py", "--mib", "1", "--tokens", "8", "--rate-mbit", "400", "--methods",
+        "sync,hand-rsync,relay,sync-packed", "--json", str(out), codes=(0, 1),
     )  # fmt: skip
     result = json.loads(out.read_text())
-    assert set(result["mb_s"]) == {"sync", "hand-rsync", "relay"} and all(v > 0 for v in result["mb_s"].values())
-    assert set(result["x"]) == {"sync_vs_hand_rsync", "sync_vs_relay"} and result["engine_mb_s"]["rsync-gcm"] > 0
+    assert set(result["mb_s"]) == {"sync", "hand-rsync", "relay", "sync-packed"}
+    assert all(v > 0 for v in result["mb_s"].values())
+    assert set(result["x"]) == {"sync_vs_hand_rsync", "sync_vs_relay", "sync-packed_vs_sync"}
+    assert result["engine_mb_s"]["rsync-gcm"] > 0
+    assert 0 < result["packed_at_rest"]["bytes"] < result["bytes"] and result["compact"]["kept"] < 1
 
 
 def test_engine_calls_measures_every_variant_once(lab, tmp_path):
