@@ -13,11 +13,14 @@ seeded), dst holds none.  Then, in one run:
    in front of each host; every method goes through it, both sources at once:
      sync        `remote-ops dumps sync --from src1-x,src2-x --to dst` (sha256 on arrival)
      sync-zstd   the same with `--compress zstd` (ratio from rsync's own byte count)
+     sync-packed the same without `--compress`, from sources compacted at rest first (`dumps compact`'s
+                 on-host pass, `.hsz`): run after every other method, since compaction replaces the
+                 plain files; its rate is the plain bytes over the wall time, as for the others
      hand-rsync  on dst, by hand: `rsync -a -e "ssh <strict opts>" src:DIR/rank0/ DIR/` x 2 in parallel
                  (default cipher), and hand-rsync-gcm with `-c aes128-gcm@openssh.com`
      relay       `remote-ops dumps pull --host src1-x,src2-x --jobs 1` to this machine, then
                  `rsync` (AES-GCM) of each shard to dst, in parallel
-   Rates are the dumps' bytes over the wall time of the whole command (CLI start,
+   Rates are the dumps' (plain) bytes over the wall time of the whole command (CLI start,
    grants and revokes included for sync).  Before each method the page cache's
    dirty pages are written (`sync`) and the order of the methods rotates per rep.
 
@@ -40,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from remote_ops import onhost
 from remote_ops.dumper import dumpfile
 from remote_ops.hostlab import HostLab
 
@@ -174,6 +178,25 @@ def relay(lab: HostLab, sources: list[str], dst_alias: str, state: Path, scratch
     return time.monotonic() - t0
 
 
+def compact_sources(lab: HostLab, sources: list[str], jobs: int) -> dict:
+    """Compact each source's dumps at rest, as `dumps compact` runs on a host (python3 on stdin)."""
+    out: dict = {"bytes_before": 0, "bytes_after": 0, "seconds": 0.0}
+    for name in sources:
+        p = subprocess.run(
+            ["python3", "-", "compact", lab.spec(name).dump.dir, "--jobs", str(jobs)],
+            input=onhost.bundled("compact_onhost.py"), capture_output=True, check=True, timeout=3600,
+        )  # fmt: skip
+        doc = json.loads(p.stdout.decode().splitlines()[-1])
+        if not doc.get("ok"):
+            raise SystemExit(f"compact on {name} failed: {doc}")
+        for k in ("bytes_before", "bytes_after", "seconds"):
+            out[k] += doc[k]
+    out["kept"] = round(out["bytes_after"] / out["bytes_before"], 4) if out["bytes_before"] else None
+    out["seconds"] = round(out["seconds"], 2)
+    out["jobs"] = jobs
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=300, help="MiB of dumps per source")
@@ -181,7 +204,10 @@ def main() -> int:
     ap.add_argument("--rate-mbit", type=float, default=40.0, help="the shaped link, per connection")
     ap.add_argument("--rtt-ms", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--methods", default="sync,sync-zstd,hand-rsync,hand-rsync-gcm,relay", help="comma-separated")
+    ap.add_argument(
+        "--methods", default="sync,sync-zstd,hand-rsync,hand-rsync-gcm,relay,sync-packed", help="comma-separated"
+    )
+    ap.add_argument("--compact-jobs", type=int, default=2, help="worker processes of the compaction before sync-packed")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     with (
@@ -212,14 +238,18 @@ def main() -> int:
         srcs = [alias[s] for s in SOURCES]
         methods = a.methods.split(",")
         times: dict[str, list[float]] = {m: [] for m in methods}
-        wire, inner = {}, []
+        at_rest = [m for m in methods if m == "sync-packed"]  # after the others: compaction replaces the files
+        methods = [m for m in methods if m not in at_rest]
+        wire, inner, packed_wire = {}, [], {}
 
         def run(method: str) -> float:
             if method.startswith("sync"):
                 extra = ["--compress", "zstd"] if method == "sync-zstd" else []
                 t, doc = sync_run(lab, srcs, state, "--dest-address", "127.0.0.1", *extra)
                 assert doc["moved"] == doc["plan"]["files"] and not doc["failed"], doc
-                if extra:
+                if method == "sync-packed":
+                    packed_wire.update(bytes=doc["bytes"])
+                elif extra:
                     wire.update(bytes=doc["bytes"], wire_bytes=doc["wire_bytes"])
                 else:
                     inner.append(
@@ -236,6 +266,13 @@ def main() -> int:
                 clear(Path(lab.spec(DEST).dump.dir))
                 os.sync()  # no method pays for the writeback of the one before
                 times[method].append(run(method))
+        if at_rest:
+            os.sync()
+            result["compact"] = compact_sources(lab, list(SOURCES), a.compact_jobs)
+            for _rep in range(a.reps):
+                clear(Path(lab.spec(DEST).dump.dir))
+                os.sync()
+                times["sync-packed"].append(run("sync-packed"))
         result["sync_inside"] = inner
         med = {m: statistics.median(v) for m, v in times.items()}
         result["seconds"] = {m: round(v, 2) for m, v in med.items()}
@@ -244,6 +281,13 @@ def main() -> int:
         result["x"] = {k: round(med[m] / med["sync"], 3) for k, m in x.items() if m in med and "sync" in med}
         saving = round(1 - wire["wire_bytes"] / wire["bytes"], 4) if wire.get("bytes") else None
         result["zstd"] = {**wire, "saving": saving}
+        if packed_wire:
+            result["packed_at_rest"] = {**packed_wire, "saving": round(1 - packed_wire["bytes"] / total, 4)}
+        for m in ("sync-zstd", "sync-packed"):
+            if m in med and "sync" in med:
+                result["x"][f"{m}_vs_sync"] = round(med["sync"] / med[m], 3)
+        if "sync-zstd" in med and "sync-packed" in med:
+            result["x"]["sync-packed_vs_sync-zstd"] = round(med["sync-zstd"] / med["sync-packed"], 3)
         result["data"] = "SYNTHETIC stand-in-like bf16 (Gaussian, seeded), hidden size 7168"
         ok = result["x"].get("sync_vs_hand_rsync", 0) >= 0.95 and result["x"].get("sync_vs_relay", 0) >= 1.8
         result["goals_met"] = ok
