@@ -3,12 +3,12 @@
 A dump file (`<key>.safetensors`, FORMAT.md) is packed into `<key>.hsz`: the same bytes,
 bit for bit, once decoded.  Each tensor is cut into blocks.  Version 2 (written here) splits
 every BF16 value of a block into its 8 exponent bits, coded as the difference from its channel's
-median exponent (the channel is the last dimension; the medians, one byte per channel from the
-tensor's first 64 rows, are stored in the index), and its sign + 7 mantissa bits; the exponent
-plane is raw-deflated with Huffman coding only (`zlib`, `Z_HUFFMAN_ONLY`), the sign+mantissa plane
-stored as it is (close to random: deflate keeps 97 % or more of it).  Other floats are byte-grouped
-(F16: high bytes then low bytes; F32: four planes) and Huffman-coded; int tensors byte-grouped and
-deflated; the header deflated.  Version 1 (still read; `pack_file(version=1)` writes it) grouped
+median exponent (the channel is the last dimension; the medians, one byte per channel from 32 of
+the tensor's rows spread evenly over it, are stored in the index), and its sign + 7 mantissa
+bits; the exponent plane is raw-deflated with Huffman coding only (`zlib`, `Z_HUFFMAN_ONLY`),
+the sign+mantissa plane stored as it is (close to random: deflate keeps 97 % or more of it).
+Other floats are byte-grouped (F16: high bytes then low bytes; F32: four planes) and
+Huffman-coded; int tensors byte-grouped and deflated; the header deflated.  Version 1 (still read; `pack_file(version=1)` writes it) grouped
 BF16 as high byte (sign, exponent bits 7-1) and low byte (exponent bit 0, mantissa), without the
 channel medians.  Measured on bf16 activations (bench/compress.py, bench/README.md): zstd -19 on
 the exponent plane saves 0.05 bits a value over Huffman-only deflate (0.3 % of the file), lzma and
@@ -69,7 +69,7 @@ GROUPS = {"BF16": 2, "F16": 2, "F32": 4}
 INT_GROUPS = {"I32": 4, "U32": 4, "I64": 8}  # v2: int tensors byte-grouped too (then deflated)
 TRANSFORMS = {"raw": 1, "g2": 2, "g4": 4, "g8": 8, "e2": 2}
 V1_TRANSFORMS = ("raw", "g2", "g4")
-MEDIAN_ROWS = 64  # v2: a BF16 tensor's channel medians come from its first rows
+MEDIAN_ROWS = 32  # v2: a BF16 tensor's channel medians come from this many rows, spread over it
 MAX_WIDTH = 1 << 24  # no channel table of a valid file is wider
 
 
@@ -203,7 +203,22 @@ def channel_medians(sample, width):
     if rows == 0:
         return bytes(width)
     exps = exponent_planes(sample[: rows * 2 * width], bytes(width), 0)[0]
-    return bytes(sorted(exps[c::width])[rows // 2] for c in range(width))
+    k = rows // 2
+    return bytes([sorted(exps[c::width])[k] for c in range(width)])
+
+
+def sample_rows(fh, start, width, end, count=MEDIAN_ROWS):
+    """`count` whole rows of the tensor [start, end) of `fh`, spread evenly over it (all if fewer)."""
+    row = 2 * width
+    rows = (end - start) // row
+    if rows <= count:
+        fh.seek(start)
+        return fh.read(rows * row)
+    out = []
+    for i in range(count):
+        fh.seek(start + (i * rows // count) * row)
+        out.append(fh.read(row))
+    return b"".join(out)
 
 
 def _pack_medians(medians):
@@ -284,8 +299,8 @@ def read_source_header(fh, size):
 def pack_file(src, dst, block_bytes=BLOCK_BYTES, fsync=True, version=VERSION):
     """Pack the safetensors file `src` into `dst` (written in place: the caller names a temp file).
 
-    One pass over the source: its sha256 is computed while it is read (v2 also reads a BF16
-    tensor's first rows once more, for its channel medians).  `version` 1 writes the v1 form.
+    One pass over the source: its sha256 is computed while it is read (v2 also reads 32 rows
+    of each BF16 tensor once more, for its channel medians).  `version` 1 writes the v1 form.
     Returns {source_bytes, source_sha256, packed_bytes, packed_sha256}.  PackError when `src` is
     not a safetensors file whose offsets tile it."""
     if version not in READS:
@@ -310,8 +325,7 @@ def pack_file(src, dst, block_bytes=BLOCK_BYTES, fsync=True, version=VERSION):
                 if table is not None:
                     if table not in table_ids:  # a tensor's first block: its channel medians
                         start, width, end = table
-                        fin.seek(start)
-                        medians = channel_medians(fin.read(min(end - start, 2 * width * MEDIAN_ROWS)), width)
+                        medians = channel_medians(sample_rows(fin, start, width, end), width)
                         fin.seek(off)
                         table_ids[table] = (len(tables), medians)
                         tables.append([width, _pack_medians(medians)])
