@@ -94,7 +94,8 @@ def encode_layers(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # A JSONL file that, when set, gets one line per request and phase with the seconds the connector
 # spent: `inline` (in the engine's step: the gather and the copy to the host) and `write` (the
-# writer thread: the file).  Off by default; bench/vllm_extract.py --profile sets it.
+# writer thread: the file).  Off by default (bench/vllm_extract.py --profile times each call from
+# outside instead: bench/vllm_probe/).
 TIMING = os.environ.get("REMOTE_OPS_CONNECTOR_TIMING")
 
 
