@@ -257,6 +257,8 @@ class VllmServer:
     cpus: str | None = None
     dtype: str = "bfloat16"
     env: dict[str, str] = field(default_factory=dict)  # extra container environment
+    connector: Path | None = None  # the file mounted as the connector module (default: connector_file())
+    mounts: dict[str, Path] = field(default_factory=dict)  # more read-only mounts: container path -> host path
     started: float = 0.0
     ready_s: float = 0.0
 
@@ -269,7 +271,8 @@ class VllmServer:
         self.port = self.port or free_port()
         self.dump_dir.mkdir(parents=True, exist_ok=True)
         mounts = ["-v", f"{self.dump_dir}:{DUMPS_IN_CONTAINER}"]
-        mounts += ["-v", f"{connector_file()}:{CONNECTOR_DIR}/{CONNECTOR_MODULE}.py:ro"]
+        mounts += ["-v", f"{self.connector or connector_file()}:{CONNECTOR_DIR}/{CONNECTOR_MODULE}.py:ro"]
+        mounts += [x for dest, src in self.mounts.items() for x in ("-v", f"{src}:{dest}:ro")]
         argv = ["run", "-d", "--pull=never", "--name", self.name, "-p", f"127.0.0.1:{self.port}:{self.port}"]
         argv += ["-e", f"PYTHONPATH={CONNECTOR_DIR}", "--shm-size", "1g", *mounts]
         argv += ["--cpuset-cpus", self.cpus] if self.cpus else []
