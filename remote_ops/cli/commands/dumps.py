@@ -634,8 +634,8 @@ def compact_cmd(app, host, jobs, limit, niceness, timeout, no_fsync, crash_at, d
     may run while extraction goes on: a file is taken only once the last manifest line
     of its key names it, at that size and sha256 (files being written, files not yet
     listed and files a newer line replaced are never touched).  Per file: packed to a
-    temp file (bf16 bytes grouped high/low, Huffman-coded; dumper/FORMAT.md "Packed
-    files"), fsynced, decoded from disk and compared with the original by sha256, renamed,
+    temp file (format v2: each bf16 exponent coded against its channel's median,
+    Huffman-coded, sign and mantissa stored; dumper/FORMAT.md "Packed files"), fsynced, decoded from disk and compared with the original by sha256, renamed,
     a new manifest line appended, then the original removed.  Killed at any moment, a
     re-run resumes: every key stays readable through its last manifest line.  Every
     reader (`dumps verify`, `audit`, `export`, `sync`, `pull`, `status`) takes both
