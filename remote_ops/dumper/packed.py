@@ -71,6 +71,7 @@ TRANSFORMS = {"raw": 1, "g2": 2, "g4": 4, "g8": 8, "e2": 2}
 V1_TRANSFORMS = ("raw", "g2", "g4")
 MEDIAN_ROWS = 32  # v2: a BF16 tensor's channel medians come from this many rows, spread over it
 MAX_WIDTH = 1 << 24  # no channel table of a valid file is wider
+CACHE_BYTES = 16 << 20  # e2's cached masks and median lanes: for at most this many bytes of planes
 
 
 class PackError(ValueError):
@@ -144,7 +145,7 @@ def _masks(n):
     """Byte masks of n bytes: 0x7F, 0x80, 0xFE, 0x01 in every byte."""
     m = _MASKS.get(n)
     if m is None:
-        if len(_MASKS) > 8:
+        if len(_MASKS) > 8 or sum(_MASKS) + n > CACHE_BYTES:
             _MASKS.clear()
         m = _MASKS[n] = tuple(int.from_bytes(p * n, "little") for p in (b"\x7f", b"\x80", b"\xfe", b"\x01"))
     return m
@@ -156,7 +157,7 @@ def _median_lanes(medians, phase, n, negate):
     key = (medians, phase, n, negate)
     v = _LANES.get(key)
     if v is None:
-        if len(_LANES) > 8:
+        if len(_LANES) > 8 or sum(k[2] for k in _LANES) + n > CACHE_BYTES:
             _LANES.clear()
         pat = bytes((256 - m) & 0xFF for m in medians) if negate else medians
         pat = pat[phase:] + pat[:phase]
