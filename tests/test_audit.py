@@ -27,9 +27,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+from remote_ops import onhost
 from remote_ops.core import layerids, patchspec
 from remote_ops.dumper import dumpfile
 from remote_ops.errors import ConfigError
+from remote_ops.onhost import audit_onhost as onhost_audit
 from remote_ops.probes.audit import DumpAudit, audit_mounts, evaluate
 from remote_ops.workflows import sandbox
 
@@ -160,9 +162,20 @@ def _network(model_dir: Path, tied: bool = False):
     return model, net
 
 
-def local_run(tmp: Path, n: int = 6, *, pre: bool = False, drop: bool = False, nan_index=None, tied=False, seed=3):
+def local_run(
+    tmp: Path,
+    n: int = 6,
+    *,
+    pre: bool = False,
+    drop: bool = False,
+    nan_index=None,
+    tied=False,
+    seed=3,
+    storage: str = "bf16",
+):
     """A host's layout on this machine: dumps written by the dump contract's writer with the stand-in
-    network's states, the client's manifest (its generated tokens), run.json, dataset.keys."""
+    network's states, the client's manifest (its generated tokens), run.json, dataset.keys.
+    `storage="fp8_e4m3"`: the states as the dumper stores them in FP8 (`fp8.encode_rows`)."""
     import random
 
     import numpy as np
@@ -181,7 +194,7 @@ def local_run(tmp: Path, n: int = 6, *, pre: bool = False, drop: bool = False, n
         layers = LAYERS[:-1] if drop else LAYERS
         final = model.round_bf16(np, pre_f if pre else post_f)
         aux = model.round_bf16(np, np.concatenate([states[k] for k in layers], axis=1))
-        if nan_index == i:
+        if nan_index == i and storage == "bf16":
             final[len(ids) // 2, 7] = 0x7FC0
         ids_le = dumpfile.token_ids_bytes(ids)
         key = dumpfile.dump_key(ids_le, 0)
@@ -191,9 +204,15 @@ def local_run(tmp: Path, n: int = 6, *, pre: bool = False, drop: bool = False, n
             "input_ids": ("I32", [len(ids)], ids_le),
             "positions": ("I32", [len(ids)], dumpfile.token_ids_bytes(range(len(ids)))),
         }
+        span_meta = dumpfile.span_metadata(meta, key, len(ids), 0, 0)
+        if storage == "fp8_e4m3":
+            tensors.update(fp8_tensors(final, aux, len(layers), nan_row=len(ids) // 2 if nan_index == i else None))
+            span_meta |= {"dtype": "bfloat16", "storage": dumpfile.STORAGE_FP8, "format_version": "2"}
         path = dumps / "rank0" / dumpfile.dump_file_name(key)
-        w = dumpfile.write_dump_file(str(path), tensors, dumpfile.span_metadata(meta, key, len(ids), 0, 0), False)
-        rec = dumpfile.manifest_record(str(dumps), w, key, len(ids), 0, 0, 64, "BF16")
+        w = dumpfile.write_dump_file(str(path), tensors, span_meta, False)
+        rec = dumpfile.manifest_record(str(dumps), w, key, len(ids), 0, 0, 64, tensors["hidden_states"][0])
+        if storage == "fp8_e4m3":
+            rec |= {"storage": dumpfile.STORAGE_FP8, "format_version": "2"}
         dumpfile.append_manifest(str(dumps / "rank0" / "manifest.jsonl"), rec, False)
         token = net.next_token(post_f[-1])  # the server's answer: always the post-norm state's
         lines.append({"id": f"s{i}", "key": key, "status": "ok", "tokens": len(ids), "generated_token": token})
@@ -205,10 +224,30 @@ def local_run(tmp: Path, n: int = 6, *, pre: bool = False, drop: bool = False, n
     return tmp
 
 
-def auditor(tmp: Path, *extra: str, action: str = "audit") -> dict:
-    argv = [sys.executable, str(AUDITOR), action, "--dump-dir", str(tmp / "dumps"), "--model-dir", str(tmp / "model")]
+def fp8_tensors(final, aux, aux_states: int, nan_row=None) -> dict:
+    """The bf16 states (uint16 arrays) in FP8 storage, as the dumper writes them: e4m3 values and
+    a float32 scale per token and layer (`nan_row`: a NaN code written at that row's column 7)."""
+    torch = pytest.importorskip("torch")
+    from remote_ops.dumper import fp8
+
+    out = {}
+    for name, bits, segments in (("hidden_states", final, 1), ("aux_hidden_states", aux, aux_states)):
+        x = torch.frombuffer(bytearray(bits.tobytes()), dtype=torch.bfloat16).view(bits.shape)
+        q, scale = fp8.encode_rows(x, segments)
+        if nan_row is not None and name == "hidden_states":
+            q.view(torch.uint8)[nan_row, 7] = 0x7F
+        out[name] = ("F8_E4M3", list(q.shape), q.view(torch.uint8).numpy().tobytes())
+        out[name + "_scale"] = ("F32", list(scale.shape), scale.numpy().tobytes())
+    return out
+
+
+def auditor(tmp: Path, *extra: str, action: str = "audit", bundled: bool = False) -> dict:
+    """The auditor run as a program: the file itself, or (`bundled`) on stdin as the workflows ship it."""
+    program = [str(AUDITOR)] if not bundled else ["-"]
+    argv = [sys.executable, *program, action, "--dump-dir", str(tmp / "dumps"), "--model-dir", str(tmp / "model")]
     argv += ["--workdir", str(tmp / "extract"), *extra]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    stdin = onhost.bundled("audit_onhost.py").decode() if bundled else None
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, input=stdin)
     assert p.returncode == 0, p.stdout + p.stderr
     return json.loads(p.stdout)
 
@@ -267,6 +306,85 @@ def test_the_auditor_names_pre_norm_finals_a_dropped_aux_layer_and_a_nan(tmp_pat
     bad = [s for s in nan["samples"] if s["problems"]]
     assert len(bad) == 1 and bad[0]["id"] == "s2" and bad[0]["nonfinite"] == {"hidden_states": {"nan": 1, "inf": 0}}
     assert "1 NaN, 0 Inf in hidden_states (first at token %d)" % (bad[0]["tokens"] // 2) in bad[0]["problems"]["finite"]
+
+
+def _strip(doc):  # the logit gaps (and FP8 allowances) differ in their last bits between numpy and stdlib
+    return [
+        {k: v for k, v in s.items() if k != "token"} | {"argmax": s["token"]["argmax"], "status": s["token"]["status"]}
+        for s in doc["samples"]
+    ]
+
+
+def test_fp8_dumps_are_audited_decoded_and_give_the_servers_token(tmp_path):
+    """FP8 storage: the auditor (shipped on stdin with its codecs, and the file itself without numpy)
+    decodes the e4m3 states and judges them as it judges bf16 ones: post-norm, every token matches."""
+    run = local_run(tmp_path, 8, storage="fp8_e4m3")
+    fast, slow = auditor(run, "--samples", "8", bundled=True), auditor(run, "--samples", "8", "--no-numpy")
+    assert fast["numpy"] is True and slow["numpy"] is False
+    assert all(not s["problems"] for s in fast["samples"]), [s["problems"] for s in fast["samples"]]
+    assert {s["storage"] for s in fast["samples"]} == {"fp8_e4m3_rowscale"}
+    assert fast["norm"]["verdict"] == slow["norm"]["verdict"] == "post-norm"
+    assert fast["norm"]["match"] == fast["norm"]["checked"] == 8
+    tokens = [s["token"] for s in fast["samples"]]
+    assert all(t["fp8_allowance"] > 0 for t in tokens if t["argmax"] != t["generated"])
+    assert _strip(fast) == _strip(slow)
+
+
+def test_fp8_dumps_with_pre_norm_finals_or_a_nan_code_fail_the_audit(tmp_path):
+    pre = auditor(local_run(tmp_path / "pre", 8, pre=True, storage="fp8_e4m3"))
+    assert pre["norm"]["verdict"] == "pre-norm" and pre["norm"]["prenorm"] >= 4
+    assert all("PRE-norm final state" in p for p in problems(pre, "token"))
+    for extra in ((), ("--no-numpy",)):
+        nan = auditor(local_run(tmp_path / ("nan" + "".join(extra)), 4, nan_index=2, storage="fp8_e4m3"), *extra)
+        bad = [s for s in nan["samples"] if s["problems"]]
+        assert len(bad) == 1 and bad[0]["id"] == "s2"
+        assert bad[0]["nonfinite"] == {"hidden_states": {"nan": 1, "inf": 0}}
+        assert (
+            "1 NaN, 0 Inf in hidden_states (first at token %d)" % (bad[0]["tokens"] // 2)
+            in bad[0]["problems"]["finite"]
+        )
+
+
+def test_an_fp8_dump_whose_scales_do_not_fit_fails_its_sample(tmp_path):
+    run = local_run(tmp_path, 2, storage="fp8_e4m3")
+    path = next((run / "dumps" / "rank0").glob("*.safetensors"))
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    header["aux_hidden_states_scale"]["shape"] = [header["aux_hidden_states_scale"]["shape"][0] * 3, 1]
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length)
+    path.write_bytes(raw[:8] + text + raw[8 + length :])
+    doc = auditor(run)
+    assert any(
+        "FP8 storage with aux_hidden_states_scale F32 [%d, 1], want F32 [%d, 3]" % (3 * s["tokens"], s["tokens"]) in p
+        for s in doc["samples"]
+        for p in s["problems"].values()
+    ), doc["samples"]
+
+
+def test_the_fp8_rounding_bound_holds_and_sizes_the_token_allowance():
+    """half_ulps bounds what e4m3 rounding did to each value; the allowance is FP8_SIGMAS standard
+    deviations of the gap that rounding moves, and only that much of a gap is forgiven."""
+    torch = pytest.importorskip("torch")
+    from remote_ops.dumper import fp8, fp8read
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(16, 256, generator=g) * torch.logspace(-3, 2, 256)).float()
+    q, scale = fp8.encode_rows(x)
+    got = fp8.decode_rows(q, scale, torch.float32)
+    raw = q.view(torch.uint8).numpy().tobytes()
+    for r in range(16):
+        bound = torch.tensor(fp8read.half_ulps(raw[r * 256 : (r + 1) * 256], float(scale[r, 0])))
+        assert bool(((x[r] - got[r]).abs() <= bound * (1 + 1e-6)).all()), r
+    w_best, w_gen, err = [1.0, -2.0, 0.5], [0.0, 1.0, 0.5], [0.3, 0.1, 9.0]
+    allowance = onhost_audit.fp8_allowance(w_best, w_gen, err)
+    assert allowance == pytest.approx(onhost_audit.FP8_SIGMAS * ((0.09 + 0.09) / 3) ** 0.5)
+    assert onhost_audit.fp8_allowance(None, w_gen, err) == 0.0
+    verdict = onhost_audit.token_verdict
+    assert verdict(5, 1.0, 7, 1.0 - 0.9 * allowance, allowance)[0] == "match"  # NEAR_TIE alone: 0.01 at 1.0
+    assert verdict(5, 1.0, 7, 1.0 - 0.9 * allowance)[0] == "mismatch"  # bf16: no allowance
+    assert verdict(5, 1.0, 7, 1.0 - 1.1 * allowance, allowance)[0] == "mismatch"
+    assert verdict(5, 100.0, 7, 100.0 - 0.9, 0.5)[0] == "match"  # the larger of the two tolerances
 
 
 def test_half_float_nan_and_inf_counts_match_numpy():

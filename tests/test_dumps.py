@@ -37,6 +37,36 @@ def test_57344_float_bytes_per_token_for_kimi():
     assert dumpcheck.float_bytes_per_token(64) == 512
 
 
+def test_bytes_per_token_from_hidden_size_dtype_and_storage():
+    """The one size estimate: bf16 (and other dtypes) 4*H*size; FP8 storage, as the inventory, a file's
+    metadata or a manifest line's dtype says it, 4*H + 16 (the dumper's own count, dumpfile.fp8_float_bytes)."""
+    from remote_ops.dumper import dumpfile
+
+    assert dumpcheck.float_bytes_per_token(7168, "F32") == 4 * 7168 * 4
+    for fp8 in ({"storage": "fp8_e4m3"}, {"storage": "fp8_e4m3_rowscale"}, {"dtype": "F8_E4M3", "storage": None}):
+        assert dumpcheck.float_bytes_per_token(7168, **fp8) == 28688 == dumpfile.fp8_float_bytes(7168)
+        assert dumpcheck.bytes_per_token(64, **fp8) == 4 * 64 + 16 + 8
+    assert dumpcheck.bytes_per_token(7168) == 57352
+
+
+def test_an_fp8_host_is_estimated_at_the_fp8_size():
+    """`extract start`'s first guess and `dumps status`'s projection follow `dump.storage`."""
+    from types import SimpleNamespace
+
+    from remote_ops.workflows import extract
+
+    host = SimpleNamespace(model=SimpleNamespace(hidden_size=7168), dump=SimpleNamespace(storage="fp8_e4m3"))
+    assert extract.dump_bytes_per_token(host) == 28688 + 8
+    host.dump.storage = "bf16"
+    assert extract.dump_bytes_per_token(host) == 57352
+    empty = dumpcheck.reconcile("/d", {}, "")
+    p = dumpcheck.project(empty, samples_total=10, host_free=None, local_free=None, margin=0.0, storage="fp8_e4m3")
+    assert p.remaining_bytes == 10 * 1730 * (28688 + 8) and "FP8 storage" in p.basis
+    line = _rec("a-p0", 10, 10 * 28696 + 900, dtype="F8_E4M3", storage="fp8_e4m3_rowscale", format_version="2")
+    r = dumpcheck.reconcile("/d", {"rank0/a-p0.safetensors": 10 * 28696 + 900}, _manifest(line), 7168)
+    assert r.ok and r.float_bytes_per_token == 28688 and r.storage == "fp8_e4m3_rowscale"
+
+
 def test_reconcile_counts_and_finds_every_kind_of_disagreement():
     per = 1730 * 57352 + 512
     files = {

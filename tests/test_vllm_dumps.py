@@ -40,8 +40,9 @@ def onhost(name: str):
 extract_onhost = onhost("extract_onhost")
 
 
-def write_vllm_file(path: Path, ids: list[int], layers: list, layer_ids: list[int]) -> None:
-    """One file as vLLM's connector writes it (torch + safetensors)."""
+def write_vllm_file(path: Path, ids: list[int], layers: list, layer_ids: list[int], storage: str = "bf16") -> None:
+    """One file as vLLM's connector writes it (torch + safetensors); `storage="fp8_e4m3"`: its FP8
+    form, e4m3 `hidden_states` [S, L, H] and `hidden_states_scale` [S, L] (`fp8.encode_rows`)."""
     import torch
     from safetensors.torch import save_file
 
@@ -52,10 +53,20 @@ def write_vllm_file(path: Path, ids: list[int], layers: list, layer_ids: list[in
         "vllm_version": "0.32.0",
         "format": "vllm-hidden-states/1",
     }
-    save_file({"token_ids": torch.tensor(ids, dtype=torch.int64), "hidden_states": hidden}, str(path), metadata=meta)
+    tensors = {"token_ids": torch.tensor(ids, dtype=torch.int64), "hidden_states": hidden}
+    if storage == "fp8_e4m3":
+        from remote_ops.dumper import fp8
+
+        s, count, h = hidden.shape
+        q, scale = fp8.encode_rows(hidden.reshape(s, count * h), count)
+        tensors |= {"hidden_states": q.view(s, count, h), "hidden_states_scale": scale}
+        meta |= {"format": "vllm-hidden-states/2", "storage": fp8.STORAGE, "dtype": "bfloat16"}
+    save_file(tensors, str(path), metadata=meta)
 
 
-def vllm_run(tmp: Path, n: int = 6, *, final: str = "pre", drop_last: bool = False, seed: int = 5) -> Path:
+def vllm_run(
+    tmp: Path, n: int = 6, *, final: str = "pre", drop_last: bool = False, seed: int = 5, storage: str = "bf16"
+) -> Path:
     """A host's layout after a vLLM extraction: the connector's files adopted by the client's own
     function into rank0/<key>.safetensors + manifest, the client manifest, run.json, dataset."""
     import numpy as np
@@ -76,7 +87,7 @@ def vllm_run(tmp: Path, n: int = 6, *, final: str = "pre", drop_last: bool = Fal
         if drop_last:
             layers = layers[:-1]
         path = out / f"cmpl-{i:04d}-0.safetensors"
-        write_vllm_file(path, ids, layers, [*AUX, FINAL])
+        write_vllm_file(path, ids, layers, [*AUX, FINAL], storage)
         key = extract_onhost.dump_key(ids)
         rec = extract_onhost.adopt_vllm_file(str(path), str(dumps), key, ids, lock)
         assert not path.exists() and rec["file"] == f"rank0/{key}.safetensors"
@@ -167,6 +178,17 @@ def test_vllm_dumps_with_post_norm_finals_pass_every_check(tmp_path):
     doc = auditor(vllm_run(tmp_path, 6, final="post"), "--samples", "6")
     assert all(not s["problems"] for s in doc["samples"])
     assert doc["norm"]["verdict"] == "post-norm"
+
+
+def test_vllm_fp8_files_are_audited_decoded_and_judged_as_vllm_captures_them(tmp_path):
+    """FP8 storage (REMOTE_OPS_DUMP_DTYPE=fp8_e4m3): the layers decoded to bf16, then every check as for bf16."""
+    for extra in ((), ("--no-numpy",)):
+        doc = auditor(
+            vllm_run(tmp_path / str(len(extra)), 6, final="pre", storage="fp8_e4m3"), "--samples", "6", *extra
+        )
+        assert all(not s["problems"] for s in doc["samples"]), [s["problems"] for s in doc["samples"]]
+        assert {s["storage"] for s in doc["samples"]} == {"fp8_e4m3_rowscale"}
+        assert doc["norm"]["verdict"] == "pre-norm" and doc["norm"]["vllm"] == 6
 
 
 def test_the_n_minus_1_file_fails_the_audit_naming_the_fault(tmp_path):

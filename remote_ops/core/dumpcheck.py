@@ -6,8 +6,8 @@ The dump dir layout and manifest are the contract in docs/CONTRIBUTING.md and
 
 - `reconcile` compares the manifest with the files that `dumps status` listed
   (the probes that list them and read the manifests are `remote_ops.probes.dumps`):
-  counts, tokens, bytes, bytes per token (4 * H * 2 = 57,344 for H = 7168 in
-  bf16), files missing from the manifest, manifest rows with no file, size
+  counts, tokens, bytes, bytes per token (`float_bytes_per_token`: 4 * H * 2 =
+  57,344 for H = 7168 in bf16, 4 * H + 16 = 28,688 in FP8 storage), files missing from the manifest, manifest rows with no file, size
   mismatches, temp leftovers.  Every name the host gives (a listed file, a
   manifest row's `file`) passes `remote_ops.core.hostpaths.problem` or is set
   aside as *unsafe*: named in `unsafe`, never counted, never pulled.  An entry
@@ -50,9 +50,31 @@ DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 TYPICAL_TOKENS_PER_SAMPLE = 1730  # the user's run: 17.3 M tokens / 10,000 samples
 
 
-def float_bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
-    """4 vectors (3 aux + final) of H values: 57,344 for H = 7168 in bf16."""
-    return 4 * hidden_size * dtype_bytes
+#: FP8 storage (dumper/FORMAT.md "FP8 storage (version 2)"), as the inventory's `dump.storage` says it
+#: and as a file's `storage` metadata / manifest line says it.
+FP8_STORAGES = ("fp8_e4m3", "fp8_e4m3_rowscale")
+FP8_DTYPE = "F8_E4M3"  # a manifest line's `dtype` in FP8 storage
+ID_BYTES_PER_TOKEN = 8  # input_ids + positions, int32 each (vLLM: token_ids, int64)
+
+
+def is_fp8(dtype: str | None = None, storage: str | None = None) -> bool:
+    """FP8 storage: the inventory's `dump.storage`, a manifest line's `storage` or its `dtype` says so."""
+    return storage in FP8_STORAGES or dtype == FP8_DTYPE
+
+
+def float_bytes_per_token(hidden_size: int, dtype: str | None = "BF16", storage: str | None = "bf16") -> int:
+    """Float bytes of one token in a dump: 4 states (3 aux + final) of H values.  4 * H * (dtype size):
+    57,344 for H = 7168 in bf16.  FP8 storage (`dump.storage: fp8_e4m3`, a file's `storage=
+    fp8_e4m3_rowscale` or dtype F8_E4M3): one byte a value and 4 float32 scales, 4 * H + 16 = 28,688.
+    The one size estimate: the extraction client's first guess, `dumps status` and its projection."""
+    if is_fp8(dtype, storage):
+        return 4 * hidden_size + 4 * 4
+    return 4 * hidden_size * DTYPE_BYTES.get(str(dtype), 2)
+
+
+def bytes_per_token(hidden_size: int, dtype: str | None = "BF16", storage: str | None = "bf16") -> int:
+    """A dump file's bytes per token beside its header: `float_bytes_per_token` and the token ids."""
+    return float_bytes_per_token(hidden_size, dtype, storage) + ID_BYTES_PER_TOKEN
 
 
 @dataclass
@@ -66,7 +88,8 @@ class Reconciliation:
     bytes: int = 0  # of manifest rows whose file is present
     partial_rows: int = 0
     hidden_size: int | None = None
-    float_bytes_per_token: int | None = None  # 4*H*dtype: 57,344 for H=7168 bf16
+    float_bytes_per_token: int | None = None  # 4*H*dtype: 57,344 for H=7168 bf16; FP8 storage 4*H+16
+    storage: str = "bf16"  # what the manifest's lines say: bf16 (as computed) or fp8_e4m3_rowscale
     file_bytes_per_token: float | None = None  # observed, headers and ids included
     unlisted_files: list[str] = field(default_factory=list)  # present, not in the manifest
     missing_files: list[str] = field(default_factory=list)  # in the manifest, no file
@@ -254,10 +277,12 @@ def _account_record(r: Reconciliation, rec: dict, complete: dict[str, int], list
 
 def _bytes_per_token(r: Reconciliation, latest: dict, hidden_size: int | None) -> None:
     found = next((int(x["hidden_size"]) for x in latest.values() if x.get("hidden_size")), None)
-    dtype = next((str(x["dtype"]) for x in latest.values() if x.get("dtype")), "BF16")
+    first: dict = next((x for x in latest.values() if x.get("dtype")), {})
+    dtype, storage = str(first.get("dtype", "BF16")), first.get("storage")
+    r.storage = "fp8_e4m3_rowscale" if is_fp8(dtype, storage) else "bf16"
     r.hidden_size = found or hidden_size
     if r.hidden_size:
-        r.float_bytes_per_token = float_bytes_per_token(r.hidden_size, DTYPE_BYTES.get(dtype, 2))
+        r.float_bytes_per_token = float_bytes_per_token(r.hidden_size, dtype, storage)
     if r.tokens:
         r.file_bytes_per_token = round(r.bytes / r.tokens, 1)
 
@@ -289,14 +314,16 @@ def project(
     local_bytes: int = 0,
     margin: float = 0.05,
     hidden_size: int = 7168,
+    storage: str = "bf16",
 ) -> Projection:
-    """Project disk use from the average file so far (or the typical sample when none yet)."""
+    """Project disk use from the average file so far (or the typical sample when none yet, at the
+    size `storage`, the inventory's `dump.storage`, gives a token)."""
     done = r.manifest_rows - len(r.missing_files)
     if done and r.bytes:
         per_sample, basis = r.bytes / done, f"average of {done} files"
     else:
-        per_sample = TYPICAL_TOKENS_PER_SAMPLE * (float_bytes_per_token(hidden_size) + 8)
-        basis = f"typical sample ({TYPICAL_TOKENS_PER_SAMPLE} tokens)"
+        per_sample = TYPICAL_TOKENS_PER_SAMPLE * bytes_per_token(hidden_size, storage=storage)
+        basis = f"typical sample ({TYPICAL_TOKENS_PER_SAMPLE} tokens{', FP8 storage' if is_fp8(None, storage) else ''})"
     remaining = int(max((samples_total or done) - done, 0) * per_sample * (1 + margin))
     local_needed = max(r.bytes + remaining - local_bytes, 0)
     return Projection(

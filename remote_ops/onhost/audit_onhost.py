@@ -23,6 +23,15 @@ in each) it checks:
 - the layer ids each file records (judged on the laptop, against the drafter config
   and the serving SGLang release's convention).
 
+A dump in FP8 storage (`dump.storage: fp8_e4m3`: e4m3 values, a float32 scale per token and
+layer, metadata `storage = fp8_e4m3_rowscale`; FORMAT.md "FP8 storage (version 2)") is decoded
+to its model dtype first, by the decoder `dumps export` uses (`dumper/fp8read.py`, bundled
+before this program as `rops_fp8`), and every check runs on the decoded values: what SpecForge
+will read.  Its scales must be F32 [n, 1] / [n, 3] (vLLM: [S, L]).  The token check allows it
+the rounding: the server's token also matches when its logit is within FP8_SIGMAS standard
+deviations of what e4m3 rounding of the stored final state alone moves the gap to the argmax
+(`fp8_allowance`, reported per sample); the norm verdict is judged the same way.
+
 A vLLM file (`token_ids` int64 [S], `hidden_states` [S, L, H], metadata `layer_ids`, format
 `vllm-hidden-states/1`, moved to `rank0/<key>.safetensors` by the extraction client) gets the
 same checks: L must be 4 (the 3 aux layers, then the final state); a file one layer short is
@@ -70,10 +79,18 @@ PACKED_SUFFIX = ".hsz"  # a compacted dump file (packed.py; FORMAT.md "Packed fi
 INDEX = "model.safetensors.index.json"
 AUX_STATES = 3
 VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file as the project's connector writes it
+VLLM_FORMAT_FP8 = "vllm-hidden-states/2"  # the same in FP8 storage (e4m3 hidden_states + hidden_states_scale [S, L])
 TENSORS = ("hidden_states", "aux_hidden_states", "input_ids", "positions")
+FP8_STORAGE = "fp8_e4m3_rowscale"  # metadata `storage` of FP8 storage (FORMAT.md "FP8 storage (version 2)")
+FP8_DTYPE = "F8_E4M3"
 FLOAT_SIZE = {"BF16": 2, "F16": 2, "F32": 4}
 LM_HEAD_BLOCK = 8192  # lm_head rows decoded at a time (bounded memory: 8192 x H floats)
 NEAR_TIE = 1e-2  # relative: the server's token within this of the max logit still matches
+# FP8 storage: the server's token also matches when the logit gap is within FP8_SIGMAS standard
+# deviations of what e4m3 rounding of the stored final state alone moves it (`fp8_allowance`): a
+# near tie that 3 mantissa bits cannot resolve is no evidence against the capture, while a state
+# from another position or layer misses by many times that
+FP8_SIGMAS = 4.0
 
 
 class AuditError(Exception):
@@ -141,6 +158,26 @@ def open_regular(path):
 
 
 packed = sys.modules.get("rops_packed")  # the packed-dump codec, bundled before this program (onhost.with_codec)
+
+
+def _fp8_codec():
+    """The FP8-storage decoder (`dumper/fp8read.py`, the one `dumps export` decodes with): bundled
+    before this program (`onhost.with_codec`, module `rops_fp8`), else, run from a checkout, the
+    file itself; None without either (an FP8 dump then fails its own sample, saying so)."""
+    mod = sys.modules.get("rops_fp8")
+    here = globals().get("__file__")
+    path = here and os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(here))), "dumper", "fp8read.py")
+    if mod is None and path and os.path.isfile(path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("rops_fp8", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["rops_fp8"] = mod
+    return mod
+
+
+fp8read = _fp8_codec()
 
 
 def _decoded(fh, size):
@@ -455,6 +492,13 @@ def tensor_where(model_dir, wmap, name):
     return path, start, header[name]
 
 
+def normed_err(row, err, weight, eps):
+    """The e4m3 rounding bounds of a final state carried through the final RMSNorm: each scaled as
+    its value is (1/rms(row) * weight_i; the rms itself moves far less than any one value)."""
+    scale = 1.0 / math.sqrt(math.fsum(v * v for v in row) / max(len(row), 1) + eps)
+    return [e * scale * abs(w) for e, w in zip(err, weight)]
+
+
 def rms_norm(fl, row, weight, eps):
     """The model's final RMSNorm of one row (float64 when numpy, Python floats otherwise)."""
     np = fl.np
@@ -468,20 +512,26 @@ def rms_norm(fl, row, weight, eps):
 class Logits:
     """Per query row: the max logit, its token, and the logit of a wanted token, over lm_head."""
 
-    def __init__(self, n):
+    def __init__(self, n, keep=None):
         self.best = [-math.inf] * n
         self.arg = [-1] * n
         self.at = [None] * n
+        # for the rows in `keep`: the lm_head rows of the argmax and of the wanted token (floats),
+        # which the FP8 allowance of the token check weighs the rounding with
+        self.keep = keep or [False] * n
+        self.best_w = [None] * n
+        self.at_w = [None] * n
 
 
-def lm_head_logits(fl, path, start, entry, rows, wanted):
+def lm_head_logits(fl, path, start, entry, rows, wanted, keep=None):
     """Stream lm_head [V, H] in blocks of rows; for each query row, argmax and the logit of its
-    wanted token (None: no token).  Returns (Logits, bytes read)."""
+    wanted token (None: no token); for the query rows `keep` marks, those two lm_head rows too.
+    Returns (Logits, bytes read)."""
     v, h = shape_of(entry, 2)
     dtype, size = entry.get("dtype"), FLOAT_SIZE.get(entry.get("dtype"))
     if size is None:
         raise AuditError("lm_head dtype %s is not a float type the audit reads" % dtype)
-    out, read = Logits(len(rows)), 0
+    out, read = Logits(len(rows), keep), 0
     np = fl.np
     exact = np is not None and h <= 1024  # small models in float64; big ones in float32 (bounded memory)
     kind = np.float64 if exact else (np.float32 if np is not None else None)
@@ -499,22 +549,26 @@ def lm_head_logits(fl, path, start, entry, rows, wanted):
                 raise AuditError("lm_head is shorter than its shard's header says")
             read += len(data)
             if np is not None:
-                block = fl.decode(data, dtype).reshape(count, h).astype(kind) @ queries  # [count, S]
-                _take_numpy(np, out, block, first, wanted)
+                weights = fl.decode(data, dtype).reshape(count, h).astype(kind)
+                _take_numpy(np, out, weights @ queries, first, wanted, weights)  # [count, S]
             else:
                 _take_stdlib(out, fl.decode(data, dtype), h, count, first, rows, wanted)
     return out, read
 
 
-def _take_numpy(np, out, block, first, wanted):
+def _take_numpy(np, out, block, first, wanted, weights):
     arg = np.argmax(block, axis=0)
     for s in range(block.shape[1]):
         value = float(block[arg[s], s])
         if value > out.best[s]:
             out.best[s], out.arg[s] = value, first + int(arg[s])
+            if out.keep[s]:
+                out.best_w[s] = weights[arg[s]].tolist()
         t = wanted[s]
         if t is not None and first <= t < first + block.shape[0]:
             out.at[s] = float(block[t - first, s])
+            if out.keep[s]:
+                out.at_w[s] = weights[t - first].tolist()
 
 
 def _take_stdlib(out, values, h, count, first, rows, wanted):
@@ -524,16 +578,33 @@ def _take_stdlib(out, values, h, count, first, rows, wanted):
             value = math.fsum(a * b for a, b in zip(w, q))
             if value > out.best[s]:
                 out.best[s], out.arg[s] = value, first + r
+                if out.keep[s]:
+                    out.best_w[s] = list(w)
             if wanted[s] == first + r:
                 out.at[s] = value
+                if out.keep[s]:
+                    out.at_w[s] = list(w)
 
 
-def token_verdict(generated, best, arg, at):
-    """'match' (argmax = the server's token, or a near tie), else 'mismatch'; the logit gap."""
+def token_verdict(generated, best, arg, at, allowance=0.0):
+    """'match' (argmax = the server's token, or a near tie, or, FP8 storage, a gap within
+    `allowance`: what e4m3 rounding alone may move it), else 'mismatch'; the logit gap."""
     if at is None:
         return "mismatch", None
     gap = best - at
-    return ("match" if arg == generated or gap <= NEAR_TIE * max(abs(best), 1.0) else "mismatch"), gap
+    tie = arg == generated or gap <= max(NEAR_TIE * max(abs(best), 1.0), allowance)
+    return ("match" if tie else "mismatch"), gap
+
+
+def fp8_allowance(w_best, w_gen, err):
+    """How far e4m3 rounding alone may have moved the logit gap between the argmax and the server's
+    token: FP8_SIGMAS standard deviations of sum_i (w_best - w_gen)_i * e_i, each rounding error e_i
+    taken uniform in +-err_i (half its code step, times its scale: variance err_i^2 / 3) and
+    independent of the others.  0 without the rows (argmax = the server's token)."""
+    if w_best is None or w_gen is None or err is None:
+        return 0.0
+    var = math.fsum(((a - b) * e) ** 2 for a, b, e in zip(w_best, w_gen, err)) / 3.0
+    return FP8_SIGMAS * math.sqrt(var)
 
 
 # --------------------------------------------------------------------------- the run: who to sample
@@ -661,6 +732,7 @@ class Sample:
         self.problems = {}
         self.warnings = {}
         self.last_row = None  # the final state at the last position (floats), for the token check
+        self.last_err = None  # FP8 storage: how far e4m3 rounding may have moved each of its values
         self.dtype = None
         self.vllm = False  # a vLLM file: its final state is layer L, captured before the final norm
 
@@ -718,19 +790,24 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
             continue
         layers.append((meta_list(meta, "layers_to_capture"), meta_list(meta, "eagle_aux_hidden_state_layer_ids")))
         s.doc.setdefault("sglang_version", meta.get("sglang_version"))
-        n = _check_shapes(s, rec, header, hidden)
+        n = _check_shapes(s, rec, header, hidden, meta)
         if n is None:
             return
         n_total += n
         try:
-            _check_finite(s, rec["file"], path, start, header, fl)
+            states = float_states(path, start, header, meta, fl)
+            _check_finite(s, rec["file"], states, header, fl)
             got_ids += list(struct.unpack("<%di" % n, read_range(path, start, header["input_ids"])))
             if rec is spans[-1]:
-                s.dtype = header["hidden_states"]["dtype"]
+                data, s.dtype = states["hidden_states"]
                 h = header["hidden_states"]["shape"][1]
-                row = read_range(path, start, header["hidden_states"])[(n - 1) * h * FLOAT_SIZE[s.dtype] :]
-                s.last_row = list(fl.decode(row, s.dtype))
-        except (OSError, ValueError, KeyError) as exc:
+                s.last_row = list(fl.decode(data[(n - 1) * h * FLOAT_SIZE[s.dtype] :], s.dtype))
+                if "scales" in states and n:
+                    q, scales = states["scales"]
+                    s.last_err = fp8read.half_ulps(
+                        q[(n - 1) * h : n * h], struct.unpack_from("<f", scales, 4 * (n - 1))[0]
+                    )
+        except (OSError, ValueError, KeyError, struct.error) as exc:
             s.fail("shape", "%s: cannot read its tensors: %s" % (rec["file"], exc))
             return
     s.doc["layers_to_capture"], s.doc["eagle_aux_hidden_state_layer_ids"] = layers[0]
@@ -746,7 +823,7 @@ def check_sample(s, dump_dir, manifest, dataset_rec, cfg, fl):
 
 def is_vllm_file(header, meta):
     """A file vLLM's hidden-state connector wrote (`token_ids` [S], `hidden_states` [S, L, H])."""
-    return meta.get("format") == VLLM_FORMAT or ("token_ids" in header and "input_ids" not in header)
+    return meta.get("format") in (VLLM_FORMAT, VLLM_FORMAT_FP8) or ("token_ids" in header and "input_ids" not in header)
 
 
 def vllm_layers(layer_ids, num_layers):
@@ -796,21 +873,29 @@ def vllm_layer_problem(name, shape, layer_ids, num_layers):
 
 def _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers):
     """shape, layer count, finiteness and token ids of one vLLM file (the last row of its final
-    state kept for the token check); its tokens, or None after naming the problem."""
+    state kept for the token check); its tokens, or None after naming the problem.  FP8 storage
+    (`hidden_states_scale` [S, L]) is decoded to the model dtype first."""
     name = rec["file"]
     hs, ids = header.get("hidden_states"), header.get("token_ids")
-    if hs is None or ids is None:
-        s.fail("shape", "%s has no %s" % (name, "hidden_states" if hs is None else "token_ids"))
+    fp8 = fp8_storage(header, meta)
+    if hs is None or ids is None or (fp8 and "hidden_states_scale" not in header):
+        s.fail(
+            "shape",
+            "%s has no %s"
+            % (name, "hidden_states" if hs is None else "token_ids" if ids is None else "hidden_states_scale"),
+        )
         return None
     try:
         shape_of(hs, 3), shape_of(ids, 1)
     except ValueError as exc:
         s.fail("shape", "%s: %s" % (name, exc))
         return None
-    if hs.get("dtype") not in FLOAT_SIZE or ids.get("dtype") != "I64" or not hs["shape"][2]:
+    if (not fp8 and hs.get("dtype") not in FLOAT_SIZE) or ids.get("dtype") != "I64" or not hs["shape"][2]:
         s.fail("shape", "%s: hidden_states %s %s, token_ids %s" % (name, hs["dtype"], hs["shape"], ids["dtype"]))
         return None
     n, count, h = hs["shape"]
+    if fp8 and fp8_problem(s, name, header, meta, {"hidden_states_scale": count}):
+        return None
     layer_ids = meta_list(meta, "layer_ids")
     s.doc.setdefault("vllm_version", meta.get("vllm_version"))
     s.doc["captured_layers"] = count
@@ -825,8 +910,12 @@ def _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers):
     if problem:
         s.fail("shape", problem)
     try:
-        data = read_range(path, start, hs)
-        nan, inf, row = fl.nonfinite(data, hs["dtype"], count * h)
+        data, dtype = read_range(path, start, hs), hs["dtype"]
+        if fp8:
+            q, scales = data, read_range(path, start, header["hidden_states_scale"])
+            dtype = fp8read.model_dtype(meta)
+            data = fp8read.decode_fp8(q, scales, count, count * h, dtype, fl.np)
+        nan, inf, row = fl.nonfinite(data, dtype, count * h)
         if nan or inf:
             c = s.doc.setdefault("nonfinite", {}).setdefault("hidden_states", {"nan": 0, "inf": 0})
             c["nan"] += nan
@@ -834,10 +923,11 @@ def _vllm_file(s, rec, path, start, header, meta, cfg, fl, got_ids, layers):
             s.fail("finite", "%s: %d NaN, %d Inf in hidden_states (first at token %d)" % (name, nan, inf, row))
         got_ids += list(struct.unpack("<%dq" % n, read_range(path, start, ids)))
         if rec is not None and count >= AUX_STATES + 1 and n:
-            size = FLOAT_SIZE[hs["dtype"]]
-            s.dtype = hs["dtype"]
-            last = data[((n - 1) * count + count - 1) * h * size : ((n - 1) * count + count) * h * size]
-            s.last_row = list(fl.decode(last, hs["dtype"]))
+            size, at = FLOAT_SIZE[dtype], (n - 1) * count + count - 1  # the last token's last layer
+            s.dtype = dtype
+            s.last_row = list(fl.decode(data[at * h * size : (at + 1) * h * size], dtype))
+            if fp8:
+                s.last_err = fp8read.half_ulps(q[at * h : (at + 1) * h], struct.unpack_from("<f", scales, 4 * at)[0])
     except (OSError, ValueError, struct.error) as exc:
         s.fail("shape", "%s: cannot read its tensors: %s" % (name, exc))
         return None
@@ -849,9 +939,11 @@ def _spans_by_key(key, manifest):
     return [rec] if rec is not None else None
 
 
-def _check_shapes(s, rec, header, hidden):
-    """Tokens of one file, or None after naming the problem."""
-    missing = [t for t in TENSORS if t not in header]
+def _check_shapes(s, rec, header, hidden, meta=None):
+    """Tokens of one file, or None after naming the problem.  FP8 storage (FORMAT.md "FP8 storage"):
+    e4m3 states, their float32 scales [n, 1] / [n, 3] and a model dtype to decode to."""
+    fp8 = fp8_storage(header, meta or {})
+    missing = [t for t in TENSORS + (FP8_SCALES if fp8 else ()) if t not in header]
     if missing:
         s.fail("shape", "%s has no %s" % (rec["file"], ", ".join(missing)))
         return None
@@ -864,7 +956,12 @@ def _check_shapes(s, rec, header, hidden):
         s.fail("shape", "%s: %s: %s" % (rec["file"], tensor, exc))
         return None
     hs, aux = header["hidden_states"], header["aux_hidden_states"]
-    if hs.get("dtype") not in FLOAT_SIZE or aux.get("dtype") != hs.get("dtype"):
+    if fp8:
+        if fp8_problem(
+            s, rec["file"], header, meta or {}, {"hidden_states_scale": 1, "aux_hidden_states_scale": AUX_STATES}
+        ):
+            return None
+    elif hs.get("dtype") not in FLOAT_SIZE or aux.get("dtype") != hs.get("dtype"):
         s.fail("shape", "%s: dtypes %s / %s" % (rec["file"], hs["dtype"], aux["dtype"]))
         return None
     n, h = hs["shape"]
@@ -888,11 +985,75 @@ def _check_shapes(s, rec, header, hidden):
     return n
 
 
-def _check_finite(s, name, path, start, header, fl):
+FP8_SCALES = ("hidden_states_scale", "aux_hidden_states_scale")
+
+
+def fp8_storage(header, meta):
+    """A dump (or vLLM file) in FP8 storage: e4m3 values with a float32 scale per token and layer."""
+    hs = header.get("hidden_states")
+    return meta.get("storage") == FP8_STORAGE or (isinstance(hs, dict) and hs.get("dtype") == FP8_DTYPE)
+
+
+def fp8_problem(s, name, header, meta, scales):
+    """What keeps a file in FP8 storage from being decoded (named as its sample's shape problem, True),
+    or None: e4m3 states, each scale tensor F32 [n, columns] (`scales`: name -> columns; n the
+    states' rows), a model dtype in the metadata, and the decoder at hand."""
+    if fp8read is None:
+        s.fail("shape", "%s: FP8 storage, and this auditor has no FP8-storage decoder (rops_fp8)" % name)
+        return True
+    states = [t for t in ("hidden_states", "aux_hidden_states") if t in header]
+    bad = [t for t in states if header[t].get("dtype") != FP8_DTYPE]
+    if bad:
+        s.fail("shape", "%s: FP8 storage with %s %s, want %s" % (name, bad[0], header[bad[0]].get("dtype"), FP8_DTYPE))
+        return True
+    n = header["hidden_states"]["shape"][0]
+    for tensor, columns in scales.items():
+        entry = header[tensor] if isinstance(header[tensor], dict) else {}
+        if entry.get("dtype") != "F32" or entry.get("shape") != [n, columns]:
+            s.fail(
+                "shape",
+                "%s: FP8 storage with %s %s %s, want F32 [%d, %d]"
+                % (name, tensor, entry.get("dtype"), json.dumps(entry.get("shape")), n, columns),
+            )
+            return True
+    if fp8read.model_dtype(meta) is None:
+        s.fail(
+            "shape",
+            "%s: FP8 storage with metadata dtype %r: not a model dtype to decode to" % (name, meta.get("dtype")),
+        )
+        return True
+    s.doc["storage"] = FP8_STORAGE
+    return None
+
+
+def float_states(path, start, header, meta, fl):
+    """{"hidden_states": (bytes, dtype), "aux_hidden_states": (...)} of a dump file, the checks' input.
+    FP8 storage is decoded to the model dtype first (`fp8read.decode_fp8`, the bytes `dumps export`
+    gives SpecForge), and "scales" holds the final state's (e4m3 bytes, float32 scales)."""
+    out = {}
+    fp8 = fp8_storage(header, meta)
+    for tensor, segments in (("hidden_states", 1), ("aux_hidden_states", AUX_STATES)):
+        entry = header[tensor]
+        data = read_range(path, start, entry)
+        if fp8:
+            scales = read_range(path, start, header[tensor + "_scale"])
+            if tensor == "hidden_states":
+                out["scales"] = (data, scales)
+            dtype = fp8read.model_dtype(meta)
+            data = fp8read.decode_fp8(data, scales, segments, entry["shape"][1], dtype, fl.np)
+            out[tensor] = (data, dtype)
+        else:
+            out[tensor] = (data, entry["dtype"])
+    return out
+
+
+def _check_finite(s, name, states, header, fl):
+    """NaN and Inf counts of the two float tensors (`float_states`: FP8 storage decoded, so a NaN
+    code or a non-finite scale counts as what the reader gets)."""
     counts = s.doc.setdefault("nonfinite", {})
     for tensor in ("hidden_states", "aux_hidden_states"):
-        entry = header[tensor]
-        nan, inf, row = fl.nonfinite(read_range(path, start, entry), entry["dtype"], entry["shape"][1])
+        data, dtype = states[tensor]
+        nan, inf, row = fl.nonfinite(data, dtype, header[tensor]["shape"][1])
         if nan or inf:
             c = counts.setdefault(tensor, {"nan": 0, "inf": 0})
             c["nan"] += nan
@@ -920,26 +1081,37 @@ def check_tokens(samples, model_dir, cfg, fl):
     if norm_name is not None:
         path, start, entry = tensor_where(model_dir, wmap, norm_name)
         norm_w = list(fl.decode(read_range(path, start, entry), entry["dtype"]))
-    rows, wanted = [], []
+    rows, wanted, errs = [], [], []
     for s in asked:
         rows.append(list(s.last_row))
         wanted.append(int(s.client["generated_token"]))
+        errs.append(s.last_err)
         if norm_w is not None:
             rows.append(list(rms_norm(fl, s.last_row, norm_w, cfg["rms_norm_eps"])))
             wanted.append(int(s.client["generated_token"]))
+            errs.append(None if s.last_err is None else normed_err(s.last_row, s.last_err, norm_w, cfg["rms_norm_eps"]))
     path, start, entry = tensor_where(model_dir, wmap, head)
     info["shape"] = entry["shape"]
     if entry["shape"][1] != len(rows[0]):
         raise AuditError("%s is %s; the dumps' hidden size is %d" % (head, entry["shape"], len(rows[0])))
-    logits, info["bytes_read"] = lm_head_logits(fl, path, start, entry, rows, wanted)
+    keep = [e is not None for e in errs]
+    logits, info["bytes_read"] = lm_head_logits(fl, path, start, entry, rows, wanted, keep)
+
+    def verdict(i):
+        allowance = fp8_allowance(logits.best_w[i], logits.at_w[i], errs[i]) if keep[i] else None
+        status, gap = token_verdict(wanted[i], logits.best[i], logits.arg[i], logits.at[i], allowance or 0.0)
+        return status, gap, allowance
+
     step = 2 if norm_w is not None else 1
     for k, s in enumerate(asked):
         gen = wanted[k * step]
-        status, gap = token_verdict(gen, logits.best[k * step], logits.arg[k * step], logits.at[k * step])
+        status, gap, allowance = verdict(k * step)
         doc = {"generated": gen, "argmax": logits.arg[k * step], "gap": gap, "status": status}
+        if allowance is not None:  # FP8 storage: the gap e4m3 rounding alone may explain
+            doc["fp8_allowance"] = allowance
         if norm_w is not None:
             j = k * step + 1
-            normed, _ = token_verdict(gen, logits.best[j], logits.arg[j], logits.at[j])
+            normed, _, _ = verdict(j)
             doc["argmax_after_final_norm"] = logits.arg[j]
             if status == "mismatch" and normed == "match":
                 doc["status"] = "prenorm"
@@ -1091,6 +1263,8 @@ def contract(args):
             "sglang_version": meta.get("sglang_version"),
             "model_arch": meta.get("model_arch"),
         }
+        if fp8_storage(header, meta):  # e4m3 values (`dtype`) that decode to the model dtype
+            entry["storage"], entry["decodes_to"] = meta.get("storage"), meta.get("dtype")
         key = json.dumps(entry, sort_keys=True)
         seen.setdefault(key, dict(entry, files=0, example=rec["file"]))["files"] += 1
     doc = {

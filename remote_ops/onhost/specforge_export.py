@@ -83,63 +83,46 @@ class ExportError(Exception):
 
 # --------------------------------------------------------------------------- FP8 storage (pure)
 
-STORAGE_FP8 = "fp8_e4m3_rowscale"  # metadata `storage` of a dump in FP8 storage (dumper/fp8.py's STORAGE)
-MODEL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+def _fp8_codec():
+    """The FP8-storage decoder (`dumper/fp8read.py`): the one bundled before this program
+    (`onhost.with_codec`, module `rops_fp8`), else, run from a checkout, the file itself."""
+    mod = sys.modules.get("rops_fp8")
+    here = globals().get("__file__")
+    if mod is None and here:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(here))), "dumper", "fp8read.py")
+        spec = importlib.util.spec_from_file_location("rops_fp8", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["rops_fp8"] = mod
+    if mod is None:
+        raise ImportError("no FP8-storage decoder (rops_fp8) in this program")
+    return mod
 
 
-def _e4m3(b):
-    """The value of one float8_e4m3fn byte (no infinities; 0x7F / 0xFF are NaN)."""
-    sign, exp, man = -1.0 if b & 0x80 else 1.0, (b >> 3) & 0xF, b & 7
-    if exp == 15 and man == 7:
-        return float("nan")
-    return sign * (man / 8.0 * 2.0**-6 if exp == 0 else (1 + man / 8.0) * 2.0 ** (exp - 7))
-
-
-E4M3 = [_e4m3(b) for b in range(256)]
+fp8read = _fp8_codec()
+STORAGE_FP8 = fp8read.STORAGE_FP8  # metadata `storage` of a dump in FP8 storage (dumper/fp8.py's STORAGE)
+MODEL_DTYPES = fp8read.MODEL_DTYPES
+E4M3 = fp8read.E4M3
+encode_floats = fp8read.encode_floats
 
 
 def fp8_out_dtype(meta):
     """The safetensors dtype FP8 values of a file decode to: its metadata `dtype` (the model's)."""
-    out = MODEL_DTYPES.get(meta.get("dtype"))
+    out = fp8read.model_dtype(meta)
     if out is None:
         raise ExportError("FP8 storage with metadata dtype %r: not a model dtype to decode to" % meta.get("dtype"))
     return out
 
 
 def decode_fp8(q, scales, segments, width, dtype, np=None):
-    """e4m3 bytes of rows of `width` values (`segments` equal parts, each with its own float32 scale in
-    `scales`, row-major) -> the rows as `dtype` bytes: `q * scale` in float32 (exact in double, then
-    rounded to float32: torch's float32 product), then to `dtype` (nearest even).  numpy when given,
-    else per segment a 256-entry table and `bytes.translate` (C speed for the bulk)."""
-    seg = width // segments
-    count = len(q) // seg if seg else 0
-    scale = array("f", scales)
-    if len(scale) != count:
-        raise ExportError("%d scales for %d segments of FP8 values" % (len(scale), count))
-    if np is not None:
-        return _decode_fp8_numpy(np, q, scale, seg, dtype)
-    size = DTYPE_SIZE[dtype]
-    out = bytearray(len(q) * size)
-    for i in range(count):
-        table = encode_floats([v * scale[i] for v in E4M3], dtype)
-        part = q[i * seg : (i + 1) * seg]
-        base = i * seg * size
-        for byte in range(size):
-            out[base + byte : base + seg * size : size] = part.translate(table[byte::size])
-    return bytes(out)
-
-
-def _decode_fp8_numpy(np, q, scale, seg, dtype):
-    values = np.asarray(E4M3, dtype=np.float32)[np.frombuffer(q, np.uint8).reshape(-1, seg)]
-    f = values * np.frombuffer(scale.tobytes(), np.float32)[:, None]
-    if dtype == "F32":
-        return f.astype("<f4").tobytes()
-    if dtype == "F16":
-        return f.astype("<f2").tobytes()
-    bits = f.view(np.uint32).astype(np.uint64)
-    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    out[np.isnan(f)] = 0x7FC0
-    return out.astype("<u2").tobytes()
+    """`fp8read.decode_fp8` (the readers' one decoder), its refusal an ExportError."""
+    try:
+        return fp8read.decode_fp8(q, scales, segments, width, dtype, np)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def numpy_or_none():
@@ -153,7 +136,7 @@ def numpy_or_none():
 
 def is_fp8_source(header, meta):
     """A dump (or vLLM file) in FP8 storage."""
-    return meta.get("storage") == STORAGE_FP8 or header.get("hidden_states", {}).get("dtype") == "F8_E4M3"
+    return fp8read.is_fp8(header, meta)
 
 
 def decoded_states(data, header, meta, np=None):
@@ -384,24 +367,6 @@ def decode_floats(data, dtype):
     if dtype == "F32":
         return array("f", data).tolist()
     raise ExportError("dtype %s not supported" % dtype)
-
-
-def encode_floats(values, dtype):
-    """Python floats -> little-endian BF16 (nearest even, NaN kept), F16 or F32 bytes."""
-    if dtype == "F16":
-        return struct.pack("<%de" % len(values), *values)
-    raw = array("f", values)
-    if dtype == "F32":
-        return raw.tobytes()
-    bits = array("I", raw.tobytes())
-    out = array("H", bytes(2 * len(bits)))
-    for i, b in enumerate(bits):
-        out[i] = (
-            0x7FC0
-            if (b & 0x7F800000) == 0x7F800000 and b & 0x7FFFFF
-            else ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
-        )
-    return out.tobytes()
 
 
 class FinalNorm:

@@ -59,8 +59,9 @@ wait_finished, probe_done = CLIENT.wait_finished, CLIENT.probe_done
 
 
 def dump_bytes_per_token(host) -> int:
-    """The client's first guess at a dump's size per token (final + 3 aux hidden states, ids, positions)."""
-    return dumpcheck.float_bytes_per_token(host.model.hidden_size) + 8
+    """The client's first guess at a dump's size per token (final + 3 aux hidden states, ids, positions),
+    in the storage the inventory's `dump.storage` picks (FP8: about half)."""
+    return dumpcheck.bytes_per_token(host.model.hidden_size, storage=host.dump.storage)
 
 
 class _Options:

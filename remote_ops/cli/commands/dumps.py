@@ -51,7 +51,10 @@ def _render_recon(console, r: dumpcheck.Reconciliation) -> None:
         ["tokens", f"{r.tokens:,}"],
         ["bytes", f"{r.bytes:,} ({_gb(r.bytes)})"],
         ["hidden size", r.hidden_size or "-"],
-        ["float bytes/token (4*H*2)", f"{r.float_bytes_per_token:,}" if r.float_bytes_per_token else "-"],
+        [
+            "float bytes/token (FP8: 4*H+16)" if r.storage != "bf16" else "float bytes/token (4*H*2)",
+            f"{r.float_bytes_per_token:,}" if r.float_bytes_per_token else "-",
+        ],
         ["file bytes/token (observed)", r.file_bytes_per_token or "-"],
         ["partial spans", r.partial_rows],
         ["torn manifest lines", r.torn_lines],
@@ -124,6 +127,7 @@ def status_cmd(app, hosts, forks, samples) -> int:
         dumps_mod.local_free_bytes(local_root),
         dumps_mod.local_bytes(local_root),
         hidden_size=spec.model.hidden_size,
+        storage=spec.dump.storage,
     )
     _render_recon(app.console, recon)
     _render_projection(app.console, proj)
