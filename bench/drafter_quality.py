@@ -448,7 +448,10 @@ def count(a: argparse.Namespace) -> int:
     out_file = Path(a.result)
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     train_doc = json.loads((drafters / "train.json").read_text())
-    result.setdefault("faults", train_doc["faults"])  # of the whole export: the same for every train call
+    faults = result.setdefault("faults", {})  # of the whole export: the same for every train call
+    for key, reach in train_doc["faults"].items():
+        faults.setdefault(key, reach)  # a variant first trained in this call adds its own
+    result.setdefault("faults_by_call", []).append(train_doc["faults"])  # each call's, to show they agree
     result.setdefault("run_yaml", train_doc["run_yaml"])
     device = train_doc.get("device", "cuda")
 
