@@ -268,6 +268,12 @@ def test_drafter_quality_derives_the_planted_faults_and_reads_vllms_counters(tmp
     assert torch.equal(c["aux_hidden_state"][..., 2 * h :], pre) and torch.equal(c["hidden_state"], a["hidden_state"])
     assert not d["aux_hidden_state"][..., 2 * h :].any()
     assert torch.equal(d["aux_hidden_state"][..., : 2 * h], a["aux_hidden_state"][..., : 2 * h])
+    from remote_ops.dumper import fp8
+
+    e = torch.load(tmp_path / "e/rows_0-2000/data_0.ckpt", weights_only=True)  # (e): FP8 storage, read back
+    assert torch.equal(e["hidden_state"], fp8.roundtrip(a["hidden_state"], 1))
+    assert torch.equal(e["aux_hidden_state"], fp8.roundtrip(a["aux_hidden_state"], 3))
+    assert not torch.equal(e["aux_hidden_state"], a["aux_hidden_state"]) and 0 <= faults["e"]["share"] <= 1
     doc = {
         "before": {"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 5,
                    "vllm:spec_decode_num_accepted_tokens_per_pos": [3, 2, 0]},
