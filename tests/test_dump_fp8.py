@@ -13,13 +13,15 @@ The cast's cost on a GPU is measured on the H200 (bench/dumper_gpu.py --storage 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
 from test_dump_capture import H, make_batch, make_dumper, span_files  # noqa: E402
-from test_dump_gather import MemmoveDriver  # noqa: E402
+from test_dump_gather import MemmoveDriver, gathering  # noqa: E402, F401  (a fixture)
 
 from remote_ops.dumper import config as dump_config, dumpfile, fp8, layout, staging  # noqa: E402
 
@@ -96,23 +98,9 @@ def test_bad_shapes_are_counted_before_the_cast(tmp_path, writer_mode):
 
 
 @pytest.fixture
-def driver_dumper(tmp_path, monkeypatch):
+def driver_dumper(gathering):
     """A writer-process dumper whose steps take the driver path (MemmoveDriver), in FP8 storage."""
-    made = []
-
-    def make(**env):
-        d = make_dumper(tmp_path, writer="process", buffers=2, dtype="fp8_e4m3", **env)
-        made.append(d)
-        driver = MemmoveDriver()
-        d.driver, d.stager = driver, staging.Stager(driver)
-        d.stager.device_index, d.stager.side_raw, d.stager.fence_event = -1, 1, 1  # CPU: get_device() is -1
-        monkeypatch.setattr(staging, "_RAW_STREAM", lambda index: 5)
-        d._start_gather()
-        return d, driver
-
-    yield make
-    for d in made:
-        d.close(timeout=10)
+    return functools.partial(gathering, dtype="fp8_e4m3")
 
 
 @pytest.mark.parametrize("gather_tokens", [0, 64])

@@ -614,12 +614,16 @@ def _fp8_errors(header: SafetensorsHeader) -> List[str]:
             "metadata storage=%r format_version=%r, want %r and %r"
             % (meta.get("storage"), meta.get("format_version"), STORAGE_FP8, FORMAT_VERSION_FP8)
         )
-    if meta.get("dtype") not in MODEL_DTYPES:
-        errs.append(
-            "metadata dtype %r: not a model dtype the values decode to (%s)"
-            % (meta.get("dtype"), "|".join(MODEL_DTYPES))
-        )
-    return errs
+    return errs + _model_dtype_errors(meta)
+
+
+def _model_dtype_errors(meta: Mapping[str, str]) -> List[str]:
+    """An FP8 file's `dtype` must name the model dtype its values decode to."""
+    if meta.get("dtype") in MODEL_DTYPES:
+        return []
+    return [
+        "metadata dtype %r: not a model dtype the values decode to (%s)" % (meta.get("dtype"), "|".join(MODEL_DTYPES))
+    ]
 
 
 VLLM_FORMAT = "vllm-hidden-states/1"  # vLLM's per-request file, adopted into this layout by the extraction client
@@ -700,12 +704,7 @@ def _vllm_fp8_errors(header: SafetensorsHeader) -> List[str]:
             "metadata format=%r storage=%r, want %r and %r"
             % (meta.get("format"), meta.get("storage"), VLLM_FORMAT_FP8, STORAGE_FP8)
         )
-    if meta.get("dtype") not in MODEL_DTYPES:
-        errs.append(
-            "metadata dtype %r: not a model dtype the values decode to (%s)"
-            % (meta.get("dtype"), "|".join(MODEL_DTYPES))
-        )
-    return errs
+    return errs + _model_dtype_errors(meta)
 
 
 def _offset_errors(header: SafetensorsHeader, file_size: int) -> List[str]:
