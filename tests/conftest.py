@@ -217,9 +217,12 @@ def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
 
 @pytest.fixture
 def deployed(sglang_remote, spec):
-    """`spec` after a real deploy (stand-in server running); the container is removed afterwards."""
+    """`spec` after a real deploy (stand-in server running); the container is removed before (a test
+    file run earlier on this worker may have left one whose mount of the dump dir is stale: the dir
+    removed and made again) and afterwards."""
     from remote_ops.workflows import deploy
 
+    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
     deploy.deploy(sglang_remote, spec, why="test")
     yield spec
     sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)

@@ -94,8 +94,12 @@ def extraction(lab, standin_base, faults: dict | None = None) -> Run:
     remote = connect(lab, "lab2")
     try:
         _reset_checkout(host)
-        deploy.deploy(remote, spec, why="audit test")  # a no-op while it serves these settings
         known = _RUNS.get(key)
+        if known is None or not _still_there(known):
+            # a new run needs a server whose mount is the dump dir as it is now: another file on this
+            # worker may have removed and remade that dir under a container deploy would keep
+            remote.run(["docker", "rm", "-f", spec.container.name], check=False)
+        deploy.deploy(remote, spec, why="audit test")  # a no-op while it serves these settings
         if known is not None and _still_there(known):
             return known
         # the dump dir is bind-mounted into the server: its contents go, the dir itself stays
