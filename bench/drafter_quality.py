@@ -371,7 +371,7 @@ def train_cpu(a: argparse.Namespace) -> int:
             "-v", f"{work}:/work", "-e", "DRAFTER_QUALITY_WORK=/work", "--entrypoint", "python3",
             wtrain.CPU_BASE_IMAGE, "/repo/bench/drafter_quality.py", "train", "--device", "cpu",
             "--samples", str(a.samples), "--seeds", a.seeds, "--variants", a.variants, "--parallel", "1",
-            "--timeout", str(a.timeout), "--out", "/work/out-cpu"]  # fmt: skip
+            "--timeout", str(a.timeout), "--epochs", str(a.epochs), "--out", "/work/out-cpu"]  # fmt: skip
     p = images.docker(socket, *argv, timeout=a.timeout + 900, check=False)
     err = p.stderr if isinstance(p.stderr, str) else p.stderr.decode()
     print(err[-4000:], file=sys.stderr)
@@ -585,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     tc.add_argument("--seeds", default="1,2,3")
     tc.add_argument("--variants", default="a,b,c,d")
     tc.add_argument("--timeout", type=float, default=5400)
+    tc.add_argument("--epochs", type=int, default=0, help="as train's --epochs")
     c = sub.add_parser("count")
     c.add_argument("--drafters", required=True)
     c.add_argument("--prompts", default=str(Path.home() / ".local/state/remote-ops/sandbox/demo-vllm/heldout.jsonl"))
