@@ -501,13 +501,7 @@ def _convert_vllm(fin, fout, digest, header, ids, mask, norm, raw, meta=None):
         sa, sb = header["hidden_states_scale"]["data_offsets"]
         rows = decode_fp8(rows, data[sa:sb], count, count * h, dtype, numpy_or_none())
     aux, final = split_layers(rows, n, count, h, DTYPE_SIZE[dtype])
-    if norm is not None:
-        final = norm.apply(final, dtype, h)
-    z = _begin(fout, n, h, dtype, ids, mask)
-    for record, part in (("data/2", final), ("data/3", aux)):
-        with z.open(record, len(part)) as dst:
-            dst.write(part)
-    _finish(z, hashlib.sha256(raw).hexdigest())
+    _write_states(fout, (n, h, dtype), ids, mask, final, aux, norm, raw)
     return end
 
 
@@ -712,14 +706,21 @@ def _convert_fp8(fin, fout, digest, header, meta, ids, mask, norm, raw):
         raise ExportError("token ids in the dump differ from the dataset sample")
     n, h = header["hidden_states"]["shape"]
     hidden, aux, dtype = decoded_states(data, header, meta, numpy_or_none())
+    _write_states(fout, (n, h, dtype), ids, mask, hidden, aux, norm, raw)
+    return end
+
+
+def _write_states(fout, shape, ids, mask, final, aux, norm, raw):
+    """One sample's record: the final state (through `norm` when given) and the aux states, in
+    SpecForge's order, then the record's closing with the source's sha256."""
+    n, h, dtype = shape
     if norm is not None:
-        hidden = norm.apply(hidden, dtype, h)
+        final = norm.apply(final, dtype, h)
     z = _begin(fout, n, h, dtype, ids, mask)
-    for record, part in (("data/2", hidden), ("data/3", aux)):
+    for record, part in (("data/2", final), ("data/3", aux)):
         with z.open(record, len(part)) as dst:
             dst.write(part)
     _finish(z, hashlib.sha256(raw).hexdigest())
-    return end
 
 
 def _copy_tensors(fin, z, digest, header, ids, norm=None):
