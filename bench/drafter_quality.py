@@ -18,6 +18,8 @@ each drafter, the same samples, draft config, seeds, steps and learning rate; on
 
 `train --epochs N` overrides the packed run.yaml's epochs for a call; its runs are named
 `<variant>x<N>-s<seed>` and reported apart from the table (the curve of steps against acceptance).
+Data other than the packed export (`train-cpu --work DIR` over a bigger export's `a/` and `bh/`:
+the curve's samples axis) adds `-n<samples>` to the name, and its faults stay out of the table's.
 
 Each fault's reach is reported: (b) the share of loss positions whose teacher argmax changes,
 (c) and (d) the mean relative change of the aux vector, (e) both.
@@ -276,13 +278,16 @@ def train_all(a: argparse.Namespace) -> int:
     base = for_device(json.loads((META / "run.yaml").read_text()), a.device)
     root = data_root(a.samples)
     jobs = [(k, int(s)) for s in a.seeds.split(",") for k in a.variants.split(",")]
+    data_samples = len(list((root / "a").rglob("*.ckpt")))
+    packed = json.loads((META / "pack.json").read_text())["samples"]
+    data_tag = f"-n{data_samples}" if data_samples != packed else ""  # data other than the table's
     running: list[tuple[str, subprocess.Popen, Path, float]] = []
     done: dict[str, dict] = {}
     port = 29600
 
     def launch(key: str, seed: int) -> None:
         nonlocal port
-        run_id = f"{key}x{a.epochs}-s{seed}" if a.epochs else f"{key}-s{seed}"
+        run_id = f"{key}x{a.epochs}{data_tag}-s{seed}" if a.epochs else f"{key}{data_tag}-s{seed}"
         here = WORK / "runs" / run_id
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(parents=True)
@@ -341,7 +346,8 @@ def train_all(a: argparse.Namespace) -> int:
             d = WORK / "runs" / run_id / "drafter"
             if d.is_dir():
                 t.add(d, arcname=run_id)
-    doc = {"faults": faults, "drafters": done, "run_yaml": base, "device": a.device, "samples": a.samples or None}
+    doc = {"faults": faults, "drafters": done, "run_yaml": base, "device": a.device, "samples": a.samples or None,
+           "data_samples": data_samples}  # fmt: skip
     (out / "train.json").write_text(json.dumps(doc, indent=1))
     return 0 if all(r.get("export_rc") == 0 for r in done.values()) else 1
 
@@ -448,17 +454,20 @@ def count(a: argparse.Namespace) -> int:
     out_file = Path(a.result)
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     train_doc = json.loads((drafters / "train.json").read_text())
-    faults = result.setdefault("faults", {})  # of the whole export: the same for every train call
-    for key, reach in train_doc["faults"].items():
-        faults.setdefault(key, reach)  # a variant first trained in this call adds its own
-    result.setdefault("faults_by_call", []).append(train_doc["faults"])  # each call's, to show they agree
+    data_samples = train_doc.get("data_samples")
+    table_data = data_samples in (None, json.loads((META / "pack.json").read_text())["samples"])
+    if table_data:  # another export (a curve point's: more samples) has faults of its own, not the table's
+        faults = result.setdefault("faults", {})  # of the whole export: the same for every train call
+        for key, reach in train_doc["faults"].items():
+            faults.setdefault(key, reach)  # a variant first trained in this call adds its own
+        result.setdefault("faults_by_call", []).append(train_doc["faults"])  # each call's, to show they agree
     result.setdefault("run_yaml", train_doc["run_yaml"])
     device = train_doc.get("device", "cuda")
 
     result.setdefault("drafters", {})
     for run_id, rec in train_doc["drafters"].items():
         result["drafters"].setdefault(run_id, {}).update(rec, device=device, variant=run_id.split("-")[0],
-                                                        seed=int(run_id.split("-s")[1]))  # fmt: skip
+                                                        seed=int(run_id.split("-s")[1]), samples=data_samples)  # fmt: skip
     tree = drafters / "tree"
     if not tree.is_dir():
         with tarfile.open(drafters / "drafters.tar") as t:
@@ -550,12 +559,12 @@ def table(result: dict) -> str:
         )
     curve = sorted((r for r in (result.get("drafters") or {}).items() if r[1].get("variant") not in VARIANTS), key=str)
     if curve:
-        lines += ["", "| run (variant x epochs - seed) | step | SpecForge acc_0 | vLLM acceptance length | per position |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "| run (variant x epochs [-n samples] - seed) | samples | step | SpecForge acc_0 | vLLM acceptance length | per position |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for run_id, r in curve:
             per = ", ".join(f"{x:.2f}" for x in r.get("per_position") or [])
             lines.append(
-                f"| {run_id} | {r.get('step', '-')} | {r.get('acc_0')} | {r.get('acceptance_length')} | {per} |"
+                f"| {run_id} | {r.get('samples', '-')} | {r.get('step', '-')} | {r.get('acc_0')} | {r.get('acceptance_length')} | {per} |"
             )
     return "\n".join(lines)
 
