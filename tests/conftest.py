@@ -217,12 +217,11 @@ def spec(lab, sglang_host, standin_base, tmp_path, monkeypatch):
 
 @pytest.fixture
 def deployed(sglang_remote, spec):
-    """`spec` after a real deploy (stand-in server running); the container is removed before (a test
-    file run earlier on this worker may have left one whose mount of the dump dir is stale: the dir
-    removed and made again) and afterwards."""
+    """`spec` after a real deploy (stand-in server running); the container is removed afterwards.  A
+    container left by a test file run earlier on this worker is reused or recreated by deploy as
+    it finds it (a stale mount of a dump dir removed and made again included)."""
     from remote_ops.workflows import deploy
 
-    sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)
     deploy.deploy(sglang_remote, spec, why="test")
     yield spec
     sglang_remote.run(["docker", "rm", "-f", spec.container.name], check=False)

@@ -95,11 +95,9 @@ def extraction(lab, standin_base, faults: dict | None = None) -> Run:
     try:
         _reset_checkout(host)
         known = _RUNS.get(key)
-        if known is None or not _still_there(known):
-            # a new run needs a server whose mount is the dump dir as it is now: another file on this
-            # worker may have removed and remade that dir under a container deploy would keep
-            remote.run(["docker", "rm", "-f", spec.container.name], check=False)
-        deploy.deploy(remote, spec, why="audit test")  # a no-op while it serves these settings
+        # a no-op while it serves these settings; it recreates a server whose mount of the dump dir
+        # is stale (another file on this worker may have removed and remade that dir)
+        deploy.deploy(remote, spec, why="audit test")
         if known is not None and _still_there(known):
             return known
         # the dump dir is bind-mounted into the server: its contents go, the dir itself stays

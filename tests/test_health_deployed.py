@@ -100,3 +100,37 @@ def test_health_cli_exit_code_on_deployed_host(lab, deployed, lab_env, tmp_path)
         timeout=120,
     )
     assert p.returncode in (ExitCode.OK, ExitCode.HEALTH_WARN), p.stderr
+
+
+def test_a_dump_dir_made_again_fails_dumps_mount_until_deploy_recreates_the_container(sglang_remote, deployed):
+    """The dump dir removed and made again under the running server: its mount is the deleted dir.
+    `health` fails `dumps/mount` (exit 12) naming the remedy, `deploy` (its dry run says why)
+    recreates the container, `health` passes, and deploy again is a no-op.  A dump dir removed and
+    not made again: deploy makes it and recreates the container, and the next deploy is a no-op."""
+    from remote_ops.engine import labels
+    from remote_ops.workflows import container
+
+    dump_dir, name = deployed.dump.dir, deployed.container.name
+    first = container.inspect_container(sglang_remote, name)
+    assert first.labels[labels.DUMP_DIR_ID] and checks(sglang_remote, deployed)["dumps/mount"].status == "ok"
+    sglang_remote.run(shell.and_then(["rm", "-rf", dump_dir], ["mkdir", dump_dir]))
+    stale = health.check_host(lambda _h: sglang_remote, deployed, expected_image=deploy.image_ref(deployed))
+    mount = {f"{c.tier}/{c.name}": c for c in stale.checks}["dumps/mount"]
+    assert mount.status == "fail" and "removed and made again" in mount.reason, mount
+    assert "`remote-ops deploy` recreates the container" in mount.reason
+    assert health.exit_code([stale]) == ExitCode.HEALTH_FAIL
+    dry = deploy.deploy(sglang_remote, deployed, dry_run=True)
+    assert dry.plan["start"] and not dry.plan["build"] and dry.plan["reasons"]["start"].startswith("stale mount: ")
+    assert f"{labels.DUMP_DIR_ID}=" in dry.diffs["docker run"]
+    fixed = deploy.deploy(sglang_remote, deployed, why="test")
+    assert fixed.container_id != first.id and {s.name: s.status for s in fixed.steps}["start"] == "changed"
+    after = checks(sglang_remote, deployed)
+    assert after["dumps/mount"].status == "ok" and not [c for c in after.values() if c.status == "fail"], after
+    assert deploy.deploy(sglang_remote, deployed, why="test").up_to_date
+
+    sglang_remote.run(["rm", "-rf", dump_dir])  # gone: deploy makes it and records the new one
+    remade = deploy.deploy(sglang_remote, deployed, why="test")
+    assert remade.plan["reasons"]["start"].startswith("stale mount: ") and remade.container_id != fixed.container_id
+    again = deploy.deploy(sglang_remote, deployed, why="test")
+    assert again.up_to_date and again.container_id == remade.container_id
+    assert checks(sglang_remote, deployed)["dumps/mount"].status == "ok"

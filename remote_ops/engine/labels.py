@@ -23,3 +23,9 @@ CONTEXT_HASH = LABEL_PREFIX + "context-hash"  # hash of every build input
 MANAGED = LABEL_PREFIX + "managed"
 HOST = LABEL_PREFIX + "host"
 RUN_CONFIG = LABEL_PREFIX + "run-config"  # hash of the run spec: a changed setting means a restart
+# `device:inode` of the host's dump dir when the container was created: host state, not a setting,
+# so not in the run-config hash; a dir removed and made again since reads as a stale mount
+DUMP_DIR_ID = LABEL_PREFIX + "dump-dir.id"
+
+#: Container labels that are not run settings: left out of the run-config hash.
+NOT_SETTINGS = frozenset({RUN_CONFIG, DUMP_DIR_ID})

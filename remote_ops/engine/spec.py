@@ -6,6 +6,8 @@ builders, which check each field against the negotiated API version);
 `cli_argv` renders the same spec as the `docker run` command line (what
 `--dry-run`/`--diff` show).  The run-config label is a hash of the settings,
 so a changed setting means a restart and an unchanged one means a no-op.
+Labels that are host state, not settings (`labels.NOT_SETTINGS`: the dump
+dir's `device:inode` at create time), are left out of that hash.
 
 For an inventory host's server container (`for_host`) that hash is the one
 remote-ops has always set (`inventory_run_config`: sha256 of the `docker run`
@@ -25,7 +27,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .labels import RUN_CONFIG
+from .labels import NOT_SETTINGS, RUN_CONFIG
 
 if TYPE_CHECKING:
     from ..core.inventory import HostSpec
@@ -63,9 +65,9 @@ class RunSpec:
     auto_remove: bool = False
 
     def config_hash(self) -> str:
-        """Hash of every setting (not the run-config label itself); 16 hex digits."""
+        """Hash of every setting (not the labels that are no setting: `labels.NOT_SETTINGS`); 16 hex digits."""
         doc = asdict(self)
-        doc["labels"] = {k: v for k, v in sorted(self.labels.items()) if k != RUN_CONFIG}
+        doc["labels"] = {k: v for k, v in sorted(self.labels.items()) if k not in NOT_SETTINGS}
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     def labelled(self) -> "RunSpec":
@@ -172,9 +174,10 @@ def inventory_run_config(spec: RunSpec, launcher_len: int) -> str:
 
     sha256 of JSON [docker run flags up to the run-config label, image, launcher,
     server arguments]: unchanged since the first release, so a container that
-    is running on a host keeps its label's value (tests/test_container.py pins it).
+    is running on a host keeps its label's value (tests/test_run_config_compat.py
+    pins it).  The labels that are no setting (`labels.NOT_SETTINGS`) are not hashed.
     """
-    argv = cli_argv(replace(spec, labels={k: v for k, v in spec.labels.items() if k != RUN_CONFIG}))
+    argv = cli_argv(replace(spec, labels={k: v for k, v in spec.labels.items() if k not in NOT_SETTINGS}))
     flags = argv[: len(argv) - 1 - len(spec.command)]
     doc = json.dumps([flags, spec.image, list(spec.command[:launcher_len]), list(spec.command[launcher_len:])])
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -221,9 +224,11 @@ def server_args(host: "HostSpec") -> list[str]:
     return args + list(s.extra_args)
 
 
-def for_host(host: "HostSpec", image: str) -> RunSpec:
-    """The SGLang server container of an inventory host, labelled with its run-config hash."""
-    from .labels import HOST, MANAGED
+def for_host(host: "HostSpec", image: str, dump_dir_id: str | None = None) -> RunSpec:
+    """The SGLang server container of an inventory host, labelled with its run-config hash, and
+    with `dump_dir_id` (the host's dump dir as `device:inode`, read right before the create) when
+    known: `probes.dumpdir.mount_of` compares it with the dir as it is later."""
+    from .labels import DUMP_DIR_ID, HOST, MANAGED
 
     c, port = host.container, host.server.port
     volumes = (
@@ -237,7 +242,7 @@ def for_host(host: "HostSpec", image: str) -> RunSpec:
         image=image,
         command=(*host.server.launcher, *server_args(host)),
         env={**dump_env(host), "SGLANG_PORT": str(port), **c.env},
-        labels={MANAGED: "1", HOST: host.name},
+        labels={MANAGED: "1", HOST: host.name, **({DUMP_DIR_ID: dump_dir_id} if dump_dir_id else {})},
         init=True,
         restart=c.restart,
         gpus=c.gpus if isinstance(c.gpus, str) else tuple(c.gpus),

@@ -10,6 +10,15 @@ server cannot write its dumps there (missing, not a directory, not writable
 by the SSH user, who is also the extraction client's user), and
 `check_dump_dir` is `health`'s rule: a fail only while the server is up with
 capture on, since only then is a missing dump dir losing data.
+
+The same probe reads the dir's identity (`device:inode`) and birth time.
+The server container is bind-mounted onto the dump dir as it was when the
+container started: a dir removed and made again at the same path since is
+another inode, and the container keeps writing into the deleted one, where
+nothing reaches the host.  Deploy records the identity at create time as the
+container label `labels.DUMP_DIR_ID`; `stale_mount` compares it with the dir
+as it is now (deploy's plan recreates such a container, `check_dump_mount` is
+`health`'s `dumps/mount`).
 """
 
 from __future__ import annotations
@@ -17,10 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import shell
+from ..engine.labels import DUMP_DIR_ID
+from ..engine.types import ContainerInfo, unix_time
 from .base import Check, DumpDirProbe
 
 #: What `DumpDir.problem` names, as `details.reason` of a refusal and `data.cause` of a check.
 MISSING, NOT_A_DIR, NOT_WRITABLE = "dump_dir_missing", "dump_dir_not_a_directory", "dump_dir_not_writable"
+#: What `stale_mount` names when the dir was removed and made again (the extraction client's word too).
+REPLACED = "dump_dir_replaced"
+#: `mount_of`'s word for a container that mounts the dump dir as it is now.
+FRESH = "fresh"
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,8 @@ class DumpDir:
     resolved: str | None = None
     is_dir: bool = False
     writable: bool = False
+    identity: str | None = None  # `device:inode` of the resolved dir (None: unknown)
+    born: int | None = None  # its birth time, unix seconds (None: the filesystem does not say)
 
     @property
     def path(self) -> str:
@@ -56,16 +73,18 @@ class DumpDir:
 
 
 class DumpDirState(DumpDirProbe[DumpDir]):
-    """`dir=0|1`, `writable=0|1`, then `resolved=<realpath>` (empty when it does not resolve)."""
+    """`dir=0|1`, `writable=0|1`, `id=<device>:<inode> born=<birth, 0: unknown>` (when it resolves),
+    then `resolved=<realpath>` (empty when it does not resolve)."""
 
     name = "dump_dir"
 
     def command(self) -> str:
-        d = shell.quote(self.dump_dir)
+        d, identity = shell.quote(self.dump_dir), shell.quote("id=%d:%i born=%W")
         return (
             f'r=$(realpath -e -- {d} 2>/dev/null) || r=""; '
             'if [ -n "$r" ] && [ -d "$r" ]; then echo dir=1; else echo dir=0; fi; '
             'if [ -n "$r" ] && [ -w "$r" ]; then echo writable=1; else echo writable=0; fi; '
+            f'if [ -n "$r" ]; then stat -c {identity} -- "$r" 2>/dev/null; fi; '
             "printf 'resolved=%s\\n' \"$r\""
         )
 
@@ -80,8 +99,23 @@ def parse_state(configured: str, text: str) -> DumpDir:
     if not sep:
         return DumpDir(configured)
     flags = set(head.split())
+    fields = dict(f.split("=", 1) for f in flags if "=" in f)
     resolved = rest[:-1] if rest.endswith("\n") else rest
-    return DumpDir(configured, resolved or None, "dir=1" in flags, "writable=1" in flags)
+    identity = fields.get("id", "")
+    born = fields.get("born", "")
+    return DumpDir(
+        configured,
+        resolved or None,
+        "dir=1" in flags,
+        "writable=1" in flags,
+        identity if _is_identity(identity) else None,
+        int(born) if born.isdigit() and int(born) > 0 else None,
+    )
+
+
+def _is_identity(text: str) -> bool:
+    device, sep, inode = text.partition(":")
+    return bool(sep) and device.isdigit() and inode.isdigit()
 
 
 def check_dump_dir(state: DumpDir, server_up: bool, capturing: bool) -> Check | None:
@@ -102,3 +136,72 @@ def check_dump_dir(state: DumpDir, server_up: bool, capturing: bool) -> Check | 
     if not problem and state.resolved and state.path != state.configured.rstrip("/"):
         return Check("dumps", "dir", "ok", f"{state.named()}: the resolved path is used", {"resolved": state.resolved})
     return None
+
+
+def mount_of(state: DumpDir, c: ContainerInfo | None) -> str | None:
+    """How the running container `c`'s mount of the dump dir compares with the dir as it is now
+    (pure): `FRESH`, `MISSING` (gone), `REPLACED` (removed and made again), or None (no running
+    container, or it cannot be told).
+
+    Fresh: the dir's identity is the one `c` recorded at create time (`labels.DUMP_DIR_ID`), or
+    `c` (re)started a second or more after the dir was born (each start mounts the dir as it is
+    then, so `container restart` after `mkdir -p` is a fix too).  Replaced: another identity than
+    the one recorded, or no label and started before the dir was born.  Gone: only with a label
+    (the SSH user could read the dir when the container was created).  No label and no birth
+    time (the filesystem does not give one) cannot be told.  A label but no birth time reads a
+    container restarted after the dir was made again as replaced: deploy then recreates it once
+    more than needed, and never leaves a stale one."""
+    if c is None or not c.running:
+        return None
+    recorded, after = c.labels.get(DUMP_DIR_ID), _started_after_birth(state, c)
+    if state.resolved is None:
+        return MISSING if recorded else None
+    if state.identity is None:
+        return None
+    if recorded == state.identity or after is True:
+        return FRESH
+    return REPLACED if recorded or after is False else None
+
+
+def _started_after_birth(state: DumpDir, c: ContainerInfo) -> bool | None:
+    """True: `c` started a second or more after the dir was born; False: before it; None: the
+    same second (birth times are whole seconds), or no birth or start time."""
+    started = unix_time(c.started_at)
+    if not started or state.born is None:
+        return None
+    if started >= state.born + 1:
+        return True
+    return False if started < state.born else None
+
+
+def stale_mount(state: DumpDir, c: ContainerInfo | None) -> str | None:
+    """Why the running container `c` does not mount the host's dump dir as it is now (deploy's
+    reason to recreate it), or None (`mount_of`; pure)."""
+    found = mount_of(state, c)
+    if c is None or found not in (MISSING, REPLACED):
+        return None
+    if found == MISSING:
+        return f"dump dir {state.configured} is gone since container {c.name} was created"
+    return f"dump dir {state.named()} was removed and made again after container {c.name} started"
+
+
+def check_dump_mount(state: DumpDir, c: ContainerInfo | None) -> Check | None:
+    """`health`'s `dumps/mount`: a fail when the running server container still mounts a dump dir
+    that was removed and made again (its dumps go into the deleted directory and never reach
+    the host), an ok when its mount is the dir as it is now, nothing when the dir is gone
+    (`dumps/dir` speaks), no container runs, or it cannot be told (`mount_of`; pure)."""
+    found = mount_of(state, c)
+    if c is None or found not in (FRESH, REPLACED):
+        return None
+    recorded = c.labels.get(DUMP_DIR_ID)
+    data = {"dump_dir": state.path, "recorded": recorded, "now": state.identity}
+    if found == FRESH:
+        return Check("dumps", "mount", "ok", f"container {c.name} mounts {state.named()} as it is now", data)
+    return Check(
+        "dumps",
+        "mount",
+        "fail",
+        f"{stale_mount(state, c)}: it still mounts the deleted one (device:inode {recorded or 'not recorded'}, "
+        f"now {state.identity}), so its dumps never reach the host; `remote-ops deploy` recreates the container",
+        {"cause": REPLACED, **data},
+    )

@@ -231,13 +231,14 @@ def connector_env(host: "HostSpec") -> dict[str, str]:
     return {"REMOTE_OPS_DUMP_DTYPE": storage} if storage != "bf16" else {}
 
 
-def run_spec(host: "HostSpec", image: str) -> "RunSpec":
+def run_spec(host: "HostSpec", image: str, dump_dir_id: str | None = None) -> "RunSpec":
     """The vLLM server container: the host's container settings, vLLM's command line, no
-    SGLang dumper variables; labelled with its run-config hash like SGLang's."""
+    SGLang dumper variables; labelled with its run-config hash and its dump dir's identity
+    (`dump_dir_id`, when known) like SGLang's."""
     from ..engine.labels import RUN_CONFIG
     from ..engine.spec import for_host, inventory_run_config
 
-    base = for_host(host, image)
+    base = for_host(host, image, dump_dir_id)
     env = {k: v for k, v in base.env.items() if not k.startswith(("SGLANG_HS_DUMP_", "SGLANG_PORT"))}
     mode = serves(host)
     spec = replace(

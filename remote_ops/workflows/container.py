@@ -35,6 +35,7 @@ from ..engine.cli import TOOL_DIR
 from ..engine.spec import dump_env, for_host, gpu_flags, server_args
 from ..engine.types import ContainerInfo, ImageInfo
 from ..errors import NotFound, RemoteOpsError
+from ..probes.dumpdir import DumpDirState
 from ..remote import LineSink, Remote, command_deadline
 
 
@@ -103,17 +104,20 @@ def gpu_args(host: HostSpec) -> list[str]:
     return gpu_flags(gpus if isinstance(gpus, str) else tuple(gpus))
 
 
-def server_spec(host: HostSpec, image: str):
+def server_spec(host: HostSpec, image: str, dump_dir_id: str | None = None):
     """The host's server container: SGLang's (`engine.spec.for_host`), or its serving engine's
-    (`remote_ops.serving`: vLLM's command line, no dumper variables)."""
+    (`remote_ops.serving`: vLLM's command line, no dumper variables); labelled with the dump
+    dir's `device:inode` when `dump_dir_id` is known (`dump_dir_for_create`)."""
     from ..serving import serving_for
 
-    return serving_for(host).run_spec(host, image) if host.serving.engine != "sglang" else for_host(host, image)
+    if host.serving.engine != "sglang":
+        return serving_for(host).run_spec(host, image, dump_dir_id)
+    return for_host(host, image, dump_dir_id)
 
 
-def run_argv(host: HostSpec, image: str) -> list[str]:
+def run_argv(host: HostSpec, image: str, dump_dir_id: str | None = None) -> list[str]:
     """The `run` command line of the host's container in its engine's CLI (`server_spec`, as flags)."""
-    return cli_for(host).run_argv(server_spec(host, image))
+    return cli_for(host).run_argv(server_spec(host, image, dump_dir_id))
 
 
 def expected_run_config(host: HostSpec, image: str) -> str:
@@ -214,20 +218,44 @@ def build(
     return cli.image_id(remote.run(["cat", iidfile]).stdout)
 
 
-def run(remote: Remote, host: HostSpec, image: str, *, engine: Any = None) -> str:
-    """Replace the container with a fresh one from `image`; return the new container id."""
+def dump_dir_for_create(remote: Remote, host: HostSpec, required: tuple[str, ...] = ()) -> str | None:
+    """The host's dump dir as `device:inode` right before its container is created (one round
+    trip; None: unknown), the value of the container's `labels.DUMP_DIR_ID`.
+
+    A missing dump dir is made first (`mkdir -p`, as the SSH user), so that the label names the
+    dir the container mounts; where the SSH user may not make it, the engine makes it at the
+    start as before, and the container has no label.  `required` dirs are made first and must
+    be made (`CommandFailed` otherwise)."""
+    d = host.dump.dir
+    make = shell.and_then(["mkdir", "-p", "--", *required]) + " && " if required else ""
+    state = DumpDirState(d)
+    r = remote.run(f"{make}{{ mkdir -p -- {shell.quote(d)} 2>/dev/null; {state.command()}; }}")
+    return state.parse(r.exit_status, r.stdout).identity
+
+
+def run(remote: Remote, host: HostSpec, image: str, *, engine: Any = None, dump_dir_id: str | None = None) -> str:
+    """Replace the container with a fresh one from `image` (labelled with `dump_dir_id` when
+    known); return the new container id."""
     with engine_for(remote, engine, host.engine) as e:
-        return _act(e, host, "run", image, 30, command_deadline(remote)) or ""
+        return _act(e, host, "run", image, 30, command_deadline(remote), dump_dir_id) or ""
 
 
-def _act(engine: Any, host: HostSpec, step: str, image: str | None, grace_s: int, timeout: float) -> str | None:
+def _act(
+    engine: Any,
+    host: HostSpec,
+    step: str,
+    image: str | None,
+    grace_s: int,
+    timeout: float,
+    dump_dir_id: str | None = None,
+) -> str | None:
     """One lifecycle step as engine calls; secrets in an error are masked."""
     name = host.container.name
     try:
         if step in ("remove", "run"):
             engine.remove(name, timeout=timeout)
         if step == "run":
-            return engine.run(server_spec(host, image or ""), timeout=timeout).id
+            return engine.run(server_spec(host, image or "", dump_dir_id), timeout=timeout).id
         if step in ("start", "stop", "restart"):
             call = getattr(engine, step)
             call(name, timeout=timeout) if step == "start" else call(name, grace_s=grace_s, timeout=timeout)
@@ -265,8 +293,10 @@ def lifecycle(
         shown = [secrets.mask_text(c) if isinstance(c, str) else shell.join(secrets.mask_argv(c)) for c in plan]
         if dry_run:
             return shown, before, before
-        for step in lifecycle_steps(action, host, before, image):
-            _act(e, host, step, image, grace_s, command_deadline(remote))
+        steps = lifecycle_steps(action, host, before, image)
+        dump_dir_id = dump_dir_for_create(remote, host) if "run" in steps else None
+        for step in steps:
+            _act(e, host, step, image, grace_s, command_deadline(remote), dump_dir_id)
         after = e.container(host.container.name)
     if after is None:
         raise NotFound(

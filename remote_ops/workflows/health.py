@@ -30,7 +30,10 @@ healthy exits 0.  `dumps/growth` warns about standing dumps only while the
 extraction client runs (`probes.extract.ExtractAlive`: its PID file).  `dumps/dir`
 fails when the server is up with capture on and its dump dir is missing, not a
 directory or not writable (`probes.dumpdir`, resolved once on the host; a symlinked
-dump dir is named with the path it resolves to).
+dump dir is named with the path it resolves to).  `dumps/mount` fails when the running
+server container still mounts a dump dir that was removed and made again since it started
+(`probes.dumpdir.mount_of`: the dir's `device:inode` against the one the container recorded
+at create time, and its start against the dir's birth); `remote-ops deploy` recreates it.
 
 Deadlines: the round trip runs under the run's command deadline
 (`--command-timeout`); each probe in it is bounded by `batch.probe_deadline`
@@ -67,7 +70,7 @@ from ..engine.types import unix_time
 from ..errors import ExitCode
 from ..probes import batch
 from ..probes.base import Answers, Check, Probe, Sections, last_line
-from ..probes.dumpdir import DumpDir, DumpDirState, check_dump_dir
+from ..probes.dumpdir import DumpDir, DumpDirState, check_dump_dir, check_dump_mount
 from ..probes.dumps import DumpUsage, check_dumps
 from ..probes.endpoints import HttpEndpoints, check_http
 from ..probes.engine import EngineObjects, EngineVersion, check_container, check_engine
@@ -191,7 +194,9 @@ def evaluate(
     checks += check_dumps(host, a.output(DumpUsage), last_dumps, now or time.time(), extracting=extracting)
     if not a.came(DumpDirState) or a.output(DumpDirState)[0] != 0:  # not asked, or no answer in time
         return checks
-    return capture_dir(checks, a.read(DumpDirState), bool(container and container.running))
+    state = a.read(DumpDirState)
+    mount = check_dump_mount(state, container)
+    return capture_dir(checks, state, bool(container and container.running)) + ([mount] if mount else [])
 
 
 def capture_dir(checks: list[Check], state: DumpDir, server_up: bool) -> list[Check]:

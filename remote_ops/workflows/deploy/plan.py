@@ -1,9 +1,10 @@
 """deploy's decision: one batched probe (one SSH round trip) and the plan it implies (pure).
 
 `probes_for` picks the probe units (`remote_ops.probes`): the host facts a
-deploy decides on (GPUs, the engine's version, free space), the host lock
-(taken in the same round trip, atomic `mkdir`), the target file's sha256, and
-the engine's answer for container + image (one `inspect` of both).
+deploy decides on (GPUs, the engine's version, free space, the dump dir's
+`device:inode`), the host lock (taken in the same round trip, atomic `mkdir`),
+the target file's sha256, and the engine's answer for container + image (one
+`inspect` of both).
 `parse_probe` reads their answers into a `Probe`; `preflight_problems` and
 `make_plan` decide from that alone what is out of date.
 """
@@ -19,6 +20,7 @@ from ...engine import labels
 from ...engine.types import ContainerInfo, ImageInfo
 from ...probes import base, batch
 from ...probes.disk import DiskFree
+from ...probes.dumpdir import DumpDir, DumpDirState, stale_mount
 from ...probes.engine import EngineObjects, EngineVersion
 from ...probes.gpu import GpuQuery
 from ...probes.lock import Holder, LockRead, LockTake
@@ -56,6 +58,7 @@ class Probe:
     raw: dict[str, tuple[int, str]] = field(default_factory=dict)
     took_lock: bool = False
     holder: Holder | None = None
+    dump_dir: DumpDir | None = None  # None: the probe did not answer (the mount is then not judged)
 
 
 def probes_for(
@@ -85,6 +88,7 @@ def probes_for(
         lock,
         *([PatchTarget(target)] if target else []),
         EngineObjects(host, ref, api=True),
+        DumpDirState(host.dump.dir),
     ]
 
 
@@ -101,7 +105,9 @@ def parse_probe(host: HostSpec, sec: base.Sections, locking: bool = False) -> Pr
     else:
         took, holder = False, LockRead(host.lock_dir).read(sec)
     lock = holder.to_dict() if holder else (None if took or not locking else {"info": "none"})
-    return Probe(f, "", found.image, found.container, lock, dict(sec), took_lock=took, holder=holder)
+    dump_dir = DumpDirState(host.dump.dir)
+    state = dump_dir.read(sec) if dump_dir.output(sec)[0] == 0 else None
+    return Probe(f, "", found.image, found.container, lock, dict(sec), took_lock=took, holder=holder, dump_dir=state)
 
 
 def probe(remote: Remote, host: HostSpec, ref: str, lock_why: str | None = None, token: str | None = None) -> Probe:
@@ -157,16 +163,18 @@ def make_plan(host: HostSpec, patch, p: Probe, ref: str) -> Plan:
     build = not patched or img is None or img.labels.get(labels.CONTEXT_HASH) != want_ctx
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = needs_start(host, ref, img, ctr, build)
+    start = needs_start(host, ref, img, ctr, build, p.dump_dir)
     if start:
-        reasons["start"] = _start_reason(host, ctr, img, ref, build)
+        reasons["start"] = start_reason(host, ref, ctr, img, build, p.dump_dir)
     wait = start or (ctr is not None and ctr.health not in ("healthy", None))
     return Plan(patch=not patched, build=build, start=start, wait=wait, reasons=reasons)
 
 
-def needs_start(host, ref: str, img, ctr, build: bool) -> bool:
-    """The container must be (re)started: a new build, no image or container, not running, another
-    image, or other run settings than the inventory's (any serving engine)."""
+def needs_start(host, ref: str, img, ctr, build: bool, dump_dir: DumpDir | None = None) -> bool:
+    """The container must be (re)created: a new build, no image or container, not running, another
+    image, other run settings than the inventory's, or a stale mount of the dump dir (it was
+    removed, or removed and made again, since the container started: `probes.dumpdir.mount_of`)
+    (any serving engine)."""
     return (
         build
         or img is None
@@ -174,10 +182,12 @@ def needs_start(host, ref: str, img, ctr, build: bool) -> bool:
         or not ctr.running
         or ctr.image_id != img.id
         or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
+        or (dump_dir is not None and stale_mount(dump_dir, ctr) is not None)
     )
 
 
-def _start_reason(host: HostSpec, ctr, img, ref: str, build: bool) -> str:
+def start_reason(host: HostSpec, ref: str, ctr, img, build: bool, dump_dir: DumpDir | None = None) -> str:
+    """Why `needs_start` said so, in words (what `--dry-run` and the check step show)."""
     if build:
         return "new image"
     if ctr is None:
@@ -186,7 +196,11 @@ def _start_reason(host: HostSpec, ctr, img, ref: str, build: bool) -> str:
         return f"container is {ctr.status}"
     if img is None or ctr.image_id != img.id:
         return "container runs another image"
-    return "run settings changed"
+    stale = stale_mount(dump_dir, ctr) if dump_dir is not None else None
+    if not stale:
+        return "run settings changed"
+    settings = ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
+    return ("run settings changed; " if settings else "") + f"stale mount: {stale}"
 
 
 def lock_info(why: str) -> str:

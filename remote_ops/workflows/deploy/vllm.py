@@ -9,8 +9,11 @@ differs chosen here from `remote_ops.serving.vllm`:
 - build when the image is missing or its `context-hash` label differs from the hash of
   Dockerfile.vllm.j2, its variables (the pinned vLLM release, the base image) and the
   project's connector (`remote_ops/dumper/vllm_connector.py`);
-- start when the container is missing, stopped, runs another image or was started with other
-  settings (`run-config` of `serving.vllm.run_spec`: the speculative and KV-transfer configs);
+- start when the container is missing, stopped, runs another image, was started with other
+  settings (`run-config` of `serving.vllm.run_spec`: the speculative and KV-transfer configs),
+  or mounts a dump dir that was removed (and made again) since it started (`plan.needs_start`);
+  the connector's output dir is made in the same round trip that reads the dump dir's identity
+  for the new container's label;
 - wait on vLLM's own endpoints (`/health`, `/v1/models`, `/version`) through `health`.
 """
 
@@ -27,7 +30,7 @@ from ...remote import Remote
 from ...serving import vllm as serving
 from .. import container
 from .context import context_tar, staging_dir
-from .plan import Plan, Probe, needs_start
+from .plan import Plan, Probe, needs_start, start_reason
 from .workflow import BUILD_TIMEOUT_S, Deploy, DeployResult, Events, build_on_host
 
 
@@ -38,19 +41,9 @@ def make_plan(host: HostSpec, p: Probe, ref: str) -> Plan:
     build = img is None or img.labels.get(labels.CONTEXT_HASH) != serving.context_hash(host)
     if build:
         reasons["build"] = "image missing" if img is None else "build inputs changed"
-    start = needs_start(host, ref, img, ctr, build)
+    start = needs_start(host, ref, img, ctr, build, p.dump_dir)
     if start:
-        reasons["start"] = (
-            "new image"
-            if build
-            else "no container"
-            if ctr is None
-            else f"container is {ctr.status}"
-            if not ctr.running
-            else "container runs another image"
-            if img is None or ctr.image_id != img.id
-            else "run settings changed"
-        )
+        reasons["start"] = start_reason(host, ref, ctr, img, build, p.dump_dir)
     wait = start or (ctr is not None and ctr.health not in ("healthy", None))
     return Plan(patch=False, build=build, start=start, wait=wait, reasons=reasons)
 
@@ -68,12 +61,12 @@ def build_context(host: HostSpec) -> dict[str, bytes]:
     return {**files, "Dockerfile": serving.render_dockerfile(host).encode()}
 
 
-def diffs(host: HostSpec, plan: Plan, ref: str) -> dict[str, str]:
+def diffs(host: HostSpec, plan: Plan, ref: str, dump_dir_id: str | None = None) -> dict[str, str]:
     out: dict[str, str] = {}
     if plan.build:
         out["Dockerfile"] = serving.render_dockerfile(host)
     if plan.start:
-        out[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
+        out[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref, dump_dir_id)))
     return out
 
 
@@ -134,10 +127,9 @@ class VllmDeploy(Deploy):
         self._step("build", "changed", f"{self.ref} {image_id[:19]} (vLLM {self.host.vllm.version})", t)
         return image_id
 
-    def _start(self, plan: Plan, image_id: str, p: Probe) -> None:
-        if plan.start:  # the connector's output dir exists before vLLM starts writing into it
-            self.remote.run(["mkdir", "-p", serving.connector_dir(self.host)])
-        super()._start(plan, image_id, p)
+    def _dirs_before_start(self) -> tuple[str, ...]:
+        """The connector's output dir exists before vLLM starts writing into it."""
+        return (serving.connector_dir(self.host),)
 
     def _wait_vllm(self, plan: Plan) -> None:
         t = time.monotonic()
@@ -155,7 +147,7 @@ class VllmDeploy(Deploy):
         self._step("patch", "skipped", serving.NO_PATCH)
         for name in ("build", "start"):
             self._step(name, "planned" if getattr(plan, name) else "ok", plan.reasons.get(name, "up to date"))
-        self.result.diffs = diffs(self.host, plan, self.ref)
+        self.result.diffs = diffs(self.host, plan, self.ref, p.dump_dir.identity if p.dump_dir else None)
         self.result.round_trips = self.remote.round_trips - self.rt0
         self.result.wall_s = round(time.monotonic() - self.t0, 3)
         return self.result

@@ -7,8 +7,11 @@ and run-config label, the lock) what is out of date, and does only that:
 - patch   when the spec's target file is not the patched file the image was built from;
 - build   when the image is missing or its `context-hash` label differs from the
           hash of what would be built now (Dockerfile, dumper, verifier, patch);
-- start   when the container is missing, stopped, runs another image id, or
-          was started with other settings (`run-config` label);
+- start   when the container is missing, stopped, runs another image id, was
+          started with other settings (`run-config` label), or mounts a dump dir
+          that was removed, or removed and made again, since it started (a stale
+          mount: `probes.dumpdir.mount_of`, from the dump dir's `device:inode`
+          and the container's `dump-dir.id` label);
 - wait    until the container answers the cheap endpoints (deadline, progress).
 
 The first probe only reads.  A re-run with nothing changed stops there: one
@@ -22,7 +25,10 @@ diff, the Dockerfile, the run command line).
 
 Start and wait go through the engine seam on one channel (`engine.remove` +
 `engine.run(for_host(...))`, then polling `engine.container`), opened only
-when the container must change.
+when the container must change.  Right before it, one round trip makes the
+dump dir when it is missing and reads its `device:inode`
+(`container.dump_dir_for_create`): the new container's `dump-dir.id` label,
+so the next deploy finds it current.
 
 Failure state (documented, tested): a failed *build* leaves the host's checkout
 patched (the patch is verified and correct; only the image is missing) and the
@@ -55,6 +61,7 @@ from ...core import secrets, shell
 from ...core.inventory import HostSpec
 from ...engine import cli_for, labels
 from ...errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
+from ...probes.dumpdir import stale_mount
 from ...remote import Remote
 from ...serving import KINDS
 from .. import container, hostlock
@@ -499,6 +506,7 @@ class Deploy:
             and c.running
             and c.image_id == image_id
             and c.labels.get(labels.RUN_CONFIG) == container.expected_run_config(self.host, self.ref)
+            and (p.dump_dir is None or stale_mount(p.dump_dir, c) is None)
         )
         if not plan.start or current:
             plan.start = False
@@ -507,8 +515,11 @@ class Deploy:
             self.result.container_id = c.id
             self._step("start", "ok", f"{self.host.container.name} running {image_id[:19]}")
             return
+        dump_dir_id = container.dump_dir_for_create(self.remote, self.host, self._dirs_before_start())
         try:
-            self.result.container_id = container.run(self.remote, self.host, self.ref, engine=self.engine())
+            self.result.container_id = container.run(
+                self.remote, self.host, self.ref, engine=self.engine(), dump_dir_id=dump_dir_id
+            )
         except CommandFailed as exc:
             self._step("start", "failed", exc.stderr_tail.splitlines()[-1] if exc.stderr_tail else exc.message, t)
             raise CommandFailed(
@@ -520,6 +531,11 @@ class Deploy:
                 hint="the image is built and the checkout patched; fix the run settings and re-run deploy",
             ) from None
         self._step("start", "changed", f"{self.host.container.name} {self.result.container_id[:12]}", t)
+
+    def _dirs_before_start(self) -> tuple[str, ...]:
+        """Dirs on the host that must exist before the container starts (none for SGLang: its dump
+        dir is made when it can be, `container.dump_dir_for_create`)."""
+        return ()
 
     def _healthy(self, plan: Plan) -> list | None:
         """The wait step: the engine's health checks once they pass; None (the step said so) when
@@ -614,14 +630,18 @@ class Deploy:
                 self._step(name, "planned", plan.reasons.get(name, ""))
             else:
                 self._step(name, "ok", "up to date")
-        self.result.diffs = dry_run_diffs(self.remote, self.host, self.patch, plan, self.ref)
+        dump_dir_id = p.dump_dir.identity if p.dump_dir else None
+        self.result.diffs = dry_run_diffs(self.remote, self.host, self.patch, plan, self.ref, dump_dir_id)
         self.result.round_trips = self.remote.round_trips - self.rt0
         self.result.wall_s = round(time.monotonic() - self.t0, 3)
         return self.result
 
 
-def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -> dict[str, str]:
-    """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv."""
+def dry_run_diffs(
+    remote: Remote, host: HostSpec, patch, plan: Plan, ref: str, dump_dir_id: str | None = None
+) -> dict[str, str]:
+    """The exact changes: patch diff of the spec's target file (computed locally), Dockerfile, run argv
+    (its dump-dir label as the probe read the dir: a missing one is made, and read, at the start)."""
     from ...core import anchors
     from .. import patching
 
@@ -640,5 +660,5 @@ def dry_run_diffs(remote: Remote, host: HostSpec, patch, plan: Plan, ref: str) -
         after = hashlib.sha256(text.encode()).hexdigest()
         diffs["Dockerfile"] = render_dockerfile(host, patch, before, after)
     if plan.start:
-        diffs[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref)))
+        diffs[f"{host.engine} run"] = shell.join(secrets.mask_argv(container.run_argv(host, ref, dump_dir_id)))
     return diffs
