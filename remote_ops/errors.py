@@ -187,6 +187,15 @@ class UnsafeHostFile(Refused, kind="unsafe_host_file"):
     check.  `reason` is `not_regular` or `too_large`; `path` and `cap` name them.  Exit 9."""
 
 
+class StaleMount(Refused, kind="stale_mount"):
+    """The host's server container still mounts a dump dir that was removed and made again since it
+    started (`probes.dumpdir.mount_of`): what it dumps goes into the deleted directory and never
+    reaches the host, so a client is not started against it.  `details`: `reason`
+    (`dump_dir_replaced`), `dump_dir`, `container`, `recorded` (the `device:inode` in its
+    `dump-dir.id` label; None: not recorded) and `now` (the dir's).  Exit 9; `remote-ops deploy`
+    recreates the container."""
+
+
 class VerifyFailed(RemoteOpsError, exit_code=ExitCode.VERIFY_FAILED, kind="verify_failed"):
     """A post-check found the result wrong (patch misplaced, image mismatch, bad dump)."""
 

@@ -10,19 +10,24 @@ tests/test_health_deployed.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
+import pytest
 import test_deploy_plan as sglang_plan
 import test_health as health_cases
 import test_vllm_deploy as vllm_plan
 
+from remote_ops.core.shell import SECTION
 from remote_ops.engine import labels
 from remote_ops.engine.spec import for_host
 from remote_ops.engine.types import ContainerInfo
+from remote_ops.errors import ExitCode, Refused, StaleMount
 from remote_ops.probes import dumpdir
 from remote_ops.serving import vllm as serving_vllm
-from remote_ops.workflows import container, health
+from remote_ops.workflows import container, extract, health
 from remote_ops.workflows.deploy import vllm as vdeploy
 
 BORN = 1_796_000_000  # the dump dir's birth, unix seconds
@@ -190,3 +195,98 @@ def test_deploy_asks_the_dump_dir_in_its_one_probe():
     sec = {"dump_dir": (0, "dir=1\nwritable=1\nid=64768:2002 born=1796000000\nresolved=/data/d\n"), "lock": (0, "")}
     assert sglang_plan.deploy.parse_probe(h, sec).dump_dir.identity == NEW
     assert sglang_plan.deploy.parse_probe(h, {"lock": (0, "")}).dump_dir is None  # did not answer
+
+
+# --------------------------------------------------------------------------- extract start: the refusal
+
+
+def test_extract_start_refuses_a_stale_mount_naming_the_host_both_identities_and_the_remedy():
+    err = extract.stale_mount_error("gpu-node", state(), ctr(recorded=OLD, at=0.5))
+    assert isinstance(err, StaleMount) and err.exit_code == ExitCode.REFUSED == 9 and err.kind == "stale_mount"
+    assert err.host == "gpu-node" and str(err).startswith("gpu-node: preflight: dump dir /data/d was removed")
+    assert OLD in err.message and NEW in err.message and err.message.endswith("; nothing started")
+    assert err.hint and "`remote-ops deploy --host gpu-node` recreates the container" in err.hint
+    doc = err.to_dict()
+    assert doc["error"] == "stale_mount" and doc["exit_code"] == 9 and doc["host"] == "gpu-node"
+    assert (doc["reason"], doc["dump_dir"], doc["container"], doc["recorded"], doc["now"]) == (
+        dumpdir.REPLACED,
+        "/data/d",
+        "srv",
+        OLD,
+        NEW,
+    )
+    # health says the same sentence (one rule, one wording)
+    assert dumpdir.replaced_mount(state(), ctr(recorded=OLD)) in dumpdir.check_dump_mount(state(), ctr()).reason
+    # no label: judged by the start against the dir's birth, "not recorded" named
+    assert (
+        "device:inode not recorded, now" in extract.stale_mount_error("h", state(), ctr(recorded=None, at=-30)).message
+    )
+
+
+def test_extract_start_goes_on_when_the_mount_is_current_gone_or_cannot_be_told():
+    fresh = extract.stale_mount_error
+    assert fresh("h", state(), ctr(recorded=NEW)) is None
+    assert fresh("h", state(), ctr(recorded=OLD, at=5)) is None  # restarted since the dir was made again
+    assert fresh("h", state(gone=True), ctr()) is None  # gone: the dump dir check refuses that (dump_dir_missing)
+    assert fresh("h", state(identity=None), ctr()) is None and fresh("h", state(born=None), ctr(recorded=None)) is None
+    assert fresh("h", state(), None) is None and fresh("h", state(), ctr(running=False)) is None
+
+
+def test_a_group_start_is_refused_once_naming_every_stale_host():
+    errors = [extract.stale_mount_error(n, state(), ctr()) for n in ("gpu-01", "gpu-03")]
+    one = extract.group_stale_mount(errors[:1])
+    assert one.host == "gpu-01" and one.message.endswith("nothing started on any host of the group")
+    both = extract.group_stale_mount(errors)
+    assert both.host == "gpu-01" and both.exit_code == 9 and "(also stale on gpu-03)" in both.message
+    assert both.details["hosts"] == ["gpu-01", "gpu-03"] and both.details["recorded"] == OLD
+    assert "deploy --host gpu-01,gpu-03" in (both.hint or "") and "'GROUP,!gpu-01,!gpu-03'" in (both.hint or "")
+
+
+class Answering:
+    """A remote that answers every command with the same framed sections; it counts round trips."""
+
+    name = "gpu-node"
+
+    def __init__(self, sections: dict[str, tuple[int, str]]) -> None:
+        self.sections, self.commands = sections, []
+
+    def run(self, command, check=False, timeout=None, **_kw):
+        self.commands.append(command if isinstance(command, str) else " ".join(command))
+        out = "".join(f"{SECTION}{n}:begin\n{text}\n{SECTION}{n}:end {rc}\n" for n, (rc, text) in self.sections.items())
+        return SimpleNamespace(stdout=out, stderr="", exit_status=0, command=command)
+
+    def put(self, data, path, mode=0o644):
+        pass
+
+
+def answers(recorded, at):
+    return {
+        "python3": (0, "3.11.2"),
+        "extraction": (1, ""),
+        "keys": (0, ""),
+        **dump_dir_section(),
+        "container": (0, json.dumps([inspected(recorded, at)])),
+    }
+
+
+def test_extract_preflight_judges_the_mount_in_its_one_round_trip():
+    remote = Answering(answers(OLD, 0.5))
+    with pytest.raises(StaleMount) as stale:
+        extract._preflight(remote, health_cases.HOST)
+    assert len(remote.commands) == 1 and "stat -c" in remote.commands[0] and "inspect" in remote.commands[0]
+    assert stale.value.details["recorded"] == OLD and stale.value.details["now"] == NEW
+    p, _sec, running = extract._preflight(Answering(answers(NEW, 0.5)), health_cases.HOST)
+    assert p.dump_dir == "/data/d" and not running
+    gone = Answering({**answers(OLD, 0.5), **dump_dir_section("dir=0\nwritable=0\nresolved=\n")})
+    with pytest.raises(Refused) as missing:  # a gone dump dir is refused as before (not a stale mount)
+        extract._preflight(gone, health_cases.HOST)
+    assert not isinstance(missing.value, StaleMount) and missing.value.details["reason"] == dumpdir.MISSING
+
+
+def test_a_group_start_reads_the_mount_with_the_done_keys():
+    remote = Answering(answers(OLD, 0.5))
+    with pytest.raises(StaleMount):
+        extract.probe_group_host(remote, health_cases.HOST)
+    batch = [c for c in remote.commands if "stat -c" in c]
+    assert len(batch) == 1 and "inspect" in batch[0] and "done-keys" in batch[0]  # the done keys' round trip
+    assert extract.probe_group_host(Answering(answers(NEW, 0.5)), health_cases.HOST) == (False, set())

@@ -5,7 +5,9 @@ stand-in server is bounded.
   during a run (the client stops on the cause, `fatal cause=dump_dir_missing`, and `--wait` /
   `extract status` name it; exit 7), a run whose samples failed (`--wait` exit 7, as
   `dataset regenerate --wait`), `health` while the server cannot write its dumps (fail, exit 12),
-  and a symlinked dump dir (resolved once on the host, that path used and reported).
+  and a symlinked dump dir (resolved once on the host, that path used and reported); a dump dir
+  made again under the running server (a stale mount: `extract start` refuses, exit 9, until
+  `deploy` recreates the container).
 - Scenario 9 / Deliver 5: a killed `dataset regenerate` left the host lock: the next one takes
   it over (its holder's PID is gone) and says so in the host's audit log.
 - The stand-in's context limit and body cap (SGLang's own 400 message).
@@ -266,6 +268,43 @@ def test_health_fails_while_the_running_server_has_no_dump_dir(sglang_remote, de
         assert health.exit_code([res]) == ExitCode.HEALTH_FAIL
     finally:
         dump_dir.mkdir(parents=True, exist_ok=True)
+
+
+def test_extract_start_refuses_a_stale_mount_of_the_dump_dir_until_deploy(sglang_remote, deployed, lab_env, tmp_path):
+    """The dump dir made again under the running server (its mount is the deleted dir): `extract
+    start` exits 9 naming the host, both identities and `remote-ops deploy`, once, and starts
+    nothing (its dry run too); after `deploy` recreates the container it starts."""
+    from remote_ops.core import shell
+    from remote_ops.engine import labels
+    from remote_ops.workflows import container, deploy
+
+    spec, dump_dir = deployed, deployed.dump.dir
+    p = extractplan.paths_for(spec)
+    subprocess.run(["rm", "-rf", p.workdir], check=True, timeout=30)
+    recorded = container.inspect_container(sglang_remote, spec.container.name).labels[labels.DUMP_DIR_ID]
+    new = f"{dump_dir}.new"  # made before the old one goes: another inode for sure
+    sglang_remote.run(shell.and_then(["mkdir", new], ["rm", "-rf", dump_dir], ["mv", new, dump_dir]))
+    start = ("extract", "start", "--host", spec.name, "--dataset", str(_dataset(tmp_path / "ds.jsonl", 3, 8)))
+    try:
+        rc, doc, err = _cli(lab_env, *start)
+        assert rc == ExitCode.REFUSED, err
+        assert doc["error"] == "stale_mount" and doc["host"] == spec.name and doc["recorded"] == recorded
+        assert doc["now"] not in (None, recorded) and doc["dump_dir"] == dump_dir, doc
+        assert err.count("was removed and made again") == 1 and "Traceback" not in err, err  # rendered once
+        assert f"{spec.name}: " in err and recorded in err and doc["now"] in err
+        assert f"`remote-ops deploy --host {spec.name}` recreates the container" in err
+        assert not Path(p.workdir).exists(), "nothing was started (not even the work dir made)"
+        rc, _doc, err = _cli(lab_env, *start, "--dry-run")
+        assert rc == ExitCode.REFUSED and "removed and made again" in err, err
+        assert deploy.deploy(sglang_remote, spec, why="test").plan["reasons"]["start"].startswith("stale mount: ")
+        rc, doc, err = _cli(lab_env, *start)
+        assert rc == 0 and doc["dataset_total"] == 3, err
+        deadline = time.monotonic() + 30  # and its dumps reach the host now
+        while _ok_lines(Path(p.workdir)) < 3 or len(list(Path(dump_dir).glob("rank0/*.safetensors"))) < 3:
+            assert time.monotonic() < deadline, "the samples were not dumped into the dump dir"
+            time.sleep(0.2)
+    finally:
+        _kill_client(Path(p.workdir))
 
 
 # --------------------------------------------------------------------------- scenario 9: stale locks

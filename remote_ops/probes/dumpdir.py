@@ -18,7 +18,8 @@ another inode, and the container keeps writing into the deleted one, where
 nothing reaches the host.  Deploy records the identity at create time as the
 container label `labels.DUMP_DIR_ID`; `stale_mount` compares it with the dir
 as it is now (deploy's plan recreates such a container, `check_dump_mount` is
-`health`'s `dumps/mount`).
+`health`'s `dumps/mount`, and `extract start` refuses to start a client against
+it: `replaced_mount` is the sentence both say).
 """
 
 from __future__ import annotations
@@ -185,6 +186,20 @@ def stale_mount(state: DumpDir, c: ContainerInfo | None) -> str | None:
     return f"dump dir {state.named()} was removed and made again after container {c.name} started"
 
 
+def replaced_mount(state: DumpDir, c: ContainerInfo | None) -> str | None:
+    """The sentence for a running container `c` that still mounts a dump dir removed and made
+    again since it started (`mount_of` says `REPLACED`), naming the dir, the container and both
+    identities (the recorded one, the one now); None otherwise (pure).  `health`'s `dumps/mount`
+    and `extract start`'s refusal say it."""
+    if c is None or mount_of(state, c) != REPLACED:
+        return None
+    recorded = c.labels.get(DUMP_DIR_ID)
+    return (
+        f"{stale_mount(state, c)}: it still mounts the deleted one (device:inode {recorded or 'not recorded'}, "
+        f"now {state.identity})"
+    )
+
+
 def check_dump_mount(state: DumpDir, c: ContainerInfo | None) -> Check | None:
     """`health`'s `dumps/mount`: a fail when the running server container still mounts a dump dir
     that was removed and made again (its dumps go into the deleted directory and never reach
@@ -201,7 +216,6 @@ def check_dump_mount(state: DumpDir, c: ContainerInfo | None) -> Check | None:
         "dumps",
         "mount",
         "fail",
-        f"{stale_mount(state, c)}: it still mounts the deleted one (device:inode {recorded or 'not recorded'}, "
-        f"now {state.identity}), so its dumps never reach the host; `remote-ops deploy` recreates the container",
+        f"{replaced_mount(state, c)}, so its dumps never reach the host; `remote-ops deploy` recreates the container",
         {"cause": REPLACED, **data},
     )

@@ -11,7 +11,9 @@ progress log is the inventory's `logs.extraction`, which `logs pull/summary` rea
 
 Shipping, starting detached, status, waits and stop are every client's (`workflows.hostclient`:
 `Extraction` names this one); here are the extraction's own preflight (the dump dir the server
-writes, resolved once on the host), its launch options and the group's local record.
+writes, resolved once on the host, and the server container's mount of it: a dir removed and made
+again since the container started is refused, `stale_mount_error`), its launch options and the
+group's local record.
 
 The pure half is `remote_ops.core.extractplan` (work dir paths, the launch command, a group's
 split and merged status) and the probe units of `remote_ops.probes.extract` (alive, status,
@@ -31,8 +33,11 @@ from pathlib import Path
 
 from ..core import datasetcheck, dumpcheck, shell
 from ..core.extractplan import ExtractPaths, ExtractStatus, Sample, launch_command, paths_for, shard_bytes
-from ..errors import NotFound, Refused
-from ..probes.dumpdir import DumpDir, DumpDirState
+from ..engine.labels import DUMP_DIR_ID
+from ..engine.types import ContainerInfo
+from ..errors import NotFound, Refused, StaleMount
+from ..probes.dumpdir import REPLACED, DumpDir, DumpDirState, replaced_mount
+from ..probes.engine import EngineObjects
 from ..probes.extract import FileSha
 from ..serving import serving_for
 from .hostclient import Client, check_file, sha256, upload_if_changed, url_for
@@ -98,9 +103,11 @@ class _Options:
 
 def start(remote, host, dataset: str, *, wait_s: float = 30.0, **options) -> ExtractStatus:
     """Check a local dataset, refuse without a usable python3 on the host (the client runs with
-    it), without a dump dir the server can write (`_usable_dump_dir`: it is resolved here, once)
-    or if a client is running, ship the client (+ that dataset), launch with the resolved dump
-    dir, await `started` (at most `wait_s` seconds).  `options`: `_Options`'s."""
+    it), without a dump dir the server can write (`_usable_dump_dir`: it is resolved here, once),
+    while the server container mounts a dump dir removed and made again since it started
+    (`stale_mount_error`, exit 9) or if a client is running, ship the client (+ that dataset),
+    launch with the resolved dump dir, await `started` (at most `wait_s` seconds).  `options`:
+    `_Options`'s."""
     o = _Options(host, dataset, **options)
     p, _sec, running = _preflight(remote, host)
     place = partial(_place_dataset, remote, p, dataset, o.is_local)
@@ -109,8 +116,8 @@ def start(remote, host, dataset: str, *, wait_s: float = 30.0, **options) -> Ext
 
 def plan_start(remote, host, dataset: str, **options) -> dict:
     """What `start` would do with these options, read in one round trip, changing nothing (for
-    --dry-run / --diff).  A bad local dataset, or no usable python3 on the host, is refused as
-    `start` refuses it."""
+    --dry-run / --diff).  A bad local dataset, no usable python3 on the host, an unusable dump dir
+    or a stale mount of it in the server container is refused as `start` refuses it."""
     o = _Options(host, dataset, **options)
     remote_dataset = paths_for(host).dataset if o.is_local else dataset
     shas, on_host = CLIENT.file_shas(paths_for(host)), FileSha(remote_dataset, "dataset")
@@ -126,11 +133,79 @@ def plan_start(remote, host, dataset: str, **options) -> dict:
 
 
 def _preflight(remote, host, *more) -> tuple[ExtractPaths, dict, bool]:
-    """The client's preflight and the dump dir's, with `more` probes, in one round trip: (the work
-    dir with the resolved dump dir, the answers, is a client running)."""
-    dump_dir = DumpDirState(paths_for(host).dump_dir)
-    sec, running = CLIENT.preflight(remote, host, paths_for(host), *more, dump_dir)
-    return replace(paths_for(host), dump_dir=_usable_dump_dir(host, dump_dir.read(sec))), sec, running
+    """The client's preflight, the dump dir's and the server container's (its mount of the dump
+    dir), with `more` probes, in one round trip: (the work dir with the resolved dump dir, the
+    answers, is a client running)."""
+    dump_dir, server = mount_probes(host)
+    sec, running = CLIENT.preflight(remote, host, paths_for(host), *more, dump_dir, server)
+    state = dump_dir.read(sec)
+    usable = _usable_dump_dir(host, state)
+    refuse_stale_mount(host, state, server.read(sec).container)
+    return replace(paths_for(host), dump_dir=usable), sec, running
+
+
+def mount_probes(host) -> tuple[DumpDirState, EngineObjects]:
+    """The probes `stale_mount_error` decides from, asked in a round trip the caller makes anyway:
+    the dump dir (`device:inode`, birth) and the server container (labels, start), deploy's and
+    health's own (`probes.dumpdir`, `probes.engine`)."""
+    return DumpDirState(paths_for(host).dump_dir), EngineObjects(host, api=True)
+
+
+def refuse_stale_mount(host, state: DumpDir, c: ContainerInfo | None) -> None:
+    """Preflight: StaleMount (exit 9) when the server container's mount of the dump dir is stale."""
+    err = stale_mount_error(host.name, state, c)
+    if err is not None:
+        raise err
+
+
+def stale_mount_error(host_name: str, state: DumpDir, c: ContainerInfo | None) -> StaleMount | None:
+    """The refusal to start a client while the running server container `c` still mounts a dump
+    dir that was removed and made again since it started (`probes.dumpdir.mount_of`, as deploy
+    and health judge it): what it dumps would go into the deleted directory, nothing would reach
+    the host, and the client would wait.  None when the mount is current, no container runs, it
+    cannot be told, or the dir is gone (`_usable_dump_dir` refuses that).  Pure."""
+    sentence = replaced_mount(state, c)
+    if c is None or sentence is None:
+        return None
+    return StaleMount(
+        f"preflight: {sentence}, so its dumps would never reach the host; nothing started",
+        host=host_name,
+        details={
+            "reason": REPLACED,
+            "dump_dir": state.path,
+            "container": c.name,
+            "recorded": c.labels.get(DUMP_DIR_ID),
+            "now": state.identity,
+        },
+        hint=f"`remote-ops deploy --host {host_name}` recreates the container (it then mounts the dump dir "
+        "as it is now), then `extract start` again",
+    )
+
+
+def group_stale_mount(errors: list[StaleMount]) -> StaleMount:
+    """A group start's refusal when the server containers of some of its hosts mount a stale dump
+    dir (`stale_mount_error` of each, in the hosts' order): the first host's, naming the others;
+    `details.hosts` lists them all.  Nothing was started or stopped on any host.  Pure."""
+    first, names = errors[0], [e.host or "" for e in errors]
+    others = f" (also stale on {', '.join(names[1:])})" if len(names) > 1 else ""
+    return StaleMount(
+        f"{first.message} on any host of the group{others}",
+        host=first.host,
+        details={**first.details, "hosts": names},
+        hint=f"`remote-ops deploy --host {','.join(names)}` recreates those containers, then `extract start` "
+        f"again (or leave them out: --host 'GROUP,{','.join('!' + n for n in names)}')",
+    )
+
+
+def probe_group_host(remote, host) -> tuple[bool, set[str]]:
+    """A group start's read of one host (`probe_done`: is a client running, the keys done) with the
+    server container's mount of the dump dir judged in the same round trip: StaleMount (exit 9)
+    when it is stale, before anything is split, started or stopped."""
+    dump_dir, server = mount_probes(host)
+    running, keys, sec = CLIENT.probe_done_with(remote, host, dump_dir, server)
+    if dump_dir.output(sec)[0] == 0:  # a dump dir that did not answer is `start`'s to name
+        refuse_stale_mount(host, dump_dir.read(sec), server.read(sec).container)
+    return running, keys
 
 
 def _usable_dump_dir(host, state: DumpDir) -> str:

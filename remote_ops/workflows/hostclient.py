@@ -98,12 +98,17 @@ class Client:
 
     def probe_done(self, remote, host) -> tuple[bool, set[str]]:
         """Ship the client if changed; (is a client running, every key done on this host)."""
+        running, keys, _sec = self.probe_done_with(remote, host)
+        return running, keys
+
+    def probe_done_with(self, remote, host, *more) -> tuple[bool, set[str], dict]:
+        """`probe_done` with `more` probes in the same round trip: (running, done keys, the answers)."""
         p = self.paths(host)
         self.make_dirs(remote, p)
         self.upload(remote, p)
         alive, keys = ExtractAlive(p), DoneKeys(p)
-        sec = batch.run(remote, [alive, keys], check=True)
-        return alive.read(sec), keys.read(sec)
+        sec = batch.run(remote, [alive, keys, *more], check=True)
+        return alive.read(sec), keys.read(sec), sec
 
     def look(self, remote, host) -> tuple[bool, set[str], bool]:
         """What `probe_done` would find, changing nothing (--dry-run): (running, done keys, every

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from ...core import extractplan
-from ...errors import CommandTimedOut, Refused, UsageError
+from ...errors import CommandTimedOut, Refused, StaleMount, UsageError
 from ...workflows import extract as extract_mod, fleet, hostlock
 from ._fleet import _render_outcome as _fleet_render_outcome, run_on_hosts, summarize
 from ._options import hosts_command, path_option, server_url_option, wait_option
@@ -118,7 +118,14 @@ def start_cmd(
 
     A local dataset is checked here first, before any connection, upload or lock: a
     missing file is exit 2, a bad line exit 3 naming FILE:LINE.  host:PATH names a file
-    on the host (checked there; one host only)."""
+    on the host (checked there; one host only).
+
+    The preflight (one round trip, --dry-run too) refuses with exit 9 and starts nothing
+    when the host's dump dir is missing or not writable, or when its server container
+    still mounts a dump dir that was removed and made again since it started (its dumps
+    would never reach the host; `stale_mount`, naming the identity the container recorded
+    and the dir's now): `remote-ops deploy` recreates the container.  A group is refused
+    before anything is split, started or stopped when any host's mount is stale."""
     on_host = dataset.on_host
     local = Path(dataset.path)
     if not on_host:
@@ -207,10 +214,14 @@ def _start_sharded(app, hosts, forks, local: Path, max_samples, kwargs, wait_s, 
 
 
 def _probe_group(app, hosts, forks, restart: bool) -> dict[str, set[str]]:
-    """Every host's done keys.  Any unreadable host stops the start before anything changes; running
-    clients are refused, or with --restart stopped gracefully and read again."""
-    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.probe_done(app.remote(spec), spec)), forks=forks)
-    bad = [o for o in run.outcomes if o.error is not None]
+    """Every host's done keys.  Any unreadable host, or one whose server container mounts a stale
+    dump dir (read in the same round trip), stops the start before anything changes (--dry-run
+    too); running clients are refused, or with --restart stopped gracefully and read again."""
+    run = fleet.fan_out(hosts, lambda spec: (0, extract_mod.probe_group_host(app.remote(spec), spec)), forks=forks)
+    stale = [o.error for o in run.outcomes if isinstance(o.error, StaleMount)]
+    bad = [o for o in run.outcomes if o.error is not None and not isinstance(o.error, StaleMount)]
+    if stale and not bad:
+        raise extract_mod.group_stale_mount(stale)
     if bad:
         err = bad[0].error  # its own type and exit code (e.g. unreachable: 4)
         assert err is not None
