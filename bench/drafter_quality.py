@@ -469,9 +469,8 @@ def count(a: argparse.Namespace) -> int:
         result["drafters"].setdefault(run_id, {}).update(rec, device=device, variant=run_id.split("-")[0],
                                                         seed=int(run_id.split("-s")[1]), samples=data_samples)  # fmt: skip
     tree = drafters / "tree"
-    if not tree.is_dir():
-        with tarfile.open(drafters / "drafters.tar") as t:
-            t.extractall(tree, filter="data")
+    with tarfile.open(drafters / "drafters.tar") as t:  # every call: a later train call adds drafters
+        t.extractall(tree, filter="data")
     tok = AutoTokenizer.from_pretrained(str(labvllm.tiny_model_dir()))
     held = [json.loads(x)["text"] for x in Path(a.prompts).read_text().splitlines() if x.strip()]
     (tree / "prompts.jsonl").write_text(
