@@ -84,6 +84,26 @@ def test_general_path_writes_e4m3_and_scales_that_decode_to_the_roundtrip(tmp_pa
         d.close(timeout=10)
 
 
+def test_preallocated_buffers_are_fp8_and_no_capture_makes_them_again(tmp_path, writer_mode, monkeypatch):
+    """preallocate() from a bf16 probe makes FP8 buffers: made in bf16, each one would be made again
+    (pinned, on a GPU: a device-wide sync on the forward thread) at its first capture."""
+    d = make_dumper(tmp_path, dtype="fp8_e4m3", writer=writer_mode)
+    try:
+        b = make_batch([3, 5])
+        d.preallocate(b.hidden, 16)
+        assert {buf.dtype for buf in d.pool.buffers} == {staging.FP8}
+        remade = []
+        real = d.pool._remake
+        monkeypatch.setattr(d.pool, "_remake", lambda *a: remade.append(a) or real(*a))
+        for seed in range(3):
+            b = make_batch([3, 5], seed=seed)
+            d.capture(b.fb, b.hidden, b.aux)
+        assert d.flush(30) and remade == []
+        assert_fp8_spans(b, tmp_path)
+    finally:
+        d.close(timeout=10)
+
+
 def test_bad_shapes_are_counted_before_the_cast(tmp_path, writer_mode):
     d = make_dumper(tmp_path, dtype="fp8_e4m3", writer=writer_mode)
     try:

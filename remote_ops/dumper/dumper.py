@@ -674,9 +674,13 @@ class Dumper:
         return buf
 
     def preallocate(self, hidden: torch.Tensor, rows: Optional[int] = None) -> None:
-        """Create the pool and all its host buffers now, sized like `hidden` (optional warm-up)."""
+        """Create the pool and all its host buffers now, sized like `hidden` (optional warm-up).
+
+        In FP8 storage the buffers hold e4m3 values and scales, whatever `hidden`'s dtype: made
+        for `hidden`'s, each would be made again, pinned, at its first capture."""
         if self.writer:
-            self._pool_for(hidden).preallocate(rows or self.buffer_tokens, self.hidden_size, hidden.dtype)
+            dtype = staging.FP8 if self.fp8 else hidden.dtype
+            self._pool_for(hidden).preallocate(rows or self.buffer_tokens, self.hidden_size, dtype)
 
     # ------------------------------------------------------------------ writer side
 
