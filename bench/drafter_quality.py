@@ -501,10 +501,10 @@ def count(a: argparse.Namespace) -> int:
         doc = serve(run_id)
         rec.update(acceptance(doc), wall_s=round(doc["wall_s"], 1))
         rec["outputs_equal"] = sum(x == y for x, y in zip(doc["outputs"], result["baseline_outputs"]))
-        result["summary"] = summary(result["drafters"])
+        result["summary"], result["points"] = summary(result["drafters"]), points(result["drafters"])
         out_file.write_text(json.dumps(result, indent=1) + "\n")
         print(f"{run_id}: acc_0 {rec.get('acc_0')}, acceptance length {rec.get('acceptance_length')}", file=sys.stderr)
-    result["summary"] = summary(result["drafters"])
+    result["summary"], result["points"] = summary(result["drafters"]), points(result["drafters"])
     result["setup"] = {"prompts": str(a.prompts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
                        "num_speculative_tokens": 3}  # fmt: skip
     out_file.write_text(json.dumps(result, indent=1) + "\n")
@@ -515,8 +515,12 @@ def count(a: argparse.Namespace) -> int:
 # -- the summary -------------------------------------------------------------------------------
 def summary(drafters: dict) -> dict:
     """Per variant: median and (min, max) of acc_0 and acceptance length over its seeds (pure)."""
+    return _summarise(drafters, VARIANTS)
+
+
+def _summarise(drafters: dict, variants: dict) -> dict:
     out = {}
-    for key, (name, _) in VARIANTS.items():
+    for key, (name, _) in variants.items():
         runs = [d for d in drafters.values() if d.get("variant") == key and d.get("acceptance_length") is not None]
         if not runs:
             continue
@@ -526,6 +530,21 @@ def summary(drafters: dict) -> dict:
             if vals:
                 row[field] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
         out[name] = row
+    return out
+
+
+def points(drafters: dict) -> dict:
+    """Curve runs counted at two seeds or more, by run without its seed (`dx6-n2956`): median and
+    (min, max) over the seeds, as `summary` gives per variant (pure)."""
+    groups: dict = {}
+    for run_id, r in drafters.items():
+        base, _, seed = run_id.rpartition("-s")
+        if r.get("variant") not in VARIANTS and base and seed.isdigit() and r.get("acceptance_length") is not None:
+            groups.setdefault(base, {})[run_id] = dict(r, variant=base)
+    out = {}
+    for base, runs in sorted(groups.items()):
+        if len(runs) >= 2:
+            out[base] = _summarise(runs, {base: (base, "")})[base]
     return out
 
 
@@ -556,6 +575,12 @@ def table(result: dict) -> str:
         lines.append(
             f"| ({key}) {name} | {what} | {reach_s} | {_cell(row, 'acc_0')} | {_cell(row, 'acceptance_length')} |"
         )
+    pts = result.get("points") or {}
+    if pts:
+        lines += ["", "| run over seeds (variant x epochs [-n samples]) | seeds | SpecForge acc_0 | vLLM acceptance length |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {base} | {row['seeds']} | {_cell(row, 'acc_0')} | {_cell(row, 'acceptance_length')} |"
+                  for base, row in pts.items()]  # fmt: skip
     curve = sorted((r for r in (result.get("drafters") or {}).items() if r[1].get("variant") not in VARIANTS), key=str)
     if curve:
         lines += ["", "| run (variant x epochs [-n samples] - seed) | samples | step | SpecForge acc_0 | vLLM acceptance length | per position |",

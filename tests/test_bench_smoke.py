@@ -286,6 +286,12 @@ def test_drafter_quality_derives_the_planted_faults_and_reads_vllms_counters(tmp
     summary = dq.summary(runs)
     assert summary["audited"]["acceptance_length"] == {"median": 2.2, "min": 2.1, "max": 2.3}
     assert "| (a) audited |" in dq.table({"summary": summary, "faults": faults})
+    curve = {f"dx6-n9-s{s}": {"variant": "dx6", "acc_0": 0.6, "acceptance_length": 2 + s / 10} for s in (1, 2, 3)}
+    curve["ax6-n9-s1"] = {"variant": "ax6", "acc_0": 0.6, "acceptance_length": 2.5}  # one seed: no point yet
+    pts = dq.points({**runs, **curve})
+    assert list(pts) == ["dx6-n9"] and pts["dx6-n9"]["seeds"] == 3
+    assert pts["dx6-n9"]["acceptance_length"] == {"median": 2.2, "min": 2.1, "max": 2.3}
+    assert "| dx6-n9 | 3 | 0.60 (0.60–0.60) | 2.20 (2.10–2.30) |" in dq.table({"points": pts})
     # the CPU form of run.yaml is the one `train start` renders where containers get no GPU
     from types import SimpleNamespace
 
