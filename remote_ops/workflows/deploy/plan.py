@@ -175,14 +175,18 @@ def needs_start(host, ref: str, img, ctr, build: bool, dump_dir: DumpDir | None 
     image, other run settings than the inventory's, or a stale mount of the dump dir (it was
     removed, or removed and made again, since the container started: `probes.dumpdir.mount_of`)
     (any serving engine)."""
-    return (
-        build
-        or img is None
-        or ctr is None
-        or not ctr.running
-        or ctr.image_id != img.id
-        or ctr.labels.get(labels.RUN_CONFIG) != container.expected_run_config(host, ref)
-        or (dump_dir is not None and stale_mount(dump_dir, ctr) is not None)
+    return build or img is None or not is_current(host, ref, ctr, img.id, dump_dir)
+
+
+def is_current(host, ref: str, ctr, image_id: str, dump_dir: DumpDir | None = None) -> bool:
+    """The container may stay: it runs `image_id` with the inventory's run settings and mounts the
+    dump dir as it is now (not judged when the probe did not read the dir) (pure)."""
+    return bool(
+        ctr is not None
+        and ctr.running
+        and ctr.image_id == image_id
+        and ctr.labels.get(labels.RUN_CONFIG) == container.expected_run_config(host, ref)
+        and (dump_dir is None or stale_mount(dump_dir, ctr) is None)
     )
 
 

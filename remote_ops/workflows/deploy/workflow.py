@@ -61,7 +61,6 @@ from ...core import secrets, shell
 from ...core.inventory import HostSpec
 from ...engine import cli_for, labels
 from ...errors import CommandFailed, CommandTimedOut, Interrupted, Refused, RemoteOpsError, VerifyFailed
-from ...probes.dumpdir import stale_mount
 from ...remote import Remote
 from ...serving import KINDS
 from .. import container, hostlock
@@ -75,7 +74,7 @@ from .context import (
     render_dockerfile,
     staging_dir,
 )
-from .plan import Plan, Probe, make_plan, preflight_problems, probe
+from .plan import Plan, Probe, is_current, make_plan, preflight_problems, probe
 from .records import _audit_line, _error_doc, _failed_step, write_record
 
 BUILD_TIMEOUT_S = 3600.0  # default of `deploy --build-timeout`
@@ -501,14 +500,7 @@ class Deploy:
         t, self.current = time.monotonic(), "start"
         self.result.image_id = image_id
         c = p.container
-        current = bool(
-            c
-            and c.running
-            and c.image_id == image_id
-            and c.labels.get(labels.RUN_CONFIG) == container.expected_run_config(self.host, self.ref)
-            and (p.dump_dir is None or stale_mount(p.dump_dir, c) is None)
-        )
-        if not plan.start or current:
+        if not plan.start or is_current(self.host, self.ref, c, image_id, p.dump_dir):
             plan.start = False
             assert c is not None, "the plan starts when there is no container"
             plan.wait = c.health not in ("healthy", None)
