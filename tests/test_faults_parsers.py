@@ -233,8 +233,11 @@ TRAINING_LOG = (
 
 @pytest.fixture
 def long_word_logs(host):
-    """lab1's extraction and training logs, each with 16 MB words, where the inventory puts them."""
-    subprocess.run(["rm", "-rf", str(host.paths.logs_dir)], check=True, timeout=30)
+    """lab1's extraction and training logs, each with 16 MB words, where the inventory puts them,
+    beside an empty dump dir (`dumps status` reads it: what earlier tests left there is not this
+    test's to judge)."""
+    subprocess.run(["rm", "-rf", str(host.paths.logs_dir), str(host.paths.dump_dir)], check=True, timeout=30)
+    host.paths.dump_dir.mkdir(parents=True)
     host.paths.logs_dir.mkdir(parents=True)
     (host.paths.logs_dir / "extraction.log").write_text(EXTRACTION_LOG)
     (host.paths.logs_dir / "training.log").write_text(TRAINING_LOG)
