@@ -219,7 +219,11 @@ def cli(lab_env, *args, timeout=180):
         timeout=timeout,
         env=lab_env,
     )
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"{' '.join(args)}: exit {proc.returncode}, no JSON on stdout; stderr: {proc.stderr[-3000:]}")
+    return proc.returncode, doc, proc.stderr
 
 
 def test_export_on_the_host_loads_with_specforges_own_offline_code(lab_env, host, exported_setup):
